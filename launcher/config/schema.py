@@ -1,0 +1,241 @@
+"""The typed schema of an llmtrain configuration.
+
+Every key a user can type lives here, as a field of a dataclass registered in Hydra's ConfigStore
+(see ``store.py``). Keys whose value is one of a fixed set of words are plain ``str`` fields listed in
+``CHOICES``: OmegaConf matches enums by member name, which cannot spell ``1f1b``, so the choice check
+is ours (``compose.py`` applies it right after composition, with a did-you-mean).
+
+Derived quantities (dp inferred from the world size, gradient accumulation, ...) are not stored here:
+they are computed by ``launcher.config.layout`` from these values, so there is one source of truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a decoder-only transformer."""
+
+    name: str = "tiny"
+    num_layers: int = 4
+    hidden_size: int = 128
+    ffn_hidden_size: int = 512
+    num_attention_heads: int = 4
+    # None means multi-head attention (as many key/value heads as query heads).
+    num_kv_heads: Optional[int] = None
+    # None means hidden_size // num_attention_heads.
+    head_dim: Optional[int] = None
+    vocab_size: int = 256
+    seq_length: int = 256
+    activation: str = "gelu"  # gelu | swiglu
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    position: str = "learned"  # learned | rope
+    tie_embeddings: bool = True
+    attention: str = "flash"  # flash | eager
+    # Bias terms on the linear layers (GPT-2/3 style) and on the norms (LayerNorm has one).
+    linear_bias: bool = False
+    # Mixture of experts: num_experts routed experts, moe_top_k of them active per token, each with
+    # moe_ffn_hidden_size; moe_shared_experts always-on experts of the same size; the first
+    # moe_dense_layers layers use a dense MLP of ffn_hidden_size instead (DeepSeek-V3 style).
+    num_experts: Optional[int] = None
+    moe_top_k: Optional[int] = None
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_shared_experts: int = 0
+    moe_dense_layers: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3): set kv_lora_rank to enable it.
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel degrees. Rank placement order, innermost first: tp, cp, ep-within-dp, dp, pp."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    # None: inferred as world_size // (tp * pp * cp).
+    dp: Optional[int] = None
+    sequence_parallel: bool = False
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
+    # Layer count per pipeline stage (length pp); None: automatic split.
+    pp_layers: Optional[list[int]] = None
+
+
+@dataclass
+class ZeroConfig:
+    """ZeRO / FSDP sharding of model states over data parallel ranks."""
+
+    stage: int = 0
+    offload_optimizer: str = "none"  # none | cpu
+    offload_params: str = "none"  # none | cpu
+
+
+@dataclass
+class PrecisionConfig:
+    """Number formats. Selected as a group: precision=bf16|fp16|fp32|fp8."""
+
+    name: str = "bf16"  # bf16 | fp16 | fp32 | fp8
+    # Format of the working weights and activations.
+    compute_dtype: str = "bf16"  # fp32 | bf16 | fp16
+    # The optimizer keeps an fp32 master copy of the weights (mixed precision).
+    master_weights: bool = True
+    # Format gradients are accumulated and reduced in.
+    grad_dtype: str = "fp32"  # fp32 | bf16 | fp16
+    loss_scaling: str = "none"  # none | dynamic
+    # fp8 matmuls (Transformer Engine style): keep an fp8 copy of each weight and its transpose.
+    fp8: bool = False
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 1
+    # Sequences per optimizer step; None: micro_batch_size * dp * grad_accum.
+    global_batch_size: Optional[int] = None
+    # None: global_batch_size // (micro_batch_size * dp), or 1 when global_batch_size is None too.
+    grad_accum: Optional[int] = None
+    # Length of the run: steps, or tokens (converted to steps); one of the two.
+    steps: Optional[int] = 100
+    tokens: Optional[int] = None
+    recompute: str = "none"  # none | selective | full
+    seed: int = 1234
+    log_every: int = 1
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | adam | sgd | lion
+    lr: float = 3.0e-4
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1.0e-8
+    warmup_steps: int = 10
+    schedule: str = "cosine"  # cosine | linear | constant
+    min_lr: float = 3.0e-5
+    grad_clip: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    # None: the built-in offline corpus (prepared on first use, never downloaded).
+    path: Optional[str] = None
+    tokenizer: str = "byte"  # byte | bpe
+    bpe_vocab_size: int = 4096
+    num_workers: int = 0
+
+
+@dataclass
+class ClusterConfig:
+    """Hardware: which accelerator, how many, and the figures that override the catalog's defaults."""
+
+    name: str = "cpu"
+    gpu: str = "cpu"
+    num_nodes: int = 1
+    gpus_per_node: int = 1
+    # None: take the value from the GPU catalog (launcher.plan.hardware).
+    intra_node_bandwidth_gbps: Optional[float] = None
+    inter_node_bandwidth_gbps: Optional[float] = None
+    price_per_gpu_hour: Optional[float] = None
+    # Aggregate write bandwidth of the checkpoint storage, GB/s.
+    storage_write_gbps: float = 10.0
+    # SLURM GPU request style: gpus-per-node | gres.
+    gpu_request: str = "gpus-per-node"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class BackendConfig:
+    name: str = "torch"  # deepspeed | torch | megatron
+    # Gradient reduce bucket and parameter all-gather bucket sizes, in elements (DeepSpeed naming).
+    reduce_bucket_size: int = 25_000_000
+    allgather_bucket_size: int = 25_000_000
+    overlap_comm: bool = True
+    compile: bool = False
+
+
+@dataclass
+class SlurmConfig:
+    job_name: str = "llmtrain"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: str = "01:00:00"
+    cpus_per_task: Optional[int] = None
+    # Seconds before the time limit at which SLURM sends USR1 (checkpoint and requeue).
+    signal_grace_s: int = 120
+    requeue: bool = True
+    # Continuation jobs chained with --dependency=afterany to train past the wall-time limit.
+    chain: int = 0
+    extra_sbatch_args: list[str] = field(default_factory=list)
+    extra_srun_args: list[str] = field(default_factory=list)
+    container_image: Optional[str] = None
+    container_mounts: Optional[str] = None
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"  # local | slurm
+
+
+@dataclass
+class RunConfig:
+    # None: derived from the recipe name and a timestamp.
+    name: Optional[str] = None
+    root_dir: str = "runs"
+
+
+@dataclass
+class LLMTrainConfig:
+    """The whole configuration: what `llmtrain show` prints."""
+
+    recipe: str = "none"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+# Keys whose value must be one of a fixed set of words.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.activation": ("gelu", "swiglu"),
+    "model.norm": ("layernorm", "rmsnorm"),
+    "model.position": ("learned", "rope"),
+    "model.attention": ("flash", "eager"),
+    "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved"),
+    "zero.offload_optimizer": ("none", "cpu"),
+    "zero.offload_params": ("none", "cpu"),
+    "precision.name": ("bf16", "fp16", "fp32", "fp8"),
+    "precision.compute_dtype": ("fp32", "bf16", "fp16"),
+    "precision.grad_dtype": ("fp32", "bf16", "fp16"),
+    "precision.loss_scaling": ("none", "dynamic"),
+    "train.recompute": ("none", "selective", "full"),
+    "optim.name": ("adamw", "adam", "sgd", "lion"),
+    "optim.schedule": ("cosine", "linear", "constant"),
+    "data.tokenizer": ("byte", "bpe"),
+    "cluster.gpu_request": ("gpus-per-node", "gres"),
+    "backend.name": ("deepspeed", "torch", "megatron"),
+    "launcher.name": ("local", "slurm"),
+}
+
+
+def get_path(node: Any, dotted: str) -> Any:
+    """Value at a dotted key of a nested dataclass (or mapping)."""
+    value = node
+    for part in dotted.split("."):
+        value = value[part] if isinstance(value, dict) else getattr(value, part)
+    return value
