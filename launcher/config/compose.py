@@ -1,0 +1,326 @@
+"""Compose a configuration from conf/, a recipe and command-line overrides, strictly.
+
+Hydra does the composition (defaults lists, group options, override grammar). On top of it we:
+- register the schema and every recipe in Hydra's ConfigStore (recipes live in recipes/, outside the
+  config dir, as group `recipe` with package `_global_`, so a recipe can `override /model: ...`);
+- check group options before composing, so a typo lists the available options with a suggestion;
+- reject unknown keys, also those added with `+` (Hydra accepts those silently on structured
+  configs), naming the valid keys of that node;
+- turn OmegaConf's type errors into one line naming the key and the expected type;
+- check the fixed-choice keys of ``schema.CHOICES``.
+Every problem found is raised together as one ``ConfigError`` (exit code 2, no traceback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher import resources
+from launcher.config.schema import CHOICES, LLMTrainConfig
+from launcher.errors import ConfigError, did_you_mean
+
+DEFAULT_RECIPE = "tiny"
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A composed, checked configuration and how it was chosen."""
+
+    config: LLMTrainConfig
+    # Plain nested dict of every key, as `show` prints it.
+    values: dict[str, Any]
+    # Group -> chosen option (model: llama3-70b, recipe: llama3-70b, ...).
+    choices: dict[str, str]
+    overrides: tuple[str, ...]
+
+
+def groups() -> list[str]:
+    """Config groups a `group=option` override can select."""
+    return sorted(p.name for p in resources.conf_dir().iterdir() if p.is_dir()) + ["recipe"]
+
+
+def group_options(group: str) -> list[str]:
+    if group == "recipe":
+        return resources.recipe_names()
+    return resources.group_options(group)
+
+
+@cache
+def _register() -> None:
+    store = ConfigStore.instance()
+    store.store(name="base", node=LLMTrainConfig)
+    for name in resources.recipe_names():
+        node = OmegaConf.load(resources.recipes_dir() / f"{name}.yaml")
+        store.store(group="recipe", name=name, node=node, package="_global_")
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
+    """Compose, check and type the configuration for these overrides. Raises ConfigError."""
+    overrides = tuple(overrides)
+    parsed = _parse(overrides)
+    problems = _check_group_options(parsed) + _check_override_keys(parsed)
+    if problems:
+        raise ConfigError(problems)
+    _register()
+    try:
+        with initialize_config_dir(str(resources.conf_dir()), version_base="1.3"):
+            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError([_explain(exc)]) from None
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+    with _open(cfg):
+        del cfg["hydra"]
+    values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    values["recipe"] = choices.get("recipe", "none")
+    problems = unknown_key_problems(values) + choice_problems(values)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(LLMTrainConfig), values)
+        config = typing.cast(LLMTrainConfig, OmegaConf.to_object(typed))
+    except OmegaConfBaseException as exc:
+        raise ConfigError([_explain(exc)]) from None
+    return Composed(config=config, values=values, choices=choices, overrides=overrides)
+
+
+class _open:
+    """Context manager that lifts the struct flag of a DictConfig."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+
+    def __enter__(self) -> None:
+        OmegaConf.set_struct(self.cfg, False)
+
+    def __exit__(self, *exc: object) -> None:
+        OmegaConf.set_struct(self.cfg, True)
+
+
+@dataclass(frozen=True)
+class ParsedOverride:
+    text: str
+    key: str
+    value: str | None
+    is_group: bool
+    is_delete: bool
+
+
+def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
+    parser = OverridesParser.create()
+    out = []
+    problems = []
+    known_groups = set(groups())
+    for text in overrides:
+        try:
+            (ov,) = parser.parse_overrides([text])
+        except HydraException as exc:
+            msg = str(exc).splitlines()[0]
+            problems.append(
+                f"override {text!r} is not valid: {msg}. Overrides look like key=value, "
+                "+key=value (add), ~key (delete) or group=option."
+            )
+            continue
+        key = ov.key_or_group
+        value = None if ov.value() is None else str(ov.value())
+        out.append(
+            ParsedOverride(
+                text=text,
+                key=key,
+                value=value,
+                is_group=key in known_groups and "." not in key,
+                is_delete=ov.is_delete(),
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _check_group_options(parsed: list[ParsedOverride]) -> list[str]:
+    problems = []
+    for ov in parsed:
+        if not ov.is_group or ov.is_delete or ov.value is None:
+            continue
+        options = group_options(ov.key)
+        if ov.value not in options:
+            problems.append(
+                f"{ov.key}={ov.value}: no such {ov.key}{did_you_mean(ov.value, options)}; "
+                f"available: {', '.join(options)}"
+            )
+    return problems
+
+
+def _check_override_keys(parsed: list[ParsedOverride]) -> list[str]:
+    """Unknown keys typed on the command line, all of them, before Hydra stops at the first."""
+    known = set(all_schema_keys())
+    nodes = {k.rsplit(".", 1)[0] for k in known if "." in k}
+    problems: list[str] = []
+    for ov in parsed:
+        key = _INDEX.sub("", ov.key)
+        if ov.is_group or key in known or key in nodes or key.split(".")[0] == "hydra":
+            continue
+        if any(key.startswith(f"{k}.") for k in known if _is_mapping_field(k)):
+            continue
+        problems += unknown_key_problems(_nest(key))
+    return problems
+
+
+_INDEX = re.compile(r"\[\d+\]$")
+
+
+def _nest(dotted: str) -> dict[str, Any]:
+    node: dict[str, Any] = {}
+    for part in reversed(dotted.split(".")):
+        node = {part: node}
+    return node
+
+
+def _is_mapping_field(dotted: str) -> bool:
+    return typing.get_origin(_field_type(dotted)) is dict
+
+
+def _field_type(dotted: str) -> Any:
+    """The schema's type annotation of a dotted key, or None."""
+    cls: type = LLMTrainConfig
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        sub = _dataclass_of(_schema_fields(cls).get(part))
+        if sub is None:
+            return None
+        cls = sub
+    return _schema_fields(cls).get(parts[-1])
+
+
+def _schema_fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    """The dataclass behind a field type (also inside Optional[...]), or None."""
+    if dataclasses.is_dataclass(tp):
+        return typing.cast(type, tp)
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg):
+            return typing.cast(type, arg)
+    return None
+
+
+@cache
+def all_schema_keys() -> tuple[str, ...]:
+    """Every leaf key of the schema, dotted (model.num_layers, ...)."""
+    keys: list[str] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in _schema_fields(cls).items():
+            sub = _dataclass_of(tp)
+            if sub is not None:
+                walk(sub, f"{prefix}{name}.")
+            else:
+                keys.append(f"{prefix}{name}")
+
+    walk(LLMTrainConfig, "")
+    return tuple(keys)
+
+
+def unknown_key_problems(values: dict[str, Any]) -> list[str]:
+    """One message per key that the schema does not have, with a suggestion and the valid keys."""
+    problems: list[str] = []
+
+    def walk(node: dict[str, Any], cls: type, prefix: str) -> None:
+        fields = _schema_fields(cls)
+        for key, value in node.items():
+            full = f"{prefix}{key}"
+            if key not in fields:
+                suggestion = did_you_mean(key, fields)
+                if not suggestion:
+                    # A key under the wrong node (train.tp) -> the full key it probably meant.
+                    same_leaf = [k for k in all_schema_keys() if k.rsplit(".", 1)[-1] == key]
+                    suggestion = f" (did you mean {same_leaf[0]!r}?)" if same_leaf else ""
+                node_name = prefix.rstrip(".") or "the top level"
+                problems.append(
+                    f"{full}: unknown key{suggestion}; valid keys of {node_name}: "
+                    f"{', '.join(fields)}"
+                )
+                continue
+            sub = _dataclass_of(fields[key])
+            if sub is not None and isinstance(value, dict):
+                walk(value, sub, f"{full}.")
+
+    walk(values, LLMTrainConfig, "")
+    return problems
+
+
+def choice_problems(values: dict[str, Any]) -> list[str]:
+    problems = []
+    for key, allowed in CHOICES.items():
+        node: Any = values
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and str(node) not in allowed:
+            problems.append(
+                f"{key}={node}: must be one of {', '.join(allowed)}"
+                f"{did_you_mean(str(node), allowed)}"
+            )
+    return problems
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _expected_type(full_key: str) -> str:
+    tp = _field_type(_INDEX.sub("", full_key))
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    optional = type(None) in typing.get_args(tp)
+    base = args[0] if optional and args else tp
+    if _INDEX.search(full_key):
+        inner = typing.get_args(base)
+        return f"{_TYPE_WORDS.get(inner[0], 'a value')} (list element)" if inner else "a list element"
+    if tp is None:
+        return "a value of the schema's type"
+    word = _TYPE_WORDS.get(base, str(base).replace("typing.", ""))
+    return f"{word} or null" if optional else word
+
+
+def _explain(exc: BaseException) -> str:
+    """One line from a Hydra/OmegaConf exception: the key, what was wrong, what is expected."""
+    root: BaseException = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    full_key = getattr(root, "full_key", None)
+    text = str(root).splitlines()[0] if str(root) else type(root).__name__
+    if full_key:
+        match = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
+        if match:
+            return (
+                f"{full_key}={match.group(1)}: expected {_expected_type(full_key)}, "
+                f"got {match.group(2)} {match.group(1)!r}"
+            )
+        bool_match = re.match(r"Value '(.*)' is not a valid bool", text)
+        if bool_match:
+            return f"{full_key}={bool_match.group(1)}: expected true or false"
+        if "does not support deletion" in text:
+            return (
+                f"~{full_key}: a schema key cannot be deleted; set it instead "
+                f"({full_key}=VALUE, or {full_key}=null where null is allowed)"
+            )
+        if "is not in struct" in text:
+            return f"{full_key}: not set yet; add it with +{full_key}=VALUE"
+        if "Missing mandatory value" in text or "missing" in text.lower():
+            return f"{full_key}: a value is required here (it was deleted or left as ???)"
+        return f"{full_key}: {text}"
+    if "Could not delete" in text or "Could not find" in text or "Could not append" in text:
+        return f"{text}. Check the key with `llmtrain show`."
+    return text

@@ -1,0 +1,142 @@
+"""Values derived from the configuration: world size, dp, batch arithmetic, pipeline stage split.
+
+These are the only places the derivations are written. They never raise on inconsistent input: a
+derivation that does not work out (world size not divisible, say) gives a best-effort value, and the
+validation rules (``launcher.validate.rules``) report the inconsistency with the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from launcher.config.schema import LLMTrainConfig
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    ep: int
+    dp: int
+    # True when dp was not given and was computed as world_size // (tp * pp * cp).
+    dp_inferred: bool
+    micro_batch_size: int
+    global_batch_size: int
+    grad_accum: int
+    # Transformer layers per pipeline chunk, in execution order: pp * vpp entries; chunk i runs on
+    # stage i % pp (Megatron's interleaved assignment). With vpp == 1 this is one entry per stage.
+    chunk_layers: tuple[int, ...]
+    # True when the split came from parallel.pp_layers, False when automatic.
+    explicit_split: bool
+    steps: int
+    seq_length: int
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        """Transformer layers held by each pipeline stage (all its virtual chunks together)."""
+        return tuple(sum(self.chunk_layers[s :: self.pp]) for s in range(self.pp))
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches each pipeline processes per optimizer step."""
+        return self.grad_accum
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+
+def world_size(cfg: LLMTrainConfig) -> int:
+    return cfg.cluster.num_nodes * cfg.cluster.gpus_per_node
+
+
+def infer_dp(cfg: LLMTrainConfig) -> int:
+    if cfg.parallel.dp is not None:
+        return cfg.parallel.dp
+    model_parallel = max(1, cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp)
+    return max(1, world_size(cfg) // model_parallel)
+
+
+def batch_sizes(cfg: LLMTrainConfig, dp: int) -> tuple[int, int, int]:
+    """(micro_batch_size, global_batch_size, grad_accum) with the omitted ones derived.
+
+    global = micro * dp * accum. With global given and accum omitted, accum = global // (micro * dp)
+    (at least 1); with global omitted, global = micro * dp * accum (accum defaulting to 1).
+    """
+    micro = max(1, cfg.train.micro_batch_size)
+    per_pass = micro * max(1, dp)
+    if cfg.train.global_batch_size is None:
+        accum = max(1, cfg.train.grad_accum or 1)
+        return micro, per_pass * accum, accum
+    total = cfg.train.global_batch_size
+    accum = cfg.train.grad_accum if cfg.train.grad_accum is not None else max(1, total // per_pass)
+    return micro, total, max(1, accum)
+
+
+def auto_split(num_layers: int, chunks: int) -> tuple[int, ...]:
+    """Layers per pipeline chunk, as even as possible.
+
+    When num_layers divides evenly, every chunk gets the same count. Otherwise the embedding and the
+    output layer are each counted as one layer's worth of work on the first and last chunk, the
+    num_layers + 2 slots are spread evenly (extra slots to the middle chunks), and the first and last
+    chunk give their slot back. Llama 3 405B: 126 layers on 16 stages -> 7, 8 x 14, 7 (Llama 3 paper,
+    section 3.3.2: "we reduce one Transformer layer each from the first and the last stages").
+    """
+    if chunks <= 1:
+        return (num_layers,)
+    if num_layers % chunks == 0:
+        return (num_layers // chunks,) * chunks
+    slots = num_layers + 2
+    base, extra = divmod(slots, chunks)
+    counts = [base] * chunks
+    # Hand the leftover slots to the middle chunks, centre outwards.
+    middle = sorted(range(1, chunks - 1), key=lambda i: (abs(i - (chunks - 1) / 2), i))
+    for i in middle[:extra] if extra <= len(middle) else range(chunks):
+        counts[i] += 1
+    counts[0] -= 1
+    counts[-1] -= 1
+    return tuple(counts)
+
+
+def derive_layout(cfg: LLMTrainConfig) -> Layout:
+    p = cfg.parallel
+    dp = infer_dp(cfg)
+    micro, total, accum = batch_sizes(cfg, dp)
+    chunks = max(1, p.pp) * max(1, p.vpp)
+    if p.pp_layers is not None:
+        chunk_layers = tuple(p.pp_layers)
+    else:
+        chunk_layers = auto_split(cfg.model.num_layers, chunks)
+    return Layout(
+        world_size=world_size(cfg),
+        tp=p.tp,
+        pp=p.pp,
+        vpp=p.vpp,
+        cp=p.cp,
+        ep=p.ep,
+        dp=dp,
+        dp_inferred=p.dp is None,
+        micro_batch_size=micro,
+        global_batch_size=total,
+        grad_accum=accum,
+        chunk_layers=chunk_layers,
+        explicit_split=p.pp_layers is not None,
+        steps=train_steps(cfg, total),
+        seq_length=cfg.model.seq_length,
+    )
+
+
+def train_steps(cfg: LLMTrainConfig, global_batch_size: int) -> int:
+    """Optimizer steps of the run: train.steps, or train.tokens rounded up to whole steps."""
+    if cfg.train.tokens is not None:
+        per_step = max(1, global_batch_size * cfg.model.seq_length)
+        return max(1, math.ceil(cfg.train.tokens / per_step))
+    return cfg.train.steps if cfg.train.steps is not None else 0

@@ -1,0 +1,26 @@
+"""User-facing errors: printed without a traceback, exit code 2."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for. The message names the key, the rule and what would work."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """One or more problems with a composed configuration."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest candidate, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
