@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 
 class UserError(Exception):
-    """A mistake in what the user asked for. The message names the key, the rule and what would work."""
+    """A mistake in what the user asked for: the message names the key, the rule, what works."""
 
     exit_code = 2
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -48,7 +49,7 @@ class Composed:
 
 def groups() -> list[str]:
     """Config groups a `group=option` override can select."""
-    return sorted(p.name for p in resources.conf_dir().iterdir() if p.is_dir()) + ["recipe"]
+    return [*sorted(p.name for p in resources.conf_dir().iterdir() if p.is_dir()), "recipe"]
 
 
 def group_options(group: str) -> list[str]:
@@ -58,12 +59,13 @@ def group_options(group: str) -> list[str]:
 
 
 @cache
-def _register() -> None:
+def _register(recipe: str) -> None:
+    """Put the schema and one recipe into Hydra's ConfigStore (loading every recipe costs 0.1 s)."""
     store = ConfigStore.instance()
     store.store(name="base", node=LLMTrainConfig)
-    for name in resources.recipe_names():
-        node = OmegaConf.load(resources.recipes_dir() / f"{name}.yaml")
-        store.store(group="recipe", name=name, node=node, package="_global_")
+    with open(resources.recipes_dir() / f"{recipe}.yaml", encoding="utf-8") as f:
+        node = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    store.store(group="recipe", name=recipe, node=OmegaConf.create(node), package="_global_")
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
@@ -73,13 +75,16 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     problems = _check_group_options(parsed) + _check_override_keys(parsed)
     if problems:
         raise ConfigError(problems)
-    _register()
+    recipes = [ov.value for ov in parsed if ov.key == "recipe" and ov.value and not ov.is_delete]
+    _register(recipes[-1] if recipes else DEFAULT_RECIPE)
     try:
         with initialize_config_dir(str(resources.conf_dir()), version_base="1.3"):
             cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError([_explain(exc)]) from None
-    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+    choices = {
+        k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
+    }
     with _open(cfg):
         del cfg["hydra"]
     values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
@@ -87,12 +92,21 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     problems = unknown_key_problems(values) + choice_problems(values)
     if problems:
         raise ConfigError(problems)
-    try:
-        typed = OmegaConf.merge(OmegaConf.structured(LLMTrainConfig), values)
-        config = typing.cast(LLMTrainConfig, OmegaConf.to_object(typed))
-    except OmegaConfBaseException as exc:
-        raise ConfigError([_explain(exc)]) from None
+    config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
     return Composed(config=config, values=values, choices=choices, overrides=overrides)
+
+
+def _build(cls: type, values: dict[str, Any]) -> Any:
+    """The dataclass instance for already type-checked values (Hydra merged them into the schema).
+
+    Faster than OmegaConf.to_object on the composed tree, which matters for `show` start-up time.
+    """
+    kwargs = {}
+    for name, tp in _schema_fields(cls).items():
+        sub = _dataclass_of(tp)
+        value = values[name]
+        kwargs[name] = _build(sub, value) if sub is not None and value is not None else value
+    return cls(**kwargs)
 
 
 class _open:
@@ -277,7 +291,12 @@ def choice_problems(values: dict[str, Any]) -> list[str]:
     return problems
 
 
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_TYPE_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+}
 
 
 def _expected_type(full_key: str) -> str:
@@ -287,7 +306,9 @@ def _expected_type(full_key: str) -> str:
     base = args[0] if optional and args else tp
     if _INDEX.search(full_key):
         inner = typing.get_args(base)
-        return f"{_TYPE_WORDS.get(inner[0], 'a value')} (list element)" if inner else "a list element"
+        return (
+            f"{_TYPE_WORDS.get(inner[0], 'a value')} (list element)" if inner else "a list element"
+        )
     if tp is None:
         return "a value of the schema's type"
     word = _TYPE_WORDS.get(base, str(base).replace("typing.", ""))
@@ -321,6 +342,14 @@ def _explain(exc: BaseException) -> str:
         if "Missing mandatory value" in text or "missing" in text.lower():
             return f"{full_key}: a value is required here (it was deleted or left as ???)"
         return f"{full_key}: {text}"
+    missing = re.search(r"Could not find '([\w-]+)/([\w.-]+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = group_options(group) if group in groups() else []
+        return (
+            f"{group}={option}: no such {group}{did_you_mean(option, options)}; "
+            f"available: {', '.join(options) or 'none'} (selected by {text.split(':')[0]})"
+        )
     if "Could not delete" in text or "Could not find" in text or "Could not append" in text:
         return f"{text}. Check the key with `llmtrain show`."
     return text

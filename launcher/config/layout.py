@@ -84,25 +84,32 @@ def batch_sizes(cfg: LLMTrainConfig, dp: int) -> tuple[int, int, int]:
 def auto_split(num_layers: int, chunks: int) -> tuple[int, ...]:
     """Layers per pipeline chunk, as even as possible.
 
-    When num_layers divides evenly, every chunk gets the same count. Otherwise the embedding and the
-    output layer are each counted as one layer's worth of work on the first and last chunk, the
-    num_layers + 2 slots are spread evenly (extra slots to the middle chunks), and the first and last
-    chunk give their slot back. Llama 3 405B: 126 layers on 16 stages -> 7, 8 x 14, 7 (Llama 3 paper,
-    section 3.3.2: "we reduce one Transformer layer each from the first and the last stages").
+    When num_layers divides evenly, every chunk gets the same count. Otherwise the embedding and
+    the output layer each count as one layer's worth of work on the first and last chunk, the
+    num_layers + 2 slots are spread evenly (extra slots to the middle chunks), and the first and
+    last chunk give their slot back. Llama 3 405B: 126 layers on 16 stages -> 7, 8 x 14, 7 (Llama 3
+    paper, section 3.3.2: one Transformer layer fewer on the first and on the last stage).
     """
     if chunks <= 1:
         return (num_layers,)
     if num_layers % chunks == 0:
         return (num_layers // chunks,) * chunks
-    slots = num_layers + 2
-    base, extra = divmod(slots, chunks)
+    # Leftover slots go to the middle chunks, centre outwards, then to the two ends.
+    order = sorted(range(1, chunks - 1), key=lambda i: (abs(i - (chunks - 1) / 2), i))
+    order += [0, chunks - 1]
+    base, extra = divmod(num_layers + 2, chunks)
     counts = [base] * chunks
-    # Hand the leftover slots to the middle chunks, centre outwards.
-    middle = sorted(range(1, chunks - 1), key=lambda i: (abs(i - (chunks - 1) / 2), i))
-    for i in middle[:extra] if extra <= len(middle) else range(chunks):
+    for i in order[:extra]:
         counts[i] += 1
     counts[0] -= 1
     counts[-1] -= 1
+    if min(counts) >= 1:
+        return tuple(counts)
+    # Too few layers to lighten the ends: a plain split, remainder to the middle.
+    base, extra = divmod(num_layers, chunks)
+    counts = [base] * chunks
+    for i in order[:extra]:
+        counts[i] += 1
     return tuple(counts)
 
 

@@ -1,18 +1,18 @@
 """The typed schema of an llmtrain configuration.
 
-Every key a user can type lives here, as a field of a dataclass registered in Hydra's ConfigStore
-(see ``store.py``). Keys whose value is one of a fixed set of words are plain ``str`` fields listed in
-``CHOICES``: OmegaConf matches enums by member name, which cannot spell ``1f1b``, so the choice check
-is ours (``compose.py`` applies it right after composition, with a did-you-mean).
+Every key a user can type lives here, as a field of a dataclass registered in Hydra's
+ConfigStore (see ``compose.py``). Keys whose value is one of a fixed set of words are plain
+``str`` fields listed in ``CHOICES``: OmegaConf matches enums by member name, which cannot spell
+``1f1b``, so the choice check is ours (``compose.py`` applies it after composition).
 
-Derived quantities (dp inferred from the world size, gradient accumulation, ...) are not stored here:
-they are computed by ``launcher.config.layout`` from these values, so there is one source of truth.
+Derived quantities (dp inferred from the world size, gradient accumulation, ...) are not stored
+here: ``launcher.config.layout`` computes them from these values, one source of truth.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -25,9 +25,9 @@ class ModelConfig:
     ffn_hidden_size: int = 512
     num_attention_heads: int = 4
     # None means multi-head attention (as many key/value heads as query heads).
-    num_kv_heads: Optional[int] = None
+    num_kv_heads: int | None = None
     # None means hidden_size // num_attention_heads.
-    head_dim: Optional[int] = None
+    head_dim: int | None = None
     vocab_size: int = 256
     seq_length: int = 256
     activation: str = "gelu"  # gelu | swiglu
@@ -40,16 +40,16 @@ class ModelConfig:
     # Mixture of experts: num_experts routed experts, moe_top_k of them active per token, each with
     # moe_ffn_hidden_size; moe_shared_experts always-on experts of the same size; the first
     # moe_dense_layers layers use a dense MLP of ffn_hidden_size instead (DeepSeek-V3 style).
-    num_experts: Optional[int] = None
-    moe_top_k: Optional[int] = None
-    moe_ffn_hidden_size: Optional[int] = None
+    num_experts: int | None = None
+    moe_top_k: int | None = None
+    moe_ffn_hidden_size: int | None = None
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
     # Multi-head latent attention (DeepSeek-V2/V3): set kv_lora_rank to enable it.
-    q_lora_rank: Optional[int] = None
-    kv_lora_rank: Optional[int] = None
-    qk_rope_head_dim: Optional[int] = None
-    v_head_dim: Optional[int] = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
 
 @dataclass
@@ -62,11 +62,11 @@ class ParallelConfig:
     cp: int = 1
     ep: int = 1
     # None: inferred as world_size // (tp * pp * cp).
-    dp: Optional[int] = None
+    dp: int | None = None
     sequence_parallel: bool = False
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
     # Layer count per pipeline stage (length pp); None: automatic split.
-    pp_layers: Optional[list[int]] = None
+    pp_layers: list[int] | None = None
 
 
 @dataclass
@@ -98,12 +98,12 @@ class PrecisionConfig:
 class TrainConfig:
     micro_batch_size: int = 1
     # Sequences per optimizer step; None: micro_batch_size * dp * grad_accum.
-    global_batch_size: Optional[int] = None
+    global_batch_size: int | None = None
     # None: global_batch_size // (micro_batch_size * dp), or 1 when global_batch_size is None too.
-    grad_accum: Optional[int] = None
+    grad_accum: int | None = None
     # Length of the run: steps, or tokens (converted to steps); one of the two.
-    steps: Optional[int] = 100
-    tokens: Optional[int] = None
+    steps: int | None = 100
+    tokens: int | None = None
     recompute: str = "none"  # none | selective | full
     seed: int = 1234
     log_every: int = 1
@@ -125,7 +125,7 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     # None: the built-in offline corpus (prepared on first use, never downloaded).
-    path: Optional[str] = None
+    path: str | None = None
     tokenizer: str = "byte"  # byte | bpe
     bpe_vocab_size: int = 4096
     num_workers: int = 0
@@ -133,16 +133,16 @@ class DataConfig:
 
 @dataclass
 class ClusterConfig:
-    """Hardware: which accelerator, how many, and the figures that override the catalog's defaults."""
+    """Hardware: which accelerator, how many, and figures that override the catalog's defaults."""
 
     name: str = "cpu"
     gpu: str = "cpu"
     num_nodes: int = 1
     gpus_per_node: int = 1
     # None: take the value from the GPU catalog (launcher.plan.hardware).
-    intra_node_bandwidth_gbps: Optional[float] = None
-    inter_node_bandwidth_gbps: Optional[float] = None
-    price_per_gpu_hour: Optional[float] = None
+    intra_node_bandwidth_gbps: float | None = None
+    inter_node_bandwidth_gbps: float | None = None
+    price_per_gpu_hour: float | None = None
     # Aggregate write bandwidth of the checkpoint storage, GB/s.
     storage_write_gbps: float = 10.0
     # SLURM GPU request style: gpus-per-node | gres.
@@ -163,11 +163,11 @@ class BackendConfig:
 @dataclass
 class SlurmConfig:
     job_name: str = "llmtrain"
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
     time: str = "01:00:00"
-    cpus_per_task: Optional[int] = None
+    cpus_per_task: int | None = None
     # Seconds before the time limit at which SLURM sends USR1 (checkpoint and requeue).
     signal_grace_s: int = 120
     requeue: bool = True
@@ -175,8 +175,8 @@ class SlurmConfig:
     chain: int = 0
     extra_sbatch_args: list[str] = field(default_factory=list)
     extra_srun_args: list[str] = field(default_factory=list)
-    container_image: Optional[str] = None
-    container_mounts: Optional[str] = None
+    container_image: str | None = None
+    container_mounts: str | None = None
 
 
 @dataclass
@@ -187,7 +187,7 @@ class LauncherConfig:
 @dataclass
 class RunConfig:
     # None: derived from the recipe name and a timestamp.
-    name: Optional[str] = None
+    name: str | None = None
     root_dir: str = "runs"
 
 

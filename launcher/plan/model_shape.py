@@ -10,10 +10,10 @@ Architecture (pre-norm decoder):
 - norms: LayerNorm has weight and bias (2h), RMSNorm a weight only (h);
 - attention: q has heads*d outputs, k and v kv_heads*d each (GQA), o maps heads*d back to h;
   with linear_bias, every projection has a bias;
-- multi-head latent attention (DeepSeek-V2/V3, when kv_lora_rank is set): q through a q_lora_rank
-  bottleneck with an RMSNorm (or one h x heads*(d+r) matrix when q_lora_rank is unset), k/v through a
-  kv_lora_rank bottleneck with an RMSNorm plus a shared rope key of r dims; o maps heads*v_head_dim to h
-  (DeepSeek-V2 paper, section 2.1);
+- multi-head latent attention (DeepSeek-V2/V3, when kv_lora_rank is set): q through a
+  q_lora_rank bottleneck with an RMSNorm (or one h x heads*(d+r) matrix when q_lora_rank is
+  unset), k/v through a kv_lora_rank bottleneck with an RMSNorm plus a shared rope key of r dims;
+  o maps heads*v_head_dim to h (DeepSeek-V2 paper, section 2.1);
 - MLP: GELU has fc1 (h->f) and fc2 (f->h); SwiGLU has gate, up (h->f) and down (f->h);
 - MoE layers (all but the first moe_dense_layers): a router h x E without bias, E routed experts and
   moe_shared_experts shared experts, each an MLP of moe_ffn_hidden_size.
@@ -105,8 +105,10 @@ class ModelShape:
         return self.mlp_params(self.model.moe_ffn_hidden_size or self.model.ffn_hidden_size)
 
     def dense_layer_params(self) -> int:
-        return 2 * self.norm_params() + self.attention_params() + self.mlp_params(
-            self.model.ffn_hidden_size
+        return (
+            2 * self.norm_params()
+            + self.attention_params()
+            + self.mlp_params(self.model.ffn_hidden_size)
         )
 
     def moe_layer_params(self) -> int:
@@ -152,8 +154,10 @@ class ModelShape:
 
     def non_embedding_params(self) -> int:
         m = self.model
-        return self.total_params() - self.embedding_params() - (
-            0 if m.tie_embeddings else m.vocab_size * m.hidden_size
+        return (
+            self.total_params()
+            - self.embedding_params()
+            - (0 if m.tie_embeddings else m.vocab_size * m.hidden_size)
         )
 
 

@@ -1,0 +1,3 @@
+from launcher.cli import run
+
+run()

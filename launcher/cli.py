@@ -1,0 +1,125 @@
+"""The `llmtrain` command line: parse, call one function per command, print.
+
+Commands here never import torch or deepspeed (see tests/unit/test_cli_imports.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from launcher import __version__
+from launcher.errors import UserError
+
+app = typer.Typer(
+    name="llmtrain",
+    help=(
+        "Plan, validate and launch large-language-model pre-training from composable configs.\n\n"
+        "Configs are Hydra overrides: key=value, +key=value, ~key, group=option, recipe=NAME."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(help="Hydra overrides, e.g. recipe=llama3-70b parallel.tp=8 zero.stage=3"),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print a JSON document for scripts.")]
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _print_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"llmtrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """llmtrain: plan, validate and launch LLM pre-training."""
+
+
+@app.command()
+def show(
+    overrides: Overrides = None,
+    sources: Annotated[
+        bool, typer.Option("--sources", help="Show where each value came from.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print the resolved configuration."""
+    from launcher.config.compose import compose_config
+    from launcher.views import show_config
+
+    composed = compose_config(overrides or [])
+    source_map = None
+    if sources:
+        from launcher.config.provenance import value_sources
+
+        source_map = value_sources(composed)
+    if as_json:
+        _print_json(
+            {"config": composed.values, "sources": source_map} if sources else composed.values
+        )
+    else:
+        show_config(out, composed, source_map)
+
+
+@app.command()
+def validate(overrides: Overrides = None, as_json: JsonFlag = False) -> None:
+    """Check the layout against every rule; exit 2 on errors."""
+    from launcher.config.compose import compose_config
+    from launcher.validate.rules import check
+    from launcher.views import show_violations, validation_document
+
+    composed = compose_config(overrides or [])
+    violations = check(composed.config)
+    if as_json:
+        _print_json(validation_document(composed, violations))
+    else:
+        show_violations(out, composed, violations)
+    if any(v.is_error for v in violations):
+        raise typer.Exit(2)
+
+
+@app.command()
+def recipes(as_json: JsonFlag = False) -> None:
+    """List the shipped recipes: parameters, layout, GPUs."""
+    from launcher.views import recipe_rows, show_recipes
+
+    rows = recipe_rows()
+    if as_json:
+        _print_json(rows)
+    else:
+        show_recipes(out, rows)
+
+
+def run() -> None:
+    """Console-script entry point: user errors print one message and exit 2, no traceback."""
+    try:
+        app()
+    except UserError as exc:
+        err.print(Text("error: ", style="bold red") + Text(str(exc)))
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    run()

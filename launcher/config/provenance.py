@@ -1,0 +1,81 @@
+"""Where each value of a composed configuration came from (`llmtrain show --sources`).
+
+Precedence, highest first, as Hydra applies it: a command-line override of the key, the recipe's own
+body, the group file chosen for the key's group (by default, by the recipe, or on the command line),
+and the schema default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from launcher import resources
+from launcher.config.compose import Composed
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {dotted.key: leaf}; lists and empty dicts are leaves."""
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def _yaml_keys(path: Any) -> tuple[set[str], list[Any]]:
+    """Dotted keys set by a YAML file, and its defaults list."""
+    data = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+    assert isinstance(data, dict)
+    defaults = data.pop("defaults", [])
+    return set(flatten(data)), list(defaults)
+
+
+def _override_key(text: str) -> tuple[str, bool]:
+    """('parallel.tp', False) for 'parallel.tp=8'; ('model', True) for 'model=llama3-8b'."""
+    key = text.split("=", 1)[0].lstrip("+~")
+    return key, "." not in key and "=" in text
+
+
+def value_sources(composed: Composed) -> dict[str, str]:
+    recipe = composed.choices.get("recipe", "none")
+    cli_keys: set[str] = set()
+    cli_groups: set[str] = set()
+    for text in composed.overrides:
+        key, is_group = _override_key(text)
+        (cli_groups if is_group and key in composed.choices else cli_keys).add(key)
+    recipe_keys, recipe_defaults = _yaml_keys(resources.recipes_dir() / f"{recipe}.yaml")
+    recipe_groups = {
+        str(next(iter(entry))).split()[-1].lstrip("/")
+        for entry in recipe_defaults
+        if isinstance(entry, dict)
+    }
+    group_keys: dict[str, tuple[str, set[str]]] = {}
+    for group, option in composed.choices.items():
+        if group == "recipe":
+            continue
+        keys, _ = _yaml_keys(resources.conf_dir() / group / f"{option}.yaml")
+        if group in cli_groups:
+            how = "chosen on the command line"
+        elif group in recipe_groups:
+            how = f"chosen by recipe {recipe}"
+        else:
+            how = "default"
+        group_keys[group] = (f"{group}/{option}.yaml ({how})", {f"{group}.{k}" for k in keys})
+
+    sources = {}
+    for leaf in flatten(composed.values):
+        group = leaf.split(".", 1)[0]
+        if leaf == "recipe":
+            sources[leaf] = "command line" if "recipe" in cli_groups else "default recipe"
+        elif any(leaf == k or leaf.startswith(f"{k}.") for k in cli_keys):
+            sources[leaf] = "command line"
+        elif leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys):
+            sources[leaf] = f"recipe {recipe}"
+        elif group in group_keys and leaf in group_keys[group][1]:
+            sources[leaf] = group_keys[group][0]
+        else:
+            sources[leaf] = "schema default"
+    return sources

@@ -1,0 +1,711 @@
+"""The named rules that catch impossible layouts before anything is launched.
+
+Each rule is a function ``(cfg, layout) -> list[Violation]`` registered with ``@rule(name)``. A
+violation names the key(s), the rule in words, the numbers, and the nearest values that would work.
+``check(cfg)`` runs every rule and returns all violations, errors and warnings together; it never
+mutates the config.
+
+Conventions stated once:
+- Rank placement, innermost first: tp, cp, dp, pp (Megatron-LM's order). Expert parallel groups are
+  carved out of the dp x cp ranks of one pipeline stage, so ep must divide dp * cp.
+- Grouped-query attention under tensor parallel: tp must divide num_kv_heads, or num_kv_heads must
+  divide tp, in which case each kv head is replicated tp / num_kv_heads times (Megatron-LM requires
+  the first; the torch backend also runs the second).
+- Context parallel is load-balanced (each rank holds two of 2*cp sequence chunks), so
+  seq_length must divide by 2 * cp.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from launcher.config.layout import Layout, auto_split, derive_layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.plan.model_shape import ModelShape
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    severity: str
+    keys: tuple[str, ...]
+    message: str
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == ERROR
+
+
+RuleFn = Callable[[LLMTrainConfig, Layout], list[Violation]]
+RULES: dict[str, RuleFn] = {}
+
+
+def rule(name: str) -> Callable[[RuleFn], RuleFn]:
+    def register(fn: RuleFn) -> RuleFn:
+        RULES[name] = fn
+        return fn
+
+    return register
+
+
+def check(cfg: LLMTrainConfig) -> list[Violation]:
+    """Every violation of every rule, errors first."""
+    layout = derive_layout(cfg)
+    found: list[Violation] = []
+    positive = RULES["positive-values"](cfg, layout)
+    found += positive
+    if any(v.is_error for v in positive):
+        # The other rules divide by these values; report the bad values alone.
+        return found
+    for name, fn in RULES.items():
+        if name != "positive-values":
+            found += fn(cfg, layout)
+    return sorted(found, key=lambda v: v.severity != ERROR)
+
+
+# --- helpers ---
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def nearest(values: Iterable[int], target: float, count: int = 3) -> list[int]:
+    """The `count` values closest to target, in ascending order."""
+    return sorted(sorted(set(values), key=lambda v: (abs(v - target), v))[:count])
+
+
+def _join(values: Iterable[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _error(name: str, keys: tuple[str, ...], message: str) -> Violation:
+    return Violation(name, ERROR, keys, message)
+
+
+def _warning(name: str, keys: tuple[str, ...], message: str) -> Violation:
+    return Violation(name, WARNING, keys, message)
+
+
+# --- rules ---
+
+
+_POSITIVE = (
+    "model.num_layers",
+    "model.hidden_size",
+    "model.ffn_hidden_size",
+    "model.num_attention_heads",
+    "model.vocab_size",
+    "model.seq_length",
+    "parallel.tp",
+    "parallel.pp",
+    "parallel.vpp",
+    "parallel.cp",
+    "parallel.ep",
+    "train.micro_batch_size",
+    "cluster.num_nodes",
+    "cluster.gpus_per_node",
+)
+_POSITIVE_OPTIONAL = (
+    "model.num_kv_heads",
+    "model.head_dim",
+    "parallel.dp",
+    "train.global_batch_size",
+    "train.grad_accum",
+    "train.steps",
+    "train.tokens",
+    "model.num_experts",
+    "model.moe_top_k",
+    "model.moe_ffn_hidden_size",
+)
+# Values past these are typos, not plans (the largest published runs are far below them).
+_ABSURD = {
+    "cluster.num_nodes": 1_000_000,
+    "cluster.gpus_per_node": 1024,
+    "model.num_layers": 10_000,
+    "model.hidden_size": 1_000_000,
+    "model.seq_length": 100_000_000,
+}
+
+
+def _value(cfg: LLMTrainConfig, key: str) -> object:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+@rule("positive-values")
+def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    out = []
+    for key in _POSITIVE + _POSITIVE_OPTIONAL:
+        value = _value(cfg, key)
+        if value is None and key in _POSITIVE_OPTIONAL:
+            continue
+        if not isinstance(value, int) or value < 1:
+            out.append(
+                _error(
+                    "positive-values",
+                    (key,),
+                    f"{key}={value}: must be a positive integer",
+                )
+            )
+        elif value > _ABSURD.get(key, math.inf):
+            out.append(
+                _error(
+                    "positive-values",
+                    (key,),
+                    f"{key}={value}: implausibly large (limit {_ABSURD[key]:,}); check for a typo",
+                )
+            )
+    if not 0 <= cfg.zero.stage <= 3:
+        out.append(
+            _error(
+                "positive-values",
+                ("zero.stage",),
+                f"zero.stage={cfg.zero.stage}: must be 0-3",
+            )
+        )
+    o = cfg.optim
+    if not o.lr > 0:
+        out.append(_error("positive-values", ("optim.lr",), f"optim.lr={o.lr}: must be > 0"))
+    if not 0 <= o.min_lr <= o.lr:
+        out.append(
+            _error(
+                "positive-values",
+                ("optim.min_lr",),
+                f"optim.min_lr={o.min_lr}: must lie between 0 and optim.lr={o.lr}",
+            )
+        )
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        out.append(
+            _error(
+                "positive-values",
+                ("optim.betas",),
+                f"optim.betas={list(o.betas)}: need two values in [0, 1), e.g. [0.9, 0.95]",
+            )
+        )
+    for key, value in (
+        ("optim.weight_decay", o.weight_decay),
+        ("optim.warmup_steps", o.warmup_steps),
+        ("optim.grad_clip", o.grad_clip),
+        ("optim.eps", o.eps),
+    ):
+        if value < 0:
+            out.append(_error("positive-values", (key,), f"{key}={value}: must be >= 0"))
+    return out
+
+
+@rule("world-size")
+def world_size_rule(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    p, c = cfg.parallel, cfg.cluster
+    world = layout.world_size
+    model_parallel = p.tp * p.pp * p.cp
+    where = f"cluster.num_nodes={c.num_nodes} x cluster.gpus_per_node={c.gpus_per_node} = {world}"
+    if p.dp is not None:
+        if p.dp * model_parallel == world:
+            return []
+        fits = world // model_parallel if world % model_parallel == 0 else None
+        hint = f"parallel.dp={fits} (or leave dp unset to infer it)" if fits else ""
+        nodes = p.dp * model_parallel / c.gpus_per_node
+        if nodes == int(nodes):
+            hint += f"{' or ' if hint else ''}cluster.num_nodes={int(nodes)}"
+        return [
+            _error(
+                "world-size",
+                (
+                    "parallel.dp",
+                    "parallel.tp",
+                    "parallel.pp",
+                    "parallel.cp",
+                    "cluster.num_nodes",
+                ),
+                f"parallel.dp={p.dp} x tp={p.tp} x pp={p.pp} x cp={p.cp} = "
+                f"{p.dp * model_parallel} GPUs, but {where}" + (f"; use {hint}" if hint else ""),
+            )
+        ]
+    if world % model_parallel == 0:
+        return []
+    nodes_ok = math.lcm(model_parallel, c.gpus_per_node) // c.gpus_per_node
+    others = p.pp * p.cp
+    valid_tp = [t for t in divisors(world) if world % (t * others) == 0]
+    tp_hint = f"valid tp with pp={p.pp}, cp={p.cp}: {_join(valid_tp)}; " if valid_tp else ""
+    return [
+        _error(
+            "world-size",
+            ("parallel.tp", "parallel.pp", "parallel.cp", "cluster.num_nodes"),
+            f"tp={p.tp} x pp={p.pp} x cp={p.cp} = {model_parallel} does not divide the world size "
+            f"{where}, so dp cannot be inferred; {tp_hint}or use a multiple of {nodes_ok} nodes",
+        )
+    ]
+
+
+@rule("expert-parallel")
+def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    p, m = cfg.parallel, cfg.model
+    experts = m.num_experts or 0
+    out = []
+    if experts <= 1:
+        if p.ep > 1:
+            out.append(
+                _error(
+                    "expert-parallel",
+                    ("parallel.ep", "model.num_experts"),
+                    f"parallel.ep={p.ep} needs a mixture-of-experts model, but model.num_experts="
+                    f"{m.num_experts}; use parallel.ep=1",
+                )
+            )
+        return out
+    if experts % p.ep:
+        out.append(
+            _error(
+                "expert-parallel",
+                ("parallel.ep", "model.num_experts"),
+                f"parallel.ep={p.ep} does not divide model.num_experts={experts}; "
+                f"valid ep: {_join(divisors(experts))}",
+            )
+        )
+    span = layout.dp * p.cp
+    if span % p.ep:
+        ok = [d for d in divisors(span) if experts % d == 0]
+        out.append(
+            _error(
+                "expert-parallel",
+                ("parallel.ep", "parallel.dp", "parallel.cp"),
+                f"parallel.ep={p.ep} does not divide dp x cp = {layout.dp} x {p.cp} = {span} "
+                "(expert groups are carved from data/context-parallel ranks); "
+                f"valid ep: {_join(ok)}",
+            )
+        )
+    top_k = m.moe_top_k or 0
+    if not 1 <= top_k <= experts:
+        out.append(
+            _error(
+                "expert-parallel",
+                ("model.moe_top_k",),
+                f"model.moe_top_k={m.moe_top_k}: must be between 1 and model.num_experts={experts}",
+            )
+        )
+    if m.moe_dense_layers > m.num_layers:
+        out.append(
+            _error(
+                "expert-parallel",
+                ("model.moe_dense_layers",),
+                f"model.moe_dense_layers={m.moe_dense_layers} exceeds "
+                f"model.num_layers={m.num_layers}",
+            )
+        )
+    return out
+
+
+@rule("attention-heads")
+def attention_heads(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    m, tp = cfg.model, cfg.parallel.tp
+    shape = ModelShape(m)
+    heads, kv = m.num_attention_heads, shape.kv_heads
+    out = []
+    if heads % tp:
+        out.append(
+            _error(
+                "attention-heads",
+                ("parallel.tp", "model.num_attention_heads"),
+                f"parallel.tp={tp} does not divide model.num_attention_heads={heads}; "
+                f"valid tp: {_join(divisors(heads))}",
+            )
+        )
+    if kv > heads or heads % kv:
+        out.append(
+            _error(
+                "attention-heads",
+                ("model.num_kv_heads",),
+                f"model.num_kv_heads={kv} must divide model.num_attention_heads={heads}; "
+                f"valid: {_join(divisors(heads))}",
+            )
+        )
+    elif not shape.is_mla and kv % tp and tp % kv:
+        valid = sorted(set(divisors(kv)) | {t for t in divisors(heads) if t % kv == 0})
+        out.append(
+            _error(
+                "attention-heads",
+                ("parallel.tp", "model.num_kv_heads"),
+                f"parallel.tp={tp} and model.num_kv_heads={kv}: tp must divide the kv heads, or "
+                f"the kv heads divide tp (each then replicated); valid tp: {_join(valid)}",
+            )
+        )
+    elif not shape.is_mla and tp > kv:
+        out.append(
+            _warning(
+                "attention-heads",
+                ("parallel.tp", "model.num_kv_heads"),
+                f"parallel.tp={tp} > model.num_kv_heads={kv}: each kv head is replicated on "
+                f"{tp // kv} ranks (more kv memory and compute than tp={kv})",
+            )
+        )
+    if m.head_dim is None and m.hidden_size % heads:
+        out.append(
+            _error(
+                "attention-heads",
+                ("model.hidden_size", "model.num_attention_heads"),
+                f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+                f"{heads}; set model.head_dim or use heads in "
+                f"{_join(nearest(divisors(m.hidden_size), heads))}",
+            )
+        )
+    return out
+
+
+@rule("pipeline-split")
+def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    p, layers = cfg.parallel, cfg.model.num_layers
+    chunks = p.pp * p.vpp
+    out = []
+    if p.vpp > 1 and (p.pp == 1 or p.pp_schedule != "interleaved"):
+        out.append(
+            _error(
+                "pipeline-split",
+                ("parallel.vpp", "parallel.pp", "parallel.pp_schedule"),
+                f"parallel.vpp={p.vpp} (virtual stages) needs pp > 1 and the interleaved schedule; "
+                f"got pp={p.pp}, pp_schedule={p.pp_schedule}: use parallel.pp_schedule=interleaved "
+                "with pp >= 2, or parallel.vpp=1",
+            )
+        )
+    if p.pp_schedule == "interleaved" and p.vpp == 1:
+        out.append(
+            _error(
+                "pipeline-split",
+                ("parallel.pp_schedule", "parallel.vpp"),
+                "parallel.pp_schedule=interleaved needs parallel.vpp >= 2 virtual stages per rank; "
+                "set parallel.vpp=2 or use pp_schedule=1f1b",
+            )
+        )
+    if p.pp_layers is not None:
+        counts = list(p.pp_layers)
+        if len(counts) != chunks:
+            out.append(
+                _error(
+                    "pipeline-split",
+                    ("parallel.pp_layers",),
+                    f"parallel.pp_layers has {len(counts)} entries; it needs one per pipeline "
+                    f"chunk, pp x vpp = {chunks}",
+                )
+            )
+        elif sum(counts) != layers or min(counts) < 1:
+            out.append(
+                _error(
+                    "pipeline-split",
+                    ("parallel.pp_layers", "model.num_layers"),
+                    f"parallel.pp_layers={counts} sums to {sum(counts)}, but model.num_layers="
+                    f"{layers} (every entry >= 1); e.g. {list(auto_split(layers, chunks))}",
+                )
+            )
+        return out
+    if layers < chunks:
+        out.append(
+            _error(
+                "pipeline-split",
+                ("parallel.pp", "parallel.vpp", "model.num_layers"),
+                f"pp x vpp = {p.pp} x {p.vpp} = {chunks} pipeline chunks, but model.num_layers="
+                f"{layers}: every chunk needs a layer; use pp <= {max(1, layers // p.vpp)}",
+            )
+        )
+    elif layers % chunks:
+        split = auto_split(layers, chunks)
+        even = [d for d in divisors(layers) if layers % (d * p.vpp) == 0]
+        choose = (
+            f"or pp in {_join(nearest(even, p.pp))} for an even split"
+            if even
+            else f"no pp splits {layers} layers evenly with vpp={p.vpp}"
+        )
+        out.append(
+            _warning(
+                "pipeline-split",
+                ("parallel.pp", "model.num_layers"),
+                f"model.num_layers={layers} does not split evenly over pp x vpp = {chunks}; "
+                f"automatic split {list(split)} (first and last lighter for the embedding and "
+                f"output layers); set parallel.pp_layers to choose, {choose}",
+            )
+        )
+    return out
+
+
+@rule("context-parallel")
+def context_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    cp, s = cfg.parallel.cp, cfg.model.seq_length
+    if cp == 1 or s % (2 * cp) == 0:
+        return []
+    valid = [c for c in divisors(s // 2) if c > 1] if s % 2 == 0 else []
+    return [
+        _error(
+            "context-parallel",
+            ("parallel.cp", "model.seq_length"),
+            f"model.seq_length={s} is not divisible by 2 x parallel.cp = {2 * cp} (load-balanced "
+            f"context parallel gives each rank two chunks); valid cp: "
+            f"{_join(nearest(valid, cp, 5)) if valid else 'none (odd seq_length)'}",
+        )
+    ]
+
+
+@rule("tensor-parallel-shapes")
+def tensor_parallel_shapes(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    m, p = cfg.model, cfg.parallel
+    tp = p.tp
+    out = []
+    sizes = [("model.ffn_hidden_size", m.ffn_hidden_size)]
+    if m.moe_ffn_hidden_size:
+        sizes.append(("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size))
+    for key, size in sizes:
+        if size % tp:
+            out.append(
+                _error(
+                    "tensor-parallel-shapes",
+                    ("parallel.tp", key),
+                    f"parallel.tp={tp} does not divide {key}={size}; valid tp: "
+                    f"{_join(nearest(divisors(size), tp, 5))}",
+                )
+            )
+    if m.vocab_size % tp:
+        padded = math.ceil(m.vocab_size / (128 * tp)) * 128 * tp
+        out.append(
+            _warning(
+                "tensor-parallel-shapes",
+                ("parallel.tp", "model.vocab_size"),
+                f"model.vocab_size={m.vocab_size} is not divisible by parallel.tp={tp}; the "
+                f"embedding is padded to {padded} (a multiple of 128 x tp, as Megatron-LM does)",
+            )
+        )
+    if p.sequence_parallel:
+        if tp == 1:
+            out.append(
+                _warning(
+                    "tensor-parallel-shapes",
+                    ("parallel.sequence_parallel",),
+                    "parallel.sequence_parallel=true has no effect with parallel.tp=1",
+                )
+            )
+        elif (m.seq_length // p.cp) % tp:
+            out.append(
+                _error(
+                    "tensor-parallel-shapes",
+                    ("parallel.sequence_parallel", "model.seq_length"),
+                    f"sequence parallel splits model.seq_length / cp = {m.seq_length // p.cp} over "
+                    f"parallel.tp={tp}, which does not divide it",
+                )
+            )
+    if tp > cfg.cluster.gpus_per_node:
+        out.append(
+            _warning(
+                "tensor-parallel-shapes",
+                ("parallel.tp", "cluster.gpus_per_node"),
+                f"parallel.tp={tp} > cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor "
+                "parallel crosses the node boundary and runs at network speed; keep tp <= "
+                f"{cfg.cluster.gpus_per_node}",
+            )
+        )
+    return out
+
+
+@rule("batch-arithmetic")
+def batch_arithmetic(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    t = cfg.train
+    per_pass = layout.micro_batch_size * layout.dp
+    out = []
+    if t.global_batch_size is not None:
+        accum = t.grad_accum
+        if accum is None and t.global_batch_size % per_pass:
+            lower = max(per_pass, t.global_batch_size // per_pass * per_pass)
+            out.append(
+                _error(
+                    "batch-arithmetic",
+                    (
+                        "train.global_batch_size",
+                        "train.micro_batch_size",
+                        "parallel.dp",
+                    ),
+                    f"train.global_batch_size={t.global_batch_size} is not a multiple of "
+                    f"micro_batch_size x dp = {layout.micro_batch_size} x {layout.dp} = "
+                    f"{per_pass}; "
+                    f"nearest valid global batch: {lower}, {lower + per_pass}",
+                )
+            )
+        elif accum is not None and per_pass * accum != t.global_batch_size:
+            out.append(
+                _error(
+                    "batch-arithmetic",
+                    ("train.global_batch_size", "train.grad_accum"),
+                    f"train.global_batch_size={t.global_batch_size} != micro_batch_size x dp x "
+                    f"grad_accum = {layout.micro_batch_size} x {layout.dp} x {accum} = "
+                    f"{per_pass * accum}; leave train.grad_accum unset to derive it",
+                )
+            )
+    pp = cfg.parallel.pp
+    m = layout.num_microbatches
+    if pp > 1 and m < pp:
+        out.append(
+            _error(
+                "batch-arithmetic",
+                ("train.global_batch_size", "train.grad_accum", "parallel.pp"),
+                f"{m} micro-batches per step < parallel.pp={pp}: the pipeline never fills; use at "
+                f"least train.global_batch_size={layout.micro_batch_size * layout.dp * pp} "
+                f"(grad_accum >= {pp})",
+            )
+        )
+    elif pp > 1 and m < 4 * pp:
+        bubble = (pp - 1) / (cfg.parallel.vpp * m + pp - 1)
+        out.append(
+            _warning(
+                "batch-arithmetic",
+                ("train.grad_accum", "parallel.pp"),
+                f"{m} micro-batches per step < 4 x parallel.pp = {4 * pp}: the pipeline bubble is "
+                f"about {bubble:.0%} of the step; raise the global batch or lower pp",
+            )
+        )
+    if cfg.parallel.pp_schedule == "interleaved" and pp > 1 and m % pp:
+        out.append(
+            _warning(
+                "batch-arithmetic",
+                ("train.grad_accum", "parallel.pp"),
+                f"interleaved schedule with {m} micro-batches, not a multiple of pp={pp}: "
+                "Megatron-LM requires a multiple; the torch backend accepts it",
+            )
+        )
+    if (t.steps is None) == (t.tokens is None):
+        out.append(
+            _error(
+                "batch-arithmetic",
+                ("train.steps", "train.tokens"),
+                f"set exactly one of train.steps and train.tokens (got steps={t.steps}, "
+                f"tokens={t.tokens}); e.g. train.tokens=null",
+            )
+        )
+    return out
+
+
+@rule("precision-hardware")
+def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    from launcher.plan.hardware import UnknownGPUError, get_gpu
+
+    prec, gpu_key = cfg.precision, cfg.cluster.gpu
+    try:
+        gpu = get_gpu(gpu_key)
+    except UnknownGPUError as exc:
+        return [_error("precision-hardware", ("cluster.gpu",), str(exc))]
+    out = []
+    uses_bf16 = "bf16" in (prec.compute_dtype, prec.grad_dtype)
+    if uses_bf16 and not gpu.supports_bf16:
+        out.append(
+            _error(
+                "precision-hardware",
+                ("precision", "cluster.gpu"),
+                f"precision={prec.name} computes in bf16, which {gpu.name} ({gpu.arch}) does not "
+                "support (needs Ampere or newer); use precision=fp16 or precision=fp32",
+            )
+        )
+    if prec.fp8 and not gpu.supports_fp8:
+        out.append(
+            _error(
+                "precision-hardware",
+                ("precision", "cluster.gpu"),
+                f"precision=fp8 needs fp8 tensor cores (Hopper or newer); {gpu.name} ({gpu.arch}) "
+                "has none; use precision=bf16",
+            )
+        )
+    if "fp16" in (prec.compute_dtype, prec.grad_dtype) and prec.loss_scaling == "none":
+        out.append(
+            _error(
+                "precision-hardware",
+                ("precision.loss_scaling",),
+                "fp16 training needs loss scaling (gradients underflow otherwise); set "
+                "precision.loss_scaling=dynamic",
+            )
+        )
+    if gpu.arch == "cpu" and prec.compute_dtype == "fp16":
+        out.append(
+            _error(
+                "precision-hardware",
+                ("precision", "cluster.gpu"),
+                "fp16 is not supported on CPU devices; use precision=fp32 or precision=bf16",
+            )
+        )
+    return out
+
+
+# What each backend can run. Sources: DeepSpeed docs (pipeline engine supports ZeRO-1 only;
+# ZeRO-Offload needs stage >= 1, parameter offload stage 3); Megatron-LM (distributed optimizer is
+# ZeRO-1 style; no parameter sharding; num_query_groups must divide by tp).
+@rule("backend-capabilities")
+def backend_capabilities(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    b, z, p = cfg.backend.name, cfg.zero, cfg.parallel
+    out = []
+    if z.offload_optimizer != "none" and z.stage < 1:
+        out.append(
+            _error(
+                "backend-capabilities",
+                ("zero.offload_optimizer", "zero.stage"),
+                "zero.offload_optimizer=cpu needs zero.stage >= 1 (the offloaded optimizer states "
+                "are the sharded ones); use zero.stage=1 or higher",
+            )
+        )
+    if z.offload_params != "none" and z.stage < 3:
+        out.append(
+            _error(
+                "backend-capabilities",
+                ("zero.offload_params", "zero.stage"),
+                "zero.offload_params=cpu needs zero.stage=3 (only sharded parameters can be "
+                "offloaded); use zero.stage=3",
+            )
+        )
+    if b == "deepspeed":
+        if z.stage >= 2 and p.pp > 1:
+            out.append(
+                _error(
+                    "backend-capabilities",
+                    ("backend", "zero.stage", "parallel.pp"),
+                    f"backend=deepspeed cannot combine zero.stage={z.stage} with pipeline parallel "
+                    f"(parallel.pp={p.pp}): its pipeline engine supports ZeRO stage 0 or 1; use "
+                    "zero.stage=1, or backend=torch for FSDP with pipelining",
+                )
+            )
+        if p.cp > 1:
+            out.append(
+                _error(
+                    "backend-capabilities",
+                    ("backend", "parallel.cp"),
+                    f"backend=deepspeed has no context parallel (parallel.cp={p.cp}); use "
+                    "backend=torch or backend=megatron",
+                )
+            )
+    if b == "megatron":
+        if z.stage >= 2:
+            out.append(
+                _error(
+                    "backend-capabilities",
+                    ("backend", "zero.stage"),
+                    f"backend=megatron has no ZeRO-{z.stage}: its distributed optimizer shards "
+                    "optimizer states only (zero.stage=1); use zero.stage=1, or backend=torch "
+                    "(FSDP) / backend=deepspeed for stage 2-3",
+                )
+            )
+        kv = ModelShape(cfg.model).kv_heads
+        if not ModelShape(cfg.model).is_mla and kv % p.tp:
+            out.append(
+                _error(
+                    "backend-capabilities",
+                    ("backend", "parallel.tp", "model.num_kv_heads"),
+                    f"backend=megatron needs parallel.tp to divide model.num_kv_heads={kv} (no kv "
+                    f"replication); valid tp: {_join(divisors(kv))}",
+                )
+            )
+    if cfg.cluster.gpu == "cpu" and b == "megatron":
+        out.append(
+            _error(
+                "backend-capabilities",
+                ("backend", "cluster.gpu"),
+                "backend=megatron needs CUDA GPUs; on cluster=cpu use backend=torch or "
+                "backend=deepspeed",
+            )
+        )
+    return out

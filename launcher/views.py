@@ -1,0 +1,164 @@
+"""Rich views for `show`, `validate` and `recipes`, and their JSON documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from launcher import resources
+from launcher.config.compose import Composed, compose_config
+from launcher.config.layout import Layout, derive_layout
+from launcher.config.provenance import flatten
+from launcher.errors import ConfigError
+from launcher.plan.model_shape import ModelShape, human_count
+from launcher.validate.rules import Violation, check
+
+
+def show_config(console: Console, composed: Composed, sources: dict[str, str] | None) -> None:
+    if sources is None:
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        text = yaml.dump(composed.values, Dumper=dumper, sort_keys=False, default_flow_style=False, width=200)
+        console.file.write(text)
+        return
+    table = Table(title=f"recipe={composed.choices.get('recipe')}", title_justify="left")
+    table.add_column("key", style="cyan", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("source", style="dim")
+    for key, value in flatten(composed.values).items():
+        table.add_row(key, _fmt(value), sources.get(key, ""))
+    console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def layout_summary(layout: Layout) -> dict[str, Any]:
+    return {
+        "world_size": layout.world_size,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "vpp": layout.vpp,
+        "cp": layout.cp,
+        "ep": layout.ep,
+        "dp": layout.dp,
+        "dp_inferred": layout.dp_inferred,
+        "micro_batch_size": layout.micro_batch_size,
+        "global_batch_size": layout.global_batch_size,
+        "grad_accum": layout.grad_accum,
+        "stage_layers": list(layout.stage_layers),
+        "steps": layout.steps,
+    }
+
+
+def _layout_line(layout: Layout) -> str:
+    inferred = " (inferred)" if layout.dp_inferred else ""
+    line = (
+        f"{layout.world_size} devices = tp {layout.tp} x pp {layout.pp} x cp {layout.cp} x "
+        f"dp {layout.dp}{inferred}"
+    )
+    if layout.ep > 1:
+        line += f", ep {layout.ep}"
+    return (
+        f"{line}; batch {layout.global_batch_size} = micro {layout.micro_batch_size} x dp "
+        f"{layout.dp} x accum {layout.grad_accum}"
+    )
+
+
+def validation_document(composed: Composed, violations: list[Violation]) -> dict[str, Any]:
+    def as_dict(v: Violation) -> dict[str, Any]:
+        return {"rule": v.rule, "keys": list(v.keys), "message": v.message}
+
+    return {
+        "valid": not any(v.is_error for v in violations),
+        "recipe": composed.choices.get("recipe"),
+        "errors": [as_dict(v) for v in violations if v.is_error],
+        "warnings": [as_dict(v) for v in violations if not v.is_error],
+        "layout": layout_summary(derive_layout(composed.config)),
+    }
+
+
+def show_violations(console: Console, composed: Composed, violations: list[Violation]) -> None:
+    errors = [v for v in violations if v.is_error]
+    for v in violations:
+        style, word = ("bold red", "error") if v.is_error else ("yellow", "warning")
+        console.print(Text(f"{word} [{v.rule}] ", style=style) + Text(v.message))
+    layout = derive_layout(composed.config)
+    if errors:
+        console.print(
+            Text(f"{len(errors)} error(s); nothing was launched.", style="bold red"),
+        )
+    else:
+        recipe = composed.choices.get("recipe")
+        console.print(Text("valid ", style="bold green") + Text(f"recipe={recipe}: "))
+        console.print(Text("  " + _layout_line(layout)))
+
+
+def recipe_rows() -> list[dict[str, Any]]:
+    """One row per shipped recipe: its shape, parameters, layout and hardware."""
+    rows: list[dict[str, Any]] = []
+    for name in resources.recipe_names():
+        try:
+            cfg = compose_config([f"recipe={name}"]).config
+        except ConfigError as exc:
+            rows.append({"name": name, "error": str(exc)})
+            continue
+        shape = ModelShape(cfg.model)
+        layout = derive_layout(cfg)
+        errors = [v.message for v in check(cfg) if v.is_error]
+        rows.append(
+            {
+                "name": name,
+                "model": cfg.model.name,
+                "params": shape.total_params(),
+                "active_params": shape.active_params(),
+                "tp": layout.tp,
+                "pp": layout.pp,
+                "cp": layout.cp,
+                "ep": layout.ep,
+                "dp": layout.dp,
+                "zero": cfg.zero.stage,
+                "precision": cfg.precision.name,
+                "backend": cfg.backend.name,
+                "gpu": cfg.cluster.gpu,
+                "gpus": layout.world_size,
+                "seq_length": cfg.model.seq_length,
+                "valid": not errors,
+            }
+        )
+    return rows
+
+
+def show_recipes(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = Table(title="llmtrain recipes  (llmtrain show recipe=NAME)", title_justify="left")
+    for column, justify in (
+        ("recipe", "left"),
+        ("parameters", "right"),
+        ("layout", "left"),
+        ("GPUs", "right"),
+        ("backend", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["name"], "", Text(row["error"], style="red"), "", "")
+            continue
+        params = human_count(row["params"])
+        if row["active_params"] != row["params"]:
+            params += f" ({human_count(row['active_params'])} active)"
+        layout = f"tp{row['tp']} pp{row['pp']} dp{row['dp']}"
+        layout += f" cp{row['cp']}" if row["cp"] > 1 else ""
+        layout += f" ep{row['ep']}" if row["ep"] > 1 else ""
+        layout += f" zero{row['zero']} {row['precision']}"
+        if not row["valid"]:
+            layout += " (invalid: llmtrain validate)"
+        table.add_row(row["name"], params, layout, f"{row['gpus']} x {row['gpu']}", row["backend"])
+    console.print(table)

@@ -1,0 +1,92 @@
+"""The command line as a user meets it: exit codes, JSON, messages, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from launcher.cli import app
+
+pytestmark = pytest.mark.unit
+runner = CliRunner()
+
+
+def llmtrain(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real console entry point in a child process (exit codes and stderr as users see them)."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_help_lists_commands() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("show", "validate", "recipes"):
+        assert command in result.output
+
+
+def test_show_json_is_the_resolved_config() -> None:
+    result = runner.invoke(app, ["show", "recipe=gpt-7b", "zero.stage=3", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["zero"]["stage"] == 3
+    assert doc["recipe"] == "gpt-7b"
+
+
+def test_show_sources_json() -> None:
+    result = runner.invoke(app, ["show", "parallel.tp=1", "--sources", "--json"])
+    doc = json.loads(result.output)
+    assert doc["sources"]["parallel.tp"] == "command line"
+
+
+def test_show_sources_table_has_a_source_column() -> None:
+    result = runner.invoke(app, ["show", "--sources"])
+    assert result.exit_code == 0
+    assert "schema default" in result.output
+
+
+def test_validate_ok_and_json() -> None:
+    result = runner.invoke(app, ["validate", "--json"])
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert doc["valid"] is True and doc["layout"]["dp"] == 1
+
+
+def test_validate_errors_exit_2_and_name_the_key() -> None:
+    result = llmtrain("validate", "recipe=llama3-8b", "parallel.tp=6")
+    assert result.returncode == 2
+    assert "parallel.tp=6 does not divide model.num_attention_heads=32" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_unknown_key_exit_2_no_traceback() -> None:
+    result = llmtrain("show", "+parallel.tpp=2")
+    assert result.returncode == 2
+    assert "parallel.tpp: unknown key (did you mean 'tp'?)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_group_option_exit_2() -> None:
+    result = llmtrain("show", "cluster=h100-8gb")
+    assert result.returncode == 2
+    assert "no such cluster (did you mean 'h100-80gb'?)" in result.stderr
+
+
+def test_unknown_option_is_a_usage_error() -> None:
+    result = llmtrain("show", "--sourcs")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+
+
+def test_recipes_table_and_json() -> None:
+    result = runner.invoke(app, ["recipes", "--json"])
+    rows = {row["name"]: row for row in json.loads(result.output)}
+    assert rows["llama3-405b"]["gpus"] == 16384
+    assert rows["llama3-405b"]["tp"] == 8 and rows["llama3-405b"]["pp"] == 16
+    assert all(row["valid"] for row in rows.values())
+    table = runner.invoke(app, ["recipes"])
+    assert "llama3-405b" in table.output and "406B" in table.output

@@ -1,0 +1,32 @@
+"""`--help`, `show`, `validate` and `recipes` must not import torch or deepspeed (start-up time)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PROBE = """
+import sys
+from launcher.cli import app
+try:
+    app({args!r})
+except SystemExit:
+    pass
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed'))
+print('HEAVY', heavy)
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["show", "recipe=llama3-405b"], ["validate", "recipe=llama3-70b"], ["recipes"]],
+)
+def test_no_heavy_imports(args: list[str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(args=args)], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert "HEAVY []" in out, out[-2000:]

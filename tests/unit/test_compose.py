@@ -1,0 +1,106 @@
+"""Composition: recipes, group options, overrides, and every kind of bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.config.compose import compose_config
+from launcher.config.provenance import value_sources
+from launcher.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+def problems(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    return str(info.value)
+
+
+def test_default_is_the_tiny_recipe() -> None:
+    composed = compose_config([])
+    assert composed.choices["recipe"] == "tiny"
+    assert composed.config.model.name == "tiny"
+    assert composed.config.cluster.gpu == "cpu"
+
+
+def test_mission_example_overrides_the_recipe() -> None:
+    composed = compose_config(["recipe=gpt-7b", "zero.stage=3"])
+    assert composed.config.zero.stage == 3
+    assert composed.config.model.name == "gpt-7b"
+
+
+def test_command_line_group_beats_recipe_choice() -> None:
+    composed = compose_config(["recipe=llama3-70b", "model=llama3-8b", "parallel.tp=2"])
+    assert composed.config.model.name == "llama3-8b"
+    assert composed.config.parallel.tp == 2
+    assert composed.choices["model"] == "llama3-8b"
+
+
+def test_plus_adds_to_free_form_env_and_tilde_removes_it() -> None:
+    composed = compose_config(["+cluster.env.NCCL_DEBUG=INFO"])
+    assert composed.config.cluster.env == {"NCCL_DEBUG": "INFO"}
+
+
+def test_unknown_keys_are_all_reported_with_suggestions() -> None:
+    text = problems(["+parallel.foo=1", "train.tp=3", "model.num_layrs=3"])
+    assert "parallel.foo: unknown key" in text
+    assert "valid keys of parallel: tp, pp, vpp" in text
+    assert "train.tp: unknown key (did you mean 'parallel.tp'?)" in text
+    assert "model.num_layrs: unknown key (did you mean 'num_layers'?)" in text
+
+
+def test_plus_on_a_new_top_level_key_is_rejected() -> None:
+    assert "foo: unknown key" in problems(["+foo=1"])
+
+
+def test_bad_group_option_lists_options_and_suggests() -> None:
+    text = problems(["precision=bf17"])
+    assert "precision=bf17: no such precision (did you mean 'bf16'?)" in text
+    assert "available: bf16, fp16, fp32, fp8" in text
+
+
+def test_bad_recipe_lists_recipes() -> None:
+    text = problems(["recipe=llama3-7b"])
+    assert "no such recipe" in text
+    assert "llama3-8b" in text
+
+
+def test_type_errors_name_key_and_expected_type() -> None:
+    assert "parallel.tp=abc: expected an integer, got str 'abc'" in problems(["parallel.tp=abc"])
+    assert "optim.lr=fast: expected a number" in problems(["optim.lr=fast"])
+    assert "model.num_kv_heads=x: expected an integer or null" in problems(
+        ["model.num_kv_heads=x"]
+    )
+    assert "model.tie_embeddings=maybe: expected true or false" in problems(
+        ["model.tie_embeddings=maybe"]
+    )
+    assert "parallel.pp_layers[1]=b: expected an integer (list element)" in problems(
+        ["parallel.pp_layers=[1,b]"]
+    )
+
+
+def test_choice_keys_are_checked_with_suggestion() -> None:
+    text = problems(["parallel.pp_schedule=1f1c"])
+    assert "parallel.pp_schedule=1f1c: must be one of gpipe, 1f1b, interleaved" in text
+    assert "did you mean '1f1b'" in text
+
+
+def test_malformed_override_explains_the_grammar() -> None:
+    assert "key=value" in problems(["model.foo"])
+
+
+def test_deleting_a_schema_key_says_to_set_it() -> None:
+    assert "cannot be deleted" in problems(["~model.num_layers"])
+
+
+def test_sources_tell_each_layer_apart() -> None:
+    composed = compose_config(["recipe=llama3-70b", "parallel.tp=4"])
+    sources = value_sources(composed)
+    assert sources["parallel.tp"] == "command line"
+    assert sources["model.num_layers"] == "model/llama3-70b.yaml (chosen by recipe llama3-70b)"
+    assert sources["optim.name"] == "optim/adamw.yaml (default)"
+    assert sources["slurm.job_name"] == "schema default"
+    assert sources["recipe"] == "command line"
+    # The recipe sets cluster.num_nodes in its own body.
+    assert sources["cluster.num_nodes"] == "recipe llama3-70b"

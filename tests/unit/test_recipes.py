@@ -1,0 +1,34 @@
+"""Every shipped recipe composes, validates, and opens with the command that runs it."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import resources
+from launcher.config.compose import compose_config
+from launcher.validate.rules import check
+
+pytestmark = pytest.mark.unit
+
+REQUIRED = {
+    "tiny", "gpt-125m", "gpt-7b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b",
+    "opt-175b", "gpt-neox-20b", "bloom-176b", "mt-nlg-530b", "mixtral-8x7b", "deepseek-v3",
+}
+
+
+def test_required_recipes_are_shipped() -> None:
+    assert REQUIRED <= set(resources.recipe_names())
+
+
+@pytest.mark.parametrize("name", resources.recipe_names())
+def test_recipe_validates(name: str) -> None:
+    composed = compose_config([f"recipe={name}"])
+    errors = [v.message for v in check(composed.config) if v.is_error]
+    assert errors == [], errors
+    assert composed.config.model.name == composed.choices["model"]
+
+
+@pytest.mark.parametrize("name", resources.recipe_names())
+def test_recipe_opens_with_its_command(name: str) -> None:
+    first = (resources.recipes_dir() / f"{name}.yaml").read_text().splitlines()[0]
+    assert first.startswith("# llmtrain ") and f"recipe={name}" in first, first
