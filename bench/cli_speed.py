@@ -40,9 +40,8 @@ def main() -> None:
         if done.returncode not in (0, 2):
             print(f"{' '.join(cmd):40} failed: {done.stderr.decode()[-200:]}")
             continue
-        print(
-            f"{' '.join(cmd):40} {statistics.median(times):8.3f} {min(times):8.3f} {max(times):8.3f}"
-        )
+        median = statistics.median(times)
+        print(f"{' '.join(cmd):40} {median:8.3f} {min(times):8.3f} {max(times):8.3f}")
 
 
 if __name__ == "__main__":

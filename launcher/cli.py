@@ -101,6 +101,39 @@ def validate(overrides: Overrides = None, as_json: JsonFlag = False) -> None:
 
 
 @app.command()
+def plan(
+    overrides: Overrides = None,
+    headroom: Annotated[
+        float, typer.Option(help="Memory kept free, as a fraction of the GPU's capacity.")
+    ] = 0.10,
+    as_json: JsonFlag = False,
+) -> None:
+    """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
+    from launcher.config.compose import compose_config
+    from launcher.plan.planner import make_plan
+    from launcher.plan.report import plan_to_json, render_plan
+    from launcher.validate.rules import check
+    from launcher.views import show_violations
+
+    if not 0 <= headroom < 1:
+        raise UserError(f"--headroom={headroom}: must be a fraction in [0, 1), e.g. 0.10")
+    composed = compose_config(overrides or [])
+    violations = check(composed.config)
+    if any(v.is_error for v in violations):
+        show_violations(err, composed, violations)
+        raise typer.Exit(2)
+    result = make_plan(composed.config, headroom=headroom)
+    if as_json:
+        document = plan_to_json(result)
+        document["warnings"] = [v.message for v in violations]
+        _print_json(document)
+    else:
+        for v in violations:
+            err.print(Text(f"warning [{v.rule}] ", style="yellow") + Text(v.message))
+        render_plan(result, out)
+
+
+@app.command()
 def recipes(as_json: JsonFlag = False) -> None:
     """List the shipped recipes: parameters, layout, GPUs."""
     from launcher.views import recipe_rows, show_recipes

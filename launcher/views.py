@@ -21,7 +21,9 @@ from launcher.validate.rules import Violation, check
 def show_config(console: Console, composed: Composed, sources: dict[str, str] | None) -> None:
     if sources is None:
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-        text = yaml.dump(composed.values, Dumper=dumper, sort_keys=False, default_flow_style=False, width=200)
+        text = yaml.dump(
+            composed.values, Dumper=dumper, sort_keys=False, default_flow_style=False, width=200
+        )
         console.file.write(text)
         return
     table = Table(title=f"recipe={composed.choices.get('recipe')}", title_justify="left")

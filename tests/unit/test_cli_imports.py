@@ -1,4 +1,4 @@
-"""`--help`, `show`, `validate` and `recipes` must not import torch or deepspeed (start-up time)."""
+"""`--help`, `show`, `validate`, `plan`, `recipes` never import torch or deepspeed (start-up)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,13 @@ print('HEAVY', heavy)
 
 @pytest.mark.parametrize(
     "args",
-    [["--help"], ["show", "recipe=llama3-405b"], ["validate", "recipe=llama3-70b"], ["recipes"]],
+    [
+        ["--help"],
+        ["show", "recipe=llama3-405b"],
+        ["validate", "recipe=llama3-70b"],
+        ["plan", "recipe=llama3-405b"],
+        ["recipes"],
+    ],
 )
 def test_no_heavy_imports(args: list[str]) -> None:
     out = subprocess.run(

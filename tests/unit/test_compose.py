@@ -69,9 +69,7 @@ def test_bad_recipe_lists_recipes() -> None:
 def test_type_errors_name_key_and_expected_type() -> None:
     assert "parallel.tp=abc: expected an integer, got str 'abc'" in problems(["parallel.tp=abc"])
     assert "optim.lr=fast: expected a number" in problems(["optim.lr=fast"])
-    assert "model.num_kv_heads=x: expected an integer or null" in problems(
-        ["model.num_kv_heads=x"]
-    )
+    assert "model.num_kv_heads=x: expected an integer or null" in problems(["model.num_kv_heads=x"])
     assert "model.tie_embeddings=maybe: expected true or false" in problems(
         ["model.tie_embeddings=maybe"]
     )

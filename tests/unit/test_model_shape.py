@@ -14,8 +14,14 @@ pytestmark = pytest.mark.unit
 def test_tiny_gpt_term_by_term() -> None:
     # h=128, f=512, V=256, s=256, 4 layers, LayerNorm, GELU, biases, tied, learned positions.
     m = ModelConfig(
-        num_layers=4, hidden_size=128, ffn_hidden_size=512, num_attention_heads=4,
-        vocab_size=256, seq_length=256, linear_bias=True, tie_embeddings=True,
+        num_layers=4,
+        hidden_size=128,
+        ffn_hidden_size=512,
+        num_attention_heads=4,
+        vocab_size=256,
+        seq_length=256,
+        linear_bias=True,
+        tie_embeddings=True,
     )
     shape = ModelShape(m)
     attention = 4 * 128 * 128 + 4 * 128  # q, k, v, o weights + biases (MHA: kv dim = h)

@@ -101,7 +101,10 @@ def test_kv_heads_rule_and_replication_warning() -> None:
     assert any("replicated on 2 ranks" in v.message and not v.is_error for v in found)
     # 12 kv heads (of 48 heads) with tp=8: neither divides the other.
     found_err = errors(
-        *LLAMA, "model.num_attention_heads=48", "model.num_kv_heads=12", "parallel.tp=8",
+        *LLAMA,
+        "model.num_attention_heads=48",
+        "model.num_kv_heads=12",
+        "parallel.tp=8",
         "model.hidden_size=6144",
     )
     assert any("tp must divide the kv heads" in m for m in found_err), found_err
@@ -133,7 +136,9 @@ def test_vpp_needs_pp_and_interleaved() -> None:
     assert any("needs pp > 1 and the interleaved schedule" in m for m in found)
     assert not [
         m
-        for m in errors(*LLAMA, "parallel.vpp=2", "parallel.pp=2", "parallel.pp_schedule=interleaved")
+        for m in errors(
+            *LLAMA, "parallel.vpp=2", "parallel.pp=2", "parallel.pp_schedule=interleaved"
+        )
         if "vpp" in m
     ]
 
@@ -162,7 +167,9 @@ def test_batch_arithmetic() -> None:
 
 def test_pipeline_microbatches() -> None:
     # pp=4 over 16 GPUs -> dp 4; global 8 -> accum 2 < pp -> error; 32 -> 8 < 16 -> warning.
-    assert any("never fills" in m for m in errors(*LLAMA, "parallel.pp=4", "train.global_batch_size=8"))
+    assert any(
+        "never fills" in m for m in errors(*LLAMA, "parallel.pp=4", "train.global_batch_size=8")
+    )
     found = warnings(*LLAMA, "parallel.pp=4", "train.global_batch_size=32")
     assert any("8 micro-batches per step < 4 x parallel.pp = 16" in w for w in found), found
 

@@ -1,0 +1,395 @@
+"""Per-GPU memory of a training configuration, stage by stage; the heaviest rank decides.
+
+Everything is in bytes. The buckets:
+- weights, gradients, optimizer: bytes per parameter by precision and optimizer (ZeRO paper,
+  Rajbhandari et al. 2020: mixed-precision Adam = 2 weight + 2 gradient + 12 optimizer bytes, the 12
+  being the fp32 master copy and Adam's m and v), sharded by ZeRO stage over the data-parallel
+  ranks;
+- activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+  Models"), generalised term by term to GQA, SwiGLU and MoE (see ``layer_activation_bytes``),
+  times the micro-batches in flight for the pipeline schedule
+  (``schedule.chunk_microbatches_in_flight``), plus
+  the fp32 logits and loss on the last stage;
+- buffers: gradient reduce / parameter all-gather buckets, ZeRO-3 gathered layers, pipeline p2p;
+- overhead: CUDA context and NCCL, from the hardware catalog. torch does not count it: `allocated`
+  and `reserved` below are what torch.cuda.max_memory_allocated / max_memory_reserved report, and
+  the  GPU must hold reserved + overhead.
+
+Conventions stated once here (and in the plan's assumptions):
+- ZeRO / FSDP shards over dp * cp (Megatron's distributed optimizer and torchtitan's FSDP both shard
+  over the data and context parallel ranks together); expert parameters over dp * cp / ep.
+- Expert weights are split over ep and, like the dense weights, over tp (Megatron-core's expert
+  tensor parallel size defaults to tp).
+- Dropout is on for GPT-style models (LayerNorm; Megatron's default 0.1) and off for Llama-style
+  (RMSNorm) ones; it adds 1-byte masks (Korthikanti's 34 sbh + 5 as^2 b counts them).
+- CPU offload moves the optimizer states (offload_optimizer) and the sharded weights
+  (offload_params) to host memory, reported per GPU and per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config.layout import Layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.plan.model_shape import ModelShape
+from launcher.plan.schedule import chunk_microbatches_in_flight
+
+GIB = 1024**3
+
+# torch's caching allocator reserves more than it allocates (block rounding, fragmentation across
+# differently sized tensors). ONE factor, reserved = allocated * FRAGMENTATION, calibrated on the
+# only reserved-memory measurement we have (calibration.csv row T1: torchtitan Llama 3.1 8B,
+# 82.4 GiB reserved, for which we predict 69.8 GiB allocated -> 1.18).
+FRAGMENTATION = 1.18
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+# Optimizer states in fp32 per parameter, besides the master copy: Adam keeps m and v (Kingma & Ba
+# 2015), Lion one momentum (Chen et al. 2023), SGD with momentum one buffer.
+OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "lion": 4, "sgd": 4}
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    weights: float
+    gradients: float
+    optimizer: float
+
+
+def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
+    """Unsharded bytes per parameter of each model-state bucket (ZeRO paper, section 3)."""
+    p = cfg.precision
+    weights = float(DTYPE_BYTES[p.compute_dtype])
+    if p.fp8:
+        # Transformer Engine keeps an fp8 copy of each weight and of its transpose.
+        weights += 2.0
+    gradients = float(DTYPE_BYTES[p.grad_dtype])
+    master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
+    optimizer = master + OPTIMIZER_STATE_BYTES[cfg.optim.name]
+    return BytesPerParam(weights, gradients, optimizer)
+
+
+def uses_dropout(cfg: LLMTrainConfig) -> bool:
+    return cfg.model.norm == "layernorm"
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Bytes per token of one layer: `replicated` is split over tp only with sequence parallelism,
+    `sharded` always over tp; `scores` is the s^2 part per token and key, split over tp."""
+
+    replicated: float
+    sharded: float
+    scores: float
+
+
+def layer_activation_terms(
+    shape: ModelShape, moe: bool, recompute: str, attention: str, dropout: bool
+) -> ActivationTerms:
+    """Activation bytes per token stored by one transformer layer for its backward pass.
+
+    Korthikanti et al. 2022, section 4.1, term by term (16-bit activations, 1-byte dropout masks),
+    written for general head counts and MLPs. For GPT (MHA, GELU MLP of 4h, dropout) it gives
+    34 s b h + 5 a s^2 b; with TP t: s b h (10 + 24/t + 5 a s/(h t)); with sequence parallel:
+    s b h (34 + 5 a s/h) / t (their equations 1-3).
+    """
+    m = shape.model
+    h = m.hidden_size
+    heads = m.num_attention_heads
+    if shape.is_mla:
+        q_dim = k_dim = heads * (shape.head_dim + shape.rope_dim)
+        v_dim = o_dim = heads * shape.v_dim
+    else:
+        q_dim = o_dim = heads * shape.head_dim
+        k_dim = v_dim = shape.kv_heads * shape.head_dim
+    mask = 1.0 if dropout else 0.0
+    # The MLP's stored intermediates per token: GELU keeps fc1's output and the GELU output (4f);
+    # SwiGLU keeps gate, up, silu(gate) and their product (8f; measured by Megatron's
+    # get_training_info for its fused bias_swiglu too).
+    per_f = 8.0 if m.activation == "swiglu" else 4.0
+    if moe:
+        f_e = m.moe_ffn_hidden_size or m.ffn_hidden_size
+        k = (m.moe_top_k or 1) + m.moe_shared_experts
+        # Each of top_k + shared expert copies keeps its input (2h) and intermediates; the router
+        # keeps fp32 logits and probabilities (2 * 4 E); the combine keeps the expert outputs (2h).
+        mlp_shr = k * (2.0 * h + per_f * f_e + 2.0 * h) + 8.0 * (m.num_experts or 0)
+        mlp_out = 2.0 * h
+    else:
+        mlp_shr = per_f * m.ffn_hidden_size
+        mlp_out = 2.0 * h
+    # Eager attention stores softmax output (2), dropout mask (1) and dropout output (2) per score.
+    score_bytes = (5.0 if dropout else 2.0) * heads if attention == "eager" else 0.0
+    lse = 4.0 * heads if attention == "flash" else 0.0  # flash keeps fp32 log-sum-exp per head
+    if recompute == "full":
+        # Only the layer input survives the forward (checkpoint boundary).
+        return ActivationTerms(replicated=2.0 * h, sharded=0.0, scores=0.0)
+    if recompute == "selective" and attention == "flash":
+        # Op-level selective checkpointing (PyTorch SAC, torchtitan's "op" policy): the layer input,
+        # the attention output (+lse) and every other matmul output are saved; norms, activation
+        # functions and the other matmuls are recomputed.
+        mlp_mm = 2.0 * (m.ffn_hidden_size * (2 if m.activation == "swiglu" else 1))
+        if moe:
+            mlp_mm = mlp_shr / 2.0
+        half = 0.5 * (2.0 * (q_dim + k_dim + v_dim) + mlp_mm)
+        return ActivationTerms(
+            replicated=2.0 * h + 0.5 * (2.0 * h + mlp_out),
+            sharded=2.0 * o_dim + lse + half,
+            scores=0.0,
+        )
+    # Norm inputs (2 x 2h), QKV and MLP inputs (2 x 2h), dropout masks after attention and MLP.
+    replicated = 4.0 * h + 4.0 * h + 2.0 * mask * h
+    # Q, K, V for the score and value products, the attention output (projection input).
+    sharded = 2.0 * (q_dim + k_dim + v_dim + o_dim) + lse + mlp_shr
+    scores = 0.0 if recompute == "selective" else score_bytes
+    return ActivationTerms(replicated=replicated, sharded=sharded, scores=scores)
+
+
+def layer_activation_bytes(
+    shape: ModelShape,
+    moe: bool,
+    micro_batch: int,
+    seq: int,
+    tp: int,
+    cp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    attention: str,
+    dropout: bool,
+) -> float:
+    """Bytes one layer keeps for one micro-batch on one GPU (tokens split over cp)."""
+    t = layer_activation_terms(shape, moe, recompute, attention, dropout)
+    tokens = micro_batch * seq / max(1, cp)
+    rep = t.replicated / (tp if sequence_parallel else 1)
+    # Each local query token scores against all s keys (ring attention with cp).
+    return tokens * (rep + t.sharded / tp + t.scores * seq / tp)
+
+
+def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
+    """Output logits and loss on the last stage for one micro-batch: the logits in the compute dtype
+    plus an fp32 copy for the loss and fp32 softmax (its gradient reuses that buffer): s b V
+    (dtype + 4 + 4) / tp / cp (vocab-parallel cross-entropy, Megatron)."""
+    m = cfg.model
+    tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
+    per = DTYPE_BYTES[cfg.precision.compute_dtype] + 8.0
+    return tokens * m.vocab_size * per / max(1, layout.tp)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one GPU of a stage holds before ZeRO sharding (after tp / ep splits)."""
+
+    dense: float
+    expert: float
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert
+
+
+def stage_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> StageParams:
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    tp, ep = max(1, layout.tp), max(1, layout.ep)
+    first_layer = sum(layout.stage_layers[:stage]) if layout.vpp == 1 else None
+    dense = 0.0
+    expert = 0.0
+    # Which layers live on this stage: contiguous with vpp == 1, else chunks i % pp == stage.
+    indices: list[int] = []
+    if first_layer is not None:
+        indices = list(range(first_layer, first_layer + layout.stage_layers[stage]))
+    else:
+        start = 0
+        for c, n in enumerate(layout.chunk_layers):
+            if c % layout.pp == stage:
+                indices.extend(range(start, start + n))
+            start += n
+    routed = shape.expert_params() * (m.num_experts or 0)
+    for i in indices:
+        params = shape.layer_params(i)
+        if shape.is_moe and i >= m.moe_dense_layers:
+            expert += routed / (ep * tp)
+            dense += (params - routed) / tp
+        else:
+            dense += params / tp
+    if stage == 0:
+        dense += shape.embedding_params() / tp
+    if stage == layout.pp - 1:
+        dense += shape.output_params() / tp
+        if m.tie_embeddings and layout.pp > 1:
+            # The last stage keeps its own copy of the tied embedding for the output projection.
+            dense += m.vocab_size * m.hidden_size / tp
+    return StageParams(dense, expert)
+
+
+@dataclass(frozen=True)
+class HardwareView:
+    """The figures of one GPU the planner uses, catalog values with cluster overrides applied."""
+
+    key: str
+    name: str
+    memory_bytes: int
+    overhead_bytes: int
+    peak_flops: float  # dense FLOP/s of the compute dtype (tf32 for fp32): the MFU denominator
+    matmul_peak_flops: float  # dense FLOP/s the linear layers run at (fp8 with precision.fp8)
+    matmul_efficiency: float
+    hbm_gbps: float
+    intra_gbps: float
+    inter_gbps: float
+    gpus_per_node: int
+    price_per_gpu_hour: float
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    layers: int
+    params: float
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float
+    overhead: float
+    in_flight: int
+    host_bytes: float
+
+    @property
+    def allocated(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+
+    @property
+    def reserved(self) -> float:
+        return self.allocated * FRAGMENTATION
+
+    @property
+    def device_total(self) -> float:
+        return self.reserved + self.overhead
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    stages: tuple[StageMemory, ...]
+    capacity: float
+    headroom: float
+
+    @property
+    def heaviest(self) -> StageMemory:
+        return max(self.stages, key=lambda s: s.device_total)
+
+    @property
+    def usable(self) -> float:
+        return self.capacity * (1.0 - self.headroom)
+
+    @property
+    def fits(self) -> bool:
+        return self.heaviest.device_total <= self.usable
+
+
+def zero_shard(layout: Layout) -> int:
+    return max(1, layout.dp * layout.cp)
+
+
+def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int) -> StageMemory:
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    z = cfg.zero
+    bpp = bytes_per_param(cfg)
+    params = stage_params(cfg, layout, stage)
+    shard = zero_shard(layout)
+    expert_shard = max(1, shard // max(1, layout.ep))
+
+    def sharded(per_param: float, on: bool) -> float:
+        if not on:
+            return per_param * params.total
+        return per_param * (params.dense / shard + params.expert / expert_shard)
+
+    weights = sharded(bpp.weights, z.stage >= 3)
+    gradients = sharded(bpp.gradients, z.stage >= 2)
+    optimizer = sharded(bpp.optimizer, z.stage >= 1)
+    host = 0.0
+    if z.offload_optimizer == "cpu":
+        host += optimizer
+        optimizer = 0.0
+    if z.offload_params == "cpu":
+        host += weights
+        weights = 0.0
+
+    # Activations: per chunk-micro-batch bytes x chunk-micro-batches in flight (schedule.py).
+    chunk_layer_count = [
+        n for c, n in enumerate(layout.chunk_layers) if c % max(1, layout.pp) == stage
+    ]
+    layers_here = layout.stage_layers[stage]
+    # Layers per chunk (an explicit pp_layers split gives per-stage counts; chunks split it evenly).
+    if len(layout.chunk_layers) == layout.pp * layout.vpp:
+        per_chunk = float(max(chunk_layer_count))
+    else:
+        per_chunk = layers_here / max(1, layout.vpp)
+    first_index = sum(layout.stage_layers[:stage]) if layout.vpp == 1 else 0
+    moe_here = shape.is_moe and first_index + layers_here > m.moe_dense_layers
+    dropout = uses_dropout(cfg)
+
+    def per_layer(recompute: str) -> float:
+        return layer_activation_bytes(
+            shape,
+            moe_here,
+            layout.micro_batch_size,
+            m.seq_length,
+            layout.tp,
+            layout.cp,
+            cfg.parallel.sequence_parallel,
+            recompute,
+            m.attention,
+            dropout,
+        )
+
+    in_flight = chunk_microbatches_in_flight(
+        cfg.parallel.pp_schedule,
+        layout.pp,
+        layout.num_microbatches,
+        layout.vpp,
+        stage,
+    )
+    activations = per_layer(cfg.train.recompute) * per_chunk * in_flight
+    if cfg.train.recompute != "none":
+        # While a layer is recomputed for its backward its full activations exist once.
+        activations += per_layer("none")
+    if stage == layout.pp - 1:
+        activations += logits_bytes(cfg, layout)
+
+    # Buffers.
+    tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
+    act_dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
+    buffers = cfg.backend.reduce_bucket_size * bpp.gradients
+    if z.stage in (1, 2):
+        buffers += cfg.backend.allgather_bucket_size * DTYPE_BYTES[cfg.precision.compute_dtype]
+    if z.stage >= 3:
+        # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded, plus one
+        # layer's unsharded gradients before its reduce-scatter.
+        layer = max(shape.layer_params(i) for i in range(m.num_layers)) / max(1, layout.tp)
+        buffers += layer * (2 * bpp.weights + bpp.gradients)
+    if layout.pp > 1:
+        # Send and receive buffers for activations (forward) and their gradients (backward).
+        sp = layout.tp if cfg.parallel.sequence_parallel else 1
+        buffers += 4.0 * tokens * m.hidden_size * act_dtype / sp
+
+    return StageMemory(
+        stage=stage,
+        layers=layers_here,
+        params=params.total,
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        buffers=buffers,
+        overhead=float(hw.overhead_bytes),
+        in_flight=in_flight,
+        host_bytes=host,
+    )
+
+
+def estimate_memory(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, headroom: float = 0.10
+) -> MemoryPlan:
+    stages = tuple(stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp)))
+    return MemoryPlan(stages=stages, capacity=float(hw.memory_bytes), headroom=headroom)

@@ -1,0 +1,345 @@
+"""The plan as a stable JSON document and as a Rich report (rich is imported here only)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from launcher.plan.memory import GIB
+from launcher.plan.planner import Plan
+from launcher.plan.schedule import timeline
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+BUCKETS = (
+    ("weights", "blue"),
+    ("gradients", "magenta"),
+    ("optimizer", "yellow"),
+    ("activations", "green"),
+    ("buffers", "cyan"),
+    ("fragmentation", "grey50"),
+    ("overhead", "red"),
+)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """The public, stable document: the keys listed in issue 3, plus extras."""
+    mem = plan.memory
+    h = mem.heaviest
+    t = plan.time
+    tot = plan.totals
+    return {
+        "model": {
+            "name": plan.config.model.name,
+            "total_params": plan.total_params,
+            "active_params": plan.active_params,
+        },
+        "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
+        "layout": {
+            "world_size": plan.layout.world_size,
+            "tp": plan.layout.tp,
+            "pp": plan.layout.pp,
+            "vpp": plan.layout.vpp,
+            "cp": plan.layout.cp,
+            "ep": plan.layout.ep,
+            "dp": plan.layout.dp,
+            "micro_batch_size": plan.layout.micro_batch_size,
+            "global_batch_size": plan.layout.global_batch_size,
+            "grad_accum": plan.layout.grad_accum,
+        },
+        "memory": {
+            "weights_bytes": int(h.weights),
+            "gradients_bytes": int(h.gradients),
+            "optimizer_bytes": int(h.optimizer),
+            "activations_bytes": int(h.activations),
+            "buffers_bytes": int(h.buffers),
+            "overhead_bytes": int(h.overhead),
+            "allocated_bytes": int(h.allocated),
+            "reserved_bytes": int(h.reserved),
+            "device_bytes": int(h.device_total),
+            "capacity_bytes": int(mem.capacity),
+            "usable_bytes": int(mem.usable),
+            "headroom": mem.headroom,
+            "fits": mem.fits,
+            "heaviest_stage": h.stage,
+            "host_bytes_per_gpu": int(h.host_bytes),
+            "host_bytes_per_node": int(h.host_bytes * plan.hardware.gpus_per_node),
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "layers": s.layers,
+                    "in_flight": s.in_flight,
+                    "allocated_bytes": int(s.allocated),
+                    "device_bytes": int(s.device_total),
+                }
+                for s in mem.stages
+            ],
+        },
+        "flops": {
+            "per_token_model": plan.flops.model,
+            "per_token_hardware": plan.flops.hardware,
+            "per_token_executed": plan.flops.executed,
+        },
+        "time": {
+            "step_s": t.step_s,
+            "tokens_per_s": t.tokens_per_s,
+            "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+            "tflops_per_gpu": t.tflops_per_gpu,
+            "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
+            "mfu": t.mfu,
+            "hfu": t.hfu,
+            "bubble_fraction": t.bubble_fraction,
+            "compute_s": t.compute_s,
+            "bubble_s": t.bubble_s,
+            "exposed_comm_s": t.exposed_comm_s,
+            "optimizer_s": t.optimizer_s,
+            "collectives": [
+                {
+                    "name": c.name,
+                    "kind": c.kind,
+                    "group": c.group,
+                    "group_size": c.group_size,
+                    "message_bytes": int(c.message_bytes),
+                    "calls_per_step": c.calls_per_step,
+                    "bus_gbps": c.bus_gbps,
+                    "time_s": c.time_s,
+                    "exposed_s": c.exposed_s,
+                }
+                for c in t.collectives
+            ],
+        },
+        "totals": {
+            "steps": tot.steps,
+            "train_s": tot.train_s,
+            "gpu_hours": tot.gpu_hours,
+            "cost_usd": tot.cost_usd,
+            "expected_interruptions": tot.expected_interruptions,
+            "lost_fraction": tot.lost_fraction,
+        },
+        "checkpoint": {
+            "size_bytes": int(tot.checkpoint_bytes),
+            "write_s": tot.checkpoint_write_s,
+            "interval_s": _finite(tot.checkpoint_interval_s),
+            "mtbf_s": _finite(tot.mtbf_s),
+        },
+        "fixes": [
+            {"overrides": list(f.overrides), "device_bytes": int(f.device_bytes)}
+            for f in plan.fixes
+        ],
+        "assumptions": list(plan.assumptions),
+    }
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.1f} GiB"
+
+
+def _dur(s: float) -> str:
+    if not math.isfinite(s):
+        return "-"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} days"
+
+
+def _bucket_values(plan: Plan) -> list[float]:
+    h = plan.memory.heaviest
+    return [
+        h.weights,
+        h.gradients,
+        h.optimizer,
+        h.activations,
+        h.buffers,
+        h.reserved - h.allocated,
+        h.overhead,
+    ]
+
+
+def render_plan(plan: Plan, console: Console) -> None:
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    mem = plan.memory
+    h = mem.heaviest
+    lay = plan.layout
+    verdict = "[bold green]fits[/]" if mem.fits else "[bold red]does not fit[/]"
+    console.print(
+        Panel(
+            f"{plan.config.model.name} on {lay.world_size} x {plan.hardware.name}  "
+            f"tp={lay.tp} pp={lay.pp} vpp={lay.vpp} cp={lay.cp} ep={lay.ep} dp={lay.dp}  "
+            f"mbs={lay.micro_batch_size} gbs={lay.global_batch_size} m={lay.grad_accum}\n"
+            f"heaviest rank: stage {h.stage} -> {_gib(h.device_total)} of "
+            f"{_gib(mem.capacity)} ({mem.headroom:.0%} headroom): {verdict}",
+            title="llmtrain plan",
+        )
+    )
+
+    # Stacked bar of memory buckets against capacity.
+    width = max(20, min(100, console.width - 10))
+    scale = max(mem.capacity, h.device_total)
+    bar = Text()
+    used = 0
+    for (_name, colour), value in zip(BUCKETS, _bucket_values(plan), strict=True):
+        cells = round(max(0.0, value) / scale * width)
+        bar.append("█" * cells, style=colour)
+        used += cells
+    limit_cell = round(mem.usable / scale * width)
+    bar.append("░" * max(0, round(mem.capacity / scale * width) - used), style="grey23")
+    console.print(Text("memory ", style="bold") + bar)
+    marker = Text(" " * (7 + min(limit_cell, width)) + "^ capacity - headroom")
+    console.print(marker, style="dim")
+    legend = Text()
+    for (name, colour), value in zip(BUCKETS, _bucket_values(plan), strict=True):
+        legend.append("■ ", style=colour)
+        legend.append(f"{name} {value / GIB:.1f}  ")
+    console.print(legend)
+
+    table = Table(title=f"Memory per GPU, stage {h.stage} (heaviest)")
+    table.add_column("bucket")
+    table.add_column("GiB", justify="right")
+    for (name, _), value in zip(BUCKETS, _bucket_values(plan), strict=True):
+        table.add_row(name, f"{value / GIB:.2f}")
+    table.add_row("allocated (torch)", f"{h.allocated / GIB:.2f}")
+    table.add_row("reserved (torch)", f"{h.reserved / GIB:.2f}")
+    table.add_row("device total", f"{h.device_total / GIB:.2f}")
+    table.add_row("capacity", f"{mem.capacity / GIB:.2f}")
+    if h.host_bytes:
+        table.add_row("host (offload) per GPU", f"{h.host_bytes / GIB:.2f}")
+        table.add_row("host per node", f"{h.host_bytes * plan.hardware.gpus_per_node / GIB:.2f}")
+    console.print(table)
+    if len(mem.stages) > 1:
+        st = Table(title="Per pipeline stage")
+        for col in ("stage", "layers", "in flight", "allocated GiB", "device GiB"):
+            st.add_column(col, justify="right")
+        for s in mem.stages:
+            st.add_row(
+                str(s.stage),
+                str(s.layers),
+                str(s.in_flight),
+                f"{s.allocated / GIB:.1f}",
+                f"{s.device_total / GIB:.1f}",
+            )
+        console.print(st)
+
+    _render_timeline(plan, console)
+
+    t = plan.time
+    tt = Table(title="Time per step")
+    tt.add_column("quantity")
+    tt.add_column("value", justify="right")
+    tt.add_row("step", _dur(t.step_s))
+    tt.add_row("compute (heaviest stage)", _dur(t.compute_s))
+    tt.add_row("pipeline bubble", f"{_dur(t.bubble_s)} ({t.bubble_fraction:.1%})")
+    tt.add_row("exposed communication", _dur(t.exposed_comm_s))
+    tt.add_row("optimizer step", _dur(t.optimizer_s))
+    tt.add_row("tokens/s (global)", f"{t.tokens_per_s:,.0f}")
+    tt.add_row("tokens/s per GPU", f"{t.tokens_per_s_per_gpu:,.0f}")
+    tt.add_row("model TFLOP/s per GPU", f"{t.tflops_per_gpu:.1f}")
+    tt.add_row("MFU (model FLOPs / peak)", f"{t.mfu:.1%}")
+    tt.add_row("HFU (hardware FLOPs / peak)", f"{t.hfu:.1%}")
+    tt.add_row(
+        "FLOPs/token model | hardware", f"{plan.flops.model:.3g} | {plan.flops.hardware:.3g}"
+    )
+    console.print(tt)
+
+    if t.collectives:
+        ct = Table(title="Collectives per step (heaviest stage)")
+        for col in ("collective", "group", "size", "message", "calls", "GB/s", "time", "exposed"):
+            ct.add_column(col, justify="right" if col not in ("collective", "group") else "left")
+        for c in t.collectives:
+            ct.add_row(
+                c.name,
+                c.group,
+                str(c.group_size),
+                f"{c.message_bytes / 1e6:,.1f} MB",
+                str(c.calls_per_step),
+                f"{c.bus_gbps:g}",
+                _dur(c.time_s),
+                "hidden" if c.hidden else _dur(c.exposed_s),
+            )
+        console.print(ct)
+
+    tot = plan.totals
+    to = Table(title="Totals")
+    to.add_column("quantity")
+    to.add_column("value", justify="right")
+    to.add_row("steps", f"{tot.steps:,}")
+    to.add_row("train time", _dur(tot.train_s))
+    to.add_row("GPU-hours", f"{tot.gpu_hours:,.0f}")
+    to.add_row("cost", f"${tot.cost_usd:,.0f} at ${tot.price_per_gpu_hour:.2f}/GPU-h")
+    to.add_row("checkpoint size", f"{tot.checkpoint_bytes / 1e9:,.1f} GB")
+    to.add_row("checkpoint write", _dur(tot.checkpoint_write_s))
+    to.add_row("job MTBF", _dur(tot.mtbf_s))
+    to.add_row("expected interruptions", f"{tot.expected_interruptions:.1f}")
+    to.add_row("checkpoint every (Young/Daly)", _dur(tot.checkpoint_interval_s))
+    to.add_row("expected time lost", f"{tot.lost_fraction:.1%}")
+    console.print(to)
+
+    if not mem.fits:
+        ft = Table(title="Smallest changes that fit")
+        ft.add_column("override")
+        ft.add_column("device GiB", justify="right")
+        for f in plan.fixes:
+            ft.add_row(f.line, f"{f.device_bytes / GIB:.1f}")
+        if not plan.fixes:
+            ft.add_row("none found among zero/recompute/micro-batch/tp/pp/offload", "-")
+        console.print(ft)
+
+    console.print("[dim]Assumptions:[/]")
+    for a in plan.assumptions:
+        console.print(f"[dim]- {a}[/]")
+
+
+def _render_timeline(plan: Plan, console: Console) -> None:
+    from rich.text import Text
+
+    lay = plan.layout
+    if lay.pp <= 1:
+        return
+    shown = min(lay.grad_accum, 2 * lay.pp)
+    schedule = plan.config.parallel.pp_schedule
+    slots = timeline("gpipe" if schedule == "gpipe" else "1f1b", lay.pp, shown)
+    end = max(s.end for s in slots)
+    width = max(30, min(110, console.width - 12))
+    scale = width / end
+    rows = min(lay.pp, 16)
+    title = f"Pipeline schedule ({schedule}"
+    if schedule == "interleaved":
+        title += ", drawn as 1F1B"
+    title += f"): {shown} of {lay.grad_accum} micro-batches"
+    if rows < lay.pp:
+        title += f", first {rows} of {lay.pp} stages"
+    console.print(Text(title, style="bold"))
+    for stage in range(rows):
+        cells = ["·"] * width
+        styles = ["grey35"] * width
+        for s in slots:
+            if s.stage != stage:
+                continue
+            a = round(s.start * scale)
+            b = max(a + 1, round(s.end * scale))
+            for i in range(a, min(b, width)):
+                cells[i] = str(s.microbatch % 10)
+                styles[i] = "bold white on blue" if s.kind == "F" else "bold white on green"
+        text = Text(f"stage {stage:>2} ")
+        for ch, st in zip(cells, styles, strict=True):
+            text.append(ch, style=st)
+        console.print(text)
+    legend = Text("          ")
+    legend.append(" forward ", style="bold white on blue")
+    legend.append(" ")
+    legend.append(" backward ", style="bold white on green")
+    legend.append("  digit = micro-batch mod 10, · = bubble (idle)")
+    console.print(legend)

@@ -1,0 +1,323 @@
+"""Step time: compute + exposed communication + pipeline bubble + optimizer step.
+
+- Compute runs at peak * matmul_efficiency (the catalog's large-GEMM ceiling, MAMF) *
+  STEP_EFFICIENCY: a whole training step also runs norms, activation functions, softmax, rotary,
+  elementwise kernels and launches that reach far less than a large GEMM. STEP_EFFICIENCY is ONE
+  constant for all GPU types, calibrated on calibration.csv (Narayanan 2021 on A100, torchtitan on
+  H100): both land near half of the GEMM ceiling.
+- Tensor parallel: per layer and micro-batch 2 all-reduces forward and 2 backward (or the same bytes
+  as all-gather + reduce-scatter with sequence parallelism; +2 with full recompute), b*s*h
+  activations each (Shoeybi et al. 2019); exposed (Megatron runs them on the compute stream).
+- Pipeline: p2p of b*s*h activations (and their gradients) per micro-batch and chunk; exposed.
+- Context parallel: ring exchange of K and V, (cp-1) steps forward, K,V and their gradients
+  backward; hidden behind the attention core's compute, the excess exposed.
+- Expert parallel: 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
+  backward) of top_k * tokens * h; exposed.
+- Data parallel / ZeRO (Rajbhandari et al. 2020): stage 0 all-reduces gradients once per step;
+  stage 1 reduce-scatters gradients and all-gathers parameters once per step; stage 2
+  reduce-scatters per micro-batch; stage 3 all-gathers parameters forward and backward and
+  reduce-scatters gradients per micro-batch. With backend.overlap_comm, once-per-step collectives
+  overlap the last micro-batch's backward (gradients) or the first one's forward (parameters),
+  per-micro-batch ones overlap that micro-batch's compute; only the excess is exposed. Without it
+  all of it is exposed.
+- Bubble: (p-1)/(v*m) of the per-micro-batch pipeline time (schedule.py).
+- Optimizer step: memory-bound, (2 * optimizer + gradients + weights) bytes over HBM bandwidth; with
+  CPU offload over HOST_GBPS, plus gradients down and weights up over PCIE_GBPS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config.layout import Layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.plan.comm import Collective, collective_time, place_group
+from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd, output_matmul_params
+from launcher.plan.memory import DTYPE_BYTES, HardwareView, StageMemory, bytes_per_param
+from launcher.plan.model_shape import ModelShape
+from launcher.plan.schedule import bubble_fraction, bubble_overhead
+
+# Fraction of the large-GEMM ceiling (peak * matmul_efficiency) a training step's compute reaches.
+# Calibrated on calibration.csv: N1-N5 (A100, Megatron 2021) and T1 (H100 96GB, torchtitan); with
+# 0.55 the errors span -6.6% (N1) to +8.6% (T1 tokens/s); see bench/plan_calibration.py.
+STEP_EFFICIENCY = 0.55
+# CPU Adam (DeepSpeed's AVX implementation) streams the fp32 states at host-memory speed.
+HOST_GBPS = 50.0
+PCIE_GBPS = 25.0
+
+
+@dataclass(frozen=True)
+class TimePlan:
+    step_s: float
+    compute_s: float  # compute of all micro-batches on the heaviest stage, no bubble
+    bubble_s: float
+    exposed_comm_s: float
+    optimizer_s: float
+    microbatch_s: float
+    bubble_fraction: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float  # model FLOPs achieved per GPU, TFLOP/s
+    hardware_tflops_per_gpu: float
+    mfu: float  # model FLOPs / peak (PaLM appendix B)
+    hfu: float  # hardware FLOPs (with recompute) / peak (Korthikanti et al. 2022)
+    collectives: tuple[Collective, ...]
+    compute_stage: int
+
+
+def stage_compute_flops(
+    cfg: LLMTrainConfig, layout: Layout, flops: FlopsPerToken, stage: int
+) -> tuple[float, float]:
+    """(executed FLOPs, attention-core share) of one micro-batch on one GPU of `stage`."""
+    m = cfg.model
+    tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
+    head = 6.0 * output_matmul_params(ModelShape(m))
+    per_layer = (flops.executed - head) / max(1, m.num_layers)
+    layers = layout.stage_layers[stage]
+    total = layers * per_layer + (head if stage == layout.pp - 1 else 0.0)
+    causal = 0.5 if m.attention == "flash" else 1.0
+    attn = flops.attention * causal / max(1, m.num_layers) * layers
+    return tokens * total / max(1, layout.tp), attn / max(1e-9, total)
+
+
+def estimate_time(
+    cfg: LLMTrainConfig,
+    layout: Layout,
+    hw: HardwareView,
+    flops: FlopsPerToken,
+    stages: tuple[StageMemory, ...],
+) -> TimePlan:
+    m = cfg.model
+    shape = ModelShape(m)
+    act_bytes = DTYPE_BYTES[cfg.precision.compute_dtype]
+    tp, pp, cp, dp, ep, vpp = layout.tp, layout.pp, layout.cp, layout.dp, layout.ep, layout.vpp
+    mb = layout.num_microbatches
+    gpn = hw.gpus_per_node
+    tokens = layout.micro_batch_size * m.seq_length / max(1, cp)
+    sp_div = tp if cfg.parallel.sequence_parallel else 1
+    overlap = cfg.backend.overlap_comm
+
+    # Heaviest compute stage.
+    best: tuple[float, int, float] = (-1.0, 0, 0.0)
+    for s in range(pp):
+        f, attn_share = stage_compute_flops(cfg, layout, flops, s)
+        if f > best[0]:
+            best = (f, s, attn_share)
+    stage_flops, stage, attn_share = best
+    rate = hw.matmul_efficiency * STEP_EFFICIENCY
+    t_compute_mb = stage_flops * (1.0 - attn_share) / (
+        hw.matmul_peak_flops * rate
+    ) + stage_flops * attn_share / (hw.peak_flops * rate)
+    layers = layout.stage_layers[stage]
+    colls: list[Collective] = []
+
+    def add(
+        name: str,
+        kind: str,
+        group: str,
+        size: int,
+        stride: int,
+        msg: float,
+        calls: int,
+        window: float | None,
+        note: str,
+    ) -> tuple[float, float]:
+        place = place_group(size, stride, gpn, hw.intra_gbps, hw.inter_gbps)
+        total = collective_time(kind, msg, size, place.bus_gbps) * calls
+        exposed = total if window is None else max(0.0, total - window)
+        colls.append(
+            Collective(name, kind, group, size, msg, calls, place.bus_gbps, total, exposed, note)
+        )
+        return total, exposed
+
+    # Per micro-batch collectives (on the critical path of every micro-batch).
+    per_mb_exposed = 0.0
+    if tp > 1:
+        calls = layers * (6 if cfg.train.recompute == "full" else 4)
+        kind = "all-reduce"
+        msg = tokens * m.hidden_size * act_bytes
+        _, e = add(
+            "tensor-parallel activations",
+            kind,
+            "tp",
+            tp,
+            1,
+            msg,
+            calls * mb,
+            None,
+            "2 fwd + 2 bwd per layer" + (" + 2 recompute" if calls > layers * 4 else ""),
+        )
+        per_mb_exposed += e / mb
+    if cp > 1:
+        kv = (shape.kv_heads * shape.head_dim * 2) * tokens * act_bytes / tp
+        attn_time = t_compute_mb * attn_share
+        _, e = add(
+            "context-parallel K/V ring",
+            "p2p",
+            "cp",
+            cp,
+            tp,
+            kv,
+            layers * 3 * (cp - 1) * mb,
+            attn_time * mb,
+            "overlaps attention compute",
+        )
+        per_mb_exposed += e / mb
+    if ep > 1 and shape.is_moe:
+        moe_layers = sum(
+            1
+            for i in range(sum(layout.stage_layers[:stage]), sum(layout.stage_layers[: stage + 1]))
+            if i >= m.moe_dense_layers
+        )
+        msg = (m.moe_top_k or 1) * tokens * m.hidden_size * act_bytes / sp_div
+        _, e = add(
+            "expert all-to-all",
+            "all-to-all",
+            "ep",
+            ep,
+            tp * cp,
+            msg,
+            4 * moe_layers * mb,
+            None,
+            "dispatch + combine, fwd + bwd",
+        )
+        per_mb_exposed += e / mb
+    if pp > 1:
+        msg = tokens * m.hidden_size * act_bytes / sp_div
+        _, e = add(
+            "pipeline p2p",
+            "p2p",
+            "pp",
+            2,
+            tp * cp * dp,
+            msg,
+            2 * vpp * mb,
+            None,
+            "activation forward, gradient backward",
+        )
+        per_mb_exposed += e / mb
+
+    t_mb = t_compute_mb + per_mb_exposed
+    pipeline_s = t_mb * mb
+    bubble_s = t_mb * mb * bubble_overhead(pp, mb, vpp)
+
+    # Data parallel / ZeRO.
+    bpp = bytes_per_param(cfg)
+    params = stages[stage].params
+    shard = dp * cp
+    z = cfg.zero.stage
+    dp_exposed = 0.0
+    bwd_share = 3.0 / 4.0 if cfg.train.recompute == "full" else 2.0 / 3.0
+    if shard > 1:
+        grads = params * bpp.gradients
+        weights = params * DTYPE_BYTES[cfg.precision.compute_dtype]
+        last_bwd = t_compute_mb * bwd_share if overlap else None
+        first_fwd = t_compute_mb * (1 - bwd_share) if overlap else None
+        if z == 0:
+            dp_exposed += add(
+                "gradient all-reduce",
+                "all-reduce",
+                "dp",
+                shard,
+                tp,
+                grads,
+                1,
+                last_bwd,
+                "once per step",
+            )[1]
+        elif z == 1:
+            dp_exposed += add(
+                "gradient reduce-scatter",
+                "reduce-scatter",
+                "dp",
+                shard,
+                tp,
+                grads,
+                1,
+                last_bwd,
+                "once per step",
+            )[1]
+            dp_exposed += add(
+                "parameter all-gather",
+                "all-gather",
+                "dp",
+                shard,
+                tp,
+                weights,
+                1,
+                first_fwd,
+                "after the optimizer step",
+            )[1]
+        else:
+            window = t_compute_mb * mb if overlap else None
+            if z >= 3:
+                dp_exposed += add(
+                    "parameter all-gather",
+                    "all-gather",
+                    "dp",
+                    shard,
+                    tp,
+                    weights,
+                    2 * mb,
+                    window,
+                    "forward and backward, per micro-batch",
+                )[1]
+                window = None if window is None else max(0.0, window - colls[-1].time_s)
+            dp_exposed += add(
+                "gradient reduce-scatter",
+                "reduce-scatter",
+                "dp",
+                shard,
+                tp,
+                grads,
+                mb,
+                window,
+                "per micro-batch",
+            )[1]
+            if z == 2:
+                dp_exposed += add(
+                    "parameter all-gather",
+                    "all-gather",
+                    "dp",
+                    shard,
+                    tp,
+                    weights,
+                    1,
+                    first_fwd,
+                    "after the optimizer step",
+                )[1]
+
+    # Optimizer step (memory-bound).
+    st = stages[stage]
+    on_device = 2.0 * st.optimizer + st.gradients + st.weights
+    optimizer_s = on_device / (hw.hbm_gbps * 1e9)
+    if st.host_bytes > 0:
+        optimizer_s += 2.0 * st.host_bytes / (HOST_GBPS * 1e9)
+        optimizer_s += (st.gradients + st.host_bytes / 6.0) / (PCIE_GBPS * 1e9)
+
+    exposed = per_mb_exposed * mb + dp_exposed
+    step_s = pipeline_s + bubble_s + dp_exposed + optimizer_s
+    tokens_per_s = layout.global_batch_size * m.seq_length / step_s
+    per_gpu = tokens_per_s / max(1, layout.world_size)
+    model_tflops = flops.model * per_gpu
+    hw_tflops = flops.hardware * per_gpu
+    return TimePlan(
+        step_s=step_s,
+        compute_s=t_compute_mb * mb,
+        bubble_s=bubble_s,
+        exposed_comm_s=exposed,
+        optimizer_s=optimizer_s,
+        microbatch_s=t_mb,
+        bubble_fraction=bubble_fraction(pp, mb, vpp),
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=per_gpu,
+        tflops_per_gpu=model_tflops / 1e12,
+        hardware_tflops_per_gpu=hw_tflops / 1e12,
+        mfu=model_tflops / hw.peak_flops,
+        hfu=hw_tflops / hw.peak_flops,
+        collectives=tuple(colls),
+        compute_stage=stage,
+    )
+
+
+__all__ = ["STEP_EFFICIENCY", "TimePlan", "attention_core_flops_fwd", "estimate_time"]
