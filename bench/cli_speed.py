@@ -3,13 +3,15 @@
     python bench/cli_speed.py [--runs 9]
 
 Prints one line per command: median, min and max seconds over the runs, each a fresh process, as a
-user would type it. Targets: `show recipe=llama3-405b` <= 0.5 s and `plan recipe=llama3-405b`
-<= 0.5 s (issues 2 and 3).
+user would type it, twice: "warm" (the composed config is in llmtrain's compose cache, as for any
+command run before with the same overrides) and "cold" (LLMTRAIN_NO_CACHE=1: Hydra composes).
+Targets: `show recipe=llama3-405b` <= 0.5 s and `plan recipe=llama3-405b` <= 0.5 s (issues 2, 3).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -30,18 +32,25 @@ def main() -> None:
     args = parser.parse_args()
     exe = shutil.which("llmtrain")
     base = [exe] if exe else [sys.executable, "-m", "launcher"]
-    print(f"{'command':40} {'median':>8} {'min':>8} {'max':>8}  (s, {args.runs} runs)")
-    for cmd in COMMANDS:
-        times = []
-        for _ in range(args.runs):
-            start = time.perf_counter()
-            done = subprocess.run([*base, *cmd], capture_output=True)
-            times.append(time.perf_counter() - start)
-        if done.returncode not in (0, 2):
-            print(f"{' '.join(cmd):40} failed: {done.stderr.decode()[-200:]}")
-            continue
-        median = statistics.median(times)
-        print(f"{' '.join(cmd):40} {median:8.3f} {min(times):8.3f} {max(times):8.3f}")
+    print(f"{'command':46} {'median':>8} {'min':>8} {'max':>8}  (s, {args.runs} runs)")
+    for cache, env in (("warm", {}), ("cold", {"LLMTRAIN_NO_CACHE": "1"})):
+        for cmd in COMMANDS:
+            measure(base, cmd, cache, {**os.environ, **env}, args.runs)
+
+
+def measure(base: list[str], cmd: list[str], cache: str, env: dict[str, str], runs: int) -> None:
+    subprocess.run([*base, *cmd], capture_output=True, env=env)  # fills the cache for "warm"
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        done = subprocess.run([*base, *cmd], capture_output=True, env=env)
+        times.append(time.perf_counter() - start)
+    label = f"{cache:5} {' '.join(cmd)}"
+    if done.returncode != 0:
+        print(f"{label:46} failed: {done.stderr.decode()[-200:]}")
+        return
+    median = statistics.median(times)
+    print(f"{label:46} {median:8.3f} {min(times):8.3f} {max(times):8.3f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ Hydra does the composition (defaults lists, group options, override grammar). On
 - turn OmegaConf's type errors into one line naming the key and the expected type;
 - check the fixed-choice keys of ``schema.CHOICES``.
 Every problem found is raised together as one ``ConfigError`` (exit code 2, no traceback).
+
+Hydra and OmegaConf are imported inside the functions that use them: a composition found in
+``compose_cache`` needs neither, which keeps `show` and `plan` fast.
 """
 
 from __future__ import annotations
@@ -20,15 +23,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import yaml
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from launcher import resources
+from launcher.config import compose_cache
 from launcher.config.schema import CHOICES, LLMTrainConfig
 from launcher.errors import ConfigError, did_you_mean
 
@@ -61,6 +57,10 @@ def group_options(group: str) -> list[str]:
 @cache
 def _register(recipe: str) -> None:
     """Put the schema and one recipe into Hydra's ConfigStore (loading every recipe costs 0.1 s)."""
+    import yaml
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
     store = ConfigStore.instance()
     store.store(name="base", node=LLMTrainConfig)
     with open(resources.recipes_dir() / f"{recipe}.yaml", encoding="utf-8") as f:
@@ -71,6 +71,16 @@ def _register(recipe: str) -> None:
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     """Compose, check and type the configuration for these overrides. Raises ConfigError."""
     overrides = tuple(overrides)
+    cached = compose_cache.load(overrides)
+    if cached is not None:
+        values, choices = cached
+        config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
+        return Composed(config=config, values=values, choices=choices, overrides=overrides)
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     parsed = _parse(overrides)
     problems = _check_group_options(parsed) + _check_override_keys(parsed)
     if problems:
@@ -85,14 +95,15 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     choices = {
         k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
     }
-    with _open(cfg):
-        del cfg["hydra"]
+    OmegaConf.set_struct(cfg, False)
+    del cfg["hydra"]
     values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     values["recipe"] = choices.get("recipe", "none")
     problems = unknown_key_problems(values) + choice_problems(values)
     if problems:
         raise ConfigError(problems)
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
+    compose_cache.store(overrides, values, choices)
     return Composed(config=config, values=values, choices=choices, overrides=overrides)
 
 
@@ -109,19 +120,6 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-class _open:
-    """Context manager that lifts the struct flag of a DictConfig."""
-
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
-
-    def __enter__(self) -> None:
-        OmegaConf.set_struct(self.cfg, False)
-
-    def __exit__(self, *exc: object) -> None:
-        OmegaConf.set_struct(self.cfg, True)
-
-
 @dataclass(frozen=True)
 class ParsedOverride:
     text: str
@@ -132,6 +130,9 @@ class ParsedOverride:
 
 
 def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     parser = OverridesParser.create()
     out = []
     problems = []

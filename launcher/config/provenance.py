@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from launcher import resources
 from launcher.config.compose import Composed
 
@@ -27,6 +25,8 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def _yaml_keys(path: Any) -> tuple[set[str], list[Any]]:
     """Dotted keys set by a YAML file, and its defaults list."""
+    from omegaconf import OmegaConf
+
     data = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
     assert isinstance(data, dict)
     defaults = data.pop("defaults", [])

@@ -1,0 +1,57 @@
+"""The compose cache returns what Hydra composed, and any edit to a config file invalidates it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from launcher import resources
+from launcher.config import compose_cache
+from launcher.config.compose import compose_config
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def data_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(resources.conf_dir(), root / "conf")
+    shutil.copytree(resources.recipes_dir(), root / "recipes")
+    monkeypatch.setattr(resources, "data_root", lambda: root)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
+    return root
+
+
+def test_cached_result_equals_hydra_result(data_copy: Path) -> None:
+    overrides = ("recipe=llama3-70b", "parallel.tp=4")
+    assert compose_cache.load(overrides) is None
+    fresh = compose_config(overrides)
+    assert compose_cache.load(overrides) is not None
+    cached = compose_config(overrides)
+    assert cached.config == fresh.config
+    assert cached.choices == fresh.choices
+
+
+def test_editing_a_config_file_invalidates(data_copy: Path) -> None:
+    compose_config(["recipe=tiny"])
+    before = compose_cache.key(("recipe=tiny",))
+    model = data_copy / "conf" / "model" / "tiny.yaml"
+    model.write_text(model.read_text().replace("num_layers: 4", "num_layers: 6"))
+    os.utime(model, ns=(1, 1))  # a different mtime even on coarse clocks
+    assert compose_cache.key(("recipe=tiny",)) != before
+    assert compose_config(["recipe=tiny"]).config.model.num_layers == 6
+
+
+def test_errors_are_not_cached_and_cache_can_be_disabled(
+    data_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(Exception, match="unknown key"):
+        compose_config(["+parallel.nope=1"])
+    assert compose_cache.load(("+parallel.nope=1",)) is None
+    monkeypatch.setenv("LLMTRAIN_NO_CACHE", "1")
+    compose_config(["recipe=tiny"])
+    assert not (Path(os.environ["XDG_CACHE_HOME"]) / "llmtrain" / "compose").exists()
