@@ -1,3 +1,3 @@
-from launcher.cli import run
+from launcher.cli import entry
 
-run()
+entry()

@@ -35,7 +35,7 @@ Overrides = Annotated[
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print a JSON document for scripts.")]
 
 out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _print_json(document: Any) -> None:
@@ -134,6 +134,79 @@ def plan(
 
 
 @app.command()
+def run(
+    overrides: Overrides = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Launch even if the plan predicts it will not fit.")
+    ] = False,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Start over in a new run directory (no resume).")
+    ] = False,
+) -> None:
+    """Train on this machine under torchrun (default: the tiny recipe on the CPU)."""
+    from launcher.config.compose import compose_config
+    from launcher.launch.local import RunFailed, RunPreempted, describe, launch, prepare_run_dir
+    from launcher.launch.preflight import preflight
+    from launcher.plan.report import plan_to_json
+
+    composed = compose_config(overrides or [])
+    plan_result = preflight(composed.config, force=force)
+    prepared = prepare_run_dir(composed, plan_to_json(plan_result), fresh=fresh)
+    err.print(Text(describe(prepared), style="dim"))
+    try:
+        launch(prepared)
+    except (RunFailed, RunPreempted) as exc:
+        err.print(
+            Text("error: " if isinstance(exc, RunFailed) else "", style="bold red") + Text(str(exc))
+        )
+        raise typer.Exit(exc.exit_code) from None
+
+
+data_app = typer.Typer(help="Prepare training data: tokenize text into memory-mapped shards.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    inputs: Annotated[
+        list[str], typer.Option("--input", "-i", help="Text file or folder (repeatable).")
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="Folder to write shards into.")],
+    tokenizer: Annotated[str, typer.Option(help="byte (default) or bpe (trained here).")] = "byte",
+    vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size.")] = 4096,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace existing output.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Tokenize text into token shards with an index (then set data.path=OUTPUT)."""
+    from pathlib import Path
+
+    if tokenizer not in ("byte", "bpe"):
+        raise UserError(f"--tokenizer={tokenizer}: must be byte or bpe")
+    if vocab_size < 256 + 1 and tokenizer == "bpe":
+        raise UserError(f"--vocab-size={vocab_size}: a BPE vocabulary needs more than 256 entries")
+    from launcher.train.data import prepare
+
+    index = prepare(
+        [Path(p) for p in inputs],
+        Path(output),
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        overwrite=overwrite,
+    )
+    document = index.to_json()
+    if as_json:
+        _print_json(document)
+    else:
+        out.print(
+            f"wrote {document['total_tokens']:,} tokens in {len(document['shards'])} shard(s) "
+            f"to {output} (vocab {document['vocab_size']}, {document['tokenizer']}); "
+            f"train on it with data.path={output}"
+        )
+
+
+@app.command()
 def recipes(as_json: JsonFlag = False) -> None:
     """List the shipped recipes: parameters, layout, GPUs."""
     from launcher.views import recipe_rows, show_recipes
@@ -145,7 +218,7 @@ def recipes(as_json: JsonFlag = False) -> None:
         show_recipes(out, rows)
 
 
-def run() -> None:
+def entry() -> None:
     """Console-script entry point: user errors print one message and exit 2, no traceback."""
     try:
         app()
@@ -155,4 +228,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    run()
+    entry()

@@ -107,6 +107,11 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     return Composed(config=config, values=values, choices=choices, overrides=overrides)
 
 
+def config_from_values(values: dict[str, Any]) -> LLMTrainConfig:
+    """The typed config for values that were composed and checked before (a run's config.yaml)."""
+    return typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
+
+
 def _build(cls: type, values: dict[str, Any]) -> Any:
     """The dataclass instance for already type-checked values (Hydra merged them into the schema).
 

@@ -185,8 +185,21 @@ class LauncherConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """When the trainer writes checkpoints (atomically, with a checksummed manifest)."""
+
+    # Every N optimizer steps; None: only at the end of the run (and on preemption).
+    every_steps: int | None = None
+    # Also every N minutes of wall time; None: no time-based checkpoints.
+    every_minutes: float | None = None
+    keep_last: int = 3
+    # Continue from the latest valid checkpoint in the run directory when there is one.
+    resume: bool = True
+
+
+@dataclass
 class RunConfig:
-    # None: derived from the recipe name and a timestamp.
+    # None: <recipe>-<hash of the config>, so the same command resumes the same run.
     name: str | None = None
     root_dir: str = "runs"
 
@@ -207,6 +220,7 @@ class LLMTrainConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 

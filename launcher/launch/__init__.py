@@ -1,0 +1,1 @@
+"""Side effects live here: local (torchrun) and SLURM launches."""

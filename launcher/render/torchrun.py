@@ -1,0 +1,36 @@
+"""The torchrun (torch elastic) command for a local run, and the script that records it."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+
+WORKER_MODULE = "launcher.train.loop"
+
+
+def torchrun_command(python: str, nproc_per_node: int, run_dir: str) -> list[str]:
+    """One node, `nproc_per_node` processes, c10d rendezvous on localhost:0 (a free port)."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc_per_node}",
+        "--max-restarts=0",
+        "-m",
+        WORKER_MODULE,
+        run_dir,
+    ]
+
+
+def launch_script(command: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+    """A bash script that re-runs exactly `command` with `env` from `cwd`; every value quoted."""
+    lines = [
+        "#!/usr/bin/env bash",
+        "# The exact command `llmtrain run` launched.",
+        "set -euo pipefail",
+    ]
+    lines.append(f"cd {shlex.quote(cwd)}")
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+    lines.append("exec " + shlex.join(command))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""The training runtime, run inside each launched rank. Imports torch; plan/validate never do."""

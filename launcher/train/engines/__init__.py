@@ -1,0 +1,1 @@
+"""Training engines: one per backend, all behind ``engines.base.Engine``."""

@@ -1,0 +1,67 @@
+"""What the training loop needs from an engine, whatever the backend.
+
+An engine owns the model, its parallel wrapping, the optimizer and its checkpoints. The loop
+(``launcher.train.loop``) owns the data, the learning-rate schedule, metrics and checkpoint
+cadence.
+
+Data contract: each optimizer step, every rank calls ``step`` with the token rows of its
+data-parallel shard: a LongTensor of shape [grad_accum * micro_batch_size, seq_length + 1]
+(inputs are row[:-1], targets row[1:]). Ranks of the same dp index (tensor, pipeline and context
+peers) receive the same rows. The engine splits them into micro-batches, accumulates, clips and
+steps the optimizer at ``lr``. The loss it returns is the mean token loss over the whole global
+batch (averaged over dp), identical on every rank.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    grad_norm: float
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits. Rank order, innermost first: tp, cp, dp, pp (as `plan` assumes)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    dp_rank: int
+    dp_size: int
+    tp_rank: int = 0
+    pp_rank: int = 0
+    cp_rank: int = 0
+
+
+class Engine(ABC):
+    info: RankInfo
+
+    @abstractmethod
+    def step(self, rows: torch.Tensor, lr: float) -> StepResult:
+        """One optimizer step over this dp shard's rows (see the module docstring)."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> list[Path]:
+        """Write this engine's state into `directory` (a collective: every rank calls it).
+
+        Returns the files this rank wrote (the checkpoint manifest checksums them)."""
+
+    @abstractmethod
+    def load(self, directory: Path) -> None:
+        """Restore the state written by `save` (a collective)."""
+
+    def extra_state(self) -> dict[str, Any]:
+        """Small JSON-able facts about the engine for the run's metrics (optional)."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release process groups or engine resources."""

@@ -1,0 +1,463 @@
+"""The PyTorch-native engine (``backend=torch``): DDP, FSDP2, DTensor tensor/sequence parallel and
+``torch.distributed.pipelining`` on one DeviceMesh.
+
+Mesh and rank order: dims ("pp", "dp", "tp"), tp innermost and pp outermost, so global rank =
+(pp_rank * dp + dp_rank) * tp + tp_rank, the order ``plan`` and ``launcher.validate.rules`` assume.
+Context and expert parallel are not implemented (``capabilities.torch_capabilities`` refuses them).
+
+How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
+1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
+   range, the embeddings off the first chunk, norm and head off the last), materialise on the
+   device and initialise with ``init_weights(seed)``: each parameter draws from a generator
+   seeded by its name, so a chunk's weights equal those layers in the unsplit model.
+2. Tensor parallel (tp > 1), the torchtitan plan: Colwise wq/wk/wv/w1/w3, Rowwise wo/w2, the token
+   embedding Rowwise (vocab-sharded), the head Colwise with its output gathered; everything else
+   (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
+   of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
+   (the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
+3. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
+4. Data parallel over the "dp" mesh dim: zero.stage=0 -> DDP (with tp > 1 or pp > 1: gradients
+   all-reduced over dp by the engine after the last micro-batch, since DDP would turn DTensor
+   parameters into local tensors, breaking clipping and checkpoints, and its reducer asserts under
+   the pipeline schedules); zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``;
+   zero.stage=3 -> ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
+   Mixed precision: FSDP2's MixedPrecisionPolicy (compute dtype for params, grad dtype for the
+   reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32.
+
+Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
+weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
+``clip_grad_norm_`` (DTensor- and FSDP-aware) and, with pipeline parallel, the squared norms of all
+stages all-reduced over the "pp" group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.config.layout import Layout, derive_layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.train.engines.base import Engine, RankInfo, StepResult
+from launcher.train.engines.capabilities import torch_capabilities
+from launcher.train.engines.dist import engine_device
+from launcher.train.model import Transformer, apply_recompute, build_model, init_weights, loss_fn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class TorchEngineError(ValueError):
+    """A configuration the torch engine cannot run (the reasons say what would work instead)."""
+
+
+class Replicated(ParallelStyle):
+    """Keep a module whole on every tensor-parallel rank, its parameters as Replicate DTensors.
+
+    Inputs are taken as replicated; the output is a local tensor unless use_local_output=False
+    (torchtitan's NoParallel). Makes every parameter a DTensor on the tp mesh, which the global
+    gradient norm and FSDP2's 2-D sharding need."""
+
+    def __init__(self, *, use_local_output: bool = True):
+        super().__init__()
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def to_dtensor(mod: nn.Module, inputs: Any, mesh: DeviceMesh) -> Any:
+            return tuple(
+                DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+                if isinstance(t, torch.Tensor) and not isinstance(t, DTensor)
+                else t
+                for t in inputs
+            )
+
+        def to_local(mod: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
+            if self.use_local_output and isinstance(output, DTensor):
+                return output.to_local()
+            return output
+
+        return distribute_module(module, device_mesh, None, to_dtensor, to_local)  # type: ignore[arg-type]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The model's fp32 cross-entropy, on full logits (a tied head under tp returns a DTensor)."""
+    return loss_fn(_full(output), targets)
+
+
+class TorchEngine(Engine):
+    def __init__(self, cfg: LLMTrainConfig, seed: int):
+        problems = torch_capabilities(cfg)
+        if problems:
+            raise TorchEngineError(
+                "backend=torch cannot run this configuration:\n- " + "\n- ".join(problems)
+            )
+        if not dist.is_initialized():
+            raise RuntimeError("TorchEngine needs an initialised process group (see engines.dist)")
+        self.cfg = cfg
+        self.layout: Layout = derive_layout(cfg)
+        lay = self.layout
+        world = dist.get_world_size()
+        if lay.pp * lay.dp * lay.tp != world:
+            raise TorchEngineError(
+                f"pp={lay.pp} x dp={lay.dp} x tp={lay.tp} = {lay.pp * lay.dp * lay.tp} ranks, "
+                f"but the process group has {world}"
+            )
+        self.device = engine_device()
+        self.mesh = init_device_mesh(
+            self.device.type, (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp")
+        )
+        self.pp_rank = self.mesh.get_local_rank("pp")
+        self.info = RankInfo(
+            rank=dist.get_rank(),
+            world_size=world,
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            dp_rank=self.mesh.get_local_rank("dp"),
+            dp_size=lay.dp,
+            tp_rank=self.mesh.get_local_rank("tp"),
+            pp_rank=self.pp_rank,
+        )
+        self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
+        self.grad_dtype = DTYPES[cfg.precision.grad_dtype]
+        self.zero = cfg.zero.stage
+        self.fsdp = self.zero in (2, 3)
+        # zero 0 with tp or pp: the engine all-reduces the gradients over dp itself, after the
+        # last micro-batch (DDP would turn DTensor parameters into local tensors, and its reducer
+        # does not follow the pipeline schedules' interleaved forwards and backwards).
+        self.manual_dp_sync = not self.fsdp and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1)
+
+        self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
+        self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
+        self.optimizer = self._build_optimizer()
+        self.schedule: Any = None
+        if lay.pp > 1:
+            self.schedule = self._build_schedule()
+
+    # --- model construction ---------------------------------------------------------------------
+    def _build_part(self, chunk: int, seed: int) -> nn.Module:
+        lay, cfg = self.layout, self.cfg
+        model = build_model(cfg.model, "meta")
+        first, last = chunk == 0, chunk == lay.pp * lay.vpp - 1
+        if lay.pp > 1:
+            start = sum(lay.chunk_layers[:chunk])
+            keep = {str(i) for i in range(start, start + lay.chunk_layers[chunk])}
+            for name in list(model.layers.keys()):
+                if name not in keep:
+                    del model.layers[name]
+            if not first:
+                model.tok_embeddings = None
+                model.pos_embeddings = None
+            if not last:
+                model.norm = None
+                model.output = None
+        model.to_empty(device=self.device)
+        init_weights(model, seed)
+        if lay.tp > 1:
+            self._apply_tp(model, first_chunk=first)
+        apply_recompute(model, cfg.train.recompute)
+        if cfg.backend.compile:
+            for name, block in list(model.layers.items()):
+                model.layers[name] = cast(nn.Module, torch.compile(block))
+        return self._apply_dp(model)
+
+    def _apply_tp(self, model: Transformer, first_chunk: bool) -> None:
+        tp_mesh = self.mesh["tp"]
+        sp = self.cfg.parallel.sequence_parallel
+        tied = self.cfg.model.tie_embeddings
+        residual = Shard(1) if sp else Replicate()
+        plan: dict[str, ParallelStyle] = {}
+        if model.tok_embeddings is not None:
+            plan["tok_embeddings"] = RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Replicate()
+            )
+        if model.pos_embeddings is not None:
+            plan["pos_embeddings"] = Replicated()
+        if model.norm is not None:
+            # A tied head multiplies by the (vocab-sharded) embedding inside the root forward, so
+            # the final norm hands it a DTensor; the engine gathers the logits for the loss.
+            plan["norm"] = SequenceParallel() if sp else Replicated(use_local_output=not tied)
+        if model.output is not None:
+            plan["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Replicate())
+        parallelize_module(model, tp_mesh, plan)
+        layer_names = list(model.layers.keys())
+        for name in layer_names:
+            block = model.layers[name]
+            block_plan: dict[str, ParallelStyle] = {
+                "attention_norm": SequenceParallel() if sp else Replicated(),
+                "ffn_norm": SequenceParallel() if sp else Replicated(),
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=residual),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+            }
+            if sp:
+                block_plan["attention"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
+                block_plan["feed_forward"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
+            if getattr(block.feed_forward, "w3", None) is not None:
+                block_plan["feed_forward.w3"] = ColwiseParallel()
+            if first_chunk and sp and name == layer_names[0]:
+                # The embeddings produce the whole sequence; the residual stream is sharded on it.
+                parallelize_module(
+                    block,
+                    tp_mesh,
+                    PrepareModuleInput(
+                        input_layouts=(Replicate(),),
+                        desired_input_layouts=(Shard(1),),
+                        use_local_output=True,
+                    ),
+                )
+            parallelize_module(block, tp_mesh, block_plan)
+
+    def _apply_dp(self, model: nn.Module) -> nn.Module:
+        lay, z = self.layout, self.cfg.zero
+        dp_mesh = self.mesh["dp"]
+        if self.fsdp:
+            mixed = self.compute_dtype != torch.float32
+            mp = MixedPrecisionPolicy(
+                param_dtype=self.compute_dtype if mixed else None,
+                reduce_dtype=self.grad_dtype if mixed else None,
+            )
+            offload = CPUOffloadPolicy(pin_memory=False) if z.offload_params == "cpu" else None
+            kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": mp}
+            if offload is not None:
+                kwargs["offload_policy"] = offload
+            reshard = self.zero == 3
+            for block in cast(Transformer, model).layers.values():
+                fully_shard(block, reshard_after_forward=reshard, **kwargs)
+            fully_shard(model, reshard_after_forward=reshard, **kwargs)
+            return model
+        if lay.dp > 1 and not self.manual_dp_sync:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            return DistributedDataParallel(
+                model, device_ids=device_ids, process_group=dp_mesh.get_group()
+            )
+        return model
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        decay, no_decay = [], []
+        for part in self.parts:
+            for param in part.parameters():
+                if param.requires_grad:
+                    (decay if param.dim() >= 2 else no_decay).append(param)
+        o = self.cfg.optim
+        groups = [
+            {"params": decay, "weight_decay": o.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        betas = (float(o.betas[0]), float(o.betas[1]))
+        if o.name == "adam":
+            return torch.optim.Adam(groups, lr=o.lr, betas=betas, eps=o.eps)
+        return torch.optim.AdamW(groups, lr=o.lr, betas=betas, eps=o.eps)
+
+    def _build_schedule(self) -> Any:
+        lay = self.layout
+        chunks = lay.pp * lay.vpp
+        group = self.mesh["pp"].get_group()
+        stages = [
+            PipelineStage(part, chunk, chunks, self.device, group=group)
+            for part, chunk in zip(self.parts, self.chunk_ids, strict=True)
+        ]
+        n = lay.grad_accum
+        if self.cfg.parallel.pp_schedule == "interleaved":
+            return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=_loss)
+        cls = ScheduleGPipe if self.cfg.parallel.pp_schedule == "gpipe" else Schedule1F1B
+        return cls(stages[0], n_microbatches=n, loss_fn=_loss)
+
+    # --- training -------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.fsdp or self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def _params(self) -> Iterator[nn.Parameter]:
+        for part in self.parts:
+            yield from part.parameters()
+
+    def _grad_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        """Gradient reduction on (last micro-batch) or off (the others), for DDP and FSDP2."""
+        stack = contextlib.ExitStack()
+        for part in self.parts:
+            if isinstance(part, DistributedDataParallel) and not enabled:
+                stack.enter_context(part.no_sync())
+            elif isinstance(part, FSDPModule):
+                part.set_requires_gradient_sync(enabled)
+        return stack
+
+    def _allreduce_grads_over_dp(self) -> None:
+        group = self.mesh["dp"].get_group()
+        grads = [
+            cast(torch.Tensor, p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
+            for p in self._params()
+            if p.grad is not None
+        ]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for same in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in same])
+            dist.all_reduce(flat, group=group)
+            flat /= self.layout.dp
+            offset = 0
+            for g in same:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def _clip(self) -> float:
+        max_norm = self.cfg.optim.grad_clip
+        params = [p for p in self._params() if p.grad is not None]
+        if self.layout.pp == 1:
+            total = torch.nn.utils.clip_grad_norm_(
+                params, max_norm if max_norm > 0 else float("inf")
+            )
+            return float(_full(total))
+        grads = [cast(torch.Tensor, p.grad) for p in params]
+        local = _full(torch.nn.utils.get_total_norm(grads, 2.0)).float() ** 2
+        dist.all_reduce(local, group=self.mesh["pp"].get_group())
+        total = local.sqrt()
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return float(total)
+
+    def step(self, rows: torch.Tensor, lr: float) -> StepResult:
+        lay = self.layout
+        expected = lay.grad_accum * lay.micro_batch_size
+        if rows.dim() != 2 or rows.shape[0] != expected:
+            raise ValueError(
+                f"step() expects rows [grad_accum*micro_batch_size={expected}, seq+1], "
+                f"got {tuple(rows.shape)}"
+            )
+        rows = rows.to(self.device, non_blocking=True)
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if lay.pp > 1:
+            loss = self._pipeline_forward_backward(inputs, targets)
+        else:
+            loss = self._forward_backward(inputs, targets)
+        if self.manual_dp_sync:
+            self._allreduce_grads_over_dp()
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
+        # every tp peer holds the same value, so sum over the world and divide by dp * tp.
+        total = loss.detach().float().reshape(1) / (lay.dp * lay.tp)
+        dist.all_reduce(total)
+        return StepResult(loss=float(total), grad_norm=grad_norm)
+
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        lay = self.layout
+        model = self.parts[0]
+        mbs, accum = lay.micro_batch_size, lay.grad_accum
+        loss_sum = torch.zeros((), device=self.device)
+        for i in range(accum):
+            chunk = slice(i * mbs, (i + 1) * mbs)
+            with self._grad_sync(i == accum - 1):
+                with self._autocast():
+                    loss = _loss(model(inputs[chunk]), targets[chunk])
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        return loss_sum / accum
+
+    def _pipeline_forward_backward(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        lay = self.layout
+        first, last = self.pp_rank == 0, self.pp_rank == lay.pp - 1
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if first else ()
+        with self._autocast():
+            if last:
+                self.schedule.step(*args, target=targets, losses=losses)
+            else:
+                self.schedule.step(*args)
+        if last:
+            return torch.stack([x.detach().float() for x in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def _model_arg(self) -> Any:
+        return self.parts[0] if len(self.parts) == 1 else self.parts
+
+    def _state(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(
+            self._model_arg(), self.optimizer, options=STATE_OPTIONS
+        )
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, directory: Path) -> list[Path]:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        rank = dist.get_rank()
+        dcp.save(self._state(), storage_writer=dcp.FileSystemWriter(str(directory)))
+        dist.barrier()
+        mine = list(directory.glob(f"__{rank}_*.distcp"))
+        if rank == 0:
+            mine += [p for p in directory.iterdir() if p.name == ".metadata"]
+        return sorted(mine)
+
+    def load(self, directory: Path) -> None:
+        state = self._state()
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(directory)))
+        set_state_dict(
+            self._model_arg(),
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=STATE_OPTIONS,
+        )
+
+    def extra_state(self) -> dict[str, Any]:
+        lay = self.layout
+        return {
+            "engine": "torch",
+            "mesh": {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp},
+            "data_parallel": "fsdp2" if self.fsdp else ("ddp" if lay.dp > 1 else "none"),
+            "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
+            "chunks": self.chunk_ids,
+            "params_local": sum(
+                (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
+            ),
+        }
+
+    def close(self) -> None:
+        self.schedule = None

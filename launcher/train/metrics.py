@@ -1,0 +1,113 @@
+"""What rank 0 reports while training: metrics.jsonl, TensorBoard events, and the progress display.
+
+metrics.jsonl holds one JSON object per optimizer step: step, loss, lr, grad_norm, tokens (seen so
+far), step_time_s, tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
+``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU) and
+elapsed_s. The progress display is a Rich bar on a terminal and a plain line per log interval
+otherwise (logs, CI).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+
+def peak_memory() -> dict[str, int]:
+    """Peak memory of this process: max allocated/reserved on GPU, max RSS on CPU (bytes)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return {
+            "max_allocated": int(torch.cuda.max_memory_allocated()),
+            "max_reserved": int(torch.cuda.max_memory_reserved()),
+        }
+    # ru_maxrss is in KiB on Linux.
+    return {"max_rss": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def memory_bytes(peak: dict[str, int]) -> int:
+    return peak.get("max_allocated", peak.get("max_rss", 0))
+
+
+class MetricsWriter:
+    """Rank 0's sink for per-step metrics (the other ranks don't create one)."""
+
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, log_every: int):
+        self.file: TextIO = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.log_every = max(1, log_every)
+        self.total_steps = total_steps
+        self.tb: Any = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is in the train extra; without it only jsonl is written
+            self.tb = None
+        self.display = Display(total_steps, start_step, self.log_every)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+                if record.get(key) is not None:
+                    self.tb.add_scalar(f"train/{key}", record[key], record["step"])
+        self.display.update(record)
+
+    def close(self) -> None:
+        self.display.close()
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class Display:
+    """Rich progress bar on a terminal; otherwise one plain line every `log_every` steps."""
+
+    def __init__(self, total_steps: int, start_step: int, log_every: int):
+        self.total = total_steps
+        self.log_every = log_every
+        self.started = time.monotonic()
+        self.start_step = start_step
+        self.progress: Any = None
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+            )
+            self.task = self.progress.add_task(
+                "train", total=total_steps, completed=start_step, stats=""
+            )
+            self.progress.start()
+
+    @staticmethod
+    def stats(record: dict[str, Any]) -> str:
+        mfu = record.get("mfu")
+        text = (
+            f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s"
+            f"  mem {record['memory_bytes'] / 2**30:.2f} GiB"
+        )
+        return text + (f"  MFU {mfu:.1%}" if mfu is not None else "")
+
+    def update(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, stats=self.stats(record))
+        elif step % self.log_every == 0 or step == self.total:
+            done = step - self.start_step
+            rate = (time.monotonic() - self.started) / max(1, done)
+            eta = rate * (self.total - step)
+            print(f"step {step}/{self.total}  {self.stats(record)}  eta {eta:.0f}s", flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()

@@ -1,0 +1,454 @@
+"""The decoder-only transformer that `llmtrain run` trains, built from a ``ModelConfig``.
+
+Its parameter count equals ``launcher.plan.model_shape.ModelShape(cfg).total_params()`` for every
+shape (the architecture is described there; ``tests/unit/test_train_model.py`` checks each recipe).
+
+Module names follow torchtitan, so parallel plans can address them:
+
+    Transformer
+      tok_embeddings   nn.Embedding [V, h]           (None on pipeline stages that do not embed)
+      pos_embeddings   nn.Embedding [s, h] | None    (learned positions only)
+      layers           nn.ModuleDict "0".."L-1" of TransformerBlock (pipeline stages delete entries)
+        attention_norm, attention (Attention: wq wk wv wo | MLAttention), ffn_norm,
+        feed_forward (MLP: w1 w2 [w3]) on dense layers | moe (MoE: router experts shared_experts)
+      norm             final norm                     (None on non-last pipeline stages)
+      output           nn.Linear [h -> V] | None      (None when tied: uses tok_embeddings.weight)
+
+Choices worth knowing:
+- Attention goes through ``F.scaled_dot_product_attention``. ``model.attention=flash`` passes
+  ``is_causal=True`` (flash / memory-efficient kernels on GPU); ``eager`` passes an explicit boolean
+  lower-triangular ``attn_mask`` instead, which rules out the flash kernel (memory-efficient or math
+  path). GQA uses SDPA's ``enable_gqa`` (no repeated k/v copies).
+- Head counts are read from the projections' outputs at forward time (``view(b, s, -1, d)``), so
+  tensor-parallel Colwise/Rowwise sharding of wq/wk/wv/wo needs no change here (DTensor weights
+  report their global shape, so the weights are not consulted). Replicating kv heads when
+  kv_heads < tp is the engine's job.
+- RoPE: rotate-half form (GPT-NeoX / Llama), theta 10000, tables computed per forward (no buffers,
+  so a model built on the meta device needs nothing re-initialised after ``to_empty``).
+- MoE: token-choice top-k; the gate weights are a softmax over the k selected router logits
+  (Mixtral style; DeepSeek-V3's sigmoid gating and its router bias are not modelled); no auxiliary
+  loss; experts run in a plain loop and every expert runs even on zero tokens, so all parameters
+  get a gradient (DDP needs no ``find_unused_parameters``).
+- Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,
+  w2) at 0.02/sqrt(2L) (GPT-2), biases zero, norms one/zero. Each parameter draws from its own CPU
+  generator seeded by (seed, parameter name), so a pipeline stage that holds only some layers gets
+  exactly the weights those layers have in the whole model, on any device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import zlib
+from collections.abc import Iterator
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from launcher.config.schema import ModelConfig
+from launcher.plan.model_shape import ModelShape
+
+ROPE_THETA = 10_000.0
+RECOMPUTE_MODES = ("none", "selective", "full")
+INIT_STD = 0.02
+# Linear layers whose output is added to the residual stream: scaled by 1/sqrt(2L) at init.
+RESIDUAL_PROJECTIONS = ("wo", "w2")
+
+
+def _call(module: nn.Module, *args: Any) -> torch.Tensor:
+    """Call a module and type its result (nn.Module.__call__ returns Any)."""
+    return cast(torch.Tensor, module(*args))
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, eps=1e-5, bias=True)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=1e-6)
+    raise ValueError(f"model.norm={kind!r}: expected layernorm or rmsnorm")
+
+
+# --- rotary position embedding -------------------------------------------------------------------
+def rope_tables(seq_len: int, dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE."""
+    inv_freq = 1.0 / (
+        ROPE_THETA ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    )
+    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_freq)
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [b, s, heads, dim] by position; computed in fp32, returned in x's dtype."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str) -> torch.Tensor:
+    """Causal attention of q [b, hq, s, d] over k, v [b, hkv, s, d] (hq a multiple of hkv)."""
+    gqa = q.shape[1] != k.shape[1]
+    if kind == "flash":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    s = q.shape[2]
+    mask = torch.ones(s, k.shape[2], dtype=torch.bool, device=q.device).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+class _CoreMixin:
+    """Runs the attention core, checkpointed when selective recompute is on."""
+
+    recompute_core: bool
+    kind: str
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.recompute_core and torch.is_grad_enabled():
+            out = checkpoint(attention_core, q, k, v, self.kind, use_reentrant=False)
+            return cast(torch.Tensor, out)
+        return attention_core(q, k, v, self.kind)
+
+
+class Attention(_CoreMixin, nn.Module):
+    """Multi-head / grouped-query attention: wq [h -> heads*d], wk, wv [h -> kv_heads*d], wo."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        shape = ModelShape(cfg)
+        h, d, bias = cfg.hidden_size, shape.head_dim, cfg.linear_bias
+        self.head_dim = d
+        self.kind = cfg.attention
+        self.use_rope = cfg.position == "rope"
+        self.recompute_core = False
+        self.wq = nn.Linear(h, cfg.num_attention_heads * d, bias=bias)
+        self.wk = nn.Linear(h, shape.kv_heads * d, bias=bias)
+        self.wv = nn.Linear(h, shape.kv_heads * d, bias=bias)
+        self.wo = nn.Linear(cfg.num_attention_heads * d, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1: the local head count under tensor parallelism (the outputs are this rank's shard).
+        q = _call(self.wq, x).view(b, s, -1, self.head_dim)
+        k = _call(self.wk, x).view(b, s, -1, self.head_dim)
+        v = _call(self.wv, x).view(b, s, -1, self.head_dim)
+        if self.use_rope:
+            cos, sin = rope_tables(s, self.head_dim, x.device)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return _call(self.wo, out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLAttention(_CoreMixin, nn.Module):
+    """Multi-head latent attention (DeepSeek-V2 section 2.1, DeepSeek-V3).
+
+    q: wq_a [h -> q_lora_rank], q_norm (RMSNorm), wq_b [-> heads*(d+r)] (or one wq when
+    q_lora_rank is unset); kv: wkv_a [h -> kv_lora_rank + r] whose last r dims are a rope key shared
+    by all heads, kv_norm (RMSNorm), wkv_b [kv_lora_rank -> heads*(d+v)]; wo [heads*v -> h].
+    d = head_dim (the "nope" part of q/k), r = qk_rope_head_dim, v = v_head_dim. Softmax scale
+    1/sqrt(d+r).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        shape = ModelShape(cfg)
+        h, n = cfg.hidden_size, cfg.num_attention_heads
+        d, r, v = shape.head_dim, shape.rope_dim, shape.v_dim
+        kv_rank = cfg.kv_lora_rank or 0
+        self.nope_dim, self.rope_dim, self.v_dim, self.kv_lora_rank = d, r, v, kv_rank
+        self.kind = cfg.attention
+        self.recompute_core = False
+        self.wq: nn.Linear | None = None
+        self.wq_a: nn.Linear | None = None
+        self.q_norm: nn.Module | None = None
+        self.wq_b: nn.Linear | None = None
+        if cfg.q_lora_rank:
+            self.wq_a = nn.Linear(h, cfg.q_lora_rank, bias=False)
+            self.q_norm = nn.RMSNorm(cfg.q_lora_rank, eps=1e-6)
+            self.wq_b = nn.Linear(cfg.q_lora_rank, n * (d + r), bias=False)
+        else:
+            self.wq = nn.Linear(h, n * (d + r), bias=False)
+        self.wkv_a = nn.Linear(h, kv_rank + r, bias=False)
+        self.kv_norm = nn.RMSNorm(kv_rank, eps=1e-6)
+        self.wkv_b = nn.Linear(kv_rank, n * (d + v), bias=False)
+        self.wo = nn.Linear(n * v, h, bias=cfg.linear_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        d, r = self.nope_dim, self.rope_dim
+        if self.wq is not None:
+            q = _call(self.wq, x)
+        else:
+            assert self.wq_a is not None and self.q_norm is not None and self.wq_b is not None
+            q = _call(self.wq_b, _call(self.q_norm, _call(self.wq_a, x)))
+        q_nope, q_pe = torch.split(q.view(b, s, -1, d + r), [d, r], dim=-1)
+        latent, k_pe = torch.split(_call(self.wkv_a, x), [self.kv_lora_rank, r], dim=-1)
+        k_pe = k_pe.unsqueeze(2)  # [b, s, 1, r]: one rope key shared by every head
+        if r:
+            cos, sin = rope_tables(s, r, x.device)
+            q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
+        kv = _call(self.wkv_b, _call(self.kv_norm, latent)).view(b, s, -1, d + self.v_dim)
+        k_nope, v = torch.split(kv, [d, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return _call(self.wo, out.transpose(1, 2).reshape(b, s, -1))
+
+
+# --- MLP and mixture of experts -------------------------------------------------------------------
+def _activate(kind: str, a: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+    if kind == "swiglu":
+        assert up is not None
+        return F.silu(a) * up
+    return F.gelu(a, approximate="tanh")
+
+
+class MLP(nn.Module):
+    """GELU: w1 [h -> f], w2 [f -> h]. SwiGLU: w1 gate, w3 up [h -> f], w2 down [f -> h]."""
+
+    def __init__(self, hidden: int, ffn: int, activation: str, bias: bool):
+        super().__init__()
+        if activation not in ("gelu", "swiglu"):
+            raise ValueError(f"model.activation={activation!r}: expected gelu or swiglu")
+        self.activation = activation
+        self.recompute_act = False
+        self.w1 = nn.Linear(hidden, ffn, bias=bias)
+        self.w2 = nn.Linear(ffn, hidden, bias=bias)
+        self.w3: nn.Linear | None = (
+            nn.Linear(hidden, ffn, bias=bias) if activation == "swiglu" else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = _call(self.w1, x)
+        up = _call(self.w3, x) if self.w3 is not None else None
+        if self.recompute_act and torch.is_grad_enabled():
+            hidden = cast(
+                torch.Tensor,
+                checkpoint(_activate, self.activation, a, up, use_reentrant=False),
+            )
+        else:
+            hidden = _activate(self.activation, a, up)
+        return _call(self.w2, hidden)
+
+
+class MoE(nn.Module):
+    """Token-choice top-k mixture of experts plus always-on shared experts (see module doc)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, experts = cfg.hidden_size, cfg.num_experts or 0
+        ffn = cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size
+        self.top_k = cfg.moe_top_k or 1
+        self.router = nn.Linear(h, experts, bias=False)
+        self.experts = nn.ModuleList(
+            MLP(h, ffn, cfg.activation, cfg.linear_bias) for _ in range(experts)
+        )
+        self.shared_experts = nn.ModuleList(
+            MLP(h, ffn, cfg.activation, cfg.linear_bias) for _ in range(cfg.moe_shared_experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        logits = _call(self.router, flat)
+        top_logits, top_index = logits.topk(self.top_k, dim=-1)
+        gates = top_logits.float().softmax(dim=-1).to(flat.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(top_index == e)
+            # Runs on zero tokens too: the expert's parameters still join the graph (zero grads).
+            y = _call(expert, flat[token]) * gates[token, slot, None]
+            out = out.index_add(0, token, y)
+        for shared in self.shared_experts:
+            out = out + _call(shared, flat)
+        return out.view_as(x)
+
+
+# --- blocks and the model ------------------------------------------------------------------------
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attention(norm(x)), then + feed_forward/moe(norm(.))."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        shape = ModelShape(cfg)
+        self.layer_id = layer_id
+        self.recompute_full = False
+        self.attention_norm = _norm(cfg.norm, cfg.hidden_size)
+        self.attention: nn.Module = MLAttention(cfg) if shape.is_mla else Attention(cfg)
+        self.ffn_norm = _norm(cfg.norm, cfg.hidden_size)
+        self.feed_forward: MLP | None = None
+        self.moe: MoE | None = None
+        if shape.is_moe and layer_id >= cfg.moe_dense_layers:
+            self.moe = MoE(cfg)
+        else:
+            self.feed_forward = MLP(
+                cfg.hidden_size, cfg.ffn_hidden_size, cfg.activation, cfg.linear_bias
+            )
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + _call(self.attention, _call(self.attention_norm, x))
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        assert ffn is not None
+        return h + _call(ffn, _call(self.ffn_norm, h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute_full and torch.is_grad_enabled():
+            return cast(torch.Tensor, checkpoint(self._forward, x, use_reentrant=False))
+        return self._forward(x)
+
+
+class Transformer(nn.Module):
+    """Decoder-only transformer; any of its parts may be None on a pipeline stage.
+
+    forward(tokens [b, s] int) -> logits [b, s, V]. Partial models:
+    - input: integer tokens are embedded when ``tok_embeddings`` is present; a floating-point input
+      is taken as hidden states [b, s, h] (later pipeline stages; a tied last stage keeps
+      ``tok_embeddings`` for its head and still receives hidden states);
+    - output: ``norm`` is applied when present; then ``output`` if present, else the tied head
+      ``tok_embeddings.weight`` when tie_embeddings and both ``norm`` and ``tok_embeddings`` are
+      present; otherwise the hidden states are returned.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        h = cfg.hidden_size
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, h)
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(cfg.seq_length, h) if cfg.position == "learned" else None
+        )
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(cfg, i) for i in range(cfg.num_layers)}
+        )
+        self.norm: nn.Module | None = _norm(cfg.norm, h)
+        self.output: nn.Linear | None = (
+            None if cfg.tie_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.tok_embeddings is not None and not tokens.is_floating_point():
+            h = _call(self.tok_embeddings, tokens)
+            if self.pos_embeddings is not None:
+                positions = torch.arange(tokens.shape[1], device=tokens.device)
+                h = h + _call(self.pos_embeddings, positions)
+        else:
+            h = tokens
+        for layer in self.layers.values():
+            h = _call(layer, h)
+        if self.norm is not None:
+            h = _call(self.norm, h)
+        if self.output is not None:
+            return _call(self.output, h)
+        if self.config.tie_embeddings and self.norm is not None and self.tok_embeddings is not None:
+            return F.linear(h, self.tok_embeddings.weight)
+        return h
+
+
+def _param_seed(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
+
+
+@torch.no_grad()
+def init_weights(model: Transformer, seed: int | None = None) -> None:
+    """Initialise every parameter (see the module docstring). seed None: ``torch.initial_seed()``.
+
+    Call after ``to_empty`` when the model was built on the meta device.
+    """
+    seed = torch.initial_seed() if seed is None else seed
+    residual_std = INIT_STD / math.sqrt(2 * model.config.num_layers)
+    for module_name, module in model.named_modules():
+        leaf = module_name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Linear | nn.Embedding):
+            std = residual_std if leaf in RESIDUAL_PROJECTIONS else INIT_STD
+            _normal_(module.weight, std, _param_seed(seed, f"{module_name}.weight"))
+            bias = getattr(module, "bias", None)
+            if bias is not None:
+                nn.init.zeros_(bias)
+        elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
+            if module.weight is not None:
+                nn.init.ones_(module.weight)
+            bias = getattr(module, "bias", None)
+            if bias is not None:
+                nn.init.zeros_(bias)
+
+
+def _normal_(param: torch.Tensor, std: float, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    if param.device.type == "cpu":
+        nn.init.normal_(param, 0.0, std, generator=generator)
+    else:
+        values = torch.empty(param.shape, dtype=param.dtype)
+        nn.init.normal_(values, 0.0, std, generator=generator)
+        param.copy_(values)
+
+
+# Parameter-holding module types; init_weights initialises every one of them.
+_INIT_CLASSES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
+_INIT_LOCK = threading.Lock()
+
+
+def _no_reset(self: nn.Module) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def _skip_default_init() -> Iterator[None]:
+    """Construct modules without torch's default init (init_weights replaces it anyway).
+
+    Building DeepSeek-V3 (45k linears) on the meta device takes ~3 s this way instead of ~9 s."""
+    with _INIT_LOCK:
+        saved = {cls: cls.__dict__["reset_parameters"] for cls in _INIT_CLASSES}
+        try:
+            for cls in _INIT_CLASSES:
+                setattr(cls, "reset_parameters", _no_reset)  # noqa: B010
+            yield
+        finally:
+            for cls, method in saved.items():
+                setattr(cls, "reset_parameters", method)  # noqa: B010
+
+
+def build_model(
+    cfg: ModelConfig, device: str | torch.device = "cpu", seed: int | None = None
+) -> Transformer:
+    """The model for `cfg` on `device`. On "meta" no memory is used and nothing is initialised
+    (materialise with ``model.to_empty(device=...)`` then ``init_weights(model, seed)``).
+    Elsewhere the weights are initialised from `seed` (None: ``torch.initial_seed()``)."""
+    device = torch.device(device)
+    with device, _skip_default_init():
+        model = Transformer(cfg)
+    if device.type != "meta":
+        init_weights(model, seed)
+    return model
+
+
+def num_params(model: nn.Module) -> int:
+    """Parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
+    """Activation recomputation per ``train.recompute``; module names are unchanged.
+
+    full: each TransformerBlock runs under non-reentrant ``torch.utils.checkpoint`` (only its input
+    is kept). selective: only the attention core (SDPA) and the MLP activation are checkpointed.
+    none: turns both off. Returns `model`.
+    """
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"train.recompute={mode!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
+    for module in model.modules():
+        if isinstance(module, TransformerBlock):
+            module.recompute_full = mode == "full"
+        elif isinstance(module, Attention | MLAttention):
+            module.recompute_core = mode == "selective"
+        elif isinstance(module, MLP):
+            module.recompute_act = mode == "selective"
+    return model
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy, computed in fp32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

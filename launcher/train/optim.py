@@ -1,0 +1,42 @@
+"""Optimizer parameter groups and the learning-rate schedule (one place for each)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import nn
+
+from launcher.config.schema import OptimConfig
+
+
+def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """GPT-style weight decay: on matrices (dim >= 2: linear and embedding weights), not on
+    norms and biases (nanoGPT's configure_optimizers makes the same split)."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def learning_rate(optim: OptimConfig, step: int, total_steps: int) -> float:
+    """The learning rate of optimizer step `step` (0-based).
+
+    Linear warmup from lr/warmup_steps to lr over warmup_steps, then `schedule` from lr down to
+    min_lr at the last step: cosine (half a cosine period), linear, or constant (stays at lr).
+    """
+    lr, floor, warmup = optim.lr, optim.min_lr, optim.warmup_steps
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / warmup
+    if optim.schedule == "constant":
+        return lr
+    decay_steps = max(1, total_steps - warmup - 1)
+    progress = min(1.0, max(0.0, (step - warmup) / decay_steps))
+    if optim.schedule == "linear":
+        return lr - (lr - floor) * progress
+    return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,183 @@
+"""`llmtrain run` end to end: real torchrun, real gloo process groups, real DeepSpeed engines.
+
+Each test runs the CLI in a child process from its own temporary folder (so `runs/` lands there)
+and reads what a user would read: the exit code, stderr, and the run directory's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# The tiny recipe, shortened: 12 steps of 8 sequences of 64 tokens train in seconds. Micro-batches
+# of 4: one process accumulates 2 of them per step, two processes take one each.
+SHORT = [
+    "train.steps=12",
+    "model.seq_length=64",
+    "train.micro_batch_size=4",
+    "optim.warmup_steps=2",
+    "train.log_every=4",
+]
+
+
+def llmtrain(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 600):
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def only_run_dir(cwd: Path) -> Path:
+    (run_dir,) = (cwd / "runs").iterdir()
+    return run_dir
+
+
+def losses(run_dir: Path) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+def test_default_recipe_trains_and_fills_the_run_directory(tmp_path: Path) -> None:
+    done = llmtrain(tmp_path, "run", *SHORT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    for name in ("config.yaml", "plan.json", "launch.sh", "metrics.jsonl", "summary.json"):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "logs" / "rank0.log").is_file()
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run_dir / "checkpoints" / "step_00000012" / "manifest.json").is_file()
+    seen = losses(run_dir)
+    assert len(seen) == 12 and seen[-1] < seen[0] - 0.5, seen
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["predicted_step_s"] > 0 and summary["measured_step_s"] > 0
+    assert "done: 12 steps" in done.stdout
+    # Running the same command again finds the finished run and does nothing.
+    again = llmtrain(tmp_path, "run", *SHORT)
+    assert again.returncode == 0 and "run already complete: 12/12" in again.stdout
+
+
+def resume_matches(tmp_path: Path, overrides: list[str]) -> None:
+    """Train 12 steps checkpointing every 4; then cut the run back to its step-8 checkpoint and
+    resume: steps 9-12 must reproduce the uninterrupted losses exactly (CPU is deterministic)."""
+    args = ["run", *SHORT, "checkpoint.every_steps=4", "checkpoint.keep_last=5", *overrides]
+    full = llmtrain(tmp_path, *args)
+    assert full.returncode == 0, full.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    uninterrupted = losses(run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000012")
+    metrics = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join(metrics[:8]) + "\n")
+    resumed = llmtrain(tmp_path, *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "(step 8)" in resumed.stdout
+    assert losses(run_dir) == uninterrupted
+
+
+def test_resume_reproduces_losses_torch_ddp(tmp_path: Path) -> None:
+    resume_matches(tmp_path, ["cluster.gpus_per_node=2"])
+
+
+def test_resume_reproduces_losses_deepspeed_zero2(tmp_path: Path) -> None:
+    resume_matches(tmp_path, ["backend=deepspeed", "zero.stage=2", "cluster.gpus_per_node=2"])
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_deepspeed_zero_stages_train_on_two_processes(tmp_path: Path, stage: int) -> None:
+    done = llmtrain(
+        tmp_path,
+        "run",
+        *SHORT,
+        "backend=deepspeed",
+        f"zero.stage={stage}",
+        "cluster.gpus_per_node=2",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    ds = json.loads((run_dir / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == stage
+    # global 8 = micro 4 x dp 2 x accum 1
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (8, 4)
+    assert ds["gradient_accumulation_steps"] == 1
+    seen = losses(run_dir)
+    assert seen[-1] < seen[0] - 0.5, seen
+
+
+def test_deepspeed_optimizer_offload(tmp_path: Path) -> None:
+    done = llmtrain(
+        tmp_path,
+        "run",
+        *SHORT,
+        "backend=deepspeed",
+        "zero.stage=2",
+        "zero.offload_optimizer=cpu",
+        "cluster.gpus_per_node=2",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = losses(only_run_dir(tmp_path))
+    assert seen[-1] < seen[0] - 0.5
+
+
+def test_a_crashing_rank_tears_the_run_down(tmp_path: Path) -> None:
+    done = llmtrain(
+        tmp_path,
+        "run",
+        *SHORT,
+        "cluster.gpus_per_node=2",
+        env={"LLMTRAIN_FAIL_AT_STEP": "3", "LLMTRAIN_FAIL_RANK": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert "rank 1 failed: RuntimeError: injected failure at step 3" in done.stderr
+    assert "Traceback" not in done.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert (run_dir / "logs" / "rank1.error.json").is_file()
+    assert not (run_dir / "checkpoints").exists() or not list(
+        (run_dir / "checkpoints").glob("step_*")
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["parallel.tp=3"], "parallel.tp=3 does not divide model.num_attention_heads=4"),
+        (["backend=megatron"], "backend=megatron"),
+        (["zero.stage=1"], "zero.stage=1 (sharded optimizer states only)"),
+        (["recipe=gpt-7b", "cluster=cpu", "cluster.gpus_per_node=1"], "does not fit"),
+        (["cluster=h100-80gb", "train.global_batch_size=64"], "needs 8 CUDA GPUs"),
+        (["data.path=/nonexistent/data"], "no prepared data there"),
+    ],
+)
+def test_bad_configs_are_refused_before_any_process(
+    tmp_path: Path, overrides: list[str], message: str
+) -> None:
+    done = llmtrain(tmp_path, "run", *overrides, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_data_prepare_then_train_on_it(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
+    (corpus / "a.txt").write_text(text)
+    prepared = llmtrain(tmp_path, "data", "prepare", "--input", str(corpus), "--output", "data")
+    assert prepared.returncode == 0, prepared.stderr
+    assert (tmp_path / "data" / "index.json").is_file()
+    done = llmtrain(tmp_path, "run", *SHORT, f"data.path={tmp_path / 'data'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = losses(only_run_dir(tmp_path))
+    assert seen[-1] < seen[0] - 1.0
