@@ -29,6 +29,11 @@ def deepspeed_capabilities(cfg: LLMTrainConfig) -> list[str]:
             )
     if cfg.cluster.gpu == "cpu" and cfg.precision.compute_dtype == "fp16":
         out.append("DeepSpeed has no fp16 on CPU; use precision=fp32 or precision=bf16")
+    if cfg.optim.name not in ("adamw", "adam"):
+        out.append(
+            f"optim.name={cfg.optim.name}: the training runtime has adamw and adam; "
+            "use optim.name=adamw"
+        )
     return out
 
 
@@ -102,11 +107,14 @@ def data_problems(cfg: LLMTrainConfig) -> list[str]:
     return []
 
 
-def preflight(cfg: LLMTrainConfig, force: bool = False) -> Plan:
+def preflight(cfg: LLMTrainConfig, force: bool = False, local: bool = True) -> Plan:
+    """`local=False` (a SLURM submission) skips the checks of this machine's own hardware."""
     problems = [v.message for v in check(cfg) if v.is_error]
     if problems:
         raise UserError("the configuration is invalid:\n- " + "\n- ".join(problems))
-    problems = backend_problems(cfg) + hardware_problems(cfg) + data_problems(cfg)
+    problems = (
+        backend_problems(cfg) + (hardware_problems(cfg) if local else []) + data_problems(cfg)
+    )
     if problems:
         raise UserError("cannot run this configuration:\n- " + "\n- ".join(problems))
     plan = make_plan(cfg)

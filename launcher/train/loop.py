@@ -199,6 +199,7 @@ def train(run_dir: Path) -> int:
                     else None,
                     "memory_bytes": memory_bytes(peak_memory()),
                     "elapsed_s": sum(step_times),
+                    "time": time.time(),
                 }
             )
         every = cfg.checkpoint.every_steps

@@ -1,10 +1,10 @@
-"""What rank 0 reports while training: metrics.jsonl, TensorBoard events, and the progress display.
+"""What rank 0 reports while training: metrics.jsonl, TensorBoard events, the progress display.
 
 metrics.jsonl holds one JSON object per optimizer step: step, loss, lr, grad_norm, tokens (seen so
 far), step_time_s, tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
-``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU) and
-elapsed_s. The progress display is a Rich bar on a terminal and a plain line per log interval
-otherwise (logs, CI).
+``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU), elapsed_s
+(the sum of step times) and time (wall clock at the end of the step). The progress display is a
+Rich bar on a terminal and a plain line per log interval otherwise (logs, CI).
 """
 
 from __future__ import annotations

@@ -3,25 +3,35 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 from launcher.config.schema import OptimConfig
 
 
-def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """GPT-style weight decay: on matrices (dim >= 2: linear and embedding weights), not on
-    norms and biases (nanoGPT's configure_optimizers makes the same split)."""
+def build_optimizer(params: Iterable[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW (or Adam) with GPT-style weight decay: on matrices (dim >= 2: linear and embedding
+    weights), not on norms and biases (nanoGPT's configure_optimizers makes the same split).
+    The learning rate is set by the loop on every step (``learning_rate``)."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
-    for param in model.parameters():
+    for param in params:
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
+    groups: list[dict[str, Any]] = [
+        {"params": decay, "weight_decay": optim.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    betas = (float(optim.betas[0]), float(optim.betas[1]))
+    if optim.name == "adam":
+        return torch.optim.Adam(groups, lr=optim.lr, betas=betas, eps=optim.eps)
+    if optim.name == "adamw":
+        return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.eps)
+    # Refused before launch by the engines' capability checks; this guards direct callers.
+    raise ValueError(f"optim.name={optim.name!r}: the training runtime has adamw and adam")
 
 
 def learning_rate(optim: OptimConfig, step: int, total_steps: int) -> float:

@@ -64,12 +64,16 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
             "parallel.tp=1, or backend=megatron"
         )
     kv = m.num_kv_heads or m.num_attention_heads
-    if p.tp > 1 and m.kv_lora_rank is None and kv % p.tp:
-        fits = [t for t in range(1, kv + 1) if kv % t == 0 and m.num_attention_heads % t == 0]
+    if p.tp > 1 and m.kv_lora_rank is None and kv % p.tp and p.tp % kv:
+        fits = [
+            t
+            for t in range(1, m.num_attention_heads + 1)
+            if m.num_attention_heads % t == 0 and (kv % t == 0 or t % kv == 0)
+        ]
         out.append(
-            f"parallel.tp={p.tp} does not divide model.num_kv_heads={kv}: the torch backend "
-            "shards whole key/value heads and does not replicate them; use parallel.tp in "
-            f"{{{', '.join(str(t) for t in fits)}}}, or backend=megatron"
+            f"parallel.tp={p.tp} neither divides model.num_kv_heads={kv} nor is a multiple of "
+            "it: the torch backend shards whole key/value heads, or replicates each one "
+            f"tp // kv_heads times; use parallel.tp in {{{', '.join(str(t) for t in fits)}}}"
         )
     if m.tie_embeddings and p.pp > 1:
         out.append(
@@ -84,18 +88,20 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
                 f"parallel.vpp={p.vpp} needs the interleaved schedule, but parallel.pp_schedule="
                 f"{schedule}; set parallel.pp_schedule=interleaved, or parallel.vpp=1"
             )
-        if schedule in ("1f1b", "interleaved") and layout.grad_accum < p.pp:
+        if schedule == "1f1b" and layout.grad_accum < p.pp:
             out.append(
-                f"parallel.pp_schedule={schedule} needs at least pp={p.pp} micro-batches per step, "
+                f"parallel.pp_schedule=1f1b needs at least pp={p.pp} micro-batches per step, "
                 f"but grad_accum={layout.grad_accum}; raise train.grad_accum (or "
                 f"train.global_batch_size) to >= {p.pp}, or use parallel.pp_schedule=gpipe"
             )
-        if schedule == "interleaved" and layout.grad_accum >= p.pp:
+        if schedule == "interleaved":
+            # ScheduleInterleaved1F1B runs the micro-batches in rounds of grad_accum // pp.
             rounds = max(1, layout.grad_accum // p.pp)
             if layout.grad_accum % rounds:
                 out.append(
-                    f"parallel.pp_schedule=interleaved needs grad_accum={layout.grad_accum} to be "
-                    f"a multiple of grad_accum // pp = {rounds}; use a multiple of pp={p.pp}"
+                    f"parallel.pp_schedule=interleaved runs grad_accum={layout.grad_accum} "
+                    f"micro-batches in {rounds} rounds, which must divide it; use a multiple "
+                    f"of pp={p.pp} (or fewer than {2 * p.pp})"
                 )
     if prec.fp8 or prec.name == "fp8":
         out.append(

@@ -20,7 +20,7 @@ from launcher.render.ds_config import ds_config
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.model import apply_recompute, build_model, loss_fn
-from launcher.train.optim import adamw_param_groups
+from launcher.train.optim import build_optimizer
 
 TAG = "engine"
 
@@ -42,13 +42,7 @@ class DeepSpeedEngine(Engine):
         )
         model = build_model(cfg.model, device=engine_device(), seed=seed)
         apply_recompute(model, cfg.train.recompute)
-        optim = cfg.optim
-        optimizer = torch.optim.AdamW(
-            adamw_param_groups(model, optim.weight_decay),
-            lr=optim.lr,
-            betas=(optim.betas[0], optim.betas[1]),
-            eps=optim.eps,
-        )
+        optimizer = build_optimizer(model.parameters(), cfg.optim)
         config: dict[str, Any] = ds_config(cfg)
         if cfg.zero.offload_optimizer != "none":
             # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.

@@ -34,19 +34,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import (
@@ -55,7 +58,7 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -68,13 +71,55 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan.model_shape import ModelShape
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.capabilities import torch_capabilities
 from launcher.train.engines.dist import engine_device
 from launcher.train.model import Transformer, apply_recompute, build_model, init_weights, loss_fn
+from launcher.train.optim import build_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+# What a DCP ``.metadata`` pickle may name (torch 2.13 writes these); anything else is refused.
+_METADATA_GLOBALS: dict[str, set[str] | None] = {
+    "torch.distributed.checkpoint.metadata": None,  # None: any name of the module
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "slice", "complex"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _METADATA_GLOBALS.get(module, set())
+        value = getattr(torch, name, None) if module == "torch" else None
+        plain_torch = isinstance(value, torch.dtype | torch.layout | torch.memory_format)
+        if plain_torch or (module in _METADATA_GLOBALS and (allowed is None or name in allowed)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"checkpoint metadata names {module}.{name}, which DCP never writes"
+        )
+
+
+def check_checkpoint_metadata(directory: Path) -> None:
+    """Refuse a DCP checkpoint whose ``.metadata`` pickle names anything DCP does not write.
+
+    DCP reads that file with plain ``pickle.load`` (tensors themselves load with
+    ``weights_only=True``); unpickling it first with an allow-list keeps a tampered checkpoint from
+    running code."""
+    path = Path(directory) / ".metadata"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not a torch.distributed.checkpoint directory")
+    with path.open("rb") as f:
+        try:
+            _MetadataUnpickler(f).load()
+        except pickle.UnpicklingError as exc:
+            raise TorchEngineError(f"{path}: refused: {exc}") from None
 
 
 class TorchEngineError(ValueError):
@@ -106,7 +151,37 @@ class Replicated(ParallelStyle):
                 return output.to_local()
             return output
 
-        return distribute_module(module, device_mesh, None, to_dtensor, to_local)  # type: ignore[arg-type]
+        return distribute_module(module, device_mesh, None, to_dtensor, to_local)
+
+
+class ReplicatedKVHeads(ParallelStyle):
+    """wk/wv when there are fewer key/value heads than tp ranks (tp a multiple of kv_heads).
+
+    The projection stays whole (a Replicate DTensor) and each rank keeps the output of the one kv
+    head its query heads use: rank r of tp takes head r // (tp // kv_heads), so each kv head is
+    replicated tp // kv_heads times (Megatron-LM's scheme). The local output's gradient is declared
+    Partial, so the weight gradient sums the contributions of the ranks sharing a head."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = head_dim
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+
+        def to_dtensor(mod: nn.Module, inputs: Any, mesh: DeviceMesh) -> Any:
+            x = inputs[0]
+            if isinstance(x, DTensor):
+                return (x.redistribute(placements=[Replicate()]),)
+            return (DTensor.from_local(x, mesh, [Replicate()], run_check=False),)
+
+        def own_head(mod: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
+            local = output.to_local(grad_placements=[Partial()])
+            kv_heads = local.shape[-1] // self.head_dim
+            head = rank // (tp // kv_heads)
+            return local[..., head * self.head_dim : (head + 1) * self.head_dim]
+
+        return distribute_module(module, device_mesh, None, to_dtensor, own_head)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -197,6 +272,9 @@ class TorchEngine(Engine):
         tp_mesh = self.mesh["tp"]
         sp = self.cfg.parallel.sequence_parallel
         tied = self.cfg.model.tie_embeddings
+        lay = self.layout
+        shape = ModelShape(self.cfg.model)
+        kv_heads, head_dim = shape.kv_heads, shape.head_dim
         residual = Shard(1) if sp else Replicate()
         plan: dict[str, ParallelStyle] = {}
         if model.tok_embeddings is not None:
@@ -232,6 +310,10 @@ class TorchEngine(Engine):
                 block_plan["feed_forward"] = PrepareModuleInput(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
                 )
+            if kv_heads < lay.tp:
+                kv_style = ReplicatedKVHeads(head_dim)
+                block_plan["attention.wk"] = kv_style
+                block_plan["attention.wv"] = kv_style
             if getattr(block.feed_forward, "w3", None) is not None:
                 block_plan["feed_forward.w3"] = ColwiseParallel()
             if first_chunk and sp and name == layer_names[0]:
@@ -273,20 +355,8 @@ class TorchEngine(Engine):
         return model
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
-        decay, no_decay = [], []
-        for part in self.parts:
-            for param in part.parameters():
-                if param.requires_grad:
-                    (decay if param.dim() >= 2 else no_decay).append(param)
-        o = self.cfg.optim
-        groups = [
-            {"params": decay, "weight_decay": o.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        betas = (float(o.betas[0]), float(o.betas[1]))
-        if o.name == "adam":
-            return torch.optim.Adam(groups, lr=o.lr, betas=betas, eps=o.eps)
-        return torch.optim.AdamW(groups, lr=o.lr, betas=betas, eps=o.eps)
+        params = [param for part in self.parts for param in part.parameters()]
+        return build_optimizer(params, self.cfg.optim)
 
     def _build_schedule(self) -> Any:
         lay = self.layout
@@ -298,7 +368,7 @@ class TorchEngine(Engine):
         ]
         n = lay.grad_accum
         if self.cfg.parallel.pp_schedule == "interleaved":
-            return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=_loss)
+            return ScheduleInterleaved1F1B(cast(Any, stages), n_microbatches=n, loss_fn=_loss)
         cls = ScheduleGPipe if self.cfg.parallel.pp_schedule == "gpipe" else Schedule1F1B
         return cls(stages[0], n_microbatches=n, loss_fn=_loss)
 
@@ -325,7 +395,7 @@ class TorchEngine(Engine):
     def _allreduce_grads_over_dp(self) -> None:
         group = self.mesh["dp"].get_group()
         grads = [
-            cast(torch.Tensor, p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
+            p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             for p in self._params()
             if p.grad is not None
         ]
@@ -394,7 +464,7 @@ class TorchEngine(Engine):
             with self._grad_sync(i == accum - 1):
                 with self._autocast():
                     loss = _loss(model(inputs[chunk]), targets[chunk])
-                (loss / accum).backward()
+                torch.autograd.backward(loss / accum)
             loss_sum += loss.detach()
         return loss_sum / accum
 
@@ -428,7 +498,7 @@ class TorchEngine(Engine):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         rank = dist.get_rank()
-        dcp.save(self._state(), storage_writer=dcp.FileSystemWriter(str(directory)))
+        dcp_save(self._state(), storage_writer=FileSystemWriter(str(directory)))
         dist.barrier()
         mine = list(directory.glob(f"__{rank}_*.distcp"))
         if rank == 0:
@@ -436,8 +506,9 @@ class TorchEngine(Engine):
         return sorted(mine)
 
     def load(self, directory: Path) -> None:
+        check_checkpoint_metadata(Path(directory))
         state = self._state()
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(directory)))
+        dcp_load(state, storage_reader=FileSystemReader(str(directory)))
         set_state_dict(
             self._model_arg(),
             self.optimizer,

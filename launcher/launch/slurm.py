@@ -1,0 +1,341 @@
+"""`llmtrain submit | status | logs | cancel`: SLURM jobs through sbatch, scontrol and scancel.
+
+``submit`` validates and plans (``preflight``), checks the cluster (sbatch present, the partition
+exists and has enough nodes), renders the run directory (config.yaml, plan.json, ds_config.json,
+launch.sh, job.sbatch) and runs ``sbatch --parsable``, plus ``slurm.chain`` continuation jobs with
+``--dependency=afterany``. It returns at once. The run directory records the job ids in
+``slurm.json``; the other commands take a job id or that run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.config.compose import Composed
+from launcher.config.schema import LLMTrainConfig
+from launcher.errors import UserError, did_you_mean
+from launcher.launch.local import prepare_run_dir, run_dir_for
+from launcher.launch.preflight import preflight
+from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
+
+JOBS_FILE = "slurm.json"
+FINISHED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise UserError(
+            f"{name} not found on PATH: SLURM commands need a SLURM client (run on a login node "
+            "of the cluster); `llmtrain render --out DIR` writes job.sbatch without one"
+        )
+    return path
+
+
+def _run(args: list[str], what: str) -> str:
+    try:
+        done = subprocess.run(
+            [_tool(args[0]), *args[1:]], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{what}: `{shlex.join(args)}` did not answer in 60 s") from None
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip()
+        raise UserError(f"{what}: `{shlex.join(args)}` failed: {detail}")
+    return done.stdout
+
+
+def _fields(line: str) -> dict[str, str]:
+    """KEY=VALUE words of one `scontrol show -o` line (values have no spaces, except the last
+    few keys, which we do not read)."""
+    out = {}
+    for word in line.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+# ---- preflight ------------------------------------------------------------------------------
+
+
+def partitions() -> dict[str, dict[str, str]]:
+    text = _run(["scontrol", "show", "partition", "-o"], "cannot list SLURM partitions")
+    parts = {}
+    for line in text.splitlines():
+        fields = _fields(line)
+        if "PartitionName" in fields:
+            parts[fields["PartitionName"]] = fields
+    return parts
+
+
+def cluster_problems(cfg: LLMTrainConfig) -> list[str]:
+    """What this SLURM cluster cannot give the job (partition, node count)."""
+    _tool("sbatch")
+    parts = partitions()
+    name = cfg.slurm.partition
+    if name is None:
+        defaults = [p for p, f in parts.items() if f.get("Default") == "YES"]
+        if not defaults:
+            return [
+                "slurm.partition is not set and the cluster has no default partition; set "
+                f"slurm.partition to one of: {', '.join(sorted(parts)) or '(none)'}"
+            ]
+        name = defaults[0]
+    elif name not in parts:
+        return [
+            f"slurm.partition={name}: no such partition{did_you_mean(name, parts)}; "
+            f"this cluster has: {', '.join(sorted(parts)) or '(none)'}"
+        ]
+    total = int(parts[name].get("TotalNodes", "0"))
+    if cfg.cluster.num_nodes > total:
+        return [
+            f"cluster.num_nodes={cfg.cluster.num_nodes}: partition {name} has {total} node(s); "
+            f"use cluster.num_nodes={total} or less (with more cluster.gpus_per_node), or "
+            "another slurm.partition"
+        ]
+    return []
+
+
+# ---- submit ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_dir: Path
+    job_ids: list[str]
+
+
+def read_jobs(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / JOBS_FILE
+    if not path.is_file():
+        return {"job_ids": [], "submissions": []}
+    return dict(json.loads(path.read_text()))
+
+
+def _sbatch(script: Path, dependency: str | None, cwd: str) -> str:
+    args = ["sbatch", "--parsable"]
+    if dependency:
+        args.append(f"--dependency=afterany:{dependency}")
+    args.append(str(script))
+    tool = _tool("sbatch")
+    done = subprocess.run([tool, *args[1:]], capture_output=True, text=True, cwd=cwd, timeout=60)
+    if done.returncode != 0:
+        raise UserError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def submit(composed: Composed, force: bool = False) -> Submitted:
+    cfg = composed.config
+    plan = preflight(cfg, force=force, local=False)
+    problems = cluster_problems(cfg)
+    if problems:
+        raise UserError("cannot submit this job:\n- " + "\n- ".join(problems))
+    run_dir = run_dir_for(composed).resolve()
+    workdir, python = os.getcwd(), sys.executable
+    try:
+        script = render_sbatch(cfg, python=python, run_dir=str(run_dir), workdir=workdir)
+        launch = render_launch_sh(cfg, python=python, run_dir=str(run_dir), workdir=workdir)
+    except RenderError as exc:
+        raise UserError(str(exc)) from None
+    active = [j for j in read_jobs(run_dir)["job_ids"] if job_state(j) not in FINISHED | {None}]
+    if active:
+        raise UserError(
+            f"{run_dir} already has job(s) {', '.join(active)} queued or running; follow them "
+            f"with `llmtrain status {run_dir}` or stop them with `llmtrain cancel {run_dir}`"
+        )
+    from launcher.plan.report import plan_to_json
+
+    prepared = prepare_run_dir(composed, plan_to_json(plan), fresh=False)
+    run_dir = prepared.run_dir
+    _write(run_dir / "job.sbatch", script, mode=0o755)
+    _write(run_dir / "launch.sh", launch, mode=0o755)
+    ids = [_sbatch(run_dir / "job.sbatch", None, workdir)]
+    for _ in range(cfg.slurm.chain):
+        ids.append(_sbatch(run_dir / "job.sbatch", ids[-1], workdir))
+    record = read_jobs(run_dir)
+    record["job_ids"] = [*record["job_ids"], *ids]
+    record["submissions"] = [
+        *record.get("submissions", []),
+        {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "job_ids": ids, "cwd": workdir},
+    ]
+    _write(run_dir / JOBS_FILE, json.dumps(record, indent=2) + "\n")
+    return Submitted(run_dir=run_dir, job_ids=ids)
+
+
+def _write(path: Path, text: str, mode: int | None = None) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+# ---- status / logs / cancel -----------------------------------------------------------------
+
+
+def job_info(job_id: str) -> dict[str, str] | None:
+    """`scontrol show job -o` fields, or None when SLURM no longer knows the job."""
+    tool = _tool("scontrol")
+    done = subprocess.run(
+        [tool, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    return _fields(done.stdout.splitlines()[0])
+
+
+def job_state(job_id: str) -> str | None:
+    info = job_info(job_id)
+    return info.get("JobState") if info else None
+
+
+@dataclass(frozen=True)
+class Target:
+    run_dir: Path | None
+    job_ids: list[str]
+
+
+def resolve(target: str) -> Target:
+    """A job id or a run directory -> the run directory and its job ids."""
+    path = Path(target).expanduser()
+    if path.is_dir():
+        ids = read_jobs(path)["job_ids"]
+        if not ids:
+            raise UserError(f"{target}: no SLURM jobs recorded in {path / JOBS_FILE}")
+        return Target(path.resolve(), [str(i) for i in ids])
+    if not target.replace("_", "").isdigit():
+        raise UserError(f"{target}: neither a SLURM job id nor a run directory")
+    info = job_info(target)
+    if info is None:
+        raise UserError(f"job {target}: SLURM does not know it (finished long ago, or a typo?)")
+    run_dir = None
+    stdout = info.get("StdOut")
+    if stdout and Path(stdout).parent.name == "logs":
+        candidate = Path(stdout).parent.parent
+        if (candidate / JOBS_FILE).is_file():
+            run_dir = candidate
+    return Target(run_dir, [target])
+
+
+def progress(run_dir: Path) -> str | None:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    lines = metrics.read_text().splitlines()
+    if not lines:
+        return None
+    last = json.loads(lines[-1])
+    return f"step {last.get('step')}, loss {last.get('loss', float('nan')):.4f}"
+
+
+def status_lines(target: Target) -> list[str]:
+    lines = []
+    if target.run_dir is not None:
+        lines.append(f"run directory {target.run_dir}")
+        seen = progress(target.run_dir)
+        if seen:
+            lines.append(f"progress: {seen}")
+        if (target.run_dir / "summary.json").is_file():
+            lines.append("summary.json written: training finished")
+    for job in target.job_ids:
+        info = job_info(job)
+        if info is None:
+            lines.append(f"job {job}: unknown to SLURM now")
+            continue
+        reason = info.get("Reason", "None")
+        lines.append(
+            f"job {job}: {info.get('JobState')}"
+            + (f" ({reason})" if reason not in ("None", "") else "")
+            + f", nodes {info.get('NodeList', '?')}, elapsed {info.get('RunTime', '?')}, "
+            f"restarts {info.get('Restarts', '0')}, exit {info.get('ExitCode', '?')}"
+        )
+    return lines
+
+
+def log_files(target: Target) -> list[Path]:
+    files = []
+    for job in target.job_ids:
+        info = job_info(job) or {}
+        for key, suffix in (("StdOut", "out"), ("StdErr", "err")):
+            path = info.get(key)
+            if path:
+                files.append(Path(path.replace("%j", job)))
+            elif target.run_dir is not None:
+                files.append(target.run_dir / "logs" / f"slurm-{job}.{suffix}")
+    return list(dict.fromkeys(files))
+
+
+def show_logs(
+    target: Target,
+    write: Callable[[str], None],
+    follow: bool = False,
+    poll_s: float = 0.5,
+) -> None:
+    """Print the jobs' stdout/stderr; with `follow`, keep printing until every job finished."""
+    offsets: dict[Path, int] = {}
+
+    def drain() -> None:
+        for path in log_files(target):
+            if not path.is_file():
+                continue
+            with open(path, "rb") as f:
+                f.seek(offsets.get(path, 0))
+                data = f.read()
+                offsets[path] = f.tell()
+            if data:
+                write(data.decode("utf-8", "replace"))
+
+    drain()
+    while follow:
+        if all(job_state(j) in FINISHED | {None} for j in target.job_ids):
+            drain()
+            return
+        time.sleep(poll_s)
+        drain()
+
+
+def still_listed(job_ids: list[str]) -> list[str]:
+    """Jobs squeue still lists: pending, running, or completing (processes being stopped)."""
+    tool = _tool("squeue")
+    done = subprocess.run(
+        [tool, "-h", "-o", "%i %T", "-j", ",".join(job_ids)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+
+
+def cancel(target: Target, wait_s: float = 60.0) -> list[str]:
+    """scancel every job of the target, then wait (bounded) until SLURM has stopped every process
+    of them (no longer listed as completing). Returns one status line per job."""
+    _run(["scancel", *target.job_ids], "scancel failed")
+    deadline = time.monotonic() + wait_s
+    while still_listed(target.job_ids) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    left = set(still_listed(target.job_ids))
+    return [
+        f"job {j}: {job_state(j) or 'gone'}" + (" (still stopping)" if j in left else "")
+        for j in target.job_ids
+    ]
