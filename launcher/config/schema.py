@@ -107,6 +107,9 @@ class TrainConfig:
     recompute: str = "none"  # none | selective | full
     seed: int = 1234
     log_every: int = 1
+    # A rank that makes no progress (a step or checkpoint) for this long is declared hung and the
+    # whole run is stopped with a message instead of waiting forever; 0 disables the watchdog.
+    hang_timeout_s: float = 1800.0
 
 
 @dataclass

@@ -14,6 +14,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -91,9 +92,57 @@ class Preemption:
         return bool(flag.item() > 0)
 
 
+class Watchdog:
+    """Declares this rank hung when ``beat()`` has not been called for `timeout_s` seconds.
+
+    A hung rank (a deadlock, a collective a peer never joins, a stuck file system) would otherwise
+    wait forever: NCCL/gloo timeouts are long and not every hang is in a collective. On timeout
+    the watchdog writes this rank's error file (which the launcher shows) and exits the process;
+    torchrun then stops every other rank.
+    """
+
+    def __init__(self, timeout_s: float, run_dir: Path, rank: int):
+        self.timeout_s = timeout_s
+        self.run_dir, self.rank = run_dir, rank
+        self.last = time.monotonic()
+        self.step = 0
+        if timeout_s > 0:
+            threading.Thread(target=self._watch, name="llmtrain-watchdog", daemon=True).start()
+
+    def beat(self, step: int) -> None:
+        self.last, self.step = time.monotonic(), step
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(5.0, self.timeout_s / 4))
+            idle = time.monotonic() - self.last
+            if idle > self.timeout_s:
+                message = (
+                    f"no training progress for {idle:.0f} s after step {self.step} "
+                    f"(train.hang_timeout_s={self.timeout_s:g}); the run is stopped"
+                )
+                write_error(self.run_dir, self.rank, "HangDetected", message, "")
+                print(f"rank {self.rank}: {message}", file=sys.stderr, flush=True)
+                os._exit(1)
+
+
+def write_error(run_dir: Path, rank: int, kind: str, message: str, trace: str) -> None:
+    """The error file the launcher reads to say which rank failed and why."""
+    error = {
+        "rank": rank,
+        "time": time.time(),
+        "type": kind,
+        "message": message,
+        "traceback": trace,
+    }
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "logs" / f"rank{rank}.error.json").write_text(json.dumps(error, indent=1))
+
+
 def fault_injection(rank: int) -> int | None:
-    """Test hook: LLMTRAIN_FAIL_AT_STEP=N (and LLMTRAIN_FAIL_RANK=R, default 0) makes rank R raise
-    before step N, to exercise the launcher's teardown of a failed run."""
+    """Test hook: LLMTRAIN_FAIL_AT_STEP=N (and LLMTRAIN_FAIL_RANK=R, default 0) makes rank R fail
+    before step N, to exercise the launcher's teardown: it raises, or with LLMTRAIN_FAIL_MODE=hang
+    it stops making progress (sleeps), to exercise the hang watchdog."""
     step = os.environ.get("LLMTRAIN_FAIL_AT_STEP")
     if step and int(os.environ.get("LLMTRAIN_FAIL_RANK", "0")) == rank:
         return int(step)
@@ -172,8 +221,12 @@ def train(run_dir: Path) -> int:
         f"process(es): {layout.global_batch_size} x {seq} tokens per step"
     )
     fail_at = fault_injection(rank)
+    watchdog = Watchdog(cfg.train.hang_timeout_s, run_dir, rank)
     for step in range(start, total):
         if step + 1 == fail_at:
+            if os.environ.get("LLMTRAIN_FAIL_MODE") == "hang":
+                while True:
+                    time.sleep(60)
             raise RuntimeError(f"injected failure at step {fail_at} (LLMTRAIN_FAIL_AT_STEP)")
         lr = learning_rate(cfg.optim, step, total)
         rows = torch.from_numpy(shards.batch(sampler.next_batch_indices(), seq))
@@ -221,6 +274,7 @@ def train(run_dir: Path) -> int:
         if due:
             save(done)
             last_save = time.monotonic()
+        watchdog.beat(done)
     save(total)
     if metrics is not None:
         metrics.close()
@@ -281,15 +335,7 @@ def main() -> None:
         code = train(run_dir)
     except BaseException as exc:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        error = {
-            "rank": rank,
-            "time": time.time(),
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "traceback": traceback.format_exc(),
-        }
-        (run_dir / "logs").mkdir(exist_ok=True)
-        (run_dir / "logs" / f"rank{rank}.error.json").write_text(json.dumps(error, indent=1))
+        write_error(run_dir, rank, type(exc).__name__, str(exc), traceback.format_exc())
         traceback.print_exc()
     finally:
         if dist.is_initialized() and code in (0, EXIT_PREEMPTED):

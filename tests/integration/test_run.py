@@ -148,6 +148,23 @@ def test_a_crashing_rank_tears_the_run_down(tmp_path: Path) -> None:
     )
 
 
+def test_a_hung_rank_is_detected_and_the_run_stopped(tmp_path: Path) -> None:
+    # Rank 1 stops making progress before step 3; rank 0 waits in the next collective. Both
+    # watchdogs fire after 8 s of no progress; torchrun stops the run.
+    done = llmtrain(
+        tmp_path,
+        "run",
+        *SHORT,
+        "cluster.gpus_per_node=2",
+        "train.hang_timeout_s=8",
+        env={"LLMTRAIN_FAIL_AT_STEP": "3", "LLMTRAIN_FAIL_RANK": "1", "LLMTRAIN_FAIL_MODE": "hang"},
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "HangDetected: no training progress for" in done.stderr
+    assert "after step 2" in done.stderr
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
