@@ -106,31 +106,61 @@ def plan(
     headroom: Annotated[
         float, typer.Option(help="Memory kept free, as a fraction of the GPU's capacity.")
     ] = 0.10,
+    search: Annotated[
+        bool,
+        typer.Option(
+            "--search",
+            help="Search every valid layout for the fastest that fits (keys given are kept).",
+        ),
+    ] = False,
+    top: Annotated[int, typer.Option(help="With --search: layouts to show.")] = 10,
+    max_tp: Annotated[int | None, typer.Option(help="With --search: largest tp.")] = None,
+    max_pp: Annotated[int | None, typer.Option(help="With --search: largest pp.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
     from launcher.config.compose import compose_config
+
+    if not 0 <= headroom < 1:
+        raise UserError(f"--headroom={headroom}: must be a fraction in [0, 1), e.g. 0.10")
+    composed = compose_config(overrides or [])
+    if search:
+        from launcher.plan.search import fixed_keys
+        from launcher.plan.search import search as search_layouts
+        from launcher.plan.search_report import render_search, search_to_json
+
+        result = search_layouts(
+            composed.config,
+            top=top,
+            min_headroom=headroom,
+            max_tp=max_tp,
+            max_pp=max_pp,
+            fixed=fixed_keys(overrides or []),
+        )
+        if as_json:
+            _print_json(search_to_json(result))
+        else:
+            render_search(result, out)
+        return
+
     from launcher.plan.planner import make_plan
     from launcher.plan.report import plan_to_json, render_plan
     from launcher.validate.rules import check
     from launcher.views import show_violations
 
-    if not 0 <= headroom < 1:
-        raise UserError(f"--headroom={headroom}: must be a fraction in [0, 1), e.g. 0.10")
-    composed = compose_config(overrides or [])
     violations = check(composed.config)
     if any(v.is_error for v in violations):
         show_violations(err, composed, violations)
         raise typer.Exit(2)
-    result = make_plan(composed.config, headroom=headroom)
+    result_plan = make_plan(composed.config, headroom=headroom)
     if as_json:
-        document = plan_to_json(result)
+        document = plan_to_json(result_plan)
         document["warnings"] = [v.message for v in violations]
         _print_json(document)
     else:
         for v in violations:
             err.print(Text(f"warning [{v.rule}] ", style="yellow") + Text(v.message))
-        render_plan(result, out)
+        render_plan(result_plan, out)
 
 
 @app.command()
@@ -216,6 +246,93 @@ def recipes(as_json: JsonFlag = False) -> None:
         _print_json(rows)
     else:
         show_recipes(out, rows)
+
+
+@app.command()
+def render(
+    overrides: Overrides = None,
+    out_dir: Annotated[
+        str, typer.Option("--out", help="Folder to write the artifacts into (created).")
+    ] = "render",
+) -> None:
+    """Write config.yaml, ds_config.json, launch.sh, job.sbatch, hostfile, megatron_args.txt."""
+    from launcher.config.compose import compose_config
+    from launcher.render.artifacts import render_artifacts, write_artifacts
+    from launcher.validate.rules import check
+    from launcher.views import show_violations
+
+    composed = compose_config(overrides or [])
+    violations = check(composed.config)
+    if any(v.is_error for v in violations):
+        show_violations(err, composed, violations)
+        raise typer.Exit(2)
+    files = render_artifacts(composed, out_dir)
+    written = write_artifacts(files, out_dir)
+    for path in written:
+        out.print(str(path))
+
+
+JobArg = Annotated[str, typer.Argument(help="A SLURM job id or a run directory.")]
+
+
+@app.command()
+def submit(
+    overrides: Overrides = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Submit even if the plan predicts it will not fit.")
+    ] = False,
+) -> None:
+    """Submit the run as a SLURM batch job (sbatch); print the job id and run directory."""
+    from launcher.config.compose import compose_config
+    from launcher.launch.slurm import submit as submit_job
+
+    composed = compose_config(overrides or [])
+    done = submit_job(composed, force=force)
+    out.print(f"submitted job {' '.join(done.job_ids)}")
+    out.print(f"run directory {done.run_dir}")
+    err.print(
+        Text(
+            f"follow it: llmtrain status {done.job_ids[0]}; llmtrain logs --follow "
+            f"{done.job_ids[0]}",
+            style="dim",
+        )
+    )
+
+
+@app.command()
+def status(target: JobArg) -> None:
+    """State of a submitted job (or a run directory's jobs) and its training progress."""
+    from launcher.launch.slurm import resolve, status_lines
+
+    for line in status_lines(resolve(target)):
+        out.print(line)
+
+
+@app.command()
+def logs(
+    target: JobArg,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job finishes.")
+    ] = False,
+) -> None:
+    """Print a submitted job's output (stdout and stderr of the batch script and rank 0)."""
+    from launcher.launch.slurm import resolve, show_logs
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    show_logs(resolve(target), write, follow=follow)
+
+
+@app.command()
+def cancel(target: JobArg) -> None:
+    """Cancel a submitted job (or every job of a run directory) and wait until it stopped."""
+    from launcher.launch.slurm import cancel as cancel_jobs
+    from launcher.launch.slurm import resolve
+
+    for line in cancel_jobs(resolve(target)):
+        out.print(line)
 
 
 def entry() -> None:

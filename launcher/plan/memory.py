@@ -205,9 +205,13 @@ def stage_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> StageParams
                 indices.extend(range(start, start + n))
             start += n
     routed = shape.expert_params() * (m.num_experts or 0)
+    # Every dense layer has the same count, and so does every MoE layer (shape.layer_params).
+    moe_layer = shape.moe_layer_params() if shape.is_moe else 0
+    dense_layer = shape.dense_layer_params()
     for i in indices:
-        params = shape.layer_params(i)
-        if shape.is_moe and i >= m.moe_dense_layers:
+        is_moe_layer = shape.is_moe and i >= m.moe_dense_layers
+        params = moe_layer if is_moe_layer else dense_layer
+        if is_moe_layer:
             expert += routed / (ep * tp)
             dense += (params - routed) / tp
         else:
@@ -290,12 +294,33 @@ def zero_shard(layout: Layout) -> int:
     return max(1, layout.dp * layout.cp)
 
 
-def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int) -> StageMemory:
-    shape = ModelShape(cfg.model)
-    m = cfg.model
+@dataclass(frozen=True)
+class StageStates:
+    """Model states one GPU of a stage holds (after ZeRO sharding and CPU offload), in bytes."""
+
+    params: float
+    weights: float
+    gradients: float
+    optimizer: float
+    host_bytes: float
+
+
+# stage_memory is split in three parts so that the layout search (search.py) can reuse each part
+# across the layouts that share its inputs. Each part reads only what its docstring lists.
+
+
+def stage_states(
+    cfg: LLMTrainConfig, layout: Layout, stage: int, params: StageParams | None = None
+) -> StageStates:
+    """Weights, gradients, optimizer states (and host bytes) of one GPU of `stage`.
+
+    Reads the model, precision, optimizer and zero sections, and the layout's tp, pp, vpp, ep, dp,
+    cp and chunk split. `params`: this stage's ``stage_params``, when the caller has them.
+    """
     z = cfg.zero
     bpp = bytes_per_param(cfg)
-    params = stage_params(cfg, layout, stage)
+    if params is None:
+        params = stage_params(cfg, layout, stage)
     shard = zero_shard(layout)
     expert_shard = max(1, shard // max(1, layout.ep))
 
@@ -314,7 +339,18 @@ def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: i
     if z.offload_params == "cpu":
         host += weights
         weights = 0.0
+    return StageStates(params.total, weights, gradients, optimizer, host)
 
+
+def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[float, int]:
+    """(activation bytes, chunk-micro-batches in flight) of one GPU of `stage` at its peak.
+
+    Reads the model and precision sections, parallel.sequence_parallel and pp_schedule,
+    train.recompute, and the layout's micro-batch size, micro-batches, tp, cp, pp, vpp and chunk
+    split.
+    """
+    shape = ModelShape(cfg.model)
+    m = cfg.model
     # Activations: per chunk-micro-batch bytes x chunk-micro-batches in flight (schedule.py).
     chunk_layer_count = [
         n for c, n in enumerate(layout.chunk_layers) if c % max(1, layout.pp) == stage
@@ -356,8 +392,19 @@ def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: i
         activations += per_layer("none")
     if stage == layout.pp - 1:
         activations += logits_bytes(cfg, layout)
+    return activations, in_flight
 
-    # Buffers.
+
+def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
+    """Communication and gathering buffers, the same on every stage.
+
+    Reads the model, precision and backend sections, zero.stage, parallel.sequence_parallel, and
+    the layout's micro-batch size, tp, cp and pp.
+    """
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    z = cfg.zero
+    bpp = bytes_per_param(cfg)
     tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
     act_dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
     buffers = cfg.backend.reduce_bucket_size * bpp.gradients
@@ -372,19 +419,41 @@ def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: i
         # Send and receive buffers for activations (forward) and their gradients (backward).
         sp = layout.tp if cfg.parallel.sequence_parallel else 1
         buffers += 4.0 * tokens * m.hidden_size * act_dtype / sp
+    return buffers
 
+
+def assemble_stage(
+    stage: int,
+    layers: int,
+    hw: HardwareView,
+    states: StageStates,
+    activations: tuple[float, int],
+    buffers: float,
+) -> StageMemory:
+    """The StageMemory of `stage` (holding `layers` layers) from its three parts."""
     return StageMemory(
         stage=stage,
-        layers=layers_here,
-        params=params.total,
-        weights=weights,
-        gradients=gradients,
-        optimizer=optimizer,
-        activations=activations,
+        layers=layers,
+        params=states.params,
+        weights=states.weights,
+        gradients=states.gradients,
+        optimizer=states.optimizer,
+        activations=activations[0],
         buffers=buffers,
         overhead=float(hw.overhead_bytes),
-        in_flight=in_flight,
-        host_bytes=host,
+        in_flight=activations[1],
+        host_bytes=states.host_bytes,
+    )
+
+
+def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int) -> StageMemory:
+    return assemble_stage(
+        stage,
+        layout.stage_layers[stage],
+        hw,
+        stage_states(cfg, layout, stage),
+        stage_activations(cfg, layout, stage),
+        stage_buffers(cfg, layout),
     )
 
 

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from launcher.config.layout import Layout
@@ -80,55 +81,87 @@ def stage_compute_flops(
     return tokens * total / max(1, layout.tp), attn / max(1e-9, total)
 
 
-def estimate_time(
-    cfg: LLMTrainConfig,
-    layout: Layout,
+def microbatch_compute_s(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, flops: FlopsPerToken
+) -> tuple[float, int, float]:
+    """(seconds, stage, attention share) of one micro-batch's compute on the heaviest stage.
+
+    A lower bound of the step: step_s >= this x micro-batches x (1 + bubble overhead), which
+    the layout search (``search.py``) uses to skip layouts that cannot make its top k.
+    """
+    best: tuple[float, int, float] = (-1.0, 0, 0.0)
+    # Stages with the same layer count (and not the last) have the same FLOPs: compute each once.
+    seen: dict[tuple[int, bool], tuple[float, float]] = {}
+    stage_layers = layout.stage_layers
+    for s in range(layout.pp):
+        kind = (stage_layers[s], s == layout.pp - 1)
+        if kind not in seen:
+            seen[kind] = stage_compute_flops(cfg, layout, flops, s)
+        f, attn_share = seen[kind]
+        if f > best[0]:
+            best = (f, s, attn_share)
+    stage_flops, stage, attn_share = best
+    rate = hw.matmul_efficiency * STEP_EFFICIENCY
+    seconds = stage_flops * (1.0 - attn_share) / (
+        hw.matmul_peak_flops * rate
+    ) + stage_flops * attn_share / (hw.peak_flops * rate)
+    return seconds, stage, attn_share
+
+
+@dataclass(frozen=True)
+class MicrobatchTime:
+    """One micro-batch on the heaviest compute stage: compute and exposed per-micro-batch comm."""
+
+    compute_s: float
+    exposed_s: float
+    stage: int
+    attn_share: float
+    collectives: tuple[Collective, ...]  # per step (all micro-batches)
+
+
+def _add_collective(
+    colls: list[Collective],
     hw: HardwareView,
-    flops: FlopsPerToken,
-    stages: tuple[StageMemory, ...],
-) -> TimePlan:
+    name: str,
+    kind: str,
+    group: str,
+    size: int,
+    stride: int,
+    msg: float,
+    calls: int,
+    window: float | None,
+    note: str,
+) -> tuple[float, float]:
+    """Time one collective per step, append its row, return (total, exposed) seconds."""
+    place = place_group(size, stride, hw.gpus_per_node, hw.intra_gbps, hw.inter_gbps)
+    total = collective_time(kind, msg, size, place.bus_gbps) * calls
+    exposed = total if window is None else max(0.0, total - window)
+    colls.append(
+        Collective(name, kind, group, size, msg, calls, place.bus_gbps, total, exposed, note)
+    )
+    return total, exposed
+
+
+def microbatch_time(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, flops: FlopsPerToken
+) -> MicrobatchTime:
+    """Compute plus the exposed TP, CP, EP and PP communication of one micro-batch.
+
+    Independent of the ZeRO stage and offload; (compute_s + exposed_s) x micro-batches x
+    (1 + bubble overhead) is a lower bound of the step, which the layout search uses.
+    """
     m = cfg.model
     shape = ModelShape(m)
     act_bytes = DTYPE_BYTES[cfg.precision.compute_dtype]
     tp, pp, cp, dp, ep, vpp = layout.tp, layout.pp, layout.cp, layout.dp, layout.ep, layout.vpp
     mb = layout.num_microbatches
-    gpn = hw.gpus_per_node
     tokens = layout.micro_batch_size * m.seq_length / max(1, cp)
     sp_div = tp if cfg.parallel.sequence_parallel else 1
-    overlap = cfg.backend.overlap_comm
 
-    # Heaviest compute stage.
-    best: tuple[float, int, float] = (-1.0, 0, 0.0)
-    for s in range(pp):
-        f, attn_share = stage_compute_flops(cfg, layout, flops, s)
-        if f > best[0]:
-            best = (f, s, attn_share)
-    stage_flops, stage, attn_share = best
-    rate = hw.matmul_efficiency * STEP_EFFICIENCY
-    t_compute_mb = stage_flops * (1.0 - attn_share) / (
-        hw.matmul_peak_flops * rate
-    ) + stage_flops * attn_share / (hw.peak_flops * rate)
+    t_compute_mb, stage, attn_share = microbatch_compute_s(cfg, layout, hw, flops)
     layers = layout.stage_layers[stage]
     colls: list[Collective] = []
-
-    def add(
-        name: str,
-        kind: str,
-        group: str,
-        size: int,
-        stride: int,
-        msg: float,
-        calls: int,
-        window: float | None,
-        note: str,
-    ) -> tuple[float, float]:
-        place = place_group(size, stride, gpn, hw.intra_gbps, hw.inter_gbps)
-        total = collective_time(kind, msg, size, place.bus_gbps) * calls
-        exposed = total if window is None else max(0.0, total - window)
-        colls.append(
-            Collective(name, kind, group, size, msg, calls, place.bus_gbps, total, exposed, note)
-        )
-        return total, exposed
+    add = functools.partial(_add_collective, colls, hw)
 
     # Per micro-batch collectives (on the critical path of every micro-batch).
     per_mb_exposed = 0.0
@@ -196,6 +229,25 @@ def estimate_time(
             "activation forward, gradient backward",
         )
         per_mb_exposed += e / mb
+
+    return MicrobatchTime(t_compute_mb, per_mb_exposed, stage, attn_share, tuple(colls))
+
+
+def estimate_time(
+    cfg: LLMTrainConfig,
+    layout: Layout,
+    hw: HardwareView,
+    flops: FlopsPerToken,
+    stages: tuple[StageMemory, ...],
+) -> TimePlan:
+    m = cfg.model
+    tp, pp, cp, dp, vpp = layout.tp, layout.pp, layout.cp, layout.dp, layout.vpp
+    mb = layout.num_microbatches
+    overlap = cfg.backend.overlap_comm
+    per_mb = microbatch_time(cfg, layout, hw, flops)
+    t_compute_mb, per_mb_exposed, stage = per_mb.compute_s, per_mb.exposed_s, per_mb.stage
+    colls = list(per_mb.collectives)
+    add = functools.partial(_add_collective, colls, hw)
 
     t_mb = t_compute_mb + per_mb_exposed
     pipeline_s = t_mb * mb
@@ -320,4 +372,11 @@ def estimate_time(
     )
 
 
-__all__ = ["STEP_EFFICIENCY", "TimePlan", "attention_core_flops_fwd", "estimate_time"]
+__all__ = [
+    "STEP_EFFICIENCY",
+    "TimePlan",
+    "attention_core_flops_fwd",
+    "estimate_time",
+    "microbatch_compute_s",
+    "microbatch_time",
+]

@@ -129,6 +129,48 @@ def test_deepspeed_optimizer_offload(tmp_path: Path) -> None:
     assert seen[-1] < seen[0] - 0.5
 
 
+class _Payload:
+    """Unpickling this runs a shell command: what a malicious checkpoint file would carry."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(run_dir: Path, marker: Path) -> None:
+    """Replace a checkpoint file with a malicious pickle and fix the manifest's checksum, as an
+    attacker with write access to the run directory could."""
+    import hashlib
+    import pickle
+
+    (ckpt,) = (run_dir / "checkpoints").glob("step_*")
+    # DCP's pickled metadata (torch backend), or DeepSpeed's first state file.
+    files = sorted(p for p in (ckpt / "engine").rglob("*") if p.is_file())
+    victim = next(p for p in files if p.name == ".metadata" or p.suffix == ".pt")
+    victim.write_bytes(pickle.dumps(_Payload(marker)))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    rel = victim.relative_to(ckpt).as_posix()
+    data = victim.read_bytes()
+    manifest["files"][rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "torch"])
+def test_a_malicious_pickle_in_a_checkpoint_is_refused(tmp_path: Path, backend: str) -> None:
+    args = ["run", *SHORT, f"backend={backend}", "zero.stage=2", "cluster.gpus_per_node=2"]
+    first = llmtrain(tmp_path, *args, "train.steps=4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    marker = tmp_path / "pwned"
+    _plant(run_dir, marker)
+    resumed = llmtrain(tmp_path, *args, "train.steps=8")
+    assert resumed.returncode == 1, resumed.stderr[-3000:]
+    assert "refused" in resumed.stderr.lower() or "not allowed" in resumed.stderr.lower()
+    assert not marker.exists(), "the pickled payload ran"
+
+
 def test_a_crashing_rank_tears_the_run_down(tmp_path: Path) -> None:
     done = llmtrain(
         tmp_path,

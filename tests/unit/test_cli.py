@@ -90,3 +90,28 @@ def test_recipes_table_and_json() -> None:
     assert all(row["valid"] for row in rows.values())
     table = runner.invoke(app, ["recipes"])
     assert "llama3-405b" in table.output and "406B" in table.output
+
+
+def test_plan_json_has_the_contract_keys() -> None:
+    result = runner.invoke(app, ["plan", "recipe=llama3-8b", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["memory"]["fits"] in (True, False)
+    assert doc["time"]["step_s"] > 0
+
+
+def test_plan_search_keeps_fixed_keys() -> None:
+    result = runner.invoke(
+        app, ["plan", "--search", "recipe=llama3-8b", "parallel.tp=2", "--top", "3", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert 1 <= len(doc["candidates"]) <= 3
+    assert all("parallel.tp=2" in c["overrides"] for c in doc["candidates"])
+
+
+def test_plan_refuses_an_invalid_layout_but_search_takes_it() -> None:
+    bad = llmtrain("plan", "recipe=llama3-8b", "parallel.tp=6")
+    assert bad.returncode == 2 and "valid tp" in bad.stderr
+    searched = runner.invoke(app, ["plan", "--search", "recipe=llama3-8b", "parallel.tp=6"])
+    assert searched.exit_code in (0, 2), searched.output

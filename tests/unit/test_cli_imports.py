@@ -28,6 +28,7 @@ print('HEAVY', heavy)
         ["show", "recipe=llama3-405b"],
         ["validate", "recipe=llama3-70b"],
         ["plan", "recipe=llama3-405b"],
+        ["plan", "--search", "recipe=llama3-8b", "--top", "2"],
         ["recipes"],
     ],
 )

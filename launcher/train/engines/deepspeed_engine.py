@@ -4,10 +4,16 @@ The ds_config comes from ``launcher.render.ds_config`` (the same file `llmtrain 
 the run directory). DeepSpeed gets a torch AdamW rather than an optimizer named in the config, so
 nothing JIT-builds a fused optimizer on CPU; llmtrain's own schedule sets the learning rate on
 every step. Checkpoints are DeepSpeed's own (``save_checkpoint``/``load_checkpoint``).
+
+DeepSpeed 0.19 reads its checkpoint files with ``torch.load(weights_only=False)``, which runs any
+code pickled into them. Before handing a checkpoint to DeepSpeed, every ``*.pt`` file is first read
+with ``weights_only=True`` and an allow-list of the few DeepSpeed classes its checkpoints hold; a
+file that needs anything else is refused and DeepSpeed never opens it.
 """
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,35 @@ from launcher.train.model import apply_recompute, build_model, loss_fn
 from launcher.train.optim import build_optimizer
 
 TAG = "engine"
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint file holds pickled objects outside the weights-only allow-list."""
+
+
+def safe_globals() -> list[Any]:
+    """Classes DeepSpeed pickles into its checkpoints besides tensors and builtins (found by
+    loading real ZeRO 0-3 checkpoints of this version with weights_only=True)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def verify_weights_only(directory: Path) -> None:
+    """Refuse a checkpoint any of whose files cannot be read without executing pickled code."""
+    allowed = safe_globals()
+    for path in sorted(directory.rglob("*.pt")):
+        try:
+            with torch.serialization.safe_globals(allowed):
+                torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            reason = str(exc).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+            raise UnsafeCheckpointError(
+                f"{path}: refused to load: it holds pickled objects that a weights-only load "
+                f"does not allow ({reason}); llmtrain never executes code from checkpoint files"
+            ) from None
 
 
 class DeepSpeedEngine(Engine):
@@ -76,6 +111,7 @@ class DeepSpeedEngine(Engine):
         return sorted(p for p in set(directory.rglob("*")) - before if p.is_file())
 
     def load(self, directory: Path) -> None:
+        verify_weights_only(directory)
         path, _ = self.engine.load_checkpoint(
             str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False
         )

@@ -1,0 +1,156 @@
+"""The layout search as a Rich table and as a stable JSON document (rich is imported here only)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from launcher.plan.memory import GIB
+from launcher.plan.search import MEMORY, OUTRANKED, Candidate, SearchResult
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def _candidate_json(c: Candidate) -> dict[str, Any]:
+    return {
+        "overrides": c.line,
+        "memory_bytes": int(c.memory_bytes),
+        "step_s": c.step_s,
+        "tokens_per_s": c.tokens_per_s,
+        "mfu": c.mfu,
+        "bubble_fraction": c.bubble_fraction,
+        "headroom": c.headroom,
+        "dp": c.dp,
+        "grad_accum": c.grad_accum,
+    }
+
+
+def search_to_json(result: SearchResult) -> dict[str, Any]:
+    """Stable keys: evaluated, candidates, rejected, smallest_cluster, elapsed_s (and extras)."""
+    return {
+        "evaluated": result.evaluated,
+        "candidates": [_candidate_json(c) for c in result.candidates],
+        "rejected": dict(result.rejected),
+        "smallest_cluster": result.smallest_cluster,
+        "elapsed_s": result.elapsed_s,
+        "space_size": result.space_size,
+        "fitting": result.fitting,
+        "timed": result.timed,
+        "model": result.model,
+        "gpu": result.gpu,
+        "num_nodes": result.num_nodes,
+        "gpus_per_node": result.gpus_per_node,
+        "global_batch_size": result.global_batch_size,
+        "min_headroom": result.min_headroom,
+        "given": {
+            "status": result.given_status,
+            "rank": result.given_rank,
+            "candidate": _candidate_json(result.given) if result.given else None,
+        },
+        "notes": list(result.notes),
+    }
+
+
+def _reason(name: str) -> str:
+    if name == MEMORY:
+        return "memory: does not fit with the headroom"
+    if name == OUTRANKED:
+        return "outranked: cannot beat the last row (bound on tokens/s), not evaluated"
+    return f"rule {name}"
+
+
+_SHORT = {
+    "parallel.tp": "tp",
+    "parallel.pp": "pp",
+    "parallel.vpp": "vpp",
+    "parallel.cp": "cp",
+    "parallel.ep": "ep",
+    "zero.stage": "zero",
+    "train.micro_batch_size": "mbs",
+    "train.recompute": "recompute",
+    "parallel.pp_schedule": "",
+    "parallel.sequence_parallel": "sp",
+    "zero.offload_optimizer": "offload",
+}
+
+
+def _short(overrides: tuple[str, ...]) -> str:
+    """'tp8 pp16 vpp4 interleaved zero1 mbs1 recompute=none sp' for the table."""
+    parts = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key not in _SHORT or (value in ("null", "false", "none") and key != "train.recompute"):
+            continue
+        name = _SHORT[key]
+        if value == "true":
+            parts.append(name)
+        elif name in ("recompute", "offload"):
+            parts.append(f"{name}={value}")
+        else:
+            parts.append(f"{name}{value}")
+    return " ".join(parts)
+
+
+def render_search(result: SearchResult, console: Console) -> None:
+    """The top layouts, then why the rest of the space was left out."""
+    from rich.table import Table
+    from rich.text import Text
+
+    head = (
+        f"{result.model} on {result.world_size} x {result.gpu} "
+        f"({result.num_nodes} nodes x {result.gpus_per_node}), global batch "
+        f"{result.global_batch_size}, headroom {result.min_headroom:.0%}: "
+        f"{result.space_size:,} layouts, {result.evaluated:,} evaluated, "
+        f"{result.fitting:,} fit ({result.elapsed_s:.2f} s)"
+    )
+    console.print(Text(head, style="bold"))
+    if result.candidates:
+        table = Table(title=f"Top {len(result.candidates)} layouts by predicted tokens/s")
+        table.add_column("#", justify="right")
+        table.add_column("layout")
+        table.add_column("memory GiB", justify="right")
+        table.add_column("step s", justify="right")
+        table.add_column("tokens/s", justify="right")
+        table.add_column("MFU", justify="right")
+        table.add_column("bubble", justify="right")
+        for i, c in enumerate(result.candidates, 1):
+            table.add_row(
+                str(i),
+                _short(c.overrides),
+                f"{c.memory_bytes / GIB:.1f}",
+                f"{c.step_s:.2f}",
+                f"{c.tokens_per_s:,.0f}",
+                f"{c.mfu:.1%}",
+                f"{c.bubble_fraction:.1%}",
+            )
+        console.print(table)
+        console.print("Override lines to copy:")
+        for i, c in enumerate(result.candidates, 1):
+            # Plain text, never wrapped or cut, so it can be pasted as is.
+            console.print(Text(f"{i:>3}  {c.line}"), soft_wrap=True)
+    else:
+        console.print(Text("No layout fits.", style="bold red"))
+        if result.smallest_cluster is not None:
+            console.print(
+                f"The smallest cluster on which one fits: cluster.num_nodes="
+                f"{result.smallest_cluster} ({result.smallest_cluster * result.gpus_per_node} "
+                "GPUs); rerun the search with it."
+            )
+    for note in result.notes:
+        console.print(Text(note, style="yellow"))
+    given = f"The configuration as given: {result.given_status}"
+    if result.given is not None:
+        given += (
+            f", {result.given.tokens_per_s:,.0f} tokens/s, "
+            f"{result.given.memory_bytes / GIB:.1f} GiB"
+        )
+    if result.given_rank is not None:
+        given += f", rank {result.given_rank}"
+    console.print(given)
+    if result.rejected:
+        rej = Table(title="Left out")
+        rej.add_column("reason")
+        rej.add_column("layouts", justify="right")
+        for name, count in result.rejected.items():
+            rej.add_row(_reason(name), f"{count:,}")
+        console.print(rej)

@@ -1,0 +1,53 @@
+"""Everything `llmtrain render --out DIR` writes, rendered in memory first (nothing is written
+when any renderer refuses). DIR is also the run directory the scripts name, so
+``sbatch DIR/job.sbatch`` trains from DIR/config.yaml."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from launcher.config.compose import Composed
+from launcher.errors import UserError
+from launcher.render.ds_config import render_ds_config
+from launcher.render.hostfile import static_hostfile
+from launcher.render.megatron_args import render_megatron_args
+from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
+
+EXECUTABLE = ("launch.sh", "job.sbatch")
+
+
+def render_artifacts(
+    composed: Composed, out_dir: str, python: str | None = None, workdir: str | None = None
+) -> dict[str, str]:
+    cfg = composed.config
+    run_dir = str(Path(out_dir).expanduser().resolve())
+    python = python or sys.executable
+    workdir = workdir or os.getcwd()
+    files = {"config.yaml": yaml.safe_dump(composed.values, sort_keys=False)}
+    try:
+        if cfg.backend.name == "deepspeed":
+            files["ds_config.json"] = render_ds_config(cfg)
+        files["launch.sh"] = render_launch_sh(cfg, python=python, run_dir=run_dir, workdir=workdir)
+        files["job.sbatch"] = render_sbatch(cfg, python=python, run_dir=run_dir, workdir=workdir)
+        files["hostfile"] = static_hostfile(cfg)
+    except RenderError as exc:
+        raise UserError(str(exc)) from None
+    files["megatron_args.txt"] = render_megatron_args(cfg)
+    return files
+
+
+def write_artifacts(files: dict[str, str], out_dir: str) -> list[Path]:
+    root = Path(out_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        path = root / name
+        path.write_text(text, encoding="utf-8")
+        if name in EXECUTABLE:
+            path.chmod(0o755)
+        written.append(path)
+    return written

@@ -1,0 +1,214 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments equivalent to an llmtrain config.
+
+For users who train with their own Megatron-LM checkout. Flag names follow Megatron-LM's
+``megatron/training/arguments.py``. What Megatron-LM cannot express is refused with a reason
+(``MegatronUnsupported``), never approximated: ZeRO stages 2 and 3 (Megatron shards only the
+optimizer state: ``--use-distributed-optimizer``, llmtrain's zero.stage=1), parameter offload, the
+Lion optimizer, a GPipe schedule, and pipeline splits other than "first and last stage differ".
+Data and tokenizer arguments are the user's (a NullTokenizer with the vocabulary size stands in).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from launcher.config.layout import derive_layout
+from launcher.config.schema import LLMTrainConfig
+
+
+class MegatronUnsupported(ValueError):
+    """The config uses something Megatron-LM's pretrain_gpt.py cannot express."""
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
+
+
+def _split_args(cfg: LLMTrainConfig, problems: list[str]) -> list[str]:
+    layout = derive_layout(cfg)
+    p = cfg.parallel
+    args: list[str] = []
+    if layout.explicit_split and p.pp > 1:
+        stages = list(layout.stage_layers)
+        first, middle, last = stages[0], stages[1:-1], stages[-1]
+        if len(set(middle)) > 1:
+            problems.append(
+                f"parallel.pp_layers={stages}: Megatron-LM splits the inner stages evenly (only "
+                "the first and last may differ); make the inner stages equal"
+            )
+        elif p.vpp > 1 and len(set(stages)) > 1:
+            problems.append(
+                f"parallel.pp_layers={stages} with parallel.vpp={p.vpp}: uneven stages with "
+                "interleaving are not expressible here; use equal stages"
+            )
+        elif len(set(stages)) > 1:
+            args += [
+                "--decoder-first-pipeline-num-layers",
+                str(first),
+                "--decoder-last-pipeline-num-layers",
+                str(last),
+            ]
+    if p.vpp > 1:
+        chunks = p.pp * p.vpp
+        if cfg.model.num_layers % chunks:
+            problems.append(
+                f"model.num_layers={cfg.model.num_layers} is not divisible by pp*vpp={chunks}: "
+                "Megatron-LM's interleaved schedule needs equal virtual stages"
+            )
+        else:
+            args += ["--num-layers-per-virtual-pipeline-stage", str(cfg.model.num_layers // chunks)]
+    return args
+
+
+def megatron_args(cfg: LLMTrainConfig) -> list[str]:
+    """The argument list (unquoted words). Raises MegatronUnsupported with every reason."""
+    m, p, z, prec, t, o = cfg.model, cfg.parallel, cfg.zero, cfg.precision, cfg.train, cfg.optim
+    layout = derive_layout(cfg)
+    problems: list[str] = []
+    if z.stage >= 2:
+        problems.append(
+            f"zero.stage={z.stage}: Megatron-LM shards only the optimizer state "
+            "(--use-distributed-optimizer, like zero.stage=1); use zero.stage=1"
+        )
+    if z.offload_params != "none":
+        problems.append("zero.offload_params: Megatron-LM does not offload parameters")
+    if z.offload_optimizer != "none" and z.stage != 1:
+        problems.append(
+            "zero.offload_optimizer=cpu: Megatron-LM offloads the distributed optimizer only; "
+            "use zero.stage=1"
+        )
+    if o.name == "lion":
+        problems.append("optim.name=lion: Megatron-LM has adam and sgd; use optim.name=adamw")
+    if p.pp > 1 and p.pp_schedule == "gpipe":
+        problems.append(
+            "parallel.pp_schedule=gpipe: Megatron-LM runs 1F1B (interleaved with vpp>1); use "
+            "parallel.pp_schedule=1f1b"
+        )
+    split = _split_args(cfg, problems)
+    if problems:
+        raise MegatronUnsupported(problems)
+
+    args = [
+        "--num-layers", str(m.num_layers),
+        "--hidden-size", str(m.hidden_size),
+        "--ffn-hidden-size", str(m.ffn_hidden_size),
+        "--num-attention-heads", str(m.num_attention_heads),
+    ]  # fmt: skip
+    if m.head_dim is not None and m.kv_lora_rank is None:
+        args += ["--kv-channels", str(m.head_dim)]
+    if m.num_kv_heads is not None and m.num_kv_heads != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
+    if m.kv_lora_rank is not None:
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank)]
+        if m.q_lora_rank is not None:
+            args += ["--q-lora-rank", str(m.q_lora_rank)]
+        head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
+        args += ["--qk-head-dim", str(head_dim)]
+        args += ["--qk-pos-emb-head-dim", str(m.qk_rope_head_dim or 0)]
+        args += ["--v-head-dim", str(m.v_head_dim or head_dim)]
+    args += [
+        "--seq-length", str(m.seq_length),
+        "--max-position-embeddings", str(m.seq_length),
+        "--vocab-size", str(m.vocab_size),
+        "--tokenizer-type", "NullTokenizer",
+    ]  # fmt: skip
+    if m.activation == "swiglu":
+        args.append("--swiglu")
+    args += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    args += ["--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"]
+    if not m.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.linear_bias:
+        args.append("--disable-bias-linear")
+    if m.num_experts:
+        args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_top_k or 1)]
+        if m.moe_ffn_hidden_size:
+            args += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+        if m.moe_shared_experts:
+            shared = m.moe_shared_experts * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
+            args += ["--moe-shared-expert-intermediate-size", str(shared)]
+        if m.moe_dense_layers:
+            dense, moe = m.moe_dense_layers, m.num_layers - m.moe_dense_layers
+            args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{moe})"]
+
+    args += [
+        "--tensor-model-parallel-size", str(p.tp),
+        "--pipeline-model-parallel-size", str(p.pp),
+        *split,
+        "--context-parallel-size", str(p.cp),
+    ]  # fmt: skip
+    if p.ep > 1:
+        args += ["--expert-model-parallel-size", str(p.ep)]
+    if p.sequence_parallel:
+        args.append("--sequence-parallel")
+    if z.stage == 1:
+        args.append("--use-distributed-optimizer")
+        if z.offload_optimizer == "cpu":
+            args += [
+                "--optimizer-cpu-offload",
+                "--use-precision-aware-optimizer",
+                "--optimizer-offload-fraction", "1.0",
+            ]  # fmt: skip
+
+    args += [
+        "--micro-batch-size", str(layout.micro_batch_size),
+        "--global-batch-size", str(layout.global_batch_size),
+        "--train-iters", str(layout.steps),
+        "--optimizer", "sgd" if o.name == "sgd" else "adam",
+        "--lr", repr(o.lr),
+        "--min-lr", repr(o.min_lr),
+        "--lr-warmup-iters", str(o.warmup_steps),
+        "--lr-decay-style", o.schedule,
+        "--weight-decay", repr(o.weight_decay),
+        "--clip-grad", repr(o.grad_clip),
+        "--seed", str(t.seed),
+    ]  # fmt: skip
+    if o.name != "sgd":
+        args += [
+            "--adam-beta1", repr(o.betas[0]),
+            "--adam-beta2", repr(o.betas[1]),
+            "--adam-eps", repr(o.eps),
+        ]  # fmt: skip
+    if prec.compute_dtype == "bf16":
+        args.append("--bf16")
+    elif prec.compute_dtype == "fp16":
+        args.append("--fp16")
+        if prec.loss_scaling == "none":
+            args += ["--loss-scale", "1"]
+    if prec.fp8:
+        args += ["--fp8-format", "hybrid"]
+    if t.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif t.recompute == "full":
+        args += [
+            "--recompute-granularity", "full",
+            "--recompute-method", "uniform",
+            "--recompute-num-layers", "1",
+        ]  # fmt: skip
+    return args
+
+
+def render_megatron_args(cfg: LLMTrainConfig) -> str:
+    """megatron_args.txt: one argument (with its value) per line, shell-quoted, or a note saying
+    why there is none."""
+    try:
+        args = megatron_args(cfg)
+    except MegatronUnsupported as exc:
+        return "# Megatron-LM cannot express this configuration:\n" + "".join(
+            f"#   - {reason}\n" for reason in exc.reasons
+        )
+    lines = [
+        "# Megatron-LM pretrain_gpt.py arguments equivalent to this llmtrain config.",
+        "# Add your data and tokenizer arguments (--data-path, --tokenizer-type ...). In bash:",
+        "#   eval \"args=($(grep -v '^#' megatron_args.txt))\"; torchrun ... pretrain_gpt.py "
+        '"${args[@]}" --data-path ...',
+    ]
+    i = 0
+    while i < len(args):
+        words = [args[i]]
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            words.append(args[i + 1])
+            i += 1
+        lines.append(shlex.join(words))
+        i += 1
+    return "\n".join(lines) + "\n"

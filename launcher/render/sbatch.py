@@ -1,0 +1,251 @@
+"""The SLURM batch script (job.sbatch) and the multi-node torchrun script (launch.sh) of a run.
+
+Pure functions of the resolved config: the same config renders the same bytes (golden-file tests
+in tests/unit/test_render_golden.py). Every value that comes from the user is shell-quoted, and a
+value that cannot be written safely (a newline in an ``#SBATCH`` line) is refused.
+
+How the job works (job.sbatch):
+
+- One ``srun`` task per node (``--ntasks-per-node=1``) runs ``torchrun`` with ``--nnodes`` and
+  ``--nproc-per-node``; the ranks meet through c10d rendezvous on the first node of the
+  allocation. Its address is resolved inside the job: the first name of ``scontrol show hostnames
+  $SLURM_JOB_NODELIST``, then that node's ``NodeAddr`` from ``scontrol show node`` (a node name
+  may not resolve, or resolve to loopback on the node itself). The port is derived from the job
+  id (and the restart count, so a requeued job never meets its predecessor's listener).
+- Preemption and time limits: ``--signal=B:USR1@GRACE`` delivers USR1 to the batch shell only.
+  The shell traps it and sends USR1 to ``srun``, which forwards it to every process of the step.
+  The per-node wrapper ignores USR1 for torchrun (an unhandled USR1 would kill the elastic agent
+  and with it the step), and the trainer processes install their own handler: at the next step
+  boundary they checkpoint, rank 0 writes ``preempted.json`` and every rank exits 99. The batch
+  shell then sees the marker and runs ``scontrol requeue $SLURM_JOB_ID`` (``slurm.requeue``);
+  the requeued job resumes from the checkpoint. SIGTERM (scancel, ``llmtrain cancel``) is never
+  turned into a requeue.
+- Chained continuation jobs (``slurm.chain``, submitted with ``--dependency=afterany``) run the
+  same script; it exits at once when the last step's checkpoint exists.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+
+from launcher.config.layout import derive_layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.render.torchrun import WORKER_MODULE
+from launcher.train.checkpoint import PREEMPTED_MARKER, step_dir_name
+
+# Rendezvous ports are chosen in [PORT_BASE, PORT_BASE + PORT_SPAN) from the job id.
+PORT_BASE = 20000
+PORT_SPAN = 20000
+
+
+class RenderError(ValueError):
+    """A value that cannot be rendered safely; the message names the key."""
+
+
+def _check_line(key: str, value: str) -> str:
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise RenderError(f"{key}={value!r}: control characters (newlines, tabs) are not allowed")
+    return value
+
+
+def _directive(option: str, value: str | int | None = None, *, key: str = "") -> str:
+    """One ``#SBATCH`` line. sbatch reads these itself (no shell), honouring quotes."""
+    if value is None:
+        return f"#SBATCH {option}"
+    text = _check_line(key or option, str(value))
+    return f"#SBATCH {option}={shlex.quote(text)}"
+
+
+def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
+    """Environment of the trainer processes: deterministic (no probing of this machine)."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    nproc = cfg.cluster.gpus_per_node
+    if cfg.cluster.gpu == "cpu":
+        env["LLMTRAIN_DEVICE"] = "cpu"
+        env["DS_ACCELERATOR"] = "cpu"
+    cpus = cfg.slurm.cpus_per_task
+    if cpus is not None or cfg.cluster.gpu == "cpu":
+        env["OMP_NUM_THREADS"] = str(max(1, (cpus or nproc) // nproc))
+    env.update(cfg.cluster.env)
+    for key, value in env.items():
+        if not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise RenderError(f"cluster.env: {key!r} is not a valid environment variable name")
+        _check_line(f"cluster.env.{key}", value)
+    return env
+
+
+def _exports(env: Mapping[str, str]) -> list[str]:
+    return [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+
+
+def torchrun_words(
+    cfg: LLMTrainConfig, python: str, run_dir: str, endpoint: str, rdzv_id: str
+) -> list[str]:
+    """The torchrun command, one line's worth of shell words per item. `endpoint` and `rdzv_id`
+    are shell text (they refer to variables set in the script); the rest is quoted here."""
+    q = shlex.quote
+    return [
+        f"{q(python)} -m torch.distributed.run",
+        f"--nnodes={cfg.cluster.num_nodes}",
+        f"--nproc-per-node={cfg.cluster.gpus_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        "--max-restarts=0",
+        f"-m {WORKER_MODULE} {q(run_dir)}",
+    ]
+
+
+def _continued(words: Sequence[str], indent: str = "    ") -> str:
+    return (" \\\n" + indent).join(words)
+
+
+def render_launch_sh(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str) -> str:
+    """torchrun with c10d rendezvous, to run once on every node by hand (or by another
+    scheduler): the same endpoint on all of them, the first node's address."""
+    n = cfg.cluster.num_nodes
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Run this on each of the {n} node(s), the same RDZV_ENDPOINT everywhere: the first",
+        "# node's address and a free port there, e.g. RDZV_ENDPOINT=10.0.0.1:29500 ./launch.sh",
+        "# (under SLURM, job.sbatch does this for you).",
+        "set -euo pipefail",
+        f"cd {shlex.quote(_check_line('workdir', workdir))}",
+        *_exports(job_env(cfg)),
+        'RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29500}"',
+        'RDZV_ID="${RDZV_ID:-llmtrain}"',
+    ]
+    words = torchrun_words(
+        cfg, python, _check_line("run_dir", run_dir), '"$RDZV_ENDPOINT"', '"$RDZV_ID"'
+    )
+    lines.append("exec " + _continued(words))
+    return "\n".join(lines) + "\n"
+
+
+def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str) -> str:
+    """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues."""
+    s, c = cfg.slurm, cfg.cluster
+    q = shlex.quote
+    run_dir = _check_line("run_dir", run_dir)
+    steps = derive_layout(cfg).steps
+    n, g = c.num_nodes, c.gpus_per_node
+    head = [
+        "#!/bin/bash",
+        f"# llmtrain: {cfg.model.name} on {n} node(s) x {g} process(es), {steps} steps.",
+        f"# Submit with `llmtrain submit` (or: sbatch {q(run_dir + '/job.sbatch')}).",
+        _directive("--job-name", s.job_name, key="slurm.job_name"),
+        f"#SBATCH --nodes={n}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    if c.gpu != "cpu":
+        head.append(
+            f"#SBATCH --gres=gpu:{g}" if c.gpu_request == "gres" else f"#SBATCH --gpus-per-node={g}"
+        )
+    if s.cpus_per_task is not None:
+        head.append(f"#SBATCH --cpus-per-task={s.cpus_per_task}")
+    head.append(_directive("--time", s.time, key="slurm.time"))
+    for key in ("partition", "account", "qos"):
+        value = getattr(s, key)
+        if value is not None:
+            head.append(_directive(f"--{key}", value, key=f"slurm.{key}"))
+    head += [
+        _directive("--output", f"{run_dir}/logs/slurm-%j.out", key="run_dir"),
+        _directive("--error", f"{run_dir}/logs/slurm-%j.err", key="run_dir"),
+        "#SBATCH --open-mode=append",
+        _directive("--chdir", workdir, key="workdir"),
+        f"#SBATCH --signal=B:USR1@{s.signal_grace_s}",
+        "#SBATCH --requeue" if s.requeue else "#SBATCH --no-requeue",
+    ]
+    for arg in s.extra_sbatch_args:
+        _check_line("slurm.extra_sbatch_args", arg)
+        if not arg.startswith("-"):
+            raise RenderError(f"slurm.extra_sbatch_args: {arg!r} is not an option (--name=value)")
+        option, sep, value = arg.partition("=")
+        head.append(f"#SBATCH {q(option)}={q(value)}" if sep else f"#SBATCH {q(option)}")
+
+    srun = [
+        "srun",
+        f"--nodes={n}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+    ]
+    if s.container_image is not None:
+        srun.append(
+            f"--container-image={q(_check_line('slurm.container_image', s.container_image))}"
+        )
+    if s.container_mounts is not None:
+        srun.append(
+            f"--container-mounts={q(_check_line('slurm.container_mounts', s.container_mounts))}"
+        )
+    srun += [q(_check_line("slurm.extra_srun_args", a)) for a in s.extra_srun_args]
+    # torchrun must not die of USR1; the trainers it starts install their own handler.
+    node_wrapper = q('trap "" USR1; exec "$@"')
+    srun.append(f"bash -c {node_wrapper} llmtrain-node")
+    srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
+
+    final = q(f"{run_dir}/checkpoints/{step_dir_name(steps)}")
+    marker = q(f"{run_dir}/{PREEMPTED_MARKER}")
+    requeue = (
+        [
+            '  echo "llmtrain: checkpointed on a preemption signal; requeueing $SLURM_JOB_ID"',
+            '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            '  echo "llmtrain: scontrol requeue failed; resubmit to resume" >&2',
+            "  exit 99",
+        ]
+        if s.requeue
+        else [
+            '  echo "llmtrain: checkpointed after a preemption signal; slurm.requeue is off"',
+            "  exit 0  # a chained continuation job (if any) resumes from the checkpoint",
+        ]
+    )
+    body = [
+        "",
+        "set -uo pipefail",
+        f"RUN_DIR={q(run_dir)}",
+        *_exports(job_env(cfg)),
+        "",
+        "# Done already (a chained continuation job, or a requeue after the last step): stop.",
+        f"if [ -d {final} ]; then",
+        f'  echo "llmtrain: all {steps} steps are done ({final})"',
+        "  exit 0",
+        "fi",
+        "",
+        "# Rendezvous on the first node's address as SLURM knows it (NodeAddr), not its name.",
+        'rdzv_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'rdzv_addr=$(scontrol show node "$rdzv_node" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
+        "rdzv_addr=${rdzv_addr:-$rdzv_node}",
+        f"rdzv_port=$(( {PORT_BASE} + (SLURM_JOB_ID * 7 + ${{SLURM_RESTART_COUNT:-0}}) "
+        f"% {PORT_SPAN} ))",
+        "# The DeepSpeed launcher's view of this allocation.",
+        f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/$/ slots={g}/" '
+        '>"$RUN_DIR/hostfile"',
+        'echo "llmtrain: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on '
+        '$SLURM_JOB_NODELIST, rendezvous $rdzv_addr:$rdzv_port"',
+        f"rm -f {marker}",
+        "",
+        "srun_pid=",
+        "cancelled=0",
+        "forward() {  # forward SIG: hand a signal to every process of the training step",
+        '  [ -n "$srun_pid" ] && kill -"$1" "$srun_pid" 2>/dev/null',
+        "}",
+        "trap 'echo \"llmtrain: USR1: checkpoint and stop\"; forward USR1' USR1",
+        "trap 'cancelled=1; forward TERM' TERM INT",
+        _continued(srun) + " &",
+        "srun_pid=$!",
+        "# A trapped signal interrupts `wait`: wait again until srun itself has exited.",
+        'while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; done',
+        'wait "$srun_pid"',
+        "rc=$?",
+        "",
+        'if [ "$cancelled" = 1 ]; then',
+        '  echo "llmtrain: cancelled"',
+        "  exit 143",
+        "fi",
+        f"if [ -f {marker} ]; then",
+        *requeue,
+        "fi",
+        'echo "llmtrain: training step exited with code $rc"',
+        'exit "$rc"',
+    ]
+    return "\n".join(head + body) + "\n"

@@ -1,0 +1,232 @@
+"""`llmtrain submit` on a real SLURM cluster: slurmctld + two slurmd nodes on this machine.
+
+The session fixture starts the cluster with scripts/slurm/start-cluster.sh (root and apt or an
+installed slurm needed; skipped with the reason otherwise) and stops it afterwards if it started
+it. Every test submits through the CLI from its own temporary folder, polls `scontrol show job`
+(never `sbatch --wait`), and bounds every wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts" / "slurm"
+CLUSTER_DIR = Path(os.environ.get("LLMTRAIN_SLURM_DIR", "/tmp/llmtrain-slurm-cluster"))
+SLURM_CONF = CLUSTER_DIR / "etc" / "slurm.conf"
+
+# The tiny recipe, shortened, as one job over two nodes with one (gloo) process each.
+JOB = [
+    "model.seq_length=64",
+    "train.micro_batch_size=4",
+    "optim.warmup_steps=2",
+    "train.log_every=10",
+    "launcher=slurm",
+    "cluster=cpu",
+    "cluster.num_nodes=2",
+    "cluster.gpus_per_node=1",
+]
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _ours_running() -> bool:
+    try:
+        pid = int((CLUSTER_DIR / "slurmctld.pid").read_text())
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "slurmctld"
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[dict[str, str]]:
+    if os.geteuid() != 0:
+        pytest.skip("SLURM tests start slurmctld/slurmd and install packages: they need root")
+    if shutil.which("slurmctld", path="/usr/sbin:/usr/bin") is None and not shutil.which("apt-get"):
+        pytest.skip("SLURM is not installed and apt-get is not available to install it")
+    was_running = _ours_running()
+    if not was_running and _port_in_use(6817):
+        pytest.skip("another SLURM controller already listens on port 6817 (one per machine)")
+    started = subprocess.run(
+        [str(SCRIPTS / "start-cluster.sh")], capture_output=True, text=True, timeout=600
+    )
+    if started.returncode != 0:
+        if "apt-get install failed" in started.stderr:
+            pytest.skip(f"cannot install SLURM: {started.stderr[-500:]}")
+        pytest.fail(f"start-cluster.sh failed:\n{started.stdout}\n{started.stderr}")
+    env = {**os.environ, "SLURM_CONF": str(SLURM_CONF)}
+    env["PATH"] = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin"
+    yield env
+    if not was_running:
+        subprocess.run([str(SCRIPTS / "stop-cluster.sh")], capture_output=True, timeout=120)
+
+
+def llmtrain(
+    env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def submit(env: dict[str, str], cwd: Path, *overrides: str) -> tuple[str, Path]:
+    done = llmtrain(env, cwd, "submit", *JOB, *overrides)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = done.stdout.split("submitted job ")[1].split()[0]
+    run_dir = Path(done.stdout.split("run directory ")[1].split("\n")[0].strip())
+    assert json.loads((run_dir / "slurm.json").read_text())["job_ids"] == [job]
+    return job, run_dir
+
+
+def job_fields(env: dict[str, str], job: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True, timeout=30
+    ).stdout
+    return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+
+def wait_for_state(env: dict[str, str], job: str, states: set[str], timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        fields = job_fields(env, job)
+        if fields.get("JobState") in states:
+            return fields
+        time.sleep(0.5)
+    pytest.fail(f"job {job} not in {states} after {timeout}s: {fields}")
+
+
+def metric_steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_steps(run_dir: Path, steps: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(metric_steps(run_dir)) >= steps:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{run_dir}: fewer than {steps} steps after {timeout}s")
+
+
+def slurm_output(run_dir: Path, job: str) -> str:
+    logs = run_dir / "logs"
+    return "".join(
+        p.read_text(errors="replace")
+        for p in (logs / f"slurm-{job}.out", logs / f"slurm-{job}.err")
+        if p.is_file()
+    )
+
+
+def trainer_processes(run_dir: Path) -> list[str]:
+    """Live processes of this run: trainers and torchrun agents whose command names it."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(run_dir) in cmd and ("launcher.train.loop" in cmd or "torch.distributed" in cmd):
+            found.append(f"{proc.name}: {cmd}")
+    return found
+
+
+def test_two_nodes_train_with_falling_loss(cluster: dict[str, str], tmp_path: Path) -> None:
+    name = "x; touch PWNED $(touch PWNED2) `touch PWNED3`"
+    job, run_dir = submit(cluster, tmp_path, "train.steps=40", f"slurm.job_name='{name}'")
+    fields = wait_for_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    assert fields["JobState"] == "COMPLETED", slurm_output(run_dir, job)
+    assert fields["NumNodes"] == "2" and fields["NodeList"] == "n[1-2]"
+    # The job name reached SLURM as the literal string, and nothing in it ran.
+    names = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", job, "-o", "%j"],
+        env=cluster,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    assert names == name
+    assert not any((tmp_path / f).exists() for f in ("PWNED", "PWNED2", "PWNED3"))
+    assert not any(Path(os.path.expanduser("~"), f).exists() for f in ("PWNED", "PWNED2"))
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    losses = [m["loss"] for m in metric_steps(run_dir)]
+    assert len(losses) == 40 and losses[-1] < losses[0] - 0.5, losses
+    assert (run_dir / "hostfile").read_text() == "n1 slots=1\nn2 slots=1\n"
+    assert "rendezvous 127.0.0.1:" in slurm_output(run_dir, job)
+    status = llmtrain(cluster, tmp_path, "status", job)
+    assert status.returncode == 0 and "COMPLETED" in status.stdout and "step 40" in status.stdout
+    logs = llmtrain(cluster, tmp_path, "logs", str(run_dir))
+    assert "done: 40 steps" in logs.stdout
+
+
+def test_usr1_preemption_requeues_and_resumes(cluster: dict[str, str], tmp_path: Path) -> None:
+    total = 300
+    job, run_dir = submit(cluster, tmp_path, f"train.steps={total}", "checkpoint.every_steps=100")
+    wait_for_state(cluster, job, {"RUNNING"}, timeout=120)
+    wait_for_steps(run_dir, 30, timeout=180)
+    # What SLURM does --signal=B:USR1@grace before the time limit: USR1 to the batch shell only.
+    subprocess.run(
+        ["scancel", "--signal=USR1", "--batch", job], env=cluster, check=True, timeout=30
+    )
+    fields = wait_for_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)
+    output = slurm_output(run_dir, job)
+    assert fields["JobState"] == "COMPLETED", output
+    assert int(fields["Restarts"]) == 1, fields
+    assert "requeueing" in output and "restart 1" in output
+
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    assert "preempted: checkpoint written at step" in rank0, rank0
+    stopped = int(re.search(r"preempted: checkpoint written at step (\d+)", rank0)[1])
+    assert 30 <= stopped < total, "the preemption should land mid-run"
+    assert f"(step {stopped})" in rank0  # "resumed from .../step_... (step K)"
+    # Nothing lost and nothing repeated: the requeued job went on from the step it stopped at
+    # (the checkpoint written on the signal), so every step was trained exactly once.
+    steps = [m["step"] for m in metric_steps(run_dir)]
+    assert steps == list(range(1, total + 1)), steps
+    assert (run_dir / "checkpoints" / f"step_{total:08d}").is_dir()
+    assert not trainer_processes(run_dir)
+
+
+def test_cancel_stops_every_process(cluster: dict[str, str], tmp_path: Path) -> None:
+    job, run_dir = submit(cluster, tmp_path, "train.steps=100000")
+    wait_for_state(cluster, job, {"RUNNING"}, timeout=120)
+    wait_for_steps(run_dir, 5, timeout=180)
+    assert len(trainer_processes(run_dir)) >= 4  # 2 torchrun agents + 2 trainers
+    done = llmtrain(cluster, tmp_path, "cancel", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    assert f"job {job}: CANCELLED" in done.stdout
+    assert job_fields(cluster, job)["JobState"] == "CANCELLED"
+    left = trainer_processes(run_dir)
+    assert not left, left
+    # A cancelled job is not requeued.
+    time.sleep(2)
+    assert job_fields(cluster, job)["JobState"] == "CANCELLED"

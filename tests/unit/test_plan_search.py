@@ -1,0 +1,248 @@
+"""`plan --search`: equal to brute force; returns only layouts that validate and fit."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from launcher.config.compose import compose_config
+from launcher.config.schema import LLMTrainConfig
+from launcher.errors import UserError
+from launcher.plan.planner import make_plan
+from launcher.plan.search import (
+    MEMORY,
+    OUTRANKED,
+    Choice,
+    LayoutSpace,
+    SearchResult,
+    fixed_keys,
+    search,
+    search_space,
+)
+from launcher.plan.search_report import render_search, search_to_json
+from launcher.validate.rules import check
+
+pytestmark = pytest.mark.unit
+
+HEADROOM = 0.10
+
+
+def compose(*overrides: str) -> LLMTrainConfig:
+    return compose_config(list(overrides)).config
+
+
+def brute_force(
+    space: LayoutSpace, headroom: float
+) -> tuple[list[tuple[float, float, str]], int, Counter[str]]:
+    """check() + make_plan() on every layout of the grid: ranked fits, memory misses, rules."""
+    fits: list[tuple[float, float, str]] = []
+    memory = 0
+    rules: Counter[str] = Counter()
+    for choice in space.choices():
+        cfg = space.apply(choice)
+        errors = {v.rule for v in check(cfg) if v.is_error}
+        mine = space.violated_rule(choice)
+        # The search's arithmetic excludes exactly the layouts check() rejects, by a true reason.
+        assert (mine is None) == (not errors), (choice, mine, errors)
+        if mine is not None:
+            assert mine in errors, (choice, mine, errors)
+            rules[mine] += 1
+            continue
+        plan = make_plan(cfg, headroom=headroom)
+        if not plan.memory.fits:
+            memory += 1
+            continue
+        line = " ".join(space.overrides(choice))
+        fits.append((-plan.time.tokens_per_s, plan.memory.heaviest.device_total, line))
+    fits.sort()
+    return fits, memory, rules
+
+
+def ranked(result: SearchResult) -> list[tuple[float, float, str]]:
+    return [(-c.tokens_per_s, c.memory_bytes, c.line) for c in result.candidates]
+
+
+SMALL = [
+    # Llama 3.2 1B on one node of 8 H100, torch backend (FSDP: every ZeRO stage with pipelining).
+    pytest.param(
+        (
+            "recipe=llama3-1b",
+            "cluster.num_nodes=1",
+            "train.global_batch_size=16",
+        ),
+        {"max_cp": 2, "max_vpp": 2, "max_micro_batch_size": 2},
+        id="llama3-1b-8xh100-torch",
+    ),
+    # Llama 3 8B on 2 nodes x 8 A100-40GB, deepspeed backend (zero >= 2 only without pp, no cp).
+    pytest.param(
+        (
+            "recipe=llama3-8b",
+            "cluster=a100-40gb",
+            "cluster.num_nodes=2",
+            "backend=deepspeed",
+            "train.global_batch_size=32",
+        ),
+        {"max_vpp": 2, "max_micro_batch_size": 2, "max_pp": 4},
+        id="llama3-8b-16xa100-deepspeed",
+    ),
+    # Mixtral 8x7B on 2 nodes x 8 H100: expert parallel among the divisors of 8 and of dp x cp.
+    pytest.param(
+        (
+            "recipe=mixtral-8x7b",
+            "cluster=h100-80gb",
+            "cluster.num_nodes=2",
+            "train.global_batch_size=32",
+            "train.recompute=full",
+            "parallel.sequence_parallel=true",
+        ),
+        {"max_vpp": 2, "max_micro_batch_size": 1, "max_cp": 1},
+        id="mixtral-16xh100-ep",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "limits"), SMALL)
+def test_search_equals_brute_force(overrides: tuple[str, ...], limits: dict[str, Any]) -> None:
+    cfg = compose(*overrides)
+    fixed = fixed_keys(overrides[1:])
+    space = search_space(cfg, fixed=fixed, **limits)
+    fits, memory, rules = brute_force(space, HEADROOM)
+    assert fits, "the small cases are chosen so that some layouts fit"
+    top = 8
+    result = search(cfg, top=top, min_headroom=HEADROOM, fixed=fixed, **limits)
+    # Same layouts in the same order, with make_plan's own numbers.
+    assert ranked(result) == fits[:top]
+    # Every layout of the grid is accounted for.
+    assert result.space_size == sum(1 for _ in space.choices())
+    assert sum(result.rejected.values()) + result.fitting == result.space_size
+    for rule, count in rules.items():
+        assert result.rejected[rule] == count
+    # Without the bound, every valid layout is evaluated: the memory rejections match too.
+    full = search(cfg, top=top, min_headroom=HEADROOM, fixed=fixed, exhaustive=True, **limits)
+    assert ranked(full) == fits[:top]
+    assert full.rejected.get(MEMORY, 0) == memory
+    assert OUTRANKED not in full.rejected
+    assert full.fitting == len(fits)
+    assert full.evaluated == len(fits) + memory
+
+
+def test_returned_layouts_compose_validate_and_fit() -> None:
+    """The printed override lines, pasted after the recipe, give layouts that pass and fit."""
+    base = ("recipe=llama3-8b", "cluster.num_nodes=2")
+    result = search(compose(*base), top=3)
+    assert len(result.candidates) == 3
+    for cand in result.candidates:
+        cfg = compose(*base, *cand.overrides)
+        assert not [v for v in check(cfg) if v.is_error], cand.line
+        plan = make_plan(cfg, headroom=HEADROOM)
+        assert plan.memory.fits
+        assert plan.time.tokens_per_s == pytest.approx(cand.tokens_per_s, rel=1e-12)
+        assert plan.memory.heaviest.device_total == pytest.approx(cand.memory_bytes, rel=1e-12)
+        assert cand.headroom >= HEADROOM
+    speeds = [c.tokens_per_s for c in result.candidates]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+def test_fixed_keys_and_max_tp_are_respected() -> None:
+    overrides = ("recipe=llama3-8b", "cluster.num_nodes=2", "parallel.tp=2", "zero.stage=1")
+    fixed = fixed_keys(overrides[1:])
+    assert fixed == {"cluster.num_nodes", "parallel.tp", "zero.stage"}
+    result = search(compose(*overrides), fixed=fixed, top=5)
+    assert result.candidates
+    for cand in result.candidates:
+        assert cand.choice.tp == 2
+        assert cand.choice.zero_stage == 1
+    unfixed = search(compose(*overrides), top=5)
+    assert {c.choice.zero_stage for c in unfixed.candidates} != {1}
+    capped = search(compose("recipe=llama3-8b", "cluster.num_nodes=2"), max_tp=2, top=10)
+    assert capped.candidates
+    assert all(c.choice.tp <= 2 for c in capped.candidates)
+    pp_capped = search(compose("recipe=llama3-8b", "cluster.num_nodes=2"), max_pp=1, top=5)
+    assert all(c.choice.pp == 1 for c in pp_capped.candidates)
+
+
+def test_fixed_keys_parsing() -> None:
+    assert fixed_keys(["parallel.tp=8", "+zero.stage=1", "~train.grad_accum", "zero=stage3"]) == {
+        "parallel.tp",
+        "zero.stage",
+        "train.grad_accum",
+        "zero.offload_optimizer",
+        "zero.offload_params",
+    }
+
+
+def test_impossible_request_reports_the_smallest_cluster() -> None:
+    overrides = ("recipe=llama3-405b", "cluster=a100-40gb", "cluster.num_nodes=1")
+    result = search(compose(*overrides))
+    assert result.candidates == ()
+    assert result.fitting == 0
+    assert result.rejected[MEMORY] == result.evaluated > 0
+    nodes = result.smallest_cluster
+    assert nodes is not None and nodes > 1
+    # It fits there, and not on one node fewer (the scan went upward from 2 nodes).
+    there = search(compose(*overrides[:2], f"cluster.num_nodes={nodes}"), top=1)
+    assert there.candidates
+    below = compose(*overrides[:2], f"cluster.num_nodes={nodes - 1}")
+    assert search(below, top=1, max_nodes=nodes - 1).candidates == ()
+    out = io.StringIO()
+    render_search(result, Console(file=out, width=200))
+    assert f"cluster.num_nodes={nodes}" in out.getvalue()
+
+
+def test_llama3_405b_published_layout_ranks_below_the_top_choice() -> None:
+    """Llama 3 405B, 8K sequences, 16,384 H100 (Table 4: TP8 PP16 DP128, interleaved)."""
+    cfg = compose("recipe=llama3-405b")
+    result = search(cfg, rank_given=True)
+    assert result.given is not None and result.given_status == "fits"
+    assert result.given_rank is not None
+    top = result.candidates[0]
+    assert top.tokens_per_s >= result.given.tokens_per_s
+    # The published layout is in the grid, allowed by the rules, and planned identically there.
+    space = search_space(cfg)
+    published = Choice(8, 1, 16, 1, 1, "interleaved", 4, "full", 2, "none", True)
+    assert space.violated_rule(published) is None
+    plan = make_plan(space.apply(published), headroom=HEADROOM)
+    assert plan.layout.dp == 128
+    assert plan.memory.fits
+    assert plan.time.tokens_per_s == result.given.tokens_per_s
+    assert result.given_rank <= result.fitting
+    # The rank counts the fitting layouts strictly faster than it.
+    assert result.given_rank > len(result.candidates)
+
+
+def test_json_document_is_stable() -> None:
+    result = search(compose("recipe=llama3-1b", "cluster.num_nodes=1"), top=3)
+    doc = search_to_json(result)
+    assert {"evaluated", "candidates", "rejected", "smallest_cluster", "elapsed_s"} <= set(doc)
+    assert doc["smallest_cluster"] is None
+    assert len(doc["candidates"]) == 3
+    assert set(doc["candidates"][0]) >= {
+        "overrides",
+        "memory_bytes",
+        "step_s",
+        "tokens_per_s",
+        "mfu",
+        "bubble_fraction",
+        "headroom",
+    }
+    json.dumps(doc)
+    out = io.StringIO()
+    render_search(result, Console(file=out, width=240))
+    text = out.getvalue()
+    assert result.candidates[0].overrides[0] in text
+    assert "Left out" in text
+
+
+def test_bad_arguments_are_user_errors() -> None:
+    cfg = compose("recipe=llama3-1b", "cluster.num_nodes=1")
+    with pytest.raises(UserError, match="--top"):
+        search(cfg, top=0)
+    with pytest.raises(UserError, match="--min-headroom"):
+        search(cfg, min_headroom=1.0)
+    with pytest.raises(UserError, match="--max-tp"):
+        search(cfg, max_tp=0)

@@ -1,0 +1,204 @@
+"""Render and submit without a cluster: quoting proven by running the rendered scripts against
+stub SLURM commands, and submit's preflight errors with fake or missing SLURM clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.config.compose import compose_config
+from launcher.render.artifacts import render_artifacts, write_artifacts
+from launcher.render.sbatch import RenderError, render_sbatch
+
+pytestmark = pytest.mark.unit
+
+EVIL = "x; touch PWNED $(touch PWNED2) `touch PWNED3` 'q\" \\ ~"
+TWO_NODES = ["cluster.num_nodes=2", "train.micro_batch_size=4"]
+
+
+def override(key: str, value: str) -> str:
+    """key='value' for Hydra, escaping what its quoted-string grammar needs."""
+    return f"{key}='" + value.replace("'", "\\'") + "'"
+
+
+def stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def no_pwned(*folders: Path) -> None:
+    for folder in folders:
+        assert not [p for p in folder.rglob("PWNED*")], f"something ran in {folder}"
+
+
+def test_user_values_stay_strings_when_the_job_script_runs(tmp_path: Path) -> None:
+    composed = compose_config([*TWO_NODES, override("slurm.job_name", EVIL)])
+    assert composed.config.slurm.job_name == EVIL
+    composed.config.cluster.env = {"EVIL_VAR": EVIL}
+    assert composed.config.cluster.env["EVIL_VAR"] == EVIL
+    bin_dir, work = tmp_path / "bin", tmp_path / "work $(touch PWNED_W)"
+    bin_dir.mkdir()
+    work.mkdir()
+    out = tmp_path / "run $(touch PWNED_DIR) 'x'"
+    files = render_artifacts(composed, str(out), python=str(bin_dir / "python"), workdir=str(work))
+    write_artifacts(files, str(out))
+    for script in ("job.sbatch", "launch.sh"):
+        assert subprocess.run(["bash", "-n", str(out / script)]).returncode == 0
+    # sbatch reads #SBATCH lines with shell-like quoting: the job name comes back whole.
+    line = next(x for x in files["job.sbatch"].splitlines() if x.startswith("#SBATCH --job-name="))
+    assert shlex.split(line.removeprefix("#SBATCH "))[0] == f"--job-name={EVIL}"
+
+    # Run the job script against stub scontrol/srun: they record what they were given.
+    stub(
+        bin_dir,
+        "scontrol",
+        'case "$1 $2" in\n'
+        '  "show hostnames") echo n1; echo n2;;\n'
+        '  "show node") echo "NodeName=$3 Arch=x NodeAddr=10.1.2.3 NodeHostName=$3";;\n'
+        "esac\n",
+    )
+    stub(
+        bin_dir,
+        "srun",
+        'printf "%s\\n" "$@" >"$STUB_LOG"; printf "%s" "$EVIL_VAR" >"$STUB_LOG.env"\n',
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "123",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "STUB_LOG": str(tmp_path / "srun.args"),
+    }
+    done = subprocess.run(
+        ["bash", str(out / "job.sbatch")], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rendezvous 10.1.2.3:" in done.stdout
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args[-1] == str(out.resolve())
+    assert "--rdzv-endpoint=10.1.2.3:" + str(20000 + 123 * 7 % 20000) in args
+    assert "--rdzv-id=123" in args and "--nnodes=2" in args
+    assert (tmp_path / "srun.args.env").read_text() == EVIL
+    assert (out / "hostfile").read_text() == "n1 slots=1\nn2 slots=1\n"
+
+    # launch.sh, with a stub python that records its arguments and environment.
+    stub(
+        bin_dir,
+        "python",
+        'printf "%s\\n" "$@" >"$STUB_LOG"; printf "%s" "$EVIL_VAR" >"$STUB_LOG.env"\n',
+    )
+    done = subprocess.run(["bash", str(out / "launch.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args[-1] == str(out.resolve()) and "--rdzv-endpoint=127.0.0.1:29500" in args
+    assert (tmp_path / "srun.args.env").read_text() == EVIL
+    no_pwned(tmp_path, Path.cwd())
+
+
+def test_a_newline_in_an_sbatch_value_is_refused() -> None:
+    cfg = compose_config(TWO_NODES).config
+    cfg.slurm.job_name = "a\nrm -rf ~"
+    with pytest.raises(RenderError, match=r"slurm\.job_name"):
+        render_sbatch(cfg, python="python", run_dir="/r", workdir="/w")
+    cfg.slurm.job_name = "ok"
+    cfg.cluster.env = {"BAD NAME": "1"}
+    with pytest.raises(RenderError, match="BAD NAME"):
+        render_sbatch(cfg, python="python", run_dir="/r", workdir="/w")
+
+
+def llmtrain(cwd: Path, *args: str, path: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        cwd=cwd,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_render_writes_every_artifact(tmp_path: Path) -> None:
+    done = llmtrain(
+        tmp_path, "render", *TWO_NODES, "backend=deepspeed", "--out", "out", path=os.environ["PATH"]
+    )
+    assert done.returncode == 0, done.stderr
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert names == {
+        "config.yaml",
+        "ds_config.json",
+        "launch.sh",
+        "job.sbatch",
+        "hostfile",
+        "megatron_args.txt",
+    }
+
+
+def test_render_refuses_an_invalid_config_and_writes_nothing(tmp_path: Path) -> None:
+    done = llmtrain(
+        tmp_path, "render", "cluster.num_nodes=2", "--out", "out", path=os.environ["PATH"]
+    )
+    assert done.returncode == 2 and "batch" in done.stdout + done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_submit_without_sbatch_says_so(tmp_path: Path) -> None:
+    done = llmtrain(tmp_path, "submit", *TWO_NODES, path=str(tmp_path / "empty"))
+    assert done.returncode == 2
+    assert "sbatch not found on PATH" in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path) -> str:
+    """sbatch/scontrol stand-ins: one partition 'debug' (default) with 2 nodes."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    stub(
+        bin_dir,
+        "sbatch",
+        'calls="$(dirname "$0")/sbatch.calls"; echo "$@" >>"$calls"\n'
+        'echo "$((41 + $(wc -l <"$calls")))"\n',
+    )
+    stub(
+        bin_dir,
+        "scontrol",
+        'if [ "$2" = partition ]; then\n'
+        '  echo "PartitionName=debug Default=YES TotalCPUs=4 TotalNodes=2 State=UP"\n'
+        '  echo "PartitionName=gpu Default=NO TotalCPUs=4 TotalNodes=1 State=UP"\n'
+        "else exit 1; fi\n",
+    )
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def test_submit_unknown_partition(tmp_path: Path, fake_slurm: str) -> None:
+    done = llmtrain(tmp_path, "submit", *TWO_NODES, "slurm.partition=debgu", path=fake_slurm)
+    assert done.returncode == 2
+    assert "slurm.partition=debgu: no such partition (did you mean 'debug'?)" in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_submit_more_nodes_than_the_partition_has(tmp_path: Path, fake_slurm: str) -> None:
+    done = llmtrain(tmp_path, "submit", *TWO_NODES, "slurm.partition=gpu", path=fake_slurm)
+    assert done.returncode == 2
+    assert "cluster.num_nodes=2: partition gpu has 1 node(s)" in done.stderr
+
+
+def test_submit_records_job_ids_and_chains(tmp_path: Path, fake_slurm: str) -> None:
+    done = llmtrain(tmp_path, "submit", *TWO_NODES, "slurm.chain=2", path=fake_slurm)
+    assert done.returncode == 0, done.stderr
+    assert "submitted job 42 43 44" in done.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "slurm.json").read_text())["job_ids"] == ["42", "43", "44"]
+    calls = (tmp_path / "fakebin" / "sbatch.calls").read_text().splitlines()
+    assert calls[0].startswith("--parsable ") and "--dependency=afterany:42" in calls[1]
+    assert "--dependency=afterany:43" in calls[2]
+    for name in ("config.yaml", "plan.json", "job.sbatch", "launch.sh"):
+        assert (run_dir / name).is_file()
