@@ -407,9 +407,13 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
     bpp = bytes_per_param(cfg)
     tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
     act_dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
-    buffers = cfg.backend.reduce_bucket_size * bpp.gradients
+    # A bucket never holds more than the parameters of one model-parallel rank (a small model's
+    # gradients fill less than one 500M-element DeepSpeed bucket).
+    rank_params = shape.total_params() / max(1, layout.tp * layout.pp)
+    buffers = min(cfg.backend.reduce_bucket_size, rank_params) * bpp.gradients
     if z.stage in (1, 2):
-        buffers += cfg.backend.allgather_bucket_size * DTYPE_BYTES[cfg.precision.compute_dtype]
+        allgather = min(cfg.backend.allgather_bucket_size, rank_params)
+        buffers += allgather * DTYPE_BYTES[cfg.precision.compute_dtype]
     if z.stage >= 3:
         # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded, plus one
         # layer's unsharded gradients before its reduce-scatter.

@@ -28,6 +28,7 @@ import yaml
 from launcher.config.compose import config_from_values
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.secrets import secret_names, secret_status
 from launcher.train.checkpoint import PREEMPTED_MARKER, CheckpointWriter, latest_valid
 from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, default_cache_root
 from launcher.train.engines.base import Engine
@@ -173,6 +174,8 @@ def train(run_dir: Path) -> int:
     init_process_group_from_env()
     rank = dist.get_rank()
     log = Log(run_dir, rank)
+    if secret_names(cfg):  # config.yaml has them as ***: the values come from the environment
+        log(secret_status(secret_names(cfg), os.environ))
     preemption = Preemption()
     torch.manual_seed(cfg.train.seed)
 
@@ -279,6 +282,7 @@ def train(run_dir: Path) -> int:
     if metrics is not None:
         metrics.close()
     summary = summarize(cfg, plan, losses, step_times, start, info.world_size)
+    summary["weights_sha256"] = engine.weights_digest()
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log(format_summary(summary))

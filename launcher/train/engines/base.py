@@ -14,12 +14,15 @@ batch (averaged over dp), identical on every rank.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,23 @@ class Engine(ABC):
     @abstractmethod
     def load(self, directory: Path) -> None:
         """Restore the state written by `save` (a collective)."""
+
+    @abstractmethod
+    def local_tensors(self) -> Iterator[torch.Tensor]:
+        """This rank's own part of the model's parameters (local shards), in a fixed order."""
+
+    def weights_digest(self) -> str:
+        """sha256 over every rank's local parameter bytes, in rank order (a collective).
+
+        Two runs with the same layout end with the same digest exactly when their weights are
+        bit-for-bit equal: the check that a killed and resumed run matches an uninterrupted one."""
+        digest = hashlib.sha256()
+        for tensor in self.local_tensors():
+            data = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(data.view(torch.uint8).numpy().tobytes())
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, digest.hexdigest())
+        return hashlib.sha256("".join(everyone).encode()).hexdigest()
 
     def extra_state(self) -> dict[str, Any]:
         """Small JSON-able facts about the engine for the run's metrics (optional)."""

@@ -14,6 +14,7 @@ file that needs anything else is refused and DeepSpeed never opens it.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,11 @@ class DeepSpeedEngine(Engine):
         )
         if path is None:
             raise RuntimeError(f"{directory}: DeepSpeed found no checkpoint tagged {TAG!r}")
+
+    def local_tensors(self) -> Iterator[torch.Tensor]:
+        for param in self.engine.module.parameters():
+            # ZeRO-3 keeps this rank's partition in ds_tensor (param.data is empty).
+            yield getattr(param, "ds_tensor", param)
 
     def extra_state(self) -> dict[str, Any]:
         return {"zero_stage": self.engine.zero_optimization_stage()}

@@ -354,6 +354,11 @@ class TorchEngine(Engine):
             )
         return model
 
+    def local_tensors(self) -> Iterator[torch.Tensor]:
+        for part in self.parts:
+            for param in part.parameters():
+                yield param.to_local() if isinstance(param, DTensor) else param
+
     def _build_optimizer(self) -> torch.optim.Optimizer:
         params = [param for part in self.parts for param in part.parameters()]
         return build_optimizer(params, self.cfg.optim)

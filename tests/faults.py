@@ -1,0 +1,80 @@
+"""Fault injection from outside: kill -9 a training rank of a running `llmtrain run`.
+
+Used by tests/integration/test_kill_resume.py and bench/kill_resume.py. No hooks in the trainer:
+the rank is found through /proc (llmtrain -> torchrun -> ranks) and killed with SIGKILL, as the
+kernel's OOM killer or a failing node would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The parent pid is the 2nd field after the parenthesised command name.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def rank_pids(llmtrain_pid: int) -> dict[int, int]:
+    """{rank: pid} of the training processes under one `llmtrain run` process."""
+    ranks = {}
+    for torchrun in children(llmtrain_pid):
+        for worker in children(torchrun):
+            try:
+                environ = Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(b"RANK="):
+                    ranks[int(item[5:])] = worker
+    return ranks
+
+
+def steps_done(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return 0
+    lines = metrics.read_text().splitlines()
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+def run_and_kill(
+    cwd: Path, args: list[str], run_dir: Path, kill_after_step: int, rank: int, timeout: float = 300
+) -> int:
+    """Start `llmtrain run ARGS`, SIGKILL `rank` once `kill_after_step` steps are logged; return
+    llmtrain's exit code (the run may also finish first if it is faster than the poll)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "run", *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    killed = False
+    while process.poll() is None and time.monotonic() < deadline:
+        if not killed and steps_done(run_dir) >= kill_after_step:
+            pid = rank_pids(process.pid).get(rank)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+        time.sleep(0.05)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    return process.returncode
