@@ -12,9 +12,7 @@ down, resumed, and matched bit for bit.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,29 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.faults import run_and_kill
-
-STEPS = 12
-ARGS = [
-    f"train.steps={STEPS}",
-    "model.seq_length=64",
-    "train.micro_batch_size=4",
-    "optim.warmup_steps=2",
-    "cluster.gpus_per_node=2",
-    "checkpoint.every_steps=2",
-    "run.name=trial",
-]
-
-
-def llmtrain(cwd: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", "run", *args], cwd=cwd, capture_output=True, text=True
-    )
-
-
-def digest(cwd: Path) -> str | None:
-    summary = cwd / "runs" / "trial" / "summary.json"
-    return json.loads(summary.read_text())["weights_sha256"] if summary.is_file() else None
+from tests.faults import TRIAL_ARGS, TRIAL_STEPS, llmtrain_run, run_and_kill, weights_digest
 
 
 def main() -> None:
@@ -53,27 +29,27 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*")
     opts = parser.parse_args()
-    args = [*ARGS, *opts.overrides]
+    args = [*TRIAL_ARGS, *opts.overrides]
     rng = random.Random(opts.seed)
     torn = resumed = matched = 0
     with tempfile.TemporaryDirectory() as tmp:
         reference = Path(tmp) / "reference"
         reference.mkdir()
-        done = llmtrain(reference, args)
+        done = llmtrain_run(reference, args)
         if done.returncode != 0:
             sys.exit(done.stderr[-3000:])
-        expected = digest(reference)
+        expected = weights_digest(reference)
         for trial in range(opts.trials):
             cwd = Path(tmp) / f"trial{trial}"
             cwd.mkdir()
-            step, rank = rng.randint(1, STEPS - 1), rng.randint(0, 1)
+            step, rank = rng.randint(1, TRIAL_STEPS - 1), rng.randint(0, 1)
             started = time.perf_counter()
             code = run_and_kill(cwd, args, cwd / "runs" / "trial", step, rank)
             torn += code != 0
-            again = llmtrain(cwd, args)
+            again = llmtrain_run(cwd, args)
             ok_resume = again.returncode == 0 and "resumed from" in again.stdout
             resumed += ok_resume
-            same = digest(cwd) == expected
+            same = weights_digest(cwd) == expected
             matched += same
             print(
                 f"trial {trial + 1:2}: kill -9 rank {rank} after step {step}: exit {code}, "

@@ -15,6 +15,36 @@ import sys
 import time
 from pathlib import Path
 
+# A short 2-process run that checkpoints every 2 steps, in runs/trial of its folder.
+TRIAL_STEPS = 12
+TRIAL_ARGS = [
+    f"train.steps={TRIAL_STEPS}",
+    "model.seq_length=64",
+    "train.micro_batch_size=4",
+    "optim.warmup_steps=2",
+    "cluster.gpus_per_node=2",
+    "checkpoint.every_steps=2",
+    "run.name=trial",
+]
+
+
+def llmtrain_run(
+    cwd: Path, args: list[str], timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", "run", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def weights_digest(cwd: Path) -> str | None:
+    """The final weights digest of the run in cwd/runs/trial (None if it did not finish)."""
+    summary = cwd / "runs" / "trial" / "summary.json"
+    return json.loads(summary.read_text())["weights_sha256"] if summary.is_file() else None
+
 
 def children(pid: int) -> list[int]:
     found = []
