@@ -26,6 +26,7 @@ from typing import Any
 from launcher import resources
 from launcher.config import compose_cache
 from launcher.config.schema import CHOICES, LLMTrainConfig
+from launcher.config.secrets import mask_secret_overrides, redact
 from launcher.errors import ConfigError, did_you_mean
 
 DEFAULT_RECIPE = "tiny"
@@ -36,7 +37,8 @@ class Composed:
     """A composed, checked configuration and how it was chosen."""
 
     config: LLMTrainConfig
-    # Plain nested dict of every key, as `show` prints it.
+    # Plain nested dict of every key, as `show` prints it and config.yaml holds it: secrets'
+    # values are redacted here (launcher.config.secrets); only `config` has them.
     values: dict[str, Any]
     # Group -> chosen option (model: llama3-70b, recipe: llama3-70b, ...).
     choices: dict[str, str]
@@ -71,6 +73,13 @@ def _register(recipe: str) -> None:
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     """Compose, check and type the configuration for these overrides. Raises ConfigError."""
     overrides = tuple(overrides)
+    try:
+        return _compose(overrides)
+    except ConfigError as exc:  # an error message quotes overrides: never a secret's value
+        raise ConfigError([mask_secret_overrides(p, overrides) for p in exc.problems]) from None
+
+
+def _compose(overrides: tuple[str, ...]) -> Composed:
     cached = compose_cache.load(overrides)
     if cached is not None:
         values, choices = cached
@@ -103,8 +112,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     if problems:
         raise ConfigError(problems)
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
-    compose_cache.store(overrides, values, choices)
-    return Composed(config=config, values=values, choices=choices, overrides=overrides)
+    compose_cache.store(overrides, values, choices)  # never stores a secret's value
+    return Composed(config=config, values=redact(values), choices=choices, overrides=overrides)
 
 
 def config_from_values(values: dict[str, Any]) -> LLMTrainConfig:

@@ -5,7 +5,9 @@ the start-up budget of `show`/`plan`. The composed values are a pure function of
 of the files they are composed from, so a result is cached under a key made of: the llmtrain
 version, the override strings, and the (path, size, mtime) of every file under conf/ and recipes/
 plus the schema module. Any edit to those files changes the key. Only successful compositions are
-cached; errors always go through Hydra again. Set LLMTRAIN_NO_CACHE=1 to bypass the cache.
+cached; errors always go through Hydra again, and so does a composition holding a secret's value
+(``launcher.config.secrets``): it is never written to disk. Set LLMTRAIN_NO_CACHE=1 to bypass the
+cache.
 Location: $XDG_CACHE_HOME/llmtrain/compose (default ~/.cache/llmtrain/compose).
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from launcher import __version__, resources
 from launcher.config import schema
+from launcher.config.secrets import has_secret_values
 
 _MAX_ENTRIES = 256
 
@@ -58,7 +61,7 @@ def load(overrides: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]] | 
 
 def store(overrides: tuple[str, ...], values: dict[str, Any], choices: dict[str, str]) -> None:
     """Remember a composition (atomically; a cache that cannot be written is skipped)."""
-    if not enabled():
+    if not enabled() or has_secret_values(values):
         return
     try:
         directory = cache_dir()

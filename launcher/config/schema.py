@@ -205,6 +205,9 @@ class RunConfig:
     # None: <recipe>-<hash of the config>, so the same command resumes the same run.
     name: str | None = None
     root_dir: str = "runs"
+    # Names of environment variables the ranks need but that are never written down (API keys):
+    # values come from the launching environment; see launcher.config.secrets.
+    secret_env: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import yaml
 
 from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
 from launcher.render.torchrun import launch_script, torchrun_command
 from launcher.train.checkpoint import PREEMPTED_MARKER
@@ -84,7 +85,9 @@ def run_dir_for(composed: Composed) -> Path:
 class Prepared:
     run_dir: Path
     command: list[str]
+    # Written into launch.sh; the secrets are only ever handed to the torchrun process.
     env: dict[str, str]
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def worker_env(cfg: LLMTrainConfig, nproc: int) -> dict[str, str]:
@@ -93,13 +96,14 @@ def worker_env(cfg: LLMTrainConfig, nproc: int) -> dict[str, str]:
         env["LLMTRAIN_DEVICE"] = "cpu"
         env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed otherwise prints a warning to stdout
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    env.update(cfg.cluster.env)
+    env.update(public_env(cfg))
     return env
 
 
 def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) -> Prepared:
     """Write the run directory's config and artifacts (a run dir that exists is reused)."""
     cfg = composed.config
+    secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     run_dir = run_dir_for(composed)
     if fresh and run_dir.exists():
         run_dir = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -115,9 +119,10 @@ def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) 
     nproc = cfg.cluster.gpus_per_node
     command = torchrun_command(sys.executable, nproc, str(run_dir))
     env = worker_env(cfg, nproc)
-    _write(run_dir / "launch.sh", launch_script(command, env, os.getcwd()))
+    script = launch_script(command, env, os.getcwd(), secret_names(cfg))
+    _write(run_dir / "launch.sh", script)
     os.chmod(run_dir / "launch.sh", 0o755)
-    return Prepared(run_dir=run_dir, command=command, env=env)
+    return Prepared(run_dir=run_dir, command=command, env=env, secrets=secrets)
 
 
 def _write(path: Path, text: str) -> None:
@@ -128,7 +133,7 @@ def _write(path: Path, text: str) -> None:
 
 def launch(prepared: Prepared) -> None:
     """Run torchrun and wait. Raises RunFailed with the failing rank's error, or RunPreempted."""
-    env = {**os.environ, **prepared.env}
+    env = {**os.environ, **prepared.env, **prepared.secrets}
     log = open(prepared.run_dir / "logs" / "torchrun.log", "ab")  # noqa: SIM115
     started = time.time()
     # torchrun's own messages (and rank 0's stderr) go to the log; rank 0's stdout (progress,

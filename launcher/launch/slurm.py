@@ -4,7 +4,9 @@
 exists and has enough nodes), renders the run directory (config.yaml, plan.json, ds_config.json,
 launch.sh, job.sbatch) and runs ``sbatch --parsable``, plus ``slurm.chain`` continuation jobs with
 ``--dependency=afterany``. It returns at once. The run directory records the job ids in
-``slurm.json``; the other commands take a job id or that run directory.
+``slurm.json``; the other commands take a job id or that run directory. Secrets
+(``launcher.config.secrets``) reach the job only through the environment of the ``sbatch`` call
+(``--export=ALL``), never through its script.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.secrets import secret_env
 from launcher.errors import UserError, did_you_mean
 from launcher.launch.local import prepare_run_dir, run_dir_for
 from launcher.launch.preflight import preflight
@@ -133,13 +136,21 @@ def read_jobs(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
-def _sbatch(script: Path, dependency: str | None, cwd: str) -> str:
+def _sbatch(script: Path, dependency: str | None, cwd: str, secrets: dict[str, str]) -> str:
     args = ["sbatch", "--parsable"]
+    env = None
+    if secrets:
+        # The job inherits sbatch's environment: the only way secrets reach it. --export=ALL on
+        # the command line wins over an SBATCH_EXPORT the user may have set.
+        args.append("--export=ALL")
+        env = {**os.environ, **secrets}
     if dependency:
         args.append(f"--dependency=afterany:{dependency}")
     args.append(str(script))
     tool = _tool("sbatch")
-    done = subprocess.run([tool, *args[1:]], capture_output=True, text=True, cwd=cwd, timeout=60)
+    done = subprocess.run(
+        [tool, *args[1:]], capture_output=True, text=True, cwd=cwd, timeout=60, env=env
+    )
     if done.returncode != 0:
         raise UserError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
     return done.stdout.strip().split(";")[0]
@@ -147,6 +158,7 @@ def _sbatch(script: Path, dependency: str | None, cwd: str) -> str:
 
 def submit(composed: Composed, force: bool = False) -> Submitted:
     cfg = composed.config
+    secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     plan = preflight(cfg, force=force, local=False)
     problems = cluster_problems(cfg)
     if problems:
@@ -170,9 +182,9 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
     run_dir = prepared.run_dir
     _write(run_dir / "job.sbatch", script, mode=0o755)
     _write(run_dir / "launch.sh", launch, mode=0o755)
-    ids = [_sbatch(run_dir / "job.sbatch", None, workdir)]
+    ids = [_sbatch(run_dir / "job.sbatch", None, workdir, secrets)]
     for _ in range(cfg.slurm.chain):
-        ids.append(_sbatch(run_dir / "job.sbatch", ids[-1], workdir))
+        ids.append(_sbatch(run_dir / "job.sbatch", ids[-1], workdir, secrets))
     record = read_jobs(run_dir)
     record["job_ids"] = [*record["job_ids"], *ids]
     record["submissions"] = [

@@ -22,6 +22,8 @@ How the job works (job.sbatch):
   turned into a requeue.
 - Chained continuation jobs (``slurm.chain``, submitted with ``--dependency=afterany``) run the
   same script; it exits at once when the last step's checkpoint exists.
+- Secrets (``launcher.config.secrets``) are never exported here: the job inherits them from the
+  environment of the ``sbatch`` call (``--export=ALL``), and both scripts stop when one is unset.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Mapping, Sequence
 
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.secrets import check_lines, public_env, secret_names
 from launcher.render.torchrun import WORKER_MODULE
 from launcher.train.checkpoint import PREEMPTED_MARKER, step_dir_name
 
@@ -58,7 +61,8 @@ def _directive(option: str, value: str | int | None = None, *, key: str = "") ->
 
 
 def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
-    """Environment of the trainer processes: deterministic (no probing of this machine)."""
+    """Environment of the trainer processes: deterministic (no probing of this machine). Secrets
+    are left out: they are never written into a script."""
     env = {"PYTHONUNBUFFERED": "1"}
     nproc = cfg.cluster.gpus_per_node
     if cfg.cluster.gpu == "cpu":
@@ -67,7 +71,7 @@ def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
     cpus = cfg.slurm.cpus_per_task
     if cpus is not None or cfg.cluster.gpu == "cpu":
         env["OMP_NUM_THREADS"] = str(max(1, (cpus or nproc) // nproc))
-    env.update(cfg.cluster.env)
+    env.update(public_env(cfg))
     for key, value in env.items():
         if not key.replace("_", "a").isalnum() or key[0].isdigit():
             raise RenderError(f"cluster.env: {key!r} is not a valid environment variable name")
@@ -113,6 +117,7 @@ def render_launch_sh(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir:
         "set -euo pipefail",
         f"cd {shlex.quote(_check_line('workdir', workdir))}",
         *_exports(job_env(cfg)),
+        *check_lines(secret_names(cfg), "export it on every node before running this script"),
         'RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29500}"',
         'RDZV_ID="${RDZV_ID:-llmtrain}"',
     ]
@@ -162,6 +167,12 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         if not arg.startswith("-"):
             raise RenderError(f"slurm.extra_sbatch_args: {arg!r} is not an option (--name=value)")
         option, sep, value = arg.partition("=")
+        if option == "--export" and secret_names(cfg) and not value.startswith("ALL"):
+            raise RenderError(
+                f"slurm.extra_sbatch_args: {arg!r} would keep the secrets "
+                f"({', '.join(secret_names(cfg))}) from the job, which gets them from the "
+                "environment of sbatch; drop it or use --export=ALL"
+            )
         head.append(f"#SBATCH {q(option)}={q(value)}" if sep else f"#SBATCH {q(option)}")
 
     srun = [
@@ -204,6 +215,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "set -uo pipefail",
         f"RUN_DIR={q(run_dir)}",
         *_exports(job_env(cfg)),
+        *check_lines(secret_names(cfg), "llmtrain submit passes it in the environment of sbatch"),
         "",
         "# Done already (a chained continuation job, or a requeue after the last step): stop.",
         f"if [ -d {final} ]; then",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
+from launcher.config.secrets import check_lines
+
 WORKER_MODULE = "launcher.train.loop"
 
 
@@ -23,8 +25,11 @@ def torchrun_command(python: str, nproc_per_node: int, run_dir: str) -> list[str
     ]
 
 
-def launch_script(command: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
-    """A bash script that re-runs exactly `command` with `env` from `cwd`; every value quoted."""
+def launch_script(
+    command: Sequence[str], env: Mapping[str, str], cwd: str, secrets: Sequence[str] = ()
+) -> str:
+    """A bash script that re-runs exactly `command` with `env` from `cwd`; every value quoted.
+    The `secrets` are named, not exported: the script checks they are in its environment."""
     lines = [
         "#!/usr/bin/env bash",
         "# The exact command `llmtrain run` launched.",
@@ -32,5 +37,6 @@ def launch_script(command: Sequence[str], env: Mapping[str, str], cwd: str) -> s
     ]
     lines.append(f"cd {shlex.quote(cwd)}")
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+    lines += check_lines(secrets, "export it before running this script")
     lines.append("exec " + shlex.join(command))
     return "\n".join(lines) + "\n"
