@@ -65,8 +65,16 @@ def _register(recipe: str) -> None:
 
     store = ConfigStore.instance()
     store.store(name="base", node=LLMTrainConfig)
-    with open(resources.recipes_dir() / f"{recipe}.yaml", encoding="utf-8") as f:
+    path = resources.recipes_dir() / f"{recipe}.yaml"
+    with open(path, encoding="utf-8") as f:
         node = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    if not isinstance(node, dict):
+        raise ConfigError(
+            [
+                f"recipe={recipe}: {path} must hold keys and values (key: value), not "
+                f"{type(node).__name__} {str(node)[:40]!r}"
+            ]
+        )
     store.store(group="recipe", name=recipe, node=OmegaConf.create(node), package="_global_")
 
 
@@ -85,6 +93,7 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
         values, choices = cached
         config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
         return Composed(config=config, values=values, choices=choices, overrides=overrides)
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
@@ -95,20 +104,26 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     if problems:
         raise ConfigError(problems)
     recipes = [ov.value for ov in parsed if ov.key == "recipe" and ov.value and not ov.is_delete]
-    _register(recipes[-1] if recipes else DEFAULT_RECIPE)
+    # Bad config files and interpolations fail in here too: YAML syntax (yaml.YAMLError), a
+    # defaults list that is not a list (ValueError), `${...}` that cannot resolve (to_container).
     try:
+        _register(recipes[-1] if recipes else DEFAULT_RECIPE)
         with initialize_config_dir(str(resources.conf_dir()), version_base="1.3"):
             cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as exc:
+        choices = {
+            k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
+        }
+        OmegaConf.set_struct(cfg, False)
+        del cfg["hydra"]
+        values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    except yaml.YAMLError as exc:
+        raise ConfigError([_yaml_problem(exc)]) from None
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError([_explain(exc)]) from None
-    choices = {
-        k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
-    }
-    OmegaConf.set_struct(cfg, False)
-    del cfg["hydra"]
-    values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    except OSError as exc:  # OmegaConf.load of a file holding a scalar, or an unreadable file
+        raise ConfigError(_not_mapping_files() or [str(exc)]) from None
     values["recipe"] = choices.get("recipe", "none")
-    problems = unknown_key_problems(values) + choice_problems(values)
+    problems = unknown_key_problems(values) + choice_problems(values) + element_problems(values)
     if problems:
         raise ConfigError(problems)
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
@@ -162,6 +177,12 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
             )
             continue
         key = ov.key_or_group
+        if not key:
+            problems.append(
+                f"override {text!r} is not valid: it names no key. Overrides look like key=value, "
+                "+key=value (add), ~key (delete) or group=option."
+            )
+            continue
         value = None if ov.value() is None else str(ov.value())
         out.append(
             ParsedOverride(
@@ -202,8 +223,26 @@ def _check_override_keys(parsed: list[ParsedOverride]) -> list[str]:
             continue
         if any(key.startswith(f"{k}.") for k in known if _is_mapping_field(k)):
             continue
-        problems += unknown_key_problems(_nest(key))
+        problems += unknown_key_problems(_nest(key)) or _below_a_value(key)
     return problems
+
+
+def _below_a_value(key: str) -> list[str]:
+    """`model.num_layers.x`: a key below a schema value (a list takes an index: optim.betas.0)."""
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if prefix not in all_schema_keys():
+            continue
+        tp = _field_type(prefix)
+        is_list = any(typing.get_origin(t) is list for t in (tp, *typing.get_args(tp)))
+        if is_list and len(parts) == i + 1 and parts[i].isdigit():
+            return []
+        return [
+            f"{key}: unknown key; {prefix} is a value ({_expected_type(prefix)}), "
+            "not a node with keys"
+        ]
+    return []
 
 
 _INDEX = re.compile(r"\[\d+\]$")
@@ -232,6 +271,7 @@ def _field_type(dotted: str) -> Any:
     return _schema_fields(cls).get(parts[-1])
 
 
+@cache
 def _schema_fields(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -306,6 +346,23 @@ def choice_problems(values: dict[str, Any]) -> list[str]:
     return problems
 
 
+def element_problems(values: dict[str, Any]) -> list[str]:
+    """Lists and mappings of the schema hold plain values (OmegaConf lets [[1]] in a list[str])."""
+    problems = []
+    for key in all_schema_keys():
+        node: Any = values
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        items = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+        bad = [item for item in items if isinstance(item, (list, dict))]
+        if bad:  # the value is not printed: cluster.env may hold a secret
+            problems.append(
+                f"{key}: expected {_expected_type(key)}, but an element is a "
+                f"{type(bad[0]).__name__}"
+            )
+    return problems
+
+
 _TYPE_WORDS = {
     int: "an integer",
     float: "a number",
@@ -330,14 +387,68 @@ def _expected_type(full_key: str) -> str:
     return f"{word} or null" if optional else word
 
 
+def _not_mapping_files() -> list[str]:
+    """Group files that hold something other than key: value pairs (found after a failure)."""
+    import yaml
+
+    problems = []
+    for path in sorted(resources.conf_dir().glob("*/*.yaml")):
+        try:
+            node = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if node is not None and not isinstance(node, (dict, list)):  # lists fail elsewhere
+            problems.append(
+                f"{path.parent.name}={path.stem}: {path} must hold keys and values "
+                f"(key: value), not {type(node).__name__} {str(node)[:40]!r}"
+            )
+    return problems
+
+
+def _yaml_problem(exc: BaseException) -> str:
+    """One line for a YAML syntax error in a config file: the file, line, column and problem."""
+    mark = getattr(exc, "problem_mark", None)
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a file"
+    return f"{where}: invalid YAML: {what}"
+
+
 def _explain(exc: BaseException) -> str:
-    """One line from a Hydra/OmegaConf exception: the key, what was wrong, what is expected."""
-    root: BaseException = exc
-    while root.__cause__ is not None:
-        root = root.__cause__
+    """One line from a Hydra/OmegaConf exception: the key, what was wrong, what is expected.
+
+    An error inside a config file ("In 'model/x': ...") also says which file.
+    """
+    message = _explain_root(exc)
+    in_file = re.match(r"In '([\w.-]+)/([\w.-]+)'", str(exc))
+    if not in_file:
+        return message
+    group, name = in_file.groups()
+    path = f"recipes/{name}.yaml" if group == "recipe" else f"conf/{group}/{name}.yaml"
+    return message if message.startswith("In '") else f"{message} (in {path})"
+
+
+def _explain_root(exc: BaseException) -> str:
+    # The deepest exception of the chain that names a key, else the deepest. Hydra chains the
+    # OmegaConf error of an override as __cause__, of a config file as __context__.
+    chain: list[BaseException] = [exc]
+    while len(chain) < 20:
+        nxt = chain[-1].__cause__ or chain[-1].__context__
+        if nxt is None or nxt in chain:
+            break
+        chain.append(nxt)
+    keyed = [e for e in chain if getattr(e, "full_key", None)]
+    root = keyed[-1] if keyed else chain[-1]
     full_key = getattr(root, "full_key", None)
-    text = str(root).splitlines()[0] if str(root) else type(root).__name__
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    text = lines[0] if lines else type(root).__name__
+    if text.endswith(":") and len(lines) > 1:  # "... raised while composing config:" + why
+        text = f"{text} {lines[1]}"
     if full_key:
+        unknown = re.match(r"Key '[^']*' not in '", text)
+        if unknown and full_key.split(".")[0] != "hydra":
+            problems = unknown_key_problems(_nest(_INDEX.sub("", full_key)))
+            if problems:
+                return problems[0]
         match = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
         if match:
             return (
@@ -348,10 +459,7 @@ def _explain(exc: BaseException) -> str:
         if bool_match:
             return f"{full_key}={bool_match.group(1)}: expected true or false"
         if "does not support deletion" in text:
-            return (
-                f"~{full_key}: a schema key cannot be deleted; set it instead "
-                f"({full_key}=VALUE, or {full_key}=null where null is allowed)"
-            )
+            return _cannot_delete(full_key)
         if "is not in struct" in text:
             return f"{full_key}: not set yet; add it with +{full_key}=VALUE"
         if "Missing mandatory value" in text or "missing" in text.lower():
@@ -365,6 +473,16 @@ def _explain(exc: BaseException) -> str:
             f"{group}={option}: no such {group}{did_you_mean(option, options)}; "
             f"available: {', '.join(options) or 'none'} (selected by {text.split(':')[0]})"
         )
+    deleted = re.match(r"Could not delete from config\. '([^']+)' does not exist", text)
+    if deleted and deleted.group(1) in all_schema_keys():  # a key whose value is null
+        return _cannot_delete(deleted.group(1))
     if "Could not delete" in text or "Could not find" in text or "Could not append" in text:
         return f"{text}. Check the key with `llmtrain show`."
     return text
+
+
+def _cannot_delete(key: str) -> str:
+    return (
+        f"~{key}: a schema key cannot be deleted; set it instead "
+        f"({key}=VALUE, or {key}=null where null is allowed)"
+    )

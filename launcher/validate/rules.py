@@ -111,6 +111,11 @@ _POSITIVE = (
     "train.micro_batch_size",
     "cluster.num_nodes",
     "cluster.gpus_per_node",
+    "train.log_every",
+    "checkpoint.keep_last",
+    "data.bpe_vocab_size",
+    "backend.reduce_bucket_size",
+    "backend.allgather_bucket_size",
 )
 _POSITIVE_OPTIONAL = (
     "model.num_kv_heads",
@@ -123,7 +128,30 @@ _POSITIVE_OPTIONAL = (
     "model.num_experts",
     "model.moe_top_k",
     "model.moe_ffn_hidden_size",
+    "model.q_lora_rank",
+    "model.kv_lora_rank",
+    "model.qk_rope_head_dim",
+    "model.v_head_dim",
+    "checkpoint.every_steps",
+    "slurm.cpus_per_task",
 )
+# Counts that may be zero.
+_NON_NEGATIVE = (
+    "model.moe_shared_experts",
+    "model.moe_dense_layers",
+    "data.num_workers",
+    "slurm.chain",
+    "slurm.signal_grace_s",
+)
+# Rates and durations (None: the catalog's figure or off): a finite number > 0, or >= 0 where 0
+# means free or disabled. NaN fails both.
+_POSITIVE_NUMBER = (
+    "cluster.storage_write_gbps",
+    "cluster.intra_node_bandwidth_gbps",
+    "cluster.inter_node_bandwidth_gbps",
+    "checkpoint.every_minutes",
+)
+_NON_NEGATIVE_NUMBER = ("cluster.price_per_gpu_hour", "train.hang_timeout_s")
 # Values past these are typos, not plans (the largest published runs are far below them).
 _ABSURD = {
     "cluster.num_nodes": 1_000_000,
@@ -162,6 +190,20 @@ def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                     f"{key}={value}: implausibly large (limit {_ABSURD[key]:,}); check for a typo",
                 )
             )
+    for key in _NON_NEGATIVE:
+        value = _value(cfg, key)
+        if not isinstance(value, int) or value < 0:
+            out.append(_error("positive-values", (key,), f"{key}={value}: must be an integer >= 0"))
+    for key in _POSITIVE_NUMBER + _NON_NEGATIVE_NUMBER:
+        value = _value(cfg, key)
+        if value is None:
+            continue
+        low_ok = value > 0 if key in _POSITIVE_NUMBER else value >= 0  # type: ignore[operator]
+        if not (low_ok and math.isfinite(value)):  # type: ignore[arg-type]
+            bound = "> 0" if key in _POSITIVE_NUMBER else ">= 0"
+            out.append(
+                _error("positive-values", (key,), f"{key}={value}: must be a number {bound}")
+            )
     if not 0 <= cfg.zero.stage <= 3:
         out.append(
             _error(
@@ -195,7 +237,7 @@ def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
         ("optim.grad_clip", o.grad_clip),
         ("optim.eps", o.eps),
     ):
-        if value < 0:
+        if not value >= 0:  # also NaN
             out.append(_error("positive-values", (key,), f"{key}={value}: must be >= 0"))
     return out
 
