@@ -6,13 +6,15 @@ One uninterrupted reference run, then for each trial: start the same run in a fr
 a random rank once a random number of steps is logged (tests/faults.py finds the process through
 /proc), check `llmtrain run` exits non-zero, run the same command again, and compare the final
 weights digest (summary.json weights_sha256) with the reference. Prints how many trials were torn
-down, resumed, and matched bit for bit.
+down, finished on the next run (resumed from a checkpoint, or restarted when killed before the
+first one), and matched bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import tempfile
 import time
@@ -31,7 +33,7 @@ def main() -> None:
     opts = parser.parse_args()
     args = [*TRIAL_ARGS, *opts.overrides]
     rng = random.Random(opts.seed)
-    torn = resumed = matched = 0
+    torn = finished = resumed = matched = 0
     with tempfile.TemporaryDirectory() as tmp:
         reference = Path(tmp) / "reference"
         reference.mkdir()
@@ -47,18 +49,21 @@ def main() -> None:
             code = run_and_kill(cwd, args, cwd / "runs" / "trial", step, rank)
             torn += code != 0
             again = llmtrain_run(cwd, args)
-            ok_resume = again.returncode == 0 and "resumed from" in again.stdout
-            resumed += ok_resume
+            found = re.search(r"resumed from \S+ \(step (\d+)\)", again.stdout)
+            finished += again.returncode == 0
+            resumed += found is not None
+            how = f"resumed at step {found.group(1)}" if found else "restarted (no checkpoint yet)"
             same = weights_digest(cwd) == expected
             matched += same
             print(
-                f"trial {trial + 1:2}: kill -9 rank {rank} after step {step}: exit {code}, "
-                f"resumed {'yes' if ok_resume else 'NO'}, weights "
+                f"trial {trial + 1:2}: kill -9 rank {rank} after step {step}: exit {code}; "
+                f"{how}, exit {again.returncode}; weights "
                 f"{'match' if same else 'DIFFER'} ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
     print(
-        f"{opts.trials} trials: {torn} torn down by the launcher, {resumed} resumed, "
+        f"{opts.trials} trials: {torn} torn down by the launcher, {finished} finished on the "
+        f"next run ({resumed} from a checkpoint, the rest killed before the first checkpoint), "
         f"{matched} matched the uninterrupted run bit for bit"
     )
 
