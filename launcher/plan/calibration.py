@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from launcher.config.presets import model_preset
 from launcher.config.schema import (
     BackendConfig,
     ClusterConfig,
@@ -87,20 +88,7 @@ def _narayanan(
 
 
 def _llama2_7b_megatron(tp: int, pp: int, mbs: int, gbs: int) -> LLMTrainConfig:
-    model = ModelConfig(
-        name="llama2-7b",
-        num_layers=32,
-        hidden_size=4096,
-        ffn_hidden_size=11008,
-        num_attention_heads=32,
-        vocab_size=32000,
-        seq_length=2048,
-        activation="swiglu",
-        norm="rmsnorm",
-        position="rope",
-        tie_embeddings=False,
-        attention="flash",
-    )
+    model = model_preset("llama2-7b", seq_length=2048, attention="flash")
     return LLMTrainConfig(
         recipe="calibration-p482",
         model=model,
@@ -116,22 +104,7 @@ def _llama2_7b_megatron(tp: int, pp: int, mbs: int, gbs: int) -> LLMTrainConfig:
 
 
 def _torchtitan_8b() -> LLMTrainConfig:
-    model = ModelConfig(
-        name="llama3-8b",
-        num_layers=32,
-        hidden_size=4096,
-        ffn_hidden_size=14336,
-        num_attention_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        vocab_size=128256,
-        seq_length=8192,
-        activation="swiglu",
-        norm="rmsnorm",
-        position="rope",
-        tie_embeddings=False,
-        attention="flash",
-    )
+    model = model_preset("llama3-8b", attention="flash")
     return LLMTrainConfig(
         recipe="calibration-t1",
         model=model,

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from launcher.config.layout import derive_layout
+from launcher.config.presets import model_preset
 from launcher.config.schema import (
     ClusterConfig,
     LLMTrainConfig,
-    ModelConfig,
     ParallelConfig,
     PrecisionConfig,
     TrainConfig,
@@ -26,20 +26,7 @@ from launcher.plan.totals import lost_fraction, young_daly_interval
 
 pytestmark = pytest.mark.unit
 
-GPT3 = ModelConfig(
-    name="gpt3-175b",
-    num_layers=96,
-    hidden_size=12288,
-    ffn_hidden_size=49152,
-    num_attention_heads=96,
-    vocab_size=50257,
-    seq_length=2048,
-    activation="gelu",
-    norm="layernorm",
-    position="learned",
-    tie_embeddings=True,
-    linear_bias=True,
-)
+GPT3 = model_preset("gpt3-175b")
 # 2 + 2 + 12 bytes per parameter (ZeRO paper): fp16 weights and gradients, fp32 master + Adam.
 MIXED_16 = PrecisionConfig(name="fp16", compute_dtype="fp16", grad_dtype="fp16")
 
@@ -66,19 +53,7 @@ def test_seven_b_with_zero_1_2_3_on_4_gpus() -> None:
 
 def test_seven_b_zero_stages_through_the_planner() -> None:
     # Same exercise through make_plan (model states only: weights + gradients + optimizer).
-    model = ModelConfig(
-        name="7b",
-        num_layers=32,
-        hidden_size=4096,
-        ffn_hidden_size=11008,
-        num_attention_heads=32,
-        vocab_size=32000,
-        seq_length=2048,
-        activation="swiglu",
-        norm="rmsnorm",
-        position="rope",
-        tie_embeddings=False,
-    )
+    model = model_preset("llama2-7b", seq_length=2048)
     n = ModelShape(model).total_params()
     for stage, per_param in ((1, 7.0), (2, 5.5), (3, 4.0)):
         cfg = LLMTrainConfig(
@@ -119,20 +94,7 @@ def test_70b_gradient_all_reduce_on_256_gpus_at_100_gbps() -> None:
 def test_405b_layout_on_2048_gpus() -> None:
     # TP 8 (one node) x PP 16 x DP 16 = 2048; each GPU holds ~405e9 / 128 = 3.2e9 parameters,
     # 6.3 GB of bf16 weights.
-    model = ModelConfig(
-        name="405b",
-        num_layers=126,
-        hidden_size=16384,
-        ffn_hidden_size=53248,
-        num_attention_heads=128,
-        num_kv_heads=8,
-        vocab_size=128256,
-        seq_length=8192,
-        activation="swiglu",
-        norm="rmsnorm",
-        position="rope",
-        tie_embeddings=False,
-    )
+    model = model_preset("llama3-405b")
     cfg = LLMTrainConfig(
         model=model,
         parallel=ParallelConfig(tp=8, pp=16, sequence_parallel=True),

@@ -6,6 +6,7 @@ import pytest
 
 from launcher import resources
 from launcher.config.compose import compose_config
+from launcher.config.presets import model_preset
 from launcher.validate.rules import check
 
 pytestmark = pytest.mark.unit
@@ -43,3 +44,12 @@ def test_recipe_validates(name: str) -> None:
 def test_recipe_opens_with_its_command(name: str) -> None:
     first = (resources.recipes_dir() / f"{name}.yaml").read_text().splitlines()[0]
     assert first.startswith("# llmtrain ") and f"recipe={name}" in first, first
+
+
+@pytest.mark.parametrize("name", resources.group_options("model"))
+def test_model_preset_equals_the_composed_model(name: str) -> None:
+    # model_preset reads conf/model/NAME.yaml without Hydra (calibration points and worked
+    # exercises use it); it must give exactly what `model=NAME` composes to.
+    composed = compose_config([f"model={name}"]).config.model
+    assert model_preset(name) == composed
+    assert model_preset(name, seq_length=123).seq_length == 123
