@@ -2,8 +2,7 @@
 published Llama 3 405B layout (TP8 PP16 DP128, interleaved) ranks, term by term against the top.
 
 Each run is a fresh process (Python start, imports and composition included): warm (the compose
-cache filled) and cold (LLMTRAIN_NO_CACHE=1). Until the CLI has `--search`, the same work is
-timed through the Python function in a fresh interpreter, and the output says so.
+cache filled) and cold (LLMTRAIN_NO_CACHE=1).
 
 Usage: .venv/bin/python bench/plan_search.py [runs]
 """
@@ -22,26 +21,6 @@ sys.path.insert(0, str(ROOT))
 RECIPE = "recipe=llama3-405b"
 BAR_S = 2.0
 CLI = [sys.executable, "-m", "launcher.cli", "plan", "--search", RECIPE]
-# The same work as the command: compose, search, render the table.
-FUNCTION = [
-    sys.executable,
-    "-c",
-    "from rich.console import Console\n"
-    "from launcher.config.compose import compose_config\n"
-    "from launcher.plan.search import search\n"
-    "from launcher.plan.search_report import render_search\n"
-    f"render_search(search(compose_config([{RECIPE!r}]).config), Console())\n",
-]
-
-
-def has_search_flag() -> bool:
-    probe = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "plan", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    return probe.returncode == 0 and "--search" in probe.stdout
 
 
 def time_runs(command: list[str], runs: int, env: dict[str, str]) -> list[float]:
@@ -101,14 +80,11 @@ def comparison() -> None:
 
 def main() -> int:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    wired = has_search_flag()
-    command = CLI if wired else FUNCTION
-    what = "llmtrain plan --search" if wired else "the search function (CLI flag not wired yet)"
     env = dict(os.environ)
-    subprocess.run(command, cwd=ROOT, capture_output=True, env=env)  # fill the compose cache
-    warm = time_runs(command, runs, env)
-    cold = time_runs(command, runs, {**env, "LLMTRAIN_NO_CACHE": "1"})
-    print(f"{what}, {RECIPE}, fresh process each run:")
+    subprocess.run(CLI, cwd=ROOT, capture_output=True, env=env)  # fill the compose cache
+    warm = time_runs(CLI, runs, env)
+    cold = time_runs(CLI, runs, {**env, "LLMTRAIN_NO_CACHE": "1"})
+    print(f"llmtrain plan --search {RECIPE}, fresh process each run:")
     print(describe("  warm (compose cache)", warm))
     print(describe("  cold (LLMTRAIN_NO_CACHE=1)", cold))
     comparison()
