@@ -104,7 +104,12 @@ def validate(overrides: Overrides = None, as_json: JsonFlag = False) -> None:
 def plan(
     overrides: Overrides = None,
     headroom: Annotated[
-        float, typer.Option(help="Memory kept free, as a fraction of the GPU's capacity.")
+        float,
+        typer.Option(
+            "--headroom",
+            "--min-headroom",
+            help="Memory kept free, as a fraction of the GPU's capacity.",
+        ),
     ] = 0.10,
     search: Annotated[
         bool,
@@ -255,7 +260,8 @@ def render(
         str, typer.Option("--out", help="Folder to write the artifacts into (created).")
     ] = "render",
 ) -> None:
-    """Write config.yaml, ds_config.json, launch.sh, job.sbatch, hostfile, megatron_args.txt."""
+    """Write config.yaml, launch.sh, job.sbatch, hostfile, megatron_args.txt (and ds_config.json
+    for backend=deepspeed) into --out, replacing an earlier render's files."""
     from launcher.config.compose import compose_config
     from launcher.render.artifacts import render_artifacts, write_artifacts
     from launcher.validate.rules import check

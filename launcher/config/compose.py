@@ -123,12 +123,29 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     except OSError as exc:  # OmegaConf.load of a file holding a scalar, or an unreadable file
         raise ConfigError(_not_mapping_files() or [str(exc)]) from None
     values["recipe"] = choices.get("recipe", "none")
+    _command_line_budget_wins(parsed, values)
     problems = unknown_key_problems(values) + choice_problems(values) + element_problems(values)
     if problems:
         raise ConfigError(problems)
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
     compose_cache.store(overrides, values, choices)  # never stores a secret's value
     return Composed(config=config, values=redact(values), choices=choices, overrides=overrides)
+
+
+# train.steps and train.tokens are two ways to say how long to train; exactly one is set. One given
+# on the command line replaces the other coming from a recipe or group file (a recipe's 300B
+# tokens and `train.steps=20` for a trial mean 20 steps), unless both are given there.
+BUDGET_KEYS = ("train.steps", "train.tokens")
+
+
+def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, Any]) -> None:
+    given = {ov.key for ov in parsed if not ov.is_delete and ov.value is not None}
+    train = values.get("train")
+    if not isinstance(train, dict):
+        return
+    for key, other in (BUDGET_KEYS, BUDGET_KEYS[::-1]):
+        if key in given and other not in given:
+            train[other.split(".")[1]] = None
 
 
 def config_from_values(values: dict[str, Any]) -> LLMTrainConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher import resources
-from launcher.config.compose import Composed
+from launcher.config.compose import BUDGET_KEYS, Composed
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -72,6 +72,9 @@ def value_sources(composed: Composed) -> dict[str, str]:
             sources[leaf] = "command line" if "recipe" in cli_groups else "default recipe"
         elif any(leaf == k or leaf.startswith(f"{k}.") for k in cli_keys):
             sources[leaf] = "command line"
+        elif leaf in BUDGET_KEYS and (BUDGET_KEYS[BUDGET_KEYS.index(leaf) - 1]) in cli_keys:
+            other = BUDGET_KEYS[BUDGET_KEYS.index(leaf) - 1]
+            sources[leaf] = f"command line ({other} replaces it)"
         elif leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys):
             sources[leaf] = f"recipe {recipe}"
         elif group in group_keys and leaf in group_keys[group][1]:

@@ -943,17 +943,28 @@ def search(
     if top < 1:
         raise UserError(f"--top={top}: must be at least 1")
     if not 0.0 <= min_headroom < 1.0:
-        raise UserError(f"--min-headroom={min_headroom}: must be a fraction in [0, 1), e.g. 0.10")
+        raise UserError(f"--headroom={min_headroom}: must be a fraction in [0, 1), e.g. 0.10")
     for name, value in (("--max-tp", max_tp), ("--max-pp", max_pp), ("--max-cp", max_cp)):
         if value is not None and value < 1:
             raise UserError(f"{name}={value}: must be at least 1")
+    fixed = frozenset(fixed)
+    for key, value, name, cap in (
+        ("parallel.tp", cfg.parallel.tp, "--max-tp", max_tp),
+        ("parallel.pp", cfg.parallel.pp, "--max-pp", max_pp),
+        ("parallel.cp", cfg.parallel.cp, "--max-cp", max_cp),
+    ):
+        if key in fixed and cap is not None and value > cap:
+            raise UserError(
+                f"{key}={value} is fixed on the command line but {name}={cap} allows at most "
+                f"{cap}; drop one of them, e.g. {name}={value} or {key}={cap}"
+            )
     problems = _config_errors(cfg)
     if problems:
         raise UserError(
             "the configuration has errors no layout can fix:\n  " + "\n  ".join(problems)
         )
     space_args: dict[str, object] = {
-        "fixed": frozenset(fixed),
+        "fixed": fixed,
         "max_tp": max_tp,
         "max_pp": max_pp,
         "max_cp": max_cp,

@@ -98,7 +98,8 @@ def render_search(result: SearchResult, console: Console) -> None:
 
     head = (
         f"{result.model} on {result.world_size} x {result.gpu} "
-        f"({result.num_nodes} nodes x {result.gpus_per_node}), global batch "
+        f"({result.num_nodes} node{'s' if result.num_nodes != 1 else ''} x "
+        f"{result.gpus_per_node}), global batch "
         f"{result.global_batch_size}, headroom {result.min_headroom:.0%}: "
         f"{result.space_size:,} layouts, {result.evaluated:,} evaluated, "
         f"{result.fitting:,} fit ({result.elapsed_s:.2f} s)"

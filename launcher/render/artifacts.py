@@ -40,14 +40,45 @@ def render_artifacts(
     return files
 
 
+# Every file a render can produce: one that this render does not produce (ds_config.json after
+# switching to backend=torch) is removed, so DIR never mixes two configurations.
+ARTIFACTS = (
+    "config.yaml",
+    "ds_config.json",
+    "launch.sh",
+    "job.sbatch",
+    "hostfile",
+    "megatron_args.txt",
+)
+
+
 def write_artifacts(files: dict[str, str], out_dir: str) -> list[Path]:
+    """Write ``files`` into OUT_DIR, all or nothing: each to a temporary name first, then renamed
+    into place together; stale artifacts of an earlier render are removed. A folder that cannot
+    be used is a UserError naming --out."""
     root = Path(out_dir).expanduser()
-    root.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in files.items():
-        path = root / name
-        path.write_text(text, encoding="utf-8")
-        if name in EXECUTABLE:
-            path.chmod(0o755)
-        written.append(path)
-    return written
+    if root.exists() and not root.is_dir():
+        raise UserError(
+            f"--out={out_dir}: is a file, not a directory; give a new or existing folder"
+        )
+    staged: list[tuple[Path, Path]] = []
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            tmp = root / f".{name}.tmp"
+            staged.append((tmp, root / name))
+            tmp.write_text(text, encoding="utf-8")
+            if name in EXECUTABLE:
+                tmp.chmod(0o755)
+    except OSError as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"--out={out_dir}: cannot write there ({exc.strerror or exc}); give a writable folder"
+        ) from None
+    for tmp, path in staged:
+        os.replace(tmp, path)
+    for name in ARTIFACTS:
+        if name not in files:
+            (root / name).unlink(missing_ok=True)
+    return [path for _, path in staged]

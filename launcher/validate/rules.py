@@ -85,6 +85,13 @@ def _join(values: Iterable[int]) -> str:
     return ", ".join(str(v) for v in values)
 
 
+def _dp_consistent(layout: Layout) -> bool:
+    """dp x tp x pp x cp covers the world. When it does not, the world-size rule says so, and the
+    rules that need dp (batch arithmetic, expert groups) stay silent rather than reason from a
+    rounded-down dp."""
+    return layout.dp * layout.model_parallel_size == layout.world_size
+
+
 def _error(name: str, keys: tuple[str, ...], message: str) -> Violation:
     return Violation(name, ERROR, keys, message)
 
@@ -312,7 +319,7 @@ def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
             )
         )
     span = layout.dp * p.cp
-    if span % p.ep:
+    if _dp_consistent(layout) and span % p.ep:
         ok = [d for d in divisors(span) if experts % d == 0]
         out.append(
             _error(
@@ -534,7 +541,9 @@ def tensor_parallel_shapes(cfg: LLMTrainConfig, layout: Layout) -> list[Violatio
                     "tensor-parallel-shapes",
                     ("parallel.sequence_parallel", "model.seq_length"),
                     f"sequence parallel splits model.seq_length / cp = {m.seq_length // p.cp} over "
-                    f"parallel.tp={tp}, which does not divide it",
+                    f"parallel.tp={tp}, which does not divide it; nearest valid tp: "
+                    f"{_join(nearest(divisors(m.seq_length // p.cp), tp))}, or "
+                    "parallel.sequence_parallel=false",
                 )
             )
     if tp > cfg.cluster.gpus_per_node:
@@ -553,6 +562,8 @@ def tensor_parallel_shapes(cfg: LLMTrainConfig, layout: Layout) -> list[Violatio
 @rule("batch-arithmetic")
 def batch_arithmetic(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     t = cfg.train
+    if not _dp_consistent(layout):
+        return []
     per_pass = layout.micro_batch_size * layout.dp
     out = []
     if t.global_batch_size is not None:

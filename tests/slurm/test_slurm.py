@@ -230,3 +230,45 @@ def test_cancel_stops_every_process(cluster: dict[str, str], tmp_path: Path) -> 
     # A cancelled job is not requeued.
     time.sleep(2)
     assert job_fields(cluster, job)["JobState"] == "CANCELLED"
+
+
+def test_chained_jobs_continue_past_a_time_limit(cluster: dict[str, str], tmp_path: Path) -> None:
+    # slurm.requeue=false, slurm.chain=2: three jobs, each after the previous (afterany). Job 1
+    # gets USR1 on its batch shell, as --signal=B:USR1@grace does before the time limit, writes a
+    # checkpoint and ends; job 2 resumes from it and finishes the run; job 3 finds the last
+    # step's checkpoint and ends at once.
+    total = 300
+    done = llmtrain(
+        cluster,
+        tmp_path,
+        "submit",
+        *JOB,
+        f"train.steps={total}",
+        "checkpoint.every_steps=100",
+        "slurm.requeue=false",
+        "slurm.chain=2",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = Path(done.stdout.split("run directory ")[1].split("\n")[0].strip())
+    first, second, third = json.loads((run_dir / "slurm.json").read_text())["job_ids"]
+    assert f"afterany:{first}" in job_fields(cluster, second).get("Dependency", "")
+    assert f"afterany:{second}" in job_fields(cluster, third).get("Dependency", "")
+
+    wait_for_state(cluster, first, {"RUNNING"}, timeout=120)
+    wait_for_steps(run_dir, 30, timeout=180)
+    subprocess.run(
+        ["scancel", "--signal=USR1", "--batch", first], env=cluster, check=True, timeout=30
+    )
+    for job in (first, second, third):
+        fields = wait_for_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)
+        assert fields["JobState"] == "COMPLETED", slurm_output(run_dir, job)
+        assert int(fields["Restarts"]) == 0, fields
+    assert "slurm.requeue is off" in slurm_output(run_dir, first)
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    stopped = int(re.search(r"preempted: checkpoint written at step (\d+)", rank0)[1])
+    assert 30 <= stopped < total, "the signal should land mid-run"
+    assert f"(step {stopped})" in rank0  # job 2: "resumed from .../step_... (step K)"
+    assert f"all {total} steps are done" in slurm_output(run_dir, third)
+    steps = [m["step"] for m in metric_steps(run_dir)]
+    assert steps == list(range(1, total + 1)), steps
+    assert not trainer_processes(run_dir)

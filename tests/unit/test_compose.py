@@ -102,3 +102,17 @@ def test_sources_tell_each_layer_apart() -> None:
     assert sources["recipe"] == "command line"
     # The recipe sets cluster.num_nodes in its own body.
     assert sources["cluster.num_nodes"] == "recipe llama3-70b"
+
+
+def test_a_training_length_on_the_command_line_replaces_the_recipes() -> None:
+    # gpt-7b's recipe sets train.tokens (300B); `train.steps=5` for a trial means 5 steps.
+    recipe = compose_config(["recipe=gpt-7b"]).config.train
+    assert recipe.tokens == 300_000_000_000 and recipe.steps is None
+    short = compose_config(["recipe=gpt-7b", "train.steps=5"]).config.train
+    assert (short.steps, short.tokens) == (5, None)
+    # ... and the other way round (the tiny recipe sets steps).
+    tiny = compose_config(["train.tokens=1000000"]).config.train
+    assert (tiny.steps, tiny.tokens) == (None, 1_000_000)
+    # Both on the command line: kept as given, for the validator to refuse.
+    both = compose_config(["recipe=gpt-7b", "train.steps=5", "train.tokens=100"]).config.train
+    assert (both.steps, both.tokens) == (5, 100)

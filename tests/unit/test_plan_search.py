@@ -242,7 +242,12 @@ def test_bad_arguments_are_user_errors() -> None:
     cfg = compose("recipe=llama3-1b", "cluster.num_nodes=1")
     with pytest.raises(UserError, match="--top"):
         search(cfg, top=0)
-    with pytest.raises(UserError, match="--min-headroom"):
+    with pytest.raises(UserError, match="--headroom"):
         search(cfg, min_headroom=1.0)
     with pytest.raises(UserError, match="--max-tp"):
         search(cfg, max_tp=0)
+    # A fixed key beyond its cap is a contradiction, not a silent preference for the key.
+    fixed = compose("recipe=llama3-1b", "cluster.num_nodes=1", "parallel.tp=8")
+    with pytest.raises(UserError, match=r"parallel.tp=8 is fixed .* --max-tp=4"):
+        search(fixed, max_tp=4, fixed=["parallel.tp"])
+    assert search(fixed, max_tp=8, fixed=["parallel.tp"]).candidates

@@ -149,6 +149,29 @@ def test_render_refuses_an_invalid_config_and_writes_nothing(tmp_path: Path) -> 
     assert not (tmp_path / "out").exists()
 
 
+def test_render_again_replaces_the_earlier_files(tmp_path: Path) -> None:
+    # deepspeed first (ds_config.json), then torch: the stale ds_config.json must go, so the folder
+    # never mixes two configurations; no temporary file stays behind.
+    path = os.environ["PATH"]
+    first = llmtrain(tmp_path, "render", *TWO_NODES, "backend=deepspeed", "--out", "out", path=path)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "out" / "ds_config.json").is_file()
+    again = llmtrain(tmp_path, "render", *TWO_NODES, "backend=torch", "--out", "out", path=path)
+    assert again.returncode == 0, again.stderr
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert names == {"config.yaml", "launch.sh", "job.sbatch", "hostfile", "megatron_args.txt"}
+    assert "name: torch" in (tmp_path / "out" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("out", ["afile", "afile/sub"])
+def test_render_to_an_unusable_folder_is_a_clear_error(tmp_path: Path, out: str) -> None:
+    (tmp_path / "afile").write_text("keep me")
+    done = llmtrain(tmp_path, "render", "--out", out, path=os.environ["PATH"])
+    assert done.returncode == 2, done.stderr
+    assert f"--out={out}" in done.stderr and "Traceback" not in done.stderr
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
 def test_submit_without_sbatch_says_so(tmp_path: Path) -> None:
     done = llmtrain(tmp_path, "submit", *TWO_NODES, path=str(tmp_path / "empty"))
     assert done.returncode == 2

@@ -213,5 +213,18 @@ def test_non_positive_and_absurd_values() -> None:
 
 
 def test_steps_xor_tokens() -> None:
-    assert any("exactly one of train.steps" in m for m in errors("train.tokens=1000000"))
-    assert not errors("train.tokens=1000000", "train.steps=null")
+    both = errors("train.tokens=1000000", "train.steps=10")
+    assert any("exactly one of train.steps" in m for m in both)
+    assert any("exactly one of train.steps" in m for m in errors("train.steps=null"))
+    # One on the command line replaces the other from the recipe (tiny sets steps).
+    assert not errors("train.tokens=1000000")
+
+
+def test_rules_needing_dp_stay_silent_when_dp_cannot_be_inferred() -> None:
+    # tp=6 x pp=4 = 24 does not divide 2048 GPUs: dp is undefined, so no batch or micro-batch
+    # advice computed from a rounded-down dp (2048 // 24 = 85) may appear, only the causes.
+    found = violations("recipe=llama3-70b", "parallel.tp=6")
+    rules = {v.rule for v in found}
+    assert "world-size" in rules and "attention-heads" in rules
+    assert "batch-arithmetic" not in rules
+    assert not [v for v in found if "85" in v.message], found
