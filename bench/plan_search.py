@@ -57,7 +57,7 @@ def comparison() -> None:
     given, top = ranked.given, ranked.candidates[0]
     assert given is not None
     print(
-        f"published layout (recipe: tp8 pp16 vpp4 interleaved, zero 2, full recompute, sp): "
+        f"published layout (recipe: tp8 pp16 vpp4 interleaved, zero 2, selective recompute, sp): "
         f"{ranked.given_status}, rank {ranked.given_rank} of {ranked.fitting:,} fitting layouts "
         f"evaluated to rank it ({ranked.elapsed_s:.2f} s)"
     )

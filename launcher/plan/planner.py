@@ -221,12 +221,23 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "(n-1)/n of the message per GPU.",
         "TP, PP p2p and EP all-to-all are exposed; CP K/V exchange hides behind attention; DP/ZeRO "
         "collectives overlap backward/forward when backend.overlap_comm.",
+        "MFU and HFU divide by the dense peak of precision.compute_dtype "
+        f"({cfg.precision.compute_dtype}), with fp8 matmuls too.",
         "Bubble (p-1)/(v m) of the per-micro-batch time (Narayanan et al. 2021).",
         f"Optimizer step memory-bound over HBM; CPU offload at {HOST_GBPS:g} GB/s host memory.",
         f"Failure rate {FAILURES_PER_GPU_HOUR:.3g} per GPU-hour (Llama 3: 419 interruptions in "
         "54 days on 16,384 GPUs); checkpoint interval sqrt(2 C MTBF) (Young 1974 / Daly 2006).",
-        "Checkpoint = weights in the compute dtype + optimizer states (master + moments).",
+        "Checkpoint = weights in the compute dtype + optimizer states (master + moments), "
+        f"written synchronously at cluster.storage_write_gbps={cfg.cluster.storage_write_gbps:g} "
+        "GB/s for the whole job; time lost = C/interval + interval/(2 MTBF).",
+        "Train time, GPU-hours and cost count training steps only; 'expected wall time' adds "
+        "checkpoint writes and work redone after failures (train time / (1 - time lost)).",
     ]
+    if cfg.precision.fp8:
+        out.append(
+            "fp8: linear-layer GEMMs at the fp8 dense peak; attention, non-GEMM work and "
+            "communication as in the compute dtype; weights keep an fp8 copy and its transpose."
+        )
     if plan_layout.dp_inferred:
         out.append(f"dp inferred as world_size / (tp*pp*cp) = {plan_layout.dp}.")
     return tuple(out)

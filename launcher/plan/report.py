@@ -120,6 +120,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "cost_usd": tot.cost_usd,
             "expected_interruptions": tot.expected_interruptions,
             "lost_fraction": tot.lost_fraction,
+            "expected_wall_s": tot.expected_wall_s if math.isfinite(tot.expected_wall_s) else None,
         },
         "checkpoint": {
             "size_bytes": int(tot.checkpoint_bytes),
@@ -285,6 +286,7 @@ def render_plan(plan: Plan, console: Console) -> None:
     to.add_row("expected interruptions", f"{tot.expected_interruptions:.1f}")
     to.add_row("checkpoint every (Young/Daly)", _dur(tot.checkpoint_interval_s))
     to.add_row("expected time lost", f"{tot.lost_fraction:.1%}")
+    to.add_row("expected wall time", _dur(tot.expected_wall_s))
     console.print(to)
 
     if not mem.fits:

@@ -4,7 +4,8 @@
   STEP_EFFICIENCY: a whole training step also runs norms, activation functions, softmax, rotary,
   elementwise kernels and launches that reach far less than a large GEMM. STEP_EFFICIENCY is ONE
   constant for all GPU types, calibrated on calibration.csv (Narayanan 2021 on A100, torchtitan on
-  H100): both land near half of the GEMM ceiling.
+  H100): both land near half of the GEMM ceiling. With fp8 only the linear layers' GEMMs speed up
+  (to the fp8 peak); attention and the non-GEMM share stay at the compute dtype's speed.
 - Tensor parallel: per layer and micro-batch 2 all-reduces forward and 2 backward (or the same bytes
   as all-gather + reduce-scatter with sequence parallelism; +2 with full recompute), b*s*h
   activations each (Shoeybi et al. 2019); exposed (Megatron runs them on the compute stream).
@@ -101,11 +102,16 @@ def microbatch_compute_s(
         if f > best[0]:
             best = (f, s, attn_share)
     stage_flops, stage, attn_share = best
-    rate = hw.matmul_efficiency * STEP_EFFICIENCY
-    seconds = stage_flops * (1.0 - attn_share) / (
-        hw.matmul_peak_flops * rate
-    ) + stage_flops * attn_share / (hw.peak_flops * rate)
-    return seconds, stage, attn_share
+    eff = hw.matmul_efficiency
+    # GEMMs: the linear layers at the matmul precision's peak (fp8 with precision.fp8), attention
+    # at the compute dtype's. The rest of a step (norms, activations, softmax, launches: the
+    # 1/STEP_EFFICIENCY - 1 on top) runs at the compute dtype's speed whatever the matmul
+    # precision. Without fp8 this is stage_flops / (peak * eff * STEP_EFFICIENCY).
+    gemm = stage_flops * (1.0 - attn_share) / (hw.matmul_peak_flops * eff) + (
+        stage_flops * attn_share / (hw.peak_flops * eff)
+    )
+    other = stage_flops / (hw.peak_flops * eff) * (1.0 / STEP_EFFICIENCY - 1.0)
+    return gemm + other, stage, attn_share
 
 
 @dataclass(frozen=True)

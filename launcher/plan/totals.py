@@ -29,6 +29,11 @@ class Totals:
     checkpoint_interval_s: float
     lost_fraction: float
 
+    @property
+    def expected_wall_s(self) -> float:
+        """Training time plus checkpoint writes and work redone after failures."""
+        return self.train_s / (1.0 - self.lost_fraction) if self.lost_fraction < 1 else math.inf
+
 
 def young_daly_interval(write_s: float, mtbf_s: float) -> float:
     """Young 1974 / Daly 2006: the checkpoint interval minimising expected lost time."""

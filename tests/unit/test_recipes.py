@@ -53,3 +53,12 @@ def test_model_preset_equals_the_composed_model(name: str) -> None:
     composed = compose_config([f"model={name}"]).config.model
     assert model_preset(name) == composed
     assert model_preset(name, seq_length=123).seq_length == 123
+
+
+@pytest.mark.parametrize("name", resources.recipe_names())
+def test_recipe_fits_by_its_own_plan(name: str) -> None:
+    # A shipped recipe that `plan` says does not fit would make `run`/`submit` refuse it.
+    from launcher.plan.planner import make_plan
+
+    plan = make_plan(compose_config([f"recipe={name}"]).config)
+    assert plan.memory.fits, f"{name}: stage {plan.memory.heaviest.stage} does not fit"
