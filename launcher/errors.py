@@ -21,6 +21,12 @@ class ConfigError(UserError):
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """' (did you mean X?)' for the closest candidate, or '' when none is close."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    """' (did you mean X?)' for the closest candidate, or '' when none is close. Candidates that
+    start with the word come first ('h100' -> 'h100-80gb', 'h100-pcie' rather than 'h800')."""
+    options = list(candidates)
+    starting = [c for c in options if word and c.startswith(word) and c != word]
+    if starting:
+        shown = " or ".join(repr(c) for c in sorted(starting)[:3])
+        return f" (did you mean {shown}?)"
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""

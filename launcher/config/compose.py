@@ -468,9 +468,18 @@ def _explain_root(exc: BaseException) -> str:
                 return problems[0]
         match = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
         if match:
+            value, kind = match.group(1), match.group(2)
+            hint = ""
+            if kind == "float" and "integer" in _expected_type(full_key):
+                try:
+                    number = float(value)
+                    if number.is_integer():
+                        hint = f"; write it as an integer: {full_key}={int(number)}"
+                except (OverflowError, ValueError):
+                    pass
             return (
-                f"{full_key}={match.group(1)}: expected {_expected_type(full_key)}, "
-                f"got {match.group(2)} {match.group(1)!r}"
+                f"{full_key}={value}: expected {_expected_type(full_key)}, "
+                f"got {kind} {value!r}{hint}"
             )
         bool_match = re.match(r"Value '(.*)' is not a valid bool", text)
         if bool_match:

@@ -33,7 +33,7 @@ from launcher.train.checkpoint import PREEMPTED_MARKER, CheckpointWriter, latest
 from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, default_cache_root
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
-from launcher.train.metrics import MetricsWriter, memory_bytes, peak_memory
+from launcher.train.metrics import MetricsWriter, mark_rss_baseline, memory_bytes, peak_memory
 from launcher.train.optim import learning_rate
 from launcher.train.sampler import ShardedSampler
 
@@ -181,6 +181,7 @@ def train(run_dir: Path) -> int:
 
     shards = TokenShards(data_dir(cfg))
     check_vocab(shards.index, cfg.model.vocab_size)
+    mark_rss_baseline()
     engine = build_engine(cfg)
     info = engine.info
     seq = cfg.model.seq_length
@@ -308,6 +309,7 @@ def summarize(
         "predicted_step_s": plan.get("time", {}).get("step_s"),
         "measured_peak_memory": peak_memory(),
         "predicted_memory_allocated_bytes": plan.get("memory", {}).get("allocated_bytes"),
+        "predicted_memory_reserved_bytes": plan.get("memory", {}).get("reserved_bytes"),
         "world_size": world_size,
         "recipe": cfg.recipe,
     }
@@ -318,16 +320,36 @@ def format_summary(s: dict[str, Any]) -> str:
         return format(x, fmt) if isinstance(x, int | float) else "n/a"
 
     memory = s["measured_peak_memory"]
-    measured_mem = memory.get("max_allocated", memory.get("max_rss", 0)) / 2**30
-    kind = "max allocated" if "max_allocated" in memory else "peak RSS"
-    predicted_mem = s["predicted_memory_allocated_bytes"]
+    gib = 2**30
+
+    def predicted(key: str) -> str:
+        value = s.get(f"predicted_memory_{key}_bytes")
+        return num(value / gib if value else None, ".2f")
+
+    if "max_allocated" in memory:
+        mem_line = (
+            f"memory per GPU: max allocated {memory['max_allocated'] / gib:.2f} GiB (predicted "
+            f"{predicted('allocated')}), max reserved {memory['max_reserved'] / gib:.2f} GiB "
+            f"(predicted {predicted('reserved')})"
+        )
+    elif "baseline_rss" in memory:
+        runtime, peak = memory["baseline_rss"], memory["max_rss"]
+        mem_line = (
+            f"memory per process: peak RSS {peak / gib:.2f} GiB = runtime "
+            f"{runtime / gib:.2f} GiB (Python, torch, before the model) + training "
+            f"{max(0, peak - runtime) / gib:.2f} GiB; predicted {predicted('allocated')} GiB "
+            "allocated"
+        )
+    else:
+        mem_line = (
+            f"memory per process: peak RSS {memory.get('max_rss', 0) / gib:.2f} GiB; predicted "
+            f"{predicted('allocated')} GiB allocated"
+        )
     return (
         f"done: {s['steps']} steps, loss {num(s['first_loss'], '.4f')} -> "
         f"{num(s['last_loss'], '.4f')}\n"
         f"step time: measured {num(s['measured_step_s'], '.4f')} s (median), predicted "
-        f"{num(s['predicted_step_s'], '.4f')} s\n"
-        f"memory per process: measured {measured_mem:.2f} GiB ({kind}), predicted "
-        f"{num(predicted_mem / 2**30 if predicted_mem else None, '.2f')} GiB allocated"
+        f"{num(s['predicted_step_s'], '.4f')} s\n{mem_line}"
     )
 
 

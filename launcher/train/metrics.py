@@ -10,6 +10,7 @@ Rich bar on a terminal and a plain line per log interval otherwise (logs, CI).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -18,16 +19,38 @@ from typing import Any, TextIO
 
 import torch
 
+_baseline_rss: int | None = None
+
+
+def current_rss() -> int | None:
+    """Resident memory of this process now, in bytes (Linux /proc), or None elsewhere."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def mark_rss_baseline() -> None:
+    """Remember the RSS of the runtime (Python, torch, process group) before the model exists, so
+    that on CPU the training's own memory can be compared with the plan's `allocated`."""
+    global _baseline_rss
+    _baseline_rss = current_rss()
+
 
 def peak_memory() -> dict[str, int]:
-    """Peak memory of this process: max allocated/reserved on GPU, max RSS on CPU (bytes)."""
+    """Peak memory of this process: max allocated/reserved on GPU, max RSS on CPU (bytes), with
+    the RSS baseline taken by mark_rss_baseline when there is one."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return {
             "max_allocated": int(torch.cuda.max_memory_allocated()),
             "max_reserved": int(torch.cuda.max_memory_reserved()),
         }
     # ru_maxrss is in KiB on Linux.
-    return {"max_rss": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    out = {"max_rss": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    if _baseline_rss is not None:
+        out["baseline_rss"] = _baseline_rss
+    return out
 
 
 def memory_bytes(peak: dict[str, int]) -> int:

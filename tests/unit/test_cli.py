@@ -74,6 +74,10 @@ def test_bad_group_option_exit_2() -> None:
     result = llmtrain("show", "cluster=h100-8gb")
     assert result.returncode == 2
     assert "no such cluster (did you mean 'h100-80gb'?)" in result.stderr
+    # A prefix of option names suggests those options, not a look-alike ('h800').
+    prefix = llmtrain("show", "cluster=h100")
+    assert prefix.returncode == 2
+    assert "(did you mean 'h100-80gb' or 'h100-96gb' or 'h100-pcie'?)" in prefix.stderr
 
 
 def test_unknown_option_is_a_usage_error() -> None:

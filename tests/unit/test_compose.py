@@ -68,6 +68,9 @@ def test_bad_recipe_lists_recipes() -> None:
 
 def test_type_errors_name_key_and_expected_type() -> None:
     assert "parallel.tp=abc: expected an integer, got str 'abc'" in problems(["parallel.tp=abc"])
+    # An integral float (1e12) is still refused, with the integer to write instead.
+    assert "write it as an integer: train.tokens=1000000000000" in problems(["train.tokens=1e12"])
+    assert "write it as" not in problems(["train.tokens=1.5"])
     assert "optim.lr=fast: expected a number" in problems(["optim.lr=fast"])
     assert "model.num_kv_heads=x: expected an integer or null" in problems(["model.num_kv_heads=x"])
     assert "model.tie_embeddings=maybe: expected true or false" in problems(
