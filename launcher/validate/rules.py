@@ -562,10 +562,19 @@ def tensor_parallel_shapes(cfg: LLMTrainConfig, layout: Layout) -> list[Violatio
 @rule("batch-arithmetic")
 def batch_arithmetic(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     t = cfg.train
-    if not _dp_consistent(layout):
-        return []
-    per_pass = layout.micro_batch_size * layout.dp
     out = []
+    if (t.steps is None) == (t.tokens is None):
+        out.append(
+            _error(
+                "batch-arithmetic",
+                ("train.steps", "train.tokens"),
+                f"set exactly one of train.steps and train.tokens (got steps={t.steps}, "
+                f"tokens={t.tokens}); e.g. train.tokens=null",
+            )
+        )
+    if not _dp_consistent(layout):
+        return out
+    per_pass = layout.micro_batch_size * layout.dp
     if t.global_batch_size is not None:
         accum = t.grad_accum
         if accum is None and t.global_batch_size % per_pass:
@@ -623,15 +632,6 @@ def batch_arithmetic(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 ("train.grad_accum", "parallel.pp"),
                 f"interleaved schedule with {m} micro-batches, not a multiple of pp={pp}: "
                 "Megatron-LM requires a multiple; the torch backend accepts it",
-            )
-        )
-    if (t.steps is None) == (t.tokens is None):
-        out.append(
-            _error(
-                "batch-arithmetic",
-                ("train.steps", "train.tokens"),
-                f"set exactly one of train.steps and train.tokens (got steps={t.steps}, "
-                f"tokens={t.tokens}); e.g. train.tokens=null",
             )
         )
     return out

@@ -228,3 +228,6 @@ def test_rules_needing_dp_stay_silent_when_dp_cannot_be_inferred() -> None:
     assert "world-size" in rules and "attention-heads" in rules
     assert "batch-arithmetic" not in rules
     assert not [v for v in found if "85" in v.message], found
+    # A rule's checks that do not need dp still run.
+    both = violations("recipe=llama3-70b", "parallel.tp=6", "train.steps=5", "train.tokens=5")
+    assert any("exactly one of train.steps" in v.message for v in both)
