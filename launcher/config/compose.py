@@ -135,7 +135,7 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
 # train.steps and train.tokens are two ways to say how long to train; exactly one is set. One given
 # on the command line replaces the other coming from a recipe or group file (a recipe's 300B
 # tokens and `train.steps=20` for a trial mean 20 steps), unless both are given there.
-BUDGET_KEYS = ("train.steps", "train.tokens")
+BUDGET_PARTNER = {"train.steps": "train.tokens", "train.tokens": "train.steps"}
 
 
 def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, Any]) -> None:
@@ -143,7 +143,7 @@ def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, An
     train = values.get("train")
     if not isinstance(train, dict):
         return
-    for key, other in (BUDGET_KEYS, BUDGET_KEYS[::-1]):
+    for key, other in BUDGET_PARTNER.items():
         if key in given and other not in given:
             train[other.split(".")[1]] = None
 
@@ -469,18 +469,16 @@ def _explain_root(exc: BaseException) -> str:
         match = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
         if match:
             value, kind = match.group(1), match.group(2)
+            expected = _expected_type(full_key)
             hint = ""
-            if kind == "float" and "integer" in _expected_type(full_key):
+            if kind == "float" and "integer" in expected:
                 try:
                     number = float(value)
                     if number.is_integer():
                         hint = f"; write it as an integer: {full_key}={int(number)}"
                 except (OverflowError, ValueError):
                     pass
-            return (
-                f"{full_key}={value}: expected {_expected_type(full_key)}, "
-                f"got {kind} {value!r}{hint}"
-            )
+            return f"{full_key}={value}: expected {expected}, got {kind} {value!r}{hint}"
         bool_match = re.match(r"Value '(.*)' is not a valid bool", text)
         if bool_match:
             return f"{full_key}={bool_match.group(1)}: expected true or false"

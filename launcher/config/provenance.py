@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher import resources
-from launcher.config.compose import BUDGET_KEYS, Composed
+from launcher.config.compose import BUDGET_PARTNER, Composed
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -65,8 +65,6 @@ def value_sources(composed: Composed) -> dict[str, str]:
             how = "default"
         group_keys[group] = (f"{group}/{option}.yaml ({how})", {f"{group}.{k}" for k in keys})
 
-    steps, tokens = BUDGET_KEYS
-    budget_partner = {steps: tokens, tokens: steps}
     sources = {}
     for leaf in flatten(composed.values):
         group = leaf.split(".", 1)[0]
@@ -74,8 +72,8 @@ def value_sources(composed: Composed) -> dict[str, str]:
             sources[leaf] = "command line" if "recipe" in cli_groups else "default recipe"
         elif any(leaf == k or leaf.startswith(f"{k}.") for k in cli_keys):
             sources[leaf] = "command line"
-        elif leaf in BUDGET_KEYS and budget_partner[leaf] in cli_keys:
-            sources[leaf] = f"command line ({budget_partner[leaf]} replaces it)"
+        elif BUDGET_PARTNER.get(leaf) in cli_keys:
+            sources[leaf] = f"command line ({BUDGET_PARTNER[leaf]} replaces it)"
         elif leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys):
             sources[leaf] = f"recipe {recipe}"
         elif group in group_keys and leaf in group_keys[group][1]:

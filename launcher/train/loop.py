@@ -33,7 +33,7 @@ from launcher.train.checkpoint import PREEMPTED_MARKER, CheckpointWriter, latest
 from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, default_cache_root
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
-from launcher.train.metrics import MetricsWriter, mark_rss_baseline, memory_bytes, peak_memory
+from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
 from launcher.train.optim import learning_rate
 from launcher.train.sampler import ShardedSampler
 
@@ -181,7 +181,7 @@ def train(run_dir: Path) -> int:
 
     shards = TokenShards(data_dir(cfg))
     check_vocab(shards.index, cfg.model.vocab_size)
-    mark_rss_baseline()
+    runtime_rss = current_rss()  # Python, torch, process group: before the model exists
     engine = build_engine(cfg)
     info = engine.info
     seq = cfg.model.seq_length
@@ -282,7 +282,7 @@ def train(run_dir: Path) -> int:
     save(total)
     if metrics is not None:
         metrics.close()
-    summary = summarize(cfg, plan, losses, step_times, start, info.world_size)
+    summary = summarize(cfg, plan, losses, step_times, start, info.world_size, runtime_rss)
     summary["weights_sha256"] = engine.weights_digest()
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -297,6 +297,7 @@ def summarize(
     step_times: list[float],
     start: int,
     world_size: int,
+    runtime_rss: int | None = None,
 ) -> dict[str, Any]:
     # The first step of a process includes warm-up (allocation, JIT, DeepSpeed hooks).
     steady = step_times[1:] or step_times
@@ -307,7 +308,7 @@ def summarize(
         "last_loss": losses[-1] if losses else None,
         "measured_step_s": statistics.median(steady) if steady else None,
         "predicted_step_s": plan.get("time", {}).get("step_s"),
-        "measured_peak_memory": peak_memory(),
+        "measured_peak_memory": peak_memory(runtime_rss),
         "predicted_memory_allocated_bytes": plan.get("memory", {}).get("allocated_bytes"),
         "predicted_memory_reserved_bytes": plan.get("memory", {}).get("reserved_bytes"),
         "world_size": world_size,

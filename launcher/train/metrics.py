@@ -19,8 +19,6 @@ from typing import Any, TextIO
 
 import torch
 
-_baseline_rss: int | None = None
-
 
 def current_rss() -> int | None:
     """Resident memory of this process now, in bytes (Linux /proc), or None elsewhere."""
@@ -31,16 +29,10 @@ def current_rss() -> int | None:
         return None
 
 
-def mark_rss_baseline() -> None:
-    """Remember the RSS of the runtime (Python, torch, process group) before the model exists, so
-    that on CPU the training's own memory can be compared with the plan's `allocated`."""
-    global _baseline_rss
-    _baseline_rss = current_rss()
-
-
-def peak_memory() -> dict[str, int]:
+def peak_memory(baseline_rss: int | None = None) -> dict[str, int]:
     """Peak memory of this process: max allocated/reserved on GPU, max RSS on CPU (bytes), with
-    the RSS baseline taken by mark_rss_baseline when there is one."""
+    ``baseline_rss`` (the runtime's RSS before the model existed, see ``current_rss``) when given,
+    so that on CPU the training's own memory can be compared with the plan's `allocated`."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return {
             "max_allocated": int(torch.cuda.max_memory_allocated()),
@@ -48,8 +40,8 @@ def peak_memory() -> dict[str, int]:
         }
     # ru_maxrss is in KiB on Linux.
     out = {"max_rss": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
-    if _baseline_rss is not None:
-        out["baseline_rss"] = _baseline_rss
+    if baseline_rss is not None:
+        out["baseline_rss"] = baseline_rss
     return out
 
 
