@@ -1,7 +1,8 @@
 """Everything checked before a run starts a process: no half-made run directory on bad input.
 
 ``preflight(cfg)`` returns the plan and raises ``UserError`` (exit 2) listing every problem: the
-validation rules' errors, what the chosen backend cannot run (with what would), a predicted memory
+validation rules' errors (what the chosen backend cannot run among them, from launcher/backends/),
+a backend that is plan/render-only here, a predicted memory
 overflow (with the planner's smallest fixes; ``force`` skips only this one), missing data, and
 hardware this machine does not have.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from launcher.backends import launch_refusal
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
@@ -18,37 +20,11 @@ from launcher.plan.planner import Plan, make_plan
 from launcher.validate.rules import check
 
 
-def deepspeed_capabilities(cfg: LLMTrainConfig) -> list[str]:
-    """Why llmtrain's DeepSpeed engine cannot run `cfg`, each with what would; [] if it can."""
-    p, out = cfg.parallel, []
-    for key, value in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep)):
-        if value > 1:
-            out.append(
-                f"parallel.{key}={value}: llmtrain's DeepSpeed engine is data parallel with ZeRO "
-                f"only; use backend=torch for tensor/pipeline parallel, or parallel.{key}=1"
-            )
-    if cfg.cluster.gpu == "cpu" and cfg.precision.compute_dtype == "fp16":
-        out.append("DeepSpeed has no fp16 on CPU; use precision=fp32 or precision=bf16")
-    if cfg.optim.name not in ("adamw", "adam"):
-        out.append(
-            f"optim.name={cfg.optim.name}: the training runtime has adamw and adam; "
-            "use optim.name=adamw"
-        )
-    return out
-
-
 def backend_problems(cfg: LLMTrainConfig) -> list[str]:
-    name = cfg.backend.name
-    if name == "deepspeed":
-        return deepspeed_capabilities(cfg)
-    if name == "torch":
-        from launcher.train.engines.capabilities import torch_capabilities
-
-        return torch_capabilities(cfg)
-    return [
-        "backend=megatron: llmtrain writes Megatron-LM's arguments (for your own Megatron-LM "
-        "checkout) but trains with its own engines; use backend=torch or backend=deepspeed"
-    ]
+    """Why `run`/`submit` cannot train with the configured backend here (launcher/backends/: the
+    capability refusals themselves are validation errors, see ``validate.rules``)."""
+    refusal = launch_refusal(cfg)
+    return [refusal] if refusal else []
 
 
 def hardware_problems(cfg: LLMTrainConfig) -> list[str]:

@@ -2,9 +2,10 @@
 
 For users who train with their own Megatron-LM checkout. Flag names follow Megatron-LM's
 ``megatron/training/arguments.py``. What Megatron-LM cannot express is refused with a reason
-(``MegatronUnsupported``), never approximated: ZeRO stages 2 and 3 (Megatron shards only the
-optimizer state: ``--use-distributed-optimizer``, llmtrain's zero.stage=1), parameter offload, the
-Lion optimizer, a GPipe schedule, and pipeline splits other than "first and last stage differ".
+(``MegatronUnsupported``), never approximated; what Megatron-LM runs is declared once, in
+launcher/backends/megatron.py (zero.stage=1 is ``--use-distributed-optimizer``, zero.stage=3 is
+Megatron-FSDP; no ZeRO-2, no parameter offload, no Lion, no GPipe schedule, no kv-head
+replication, pipeline splits where only the first and last stage differ).
 Data and tokenizer arguments are the user's (a NullTokenizer with the vocabulary size stands in).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import shlex
 
+from launcher.backends import raw_refusals
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 
@@ -24,39 +26,25 @@ class MegatronUnsupported(ValueError):
         super().__init__("; ".join(reasons))
 
 
-def _split_args(cfg: LLMTrainConfig, problems: list[str]) -> list[str]:
+def _split_args(cfg: LLMTrainConfig) -> list[str]:
+    """Uneven first/last stages and virtual stages (what Megatron-LM cannot split is refused by
+    launcher/backends/megatron.py before this runs)."""
     layout = derive_layout(cfg)
     p = cfg.parallel
     args: list[str] = []
-    if layout.explicit_split and p.pp > 1:
-        stages = list(layout.stage_layers)
-        first, middle, last = stages[0], stages[1:-1], stages[-1]
-        if len(set(middle)) > 1:
-            problems.append(
-                f"parallel.pp_layers={stages}: Megatron-LM splits the inner stages evenly (only "
-                "the first and last may differ); make the inner stages equal"
-            )
-        elif p.vpp > 1 and len(set(stages)) > 1:
-            problems.append(
-                f"parallel.pp_layers={stages} with parallel.vpp={p.vpp}: uneven stages with "
-                "interleaving are not expressible here; use equal stages"
-            )
-        elif len(set(stages)) > 1:
-            args += [
-                "--decoder-first-pipeline-num-layers",
-                str(first),
-                "--decoder-last-pipeline-num-layers",
-                str(last),
-            ]
+    stages = list(layout.stage_layers)
+    if layout.explicit_split and p.pp > 1 and p.vpp == 1 and len(set(stages)) > 1:
+        args += [
+            "--decoder-first-pipeline-num-layers",
+            str(stages[0]),
+            "--decoder-last-pipeline-num-layers",
+            str(stages[-1]),
+        ]
     if p.vpp > 1:
-        chunks = p.pp * p.vpp
-        if cfg.model.num_layers % chunks:
-            problems.append(
-                f"model.num_layers={cfg.model.num_layers} is not divisible by pp*vpp={chunks}: "
-                "Megatron-LM's interleaved schedule needs equal virtual stages"
-            )
-        else:
-            args += ["--num-layers-per-virtual-pipeline-stage", str(cfg.model.num_layers // chunks)]
+        args += [
+            "--num-layers-per-virtual-pipeline-stage",
+            str(cfg.model.num_layers // (p.pp * p.vpp)),
+        ]
     return args
 
 
@@ -64,29 +52,10 @@ def megatron_args(cfg: LLMTrainConfig) -> list[str]:
     """The argument list (unquoted words). Raises MegatronUnsupported with every reason."""
     m, p, z, prec, t, o = cfg.model, cfg.parallel, cfg.zero, cfg.precision, cfg.train, cfg.optim
     layout = derive_layout(cfg)
-    problems: list[str] = []
-    if z.stage >= 2:
-        problems.append(
-            f"zero.stage={z.stage}: Megatron-LM shards only the optimizer state "
-            "(--use-distributed-optimizer, like zero.stage=1); use zero.stage=1"
-        )
-    if z.offload_params != "none":
-        problems.append("zero.offload_params: Megatron-LM does not offload parameters")
-    if z.offload_optimizer != "none" and z.stage != 1:
-        problems.append(
-            "zero.offload_optimizer=cpu: Megatron-LM offloads the distributed optimizer only; "
-            "use zero.stage=1"
-        )
-    if o.name == "lion":
-        problems.append("optim.name=lion: Megatron-LM has adam and sgd; use optim.name=adamw")
-    if p.pp > 1 and p.pp_schedule == "gpipe":
-        problems.append(
-            "parallel.pp_schedule=gpipe: Megatron-LM runs 1F1B (interleaved with vpp>1); use "
-            "parallel.pp_schedule=1f1b"
-        )
-    split = _split_args(cfg, problems)
+    problems = [r.message for r in raw_refusals("megatron", cfg, device=False)]
     if problems:
         raise MegatronUnsupported(problems)
+    split = _split_args(cfg)
 
     args = [
         "--num-layers", str(m.num_layers),
@@ -139,8 +108,13 @@ def megatron_args(cfg: LLMTrainConfig) -> list[str]:
     ]  # fmt: skip
     if p.ep > 1:
         args += ["--expert-model-parallel-size", str(p.ep)]
+        if (layout.dp * p.cp) % p.ep:
+            # MoE parallel folding: the expert groups span tensor-parallel ranks too.
+            args += ["--expert-tensor-parallel-size", "1"]
     if p.sequence_parallel:
         args.append("--sequence-parallel")
+    if z.stage == 3:
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if z.stage == 1:
         args.append("--use-distributed-optimizer")
         if z.offload_optimizer == "cpu":

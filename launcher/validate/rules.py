@@ -7,7 +7,8 @@ mutates the config.
 
 Conventions stated once:
 - Rank placement, innermost first: tp, cp, dp, pp (Megatron-LM's order). Expert parallel groups are
-  carved out of the dp x cp ranks of one pipeline stage, so ep must divide dp * cp.
+  carved out of the ranks of one pipeline stage the backend names (``backends.expert_span``):
+  dp x cp, or tp x cp x dp with Megatron-core's MoE parallel folding; ep must divide that product.
 - Grouped-query attention under tensor parallel: tp must divide num_kv_heads, or num_kv_heads must
   divide tp, in which case each kv head is replicated tp / num_kv_heads times (Megatron-LM requires
   the first; the torch backend also runs the second).
@@ -21,6 +22,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from launcher.backends import expert_span, refusals
 from launcher.config.layout import Layout, auto_split, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
@@ -318,15 +320,17 @@ def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"valid ep: {_join(divisors(experts))}",
             )
         )
-    span = layout.dp * p.cp
+    names, span = expert_span(cfg, layout)
     if _dp_consistent(layout) and span % p.ep:
         ok = [d for d in divisors(span) if experts % d == 0]
+        product = " x ".join(names)
+        values = " x ".join(str(getattr(layout, n)) for n in names)
         out.append(
             _error(
                 "expert-parallel",
-                ("parallel.ep", "parallel.dp", "parallel.cp"),
-                f"parallel.ep={p.ep} does not divide dp x cp = {layout.dp} x {p.cp} = {span} "
-                "(expert groups are carved from data/context-parallel ranks); "
+                ("parallel.ep", *(f"parallel.{n}" for n in names)),
+                f"parallel.ep={p.ep} does not divide {product} = {values} = {span} (backend="
+                f"{cfg.backend.name} carves expert groups from the {product} ranks of a stage); "
                 f"valid ep: {_join(ok)}",
             )
         )
@@ -686,79 +690,8 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return out
 
 
-# What each backend can run. Sources: DeepSpeed docs (pipeline engine supports ZeRO-1 only;
-# ZeRO-Offload needs stage >= 1, parameter offload stage 3); Megatron-LM (distributed optimizer is
-# ZeRO-1 style; no parameter sharding; num_query_groups must divide by tp).
+# What each backend can run is declared in launcher/backends/ (one table per engine); this rule
+# reports that table's refusals for the configured backend.
 @rule("backend-capabilities")
 def backend_capabilities(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
-    b, z, p = cfg.backend.name, cfg.zero, cfg.parallel
-    out = []
-    if z.offload_optimizer != "none" and z.stage < 1:
-        out.append(
-            _error(
-                "backend-capabilities",
-                ("zero.offload_optimizer", "zero.stage"),
-                "zero.offload_optimizer=cpu needs zero.stage >= 1 (the offloaded optimizer states "
-                "are the sharded ones); use zero.stage=1 or higher",
-            )
-        )
-    if z.offload_params != "none" and z.stage < 3:
-        out.append(
-            _error(
-                "backend-capabilities",
-                ("zero.offload_params", "zero.stage"),
-                "zero.offload_params=cpu needs zero.stage=3 (only sharded parameters can be "
-                "offloaded); use zero.stage=3",
-            )
-        )
-    if b == "deepspeed":
-        if z.stage >= 2 and p.pp > 1:
-            out.append(
-                _error(
-                    "backend-capabilities",
-                    ("backend", "zero.stage", "parallel.pp"),
-                    f"backend=deepspeed cannot combine zero.stage={z.stage} with pipeline parallel "
-                    f"(parallel.pp={p.pp}): its pipeline engine supports ZeRO stage 0 or 1; use "
-                    "zero.stage=1, or backend=torch for FSDP with pipelining",
-                )
-            )
-        if p.cp > 1:
-            out.append(
-                _error(
-                    "backend-capabilities",
-                    ("backend", "parallel.cp"),
-                    f"backend=deepspeed has no context parallel (parallel.cp={p.cp}); use "
-                    "backend=torch or backend=megatron",
-                )
-            )
-    if b == "megatron":
-        if z.stage >= 2:
-            out.append(
-                _error(
-                    "backend-capabilities",
-                    ("backend", "zero.stage"),
-                    f"backend=megatron has no ZeRO-{z.stage}: its distributed optimizer shards "
-                    "optimizer states only (zero.stage=1); use zero.stage=1, or backend=torch "
-                    "(FSDP) / backend=deepspeed for stage 2-3",
-                )
-            )
-        kv = ModelShape(cfg.model).kv_heads
-        if not ModelShape(cfg.model).is_mla and kv % p.tp:
-            out.append(
-                _error(
-                    "backend-capabilities",
-                    ("backend", "parallel.tp", "model.num_kv_heads"),
-                    f"backend=megatron needs parallel.tp to divide model.num_kv_heads={kv} (no kv "
-                    f"replication); valid tp: {_join(divisors(kv))}",
-                )
-            )
-    if cfg.cluster.gpu == "cpu" and b == "megatron":
-        out.append(
-            _error(
-                "backend-capabilities",
-                ("backend", "cluster.gpu"),
-                "backend=megatron needs CUDA GPUs; on cluster=cpu use backend=torch or "
-                "backend=deepspeed",
-            )
-        )
-    return out
+    return [_error("backend-capabilities", ("backend", *r.keys), r.message) for r in refusals(cfg)]

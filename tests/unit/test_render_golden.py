@@ -80,7 +80,8 @@ def test_gpu_request_styles() -> None:
     ("overrides", "reason"),
     [
         (["zero.stage=2"], "zero.stage=2"),
-        (["zero.stage=3", "backend=deepspeed"], "zero.stage=3"),
+        (["zero.stage=3", "zero.offload_params=cpu"], "offload"),
+        (["parallel.tp=2", "model.num_kv_heads=1"], "tp > num_kv_heads"),
         (["optim.name=lion"], "optim.name=lion"),
         (
             [

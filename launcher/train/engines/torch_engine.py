@@ -3,7 +3,7 @@
 
 Mesh and rank order: dims ("pp", "dp", "tp"), tp innermost and pp outermost, so global rank =
 (pp_rank * dp + dp_rank) * tp + tp_rank, the order ``plan`` and ``launcher.validate.rules`` assume.
-Context and expert parallel are not implemented (``capabilities.torch_capabilities`` refuses them).
+Context and expert parallel are not implemented (launcher/backends/torch.py refuses them).
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
 1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
@@ -69,11 +69,11 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.backends import raw_refusals
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
 from launcher.train.engines.base import Engine, RankInfo, StepResult
-from launcher.train.engines.capabilities import torch_capabilities
 from launcher.train.engines.dist import engine_device
 from launcher.train.model import Transformer, apply_recompute, build_model, init_weights, loss_fn
 from launcher.train.optim import build_optimizer
@@ -195,7 +195,7 @@ def _loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 class TorchEngine(Engine):
     def __init__(self, cfg: LLMTrainConfig, seed: int):
-        problems = torch_capabilities(cfg)
+        problems = [r.message for r in raw_refusals("torch", cfg)]
         if problems:
             raise TorchEngineError(
                 "backend=torch cannot run this configuration:\n- " + "\n- ".join(problems)

@@ -1,4 +1,4 @@
-"""torch_capabilities: what backend=torch refuses, each reason with what would work instead."""
+"""launcher/backends/: what each backend refuses, each reason with what would work instead."""
 
 from __future__ import annotations
 
@@ -7,20 +7,21 @@ import sys
 
 import pytest
 
+from launcher.backends import all_backends, launch_refusal, raw_refusals, refusals
 from launcher.config.compose import compose_config
-from launcher.train.engines.capabilities import torch_capabilities
+from launcher.validate.rules import check
 
 pytestmark = pytest.mark.unit
 
 
 def reasons(*overrides: str, gpus: int = 2) -> list[str]:
     cfg = compose_config(["recipe=tiny", f"cluster.gpus_per_node={gpus}", *overrides]).config
-    return torch_capabilities(cfg)
+    return [r.message for r in refusals(cfg)]
 
 
 def test_module_does_not_import_torch() -> None:
     code = (
-        "import sys; import launcher.train.engines.capabilities; "
+        "import sys; import launcher.backends; launcher.backends.all_backends(); "
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
@@ -75,26 +76,6 @@ def test_accepted(overrides: list[str]) -> None:
         (["optim.name=lion"], "lion", "optim.name=adamw"),
         (
             [
-                "parallel.tp=4",
-                "model.num_attention_heads=12",
-                "model.num_kv_heads=6",
-                "model.hidden_size=96",
-            ],
-            "num_kv_heads=6",
-            "parallel.tp in {1, 2, 3, 6, 12}",
-        ),
-        (
-            ["parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=1"],
-            "1f1b needs at least pp=2 micro-batches",
-            "gpipe",
-        ),
-        (
-            ["parallel.pp=2", "parallel.vpp=2", "model.tie_embeddings=false", "train.grad_accum=2"],
-            "interleaved",
-            "pp_schedule=interleaved",
-        ),
-        (
-            [
                 "parallel.pp=2",
                 "parallel.pp_schedule=interleaved",
                 "model.tie_embeddings=false",
@@ -127,3 +108,70 @@ def test_moe_with_tp_and_ep_refused() -> None:
 def test_fp16_on_gpu_points_to_deepspeed() -> None:
     (found,) = reasons("precision=fp16", "cluster=h100-80gb")
     assert "backend=deepspeed" in found and "on CPU" not in found
+
+
+def ds(*overrides: str, gpus: int = 2) -> list[str]:
+    return reasons("backend=deepspeed", *overrides, gpus=gpus)
+
+
+def mg(*overrides: str) -> list[str]:
+    return reasons("backend=megatron", "cluster=h100-80gb", *overrides, gpus=8)
+
+
+def test_every_backend_is_found_and_only_megatron_is_plan_only() -> None:
+    backends = all_backends()
+    assert set(backends) == {"torch", "deepspeed", "megatron"}
+    assert [n for n, b in backends.items() if not b.launchable] == ["megatron"]
+
+
+def test_deepspeed_is_data_parallel_with_zero() -> None:
+    for stage in range(4):
+        assert ds(f"zero.stage={stage}") == []
+    assert ds("zero.stage=2", "zero.offload_optimizer=cpu") == []
+    assert ds("zero.stage=3", "zero.offload_params=cpu", "zero.offload_optimizer=cpu") == []
+    (found,) = ds("parallel.tp=2")
+    assert "data parallel with ZeRO only" in found and "parallel.tp=1" in found
+    assert "backend=torch" in found  # torch runs tp=2 on this config
+    (found,) = ds("zero.stage=0", "zero.offload_optimizer=cpu")
+    assert "zero.stage=1 or 2 or 3" in found
+
+
+def test_alternatives_are_backends_that_run_the_whole_configuration() -> None:
+    # cp=2 on CPU: torch and deepspeed have no cp, megatron needs CUDA: nobody to advise.
+    (found,) = reasons("parallel.cp=2", "model.seq_length=64")
+    assert "backend=" not in found.split(";", 1)[1], found
+    # zero.stage=1 with torch: deepspeed runs it as is.
+    (found,) = reasons("zero.stage=1")
+    assert "backend=deepspeed" in found and "backend=megatron" not in found
+
+
+def test_megatron_table() -> None:
+    assert mg("zero.stage=1") == []
+    assert mg("zero.stage=3") == []  # Megatron-FSDP
+    (found,) = mg("zero.stage=2")
+    assert "zero.stage=0 or 1 or 3" in found
+    (found,) = mg("zero.stage=3", "zero.offload_params=cpu")
+    assert "never" in found
+    (found,) = mg("optim.name=lion")
+    assert "optim.name=adamw" in found
+    assert any("CUDA" in r for r in reasons("backend=megatron"))
+    assert raw_refusals("megatron", compose_config(["backend=megatron"]).config, device=False) == []
+
+
+def test_megatron_moe_parallel_folding() -> None:
+    moe = ["recipe=mixtral-8x7b", "cluster.num_nodes=1", "parallel.pp=1", "parallel.tp=8"]
+    moe += ["train.global_batch_size=8", "parallel.cp=1"]
+    # dp = 1: ep = 8 folds onto the 8 tensor-parallel ranks (tp x cp x dp = 8).
+    cfg = compose_config([*moe, "parallel.ep=8"]).config
+    assert not [v for v in check(cfg) if v.rule == "expert-parallel" and v.is_error]
+    # The same layout on the DP-only engines: ep must divide dp x cp = 1.
+    cfg = compose_config([*moe, "parallel.ep=8", "backend=torch"]).config
+    errors = [v.message for v in check(cfg) if v.rule == "expert-parallel" and v.is_error]
+    assert errors and "dp x cp" in errors[0]
+
+
+def test_launch_refusal_names_what_runs_here() -> None:
+    cfg = compose_config(["backend=megatron"]).config
+    refusal = launch_refusal(cfg)
+    assert refusal is not None and "backend=torch" in refusal
+    assert launch_refusal(compose_config([]).config) is None

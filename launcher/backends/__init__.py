@@ -1,0 +1,25 @@
+"""What each training backend runs: one declarative table per engine (see ``common``)."""
+
+from launcher.backends.common import (
+    Backend,
+    Refusal,
+    all_backends,
+    expert_span,
+    get_backend,
+    launch_refusal,
+    raw_refusals,
+    refusals,
+    runnable_by,
+)
+
+__all__ = [
+    "Backend",
+    "Refusal",
+    "all_backends",
+    "expert_span",
+    "get_backend",
+    "launch_refusal",
+    "raw_refusals",
+    "refusals",
+    "runnable_by",
+]

@@ -1,0 +1,319 @@
+"""The data type of a backend's capability table and the questions everyone asks it.
+
+Each engine declares, in one file of this package (``torch.py``, ``deepspeed.py``, ``megatron.py``),
+a ``BACKEND = Backend(...)``: the parallel degrees it runs above 1, the ZeRO stages, precisions,
+optimizers, offloads, pipeline schedules and model features it runs, on which device kinds, whether
+``llmtrain run``/``submit`` can launch it here, and the combinations it refuses beyond the table
+(``combos``: functions returning a ``Refusal`` with the reason and what works instead).
+``refusals(cfg)`` turns the table into reasons; validate, the search, preflight, the Megatron-LM
+renderer and the engines all call it. Adding a backend is one file here: every module of this
+package with a ``BACKEND`` is found by ``all_backends()``.
+
+No torch import, and nothing above ``launcher.config`` is imported (plan/, validate/ and search/
+ask this package, never the other way round).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+
+from launcher.config.layout import Layout, derive_layout
+from launcher.config.schema import LLMTrainConfig
+
+DEGREES = ("tp", "pp", "cp", "ep")
+DEGREE_WORDS = {
+    "tp": "tensor parallel",
+    "pp": "pipeline parallel",
+    "cp": "context parallel",
+    "ep": "expert parallel",
+}
+# Model features a backend may or may not run (the README table lists them in this order).
+FEATURES = {
+    "moe": "mixture-of-experts layers",
+    "moe+tp": "mixture-of-experts layers with tp > 1",
+    "mla": "multi-head latent attention",
+    "mla+tp": "multi-head latent attention with tp > 1",
+    "kv-replication": "tp > num_kv_heads (each key/value head replicated)",
+    "tied-embeddings+pp": "tied input/output embeddings with pp > 1",
+    "sequence-parallel": "sequence parallel (with tp > 1)",
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a backend cannot run a configuration: the keys, the reason, and what works instead
+    with this backend (``instead``: an override or a short phrase)."""
+
+    keys: tuple[str, ...]
+    message: str
+
+
+Combo = Callable[[LLMTrainConfig, Layout], "Refusal | None"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    summary: str
+    # Can `llmtrain run` / `submit` train with it here? If not, why and what is needed.
+    launchable: bool
+    not_launchable: str
+    devices: tuple[str, ...]  # "cpu", "cuda"
+    degrees: frozenset[str]  # degrees it runs above 1 (tp, pp, cp, ep)
+    degree_notes: dict[str, str]  # why a degree is not run (shown in the refusal)
+    zero_stages: tuple[int, ...]
+    zero_notes: dict[int, str]  # how each stage runs, or why it is refused
+    precisions: tuple[str, ...]  # fp32 | bf16 | fp16 | fp8 (precision_of)
+    optimizers: tuple[str, ...]
+    offload_optimizer_stages: tuple[int, ...]  # stages with which zero.offload_optimizer=cpu runs
+    offload_params_stages: tuple[int, ...]  # stages with which zero.offload_params=cpu runs
+    schedules: tuple[str, ...]  # pipeline schedules (with pp > 1)
+    features: frozenset[str]
+    # Ranks of one pipeline stage the expert-parallel groups are carved from.
+    expert_span: tuple[str, ...] = ("dp", "cp")
+    combos: tuple[Combo, ...] = field(default=())
+
+    def runs_feature(self, feature: str) -> bool:
+        return feature in self.features
+
+
+def precision_of(cfg: LLMTrainConfig) -> str:
+    prec = cfg.precision
+    return "fp8" if prec.fp8 or prec.name == "fp8" else prec.compute_dtype
+
+
+def device_of(cfg: LLMTrainConfig) -> str:
+    return "cpu" if cfg.cluster.gpu == "cpu" else "cuda"
+
+
+def features_of(cfg: LLMTrainConfig) -> list[str]:
+    """The features of FEATURES this configuration uses."""
+    m, p = cfg.model, cfg.parallel
+    kv = m.num_kv_heads or m.num_attention_heads
+    moe, mla = (m.num_experts or 0) > 1, m.kv_lora_rank is not None
+    used = []
+    if moe:
+        used.append("moe")
+        if p.tp > 1:
+            used.append("moe+tp")
+    if mla:
+        used.append("mla")
+        if p.tp > 1:
+            used.append("mla+tp")
+    if not mla and p.tp > kv:
+        used.append("kv-replication")
+    if m.tie_embeddings and p.pp > 1:
+        used.append("tied-embeddings+pp")
+    if p.sequence_parallel and p.tp > 1:
+        used.append("sequence-parallel")
+    return used
+
+
+@cache
+def all_backends() -> dict[str, Backend]:
+    """Every backend declared in this package, by name."""
+    import launcher.backends as package
+
+    found: dict[str, Backend] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name == "common":
+            continue
+        module = importlib.import_module(f"launcher.backends.{info.name}")
+        backend = getattr(module, "BACKEND", None)
+        if isinstance(backend, Backend):
+            found[backend.name] = backend
+    return found
+
+
+def get_backend(name: str) -> Backend:
+    return all_backends()[name]
+
+
+def _words(values: tuple[object, ...] | list[object]) -> str:
+    return " or ".join(str(v) for v in values)
+
+
+def _table_refusals(b: Backend, cfg: LLMTrainConfig, layout: Layout, device: bool) -> list[Refusal]:
+    p, z = cfg.parallel, cfg.zero
+    out: list[Refusal] = []
+    tag = f"backend={b.name}"
+    if device and device_of(cfg) not in b.devices:
+        out.append(
+            Refusal(
+                ("cluster.gpu",),
+                f"{tag} needs {' or '.join(d.upper() for d in b.devices)} devices, but "
+                f"cluster={cfg.cluster.name} has {device_of(cfg).upper()}",
+            )
+        )
+    for key in DEGREES:
+        value = getattr(p, key)
+        if value > 1 and key not in b.degrees:
+            note = b.degree_notes.get(key, f"{tag} has no {DEGREE_WORDS[key]}")
+            out.append(
+                Refusal(
+                    (f"parallel.{key}",), f"parallel.{key}={value}: {note}; use parallel.{key}=1"
+                )
+            )
+    if z.stage not in b.zero_stages and 0 <= z.stage <= 3:
+        note = b.zero_notes.get(z.stage, f"{tag} has no ZeRO stage {z.stage}")
+        out.append(
+            Refusal(
+                ("zero.stage",),
+                f"zero.stage={z.stage}: {note}; use zero.stage={_words(list(b.zero_stages))}",
+            )
+        )
+    if z.offload_params == "cpu" and z.stage not in b.offload_params_stages:
+        use = (
+            f"zero.stage={_words(list(b.offload_params_stages))}"
+            if b.offload_params_stages
+            else "zero.offload_params=none"
+        )
+        out.append(
+            Refusal(
+                ("zero.offload_params", "zero.stage"),
+                f"zero.offload_params=cpu with zero.stage={z.stage}: {tag} offloads parameters "
+                + (
+                    f"with zero.stage={_words(list(b.offload_params_stages))} only"
+                    if b.offload_params_stages
+                    else "never"
+                )
+                + f"; use {use}",
+            )
+        )
+    if z.offload_optimizer == "cpu" and z.stage not in b.offload_optimizer_stages:
+        use = (
+            f"zero.stage={_words(list(b.offload_optimizer_stages))}"
+            if b.offload_optimizer_stages
+            else "zero.offload_optimizer=none"
+        )
+        out.append(
+            Refusal(
+                ("zero.offload_optimizer", "zero.stage"),
+                f"zero.offload_optimizer=cpu with zero.stage={z.stage}: {tag} offloads optimizer "
+                "states "
+                + (
+                    f"with zero.stage={_words(list(b.offload_optimizer_stages))} only"
+                    if b.offload_optimizer_stages
+                    else "never"
+                )
+                + f"; use {use}",
+            )
+        )
+    prec = precision_of(cfg)
+    if prec not in b.precisions:
+        out.append(
+            Refusal(
+                ("precision",),
+                f"precision={prec}: {tag} does not train in {prec}; use precision="
+                + _words([x for x in b.precisions if x != "fp32"] + ["fp32"]),
+            )
+        )
+    if cfg.optim.name not in b.optimizers:
+        out.append(
+            Refusal(
+                ("optim.name",),
+                f"optim.name={cfg.optim.name}: {tag} has {', '.join(b.optimizers)}; "
+                f"use optim.name={b.optimizers[0]}",
+            )
+        )
+    if p.pp > 1 and "pp" in b.degrees and p.pp_schedule not in b.schedules:
+        out.append(
+            Refusal(
+                ("parallel.pp_schedule",),
+                f"parallel.pp_schedule={p.pp_schedule}: {tag} runs the "
+                f"{', '.join(b.schedules)} schedules; use parallel.pp_schedule={b.schedules[0]}",
+            )
+        )
+    for feature in features_of(cfg):
+        if feature not in b.features:
+            out.append(
+                Refusal(
+                    _FEATURE_KEYS[feature],
+                    f"{tag} does not run {FEATURES[feature]}; {_FEATURE_FIX[feature]}",
+                )
+            )
+    for combo in b.combos:
+        found = combo(cfg, layout)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+_FEATURE_KEYS = {
+    "moe": ("model.num_experts",),
+    "moe+tp": ("model.num_experts", "parallel.tp"),
+    "mla": ("model.kv_lora_rank",),
+    "mla+tp": ("model.kv_lora_rank", "parallel.tp"),
+    "kv-replication": ("parallel.tp", "model.num_kv_heads"),
+    "tied-embeddings+pp": ("model.tie_embeddings", "parallel.pp"),
+    "sequence-parallel": ("parallel.sequence_parallel",),
+}
+_FEATURE_FIX = {
+    "moe": "use a dense model (model.num_experts=null)",
+    "moe+tp": "use parallel.tp=1 (shard the experts with zero.stage=2 or 3)",
+    "mla": "use standard attention (model.kv_lora_rank=null)",
+    "mla+tp": "use parallel.tp=1",
+    "kv-replication": "use a parallel.tp that divides model.num_kv_heads",
+    "tied-embeddings+pp": "set model.tie_embeddings=false, or parallel.pp=1",
+    "sequence-parallel": "set parallel.sequence_parallel=false",
+}
+
+
+def raw_refusals(name: str, cfg: LLMTrainConfig, *, device: bool = True) -> list[Refusal]:
+    """Why backend `name` cannot run `cfg` (whatever cfg.backend says), with what works; [] if it
+    can. `device=False` leaves out the device kind (for rendering arguments for another machine)."""
+    return _table_refusals(get_backend(name), cfg, derive_layout(cfg), device)
+
+
+def runnable_by(cfg: LLMTrainConfig, *, exclude: str = "") -> list[str]:
+    """The backends that run `cfg` as it is (their whole table agrees), by name."""
+    return [n for n in all_backends() if n != exclude and not raw_refusals(n, cfg)]
+
+
+def refusals(cfg: LLMTrainConfig, *, device: bool = True) -> list[Refusal]:
+    """Why the configured backend cannot run `cfg`. Each message ends with what works for this
+    backend, and names another backend only when that one runs the whole configuration."""
+    name = cfg.backend.name
+    if name not in all_backends():
+        return [
+            Refusal(
+                ("backend",), f"backend={name}: unknown; use backend={_words(list(all_backends()))}"
+            )
+        ]
+    found = raw_refusals(name, cfg, device=device)
+    if not found:
+        return []
+    others = runnable_by(cfg, exclude=name)
+    if not others:
+        return found
+    tail = (
+        ", or " + " or ".join(f"backend={o}" for o in others) + " (runs this configuration as is)"
+    )
+    return [Refusal(r.keys, r.message + tail) for r in found]
+
+
+def launch_refusal(cfg: LLMTrainConfig) -> str | None:
+    """Why `llmtrain run`/`submit` cannot train with the configured backend here (None: it can)."""
+    b = all_backends().get(cfg.backend.name)
+    if b is None or b.launchable:
+        return None
+    runnable = [n for n in runnable_by(cfg) if all_backends()[n].launchable]
+    instead = " or ".join(f"backend={n}" for n in runnable)
+    return f"backend={b.name}: {b.not_launchable}" + (
+        f"; {instead} runs this configuration here" if instead else ""
+    )
+
+
+def expert_span(cfg: LLMTrainConfig, layout: Layout) -> tuple[tuple[str, ...], int]:
+    """The degrees whose ranks hold the expert-parallel groups for this backend, and their product
+    (Megatron-core's MoE parallel folding draws them from tp x cp x dp; the others from dp x cp)."""
+    b = all_backends().get(cfg.backend.name)
+    names = b.expert_span if b else ("dp", "cp")
+    size = 1
+    for n in names:
+        size *= getattr(layout, n)
+    return names, size

@@ -1,0 +1,87 @@
+"""``backend=megatron``: what Megatron-LM runs, for the arguments llmtrain renders
+(launcher/render/megatron_args.py, megatron_args.txt) for the user's own Megatron-LM checkout.
+llmtrain plans and renders it but does not train with it: `run` and `submit` refuse it.
+
+Facts from Megatron-LM's ``megatron/training/arguments.py`` and the Megatron-core docs:
+- ``--use-distributed-optimizer`` shards optimizer states over data parallel (zero.stage=1);
+  Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params``)
+  shards parameters, gradients and optimizer states (zero.stage=3); there is no gradients-only
+  stage 2. CPU offload (``--optimizer-cpu-offload``) is of the distributed optimizer only.
+- Grouped-query attention needs tp to divide ``--num-query-groups`` (no kv-head replication).
+- MoE parallel folding (Megatron-core MoE docs): the expert layers re-fold the tp x cp x dp ranks
+  of a pipeline stage into expert-tensor x expert x expert-data parallel groups, so ep must divide
+  tp x cp x dp (with ``--expert-tensor-parallel-size 1`` when ep does not divide dp x cp).
+- Pipeline schedules: 1F1B, interleaved with virtual stages (equal layer counts per virtual
+  stage); only the first and last stage may hold a different layer count.
+"""
+
+from __future__ import annotations
+
+from launcher.backends.common import Backend, Refusal
+from launcher.config.layout import Layout
+from launcher.config.schema import LLMTrainConfig
+
+
+def _pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    p = cfg.parallel
+    if p.pp <= 1 or not layout.explicit_split:
+        return None
+    stages = list(layout.stage_layers)
+    if len(set(stages[1:-1])) > 1:
+        return Refusal(
+            ("parallel.pp_layers",),
+            f"parallel.pp_layers={stages}: Megatron-LM splits the inner stages evenly (only the "
+            "first and last may differ); make the inner stages equal",
+        )
+    if p.vpp > 1 and len(set(stages)) > 1:
+        return Refusal(
+            ("parallel.pp_layers", "parallel.vpp"),
+            f"parallel.pp_layers={stages} with parallel.vpp={p.vpp}: uneven stages with "
+            "interleaving are not expressible in Megatron-LM; use equal stages",
+        )
+    return None
+
+
+def _virtual_stages(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    p, layers = cfg.parallel, cfg.model.num_layers
+    chunks = p.pp * p.vpp
+    if p.vpp <= 1 or p.pp <= 1 or layers % chunks == 0:
+        return None
+    return Refusal(
+        ("parallel.vpp", "model.num_layers"),
+        f"model.num_layers={layers} is not divisible by pp x vpp = {chunks}: Megatron-LM's "
+        "interleaved schedule needs equal virtual stages; use a parallel.vpp for which pp x vpp "
+        "divides the layer count, or parallel.vpp=1",
+    )
+
+
+BACKEND = Backend(
+    name="megatron",
+    summary="Megatron-LM: TP/PP/CP/EP, distributed optimizer or Megatron-FSDP (arguments only)",
+    launchable=False,
+    not_launchable=(
+        "llmtrain plans it and renders Megatron-LM's arguments (megatron_args.txt, for your own "
+        "Megatron-LM checkout) but trains with its own engines only"
+    ),
+    devices=("cuda",),
+    degrees=frozenset({"tp", "pp", "cp", "ep"}),
+    degree_notes={},
+    zero_stages=(0, 1, 3),
+    zero_notes={
+        0: "plain data parallel",
+        1: "distributed optimizer (--use-distributed-optimizer)",
+        2: "Megatron-LM has no gradients-and-optimizer-only sharding (the distributed optimizer "
+        "is zero.stage=1, Megatron-FSDP is zero.stage=3)",
+        3: "Megatron-FSDP (--use-megatron-fsdp, optim_grads_params)",
+    },
+    precisions=("bf16", "fp16", "fp8", "fp32"),
+    optimizers=("adamw", "adam", "sgd"),
+    offload_optimizer_stages=(1,),
+    offload_params_stages=(),
+    schedules=("1f1b", "interleaved"),
+    features=frozenset(
+        {"moe", "moe+tp", "mla", "mla+tp", "tied-embeddings+pp", "sequence-parallel"}
+    ),
+    expert_span=("tp", "cp", "dp"),
+    combos=(_pipeline_split, _virtual_stages),
+)
