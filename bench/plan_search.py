@@ -44,7 +44,7 @@ def describe(label: str, times: list[float]) -> str:
 def comparison() -> None:
     from launcher.config.compose import compose_config
     from launcher.plan.memory import GIB
-    from launcher.plan.search import search
+    from launcher.search.layouts import search
 
     cfg = compose_config([RECIPE]).config
     result = search(cfg)

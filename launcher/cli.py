@@ -67,7 +67,7 @@ def show(
 ) -> None:
     """Print the resolved configuration."""
     from launcher.config.compose import compose_config
-    from launcher.views import show_config
+    from launcher.views.config import show_config
 
     composed = compose_config(overrides or [])
     source_map = None
@@ -88,7 +88,7 @@ def validate(overrides: Overrides = None, as_json: JsonFlag = False) -> None:
     """Check the layout against every rule; exit 2 on errors."""
     from launcher.config.compose import compose_config
     from launcher.validate.rules import check
-    from launcher.views import show_violations, validation_document
+    from launcher.views.config import show_violations, validation_document
 
     composed = compose_config(overrides or [])
     violations = check(composed.config)
@@ -121,6 +121,13 @@ def plan(
     top: Annotated[int, typer.Option(help="With --search: layouts to show.")] = 10,
     max_tp: Annotated[int | None, typer.Option(help="With --search: largest tp.")] = None,
     max_pp: Annotated[int | None, typer.Option(help="With --search: largest pp.")] = None,
+    any_backend: Annotated[
+        bool,
+        typer.Option(
+            "--any-backend",
+            help="With --search: rank the layouts of every backend, not only the configured one.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
@@ -130,18 +137,27 @@ def plan(
         raise UserError(f"--headroom={headroom}: must be a fraction in [0, 1), e.g. 0.10")
     composed = compose_config(overrides or [])
     if search:
-        from launcher.plan.search import fixed_keys
-        from launcher.plan.search import search as search_layouts
-        from launcher.plan.search_report import render_search, search_to_json
+        from launcher.search.layouts import fixed_keys, search_backends
+        from launcher.search.layouts import search as search_layouts
+        from launcher.views.search import render_search, search_to_json
 
-        result = search_layouts(
-            composed.config,
-            top=top,
-            min_headroom=headroom,
-            max_tp=max_tp,
-            max_pp=max_pp,
-            fixed=fixed_keys(overrides or []),
-        )
+        options: dict[str, Any] = {
+            "top": top,
+            "min_headroom": headroom,
+            "max_tp": max_tp,
+            "max_pp": max_pp,
+            "fixed": fixed_keys(overrides or []) - {"backend", "backend.name"},
+        }
+        if any_backend:
+            from launcher.backends import all_backends
+
+            configs = {composed.config.backend.name: composed.config}  # as given first
+            for name in all_backends():
+                if name not in configs:
+                    configs[name] = compose_config([*(overrides or []), f"backend={name}"]).config
+            result = search_backends(configs, **options)
+        else:
+            result = search_layouts(composed.config, **options)
         if as_json:
             _print_json(search_to_json(result))
         else:
@@ -149,9 +165,9 @@ def plan(
         return
 
     from launcher.plan.planner import make_plan
-    from launcher.plan.report import plan_to_json, render_plan
     from launcher.validate.rules import check
-    from launcher.views import show_violations
+    from launcher.views.config import show_violations
+    from launcher.views.plan import plan_to_json, render_plan
 
     violations = check(composed.config)
     if any(v.is_error for v in violations):
@@ -182,7 +198,7 @@ def run(
     from launcher.config.compose import compose_config
     from launcher.launch.local import RunFailed, RunPreempted, describe, launch, prepare_run_dir
     from launcher.launch.preflight import preflight
-    from launcher.plan.report import plan_to_json
+    from launcher.views.plan import plan_to_json
 
     composed = compose_config(overrides or [])
     plan_result = preflight(composed.config, force=force)
@@ -244,7 +260,7 @@ def data_prepare(
 @app.command()
 def recipes(as_json: JsonFlag = False) -> None:
     """List the shipped recipes: parameters, layout, GPUs."""
-    from launcher.views import recipe_rows, show_recipes
+    from launcher.views.config import recipe_rows, show_recipes
 
     rows = recipe_rows()
     if as_json:
@@ -265,7 +281,7 @@ def render(
     from launcher.config.compose import compose_config
     from launcher.render.artifacts import render_artifacts, write_artifacts
     from launcher.validate.rules import check
-    from launcher.views import show_violations
+    from launcher.views.config import show_violations
 
     composed = compose_config(overrides or [])
     violations = check(composed.config)

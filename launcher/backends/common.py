@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -133,7 +133,7 @@ def get_backend(name: str) -> Backend:
     return all_backends()[name]
 
 
-def _words(values: tuple[object, ...] | list[object]) -> str:
+def _words(values: Sequence[object]) -> str:
     return " or ".join(str(v) for v in values)
 
 

@@ -176,7 +176,7 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
             f"{run_dir} already has job(s) {', '.join(active)} queued or running; follow them "
             f"with `llmtrain status {run_dir}` or stop them with `llmtrain cancel {run_dir}`"
         )
-    from launcher.plan.report import plan_to_json
+    from launcher.views.plan import plan_to_json
 
     prepared = prepare_run_dir(composed, plan_to_json(plan), fresh=False)
     run_dir = prepared.run_dir

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from launcher.config.schema import ClusterConfig, LLMTrainConfig, ParallelConfig, TrainConfig
 from launcher.plan.planner import make_plan
-from launcher.plan.report import plan_to_json, render_plan
 from launcher.plan.schedule import timeline
+from launcher.views.plan import plan_to_json, render_plan
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from launcher.config.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.planner import make_plan
-from launcher.plan.search import (
+from launcher.search.layouts import (
     MEMORY,
     OUTRANKED,
     Choice,
@@ -24,8 +24,8 @@ from launcher.plan.search import (
     search,
     search_space,
 )
-from launcher.plan.search_report import render_search, search_to_json
 from launcher.validate.rules import check
+from launcher.views.search import render_search, search_to_json
 
 pytestmark = pytest.mark.unit
 
@@ -149,16 +149,20 @@ def test_returned_layouts_compose_validate_and_fit() -> None:
 
 
 def test_fixed_keys_and_max_tp_are_respected() -> None:
-    overrides = ("recipe=llama3-8b", "cluster.num_nodes=2", "parallel.tp=2", "zero.stage=1")
+    overrides = ("recipe=llama3-8b", "cluster.num_nodes=2", "parallel.tp=2", "zero.stage=3")
     fixed = fixed_keys(overrides[1:])
     assert fixed == {"cluster.num_nodes", "parallel.tp", "zero.stage"}
     result = search(compose(*overrides), fixed=fixed, top=5)
     assert result.candidates
     for cand in result.candidates:
         assert cand.choice.tp == 2
-        assert cand.choice.zero_stage == 1
+        assert cand.choice.zero_stage == 3
+        assert cand.overrides[0] == "backend=torch"
     unfixed = search(compose(*overrides), top=5)
-    assert {c.choice.zero_stage for c in unfixed.candidates} != {1}
+    assert {c.choice.zero_stage for c in unfixed.candidates} != {3}
+    # A fixed value the backend refuses (torch has no ZeRO-1): nothing is proposed.
+    refused = search(compose(*overrides[:3], "zero.stage=1"), fixed={"zero.stage"}, top=5)
+    assert not refused.candidates and refused.rejected.get("backend-capabilities")
     capped = search(compose("recipe=llama3-8b", "cluster.num_nodes=2"), max_tp=2, top=10)
     assert capped.candidates
     assert all(c.choice.tp <= 2 for c in capped.candidates)

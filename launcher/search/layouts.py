@@ -1,4 +1,6 @@
-"""Search the layouts the validation rules allow for the fastest one that fits: `plan --search`.
+"""Search the layouts the configured backend runs and the validation rules allow for the fastest
+one that fits: `plan --search` (``search``), or over every backend (``search_backends``,
+`--any-backend`). Every proposed override line names its backend (``backend=NAME``).
 
 The space (``search_space``): tp, cp and pp among the divisors of the world size (tp up to
 ``max_tp``, by default the GPUs of one node; cp up to ``max_cp``, by default seq_length / 1024:
@@ -6,14 +8,18 @@ at least 1024 tokens per rank; pp up to the layer count), dp implied, ep among t
 divisors of the expert count (MoE models), the micro-batch size among the divisors of the global
 batch (which stays as configured), the pipeline schedule (gpipe, 1f1b, interleaved with vpp 2 to
 ``max_vpp``), recomputation, sequence parallelism (with tp > 1), ZeRO stage and optimizer offload.
-A key the user fixed on the command line keeps its configured value.
+A key the user fixed on the command line keeps its configured value. The backend's table
+(launcher/backends/) restricts the values of keys not fixed: only the degrees, ZeRO stages,
+offloads, schedules and sequence parallelism it runs are in the space.
 
 How it stays fast while using the planner's own formulas (nothing is re-derived here):
 1. Divisibility pruning, level by level (tp, cp, pp, ep, micro-batch, schedule, recompute, then
    zero/offload/sequence parallel): the error conditions of ``launcher.validate.rules`` written
    for the values that vary (``LayoutSpace.violated_rule``); a pruned value counts every layout
-   under it against that rule. Tests compare this with ``check()`` on every layout of small
-   spaces, and every layout returned is checked with ``check()`` again.
+   under it against that rule. Then the backend's own refusals (``backends.raw_refusals``, the
+   function validate's backend-capabilities rule calls), memoised on the values they depend on.
+   Tests compare this with ``check()`` on every layout of small spaces, and every layout returned
+   is checked with ``check()`` again.
 2. Best-first with bounds: a step is never shorter than (compute + exposed TP/CP/EP/PP
    communication of one micro-batch) x micro-batches x (1 + bubble overhead)
    (``timing.microbatch_compute_s``, ``timing.microbatch_time``, ``schedule.bubble_overhead``).
@@ -40,6 +46,8 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from launcher.backends import all_backends, raw_refusals
+from launcher.backends.common import Backend
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
@@ -60,7 +68,7 @@ from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import Plan, hardware_view, make_plan
 from launcher.plan.schedule import bubble_overhead
 from launcher.plan.timing import estimate_time, microbatch_compute_s, microbatch_time
-from launcher.validate.rules import divisors
+from launcher.validate.rules import check, divisors
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # Default cap on cp: at least this many tokens per context-parallel rank. Below it the attention
@@ -145,6 +153,11 @@ class Candidate:
         return " ".join(self.overrides)
 
     @property
+    def backend(self) -> str:
+        """The backend this layout is for (the first override names it)."""
+        return self.overrides[0].split("=", 1)[1] if self.overrides else ""
+
+    @property
     def headroom(self) -> float:
         """Fraction of the GPU's memory left free on the heaviest rank."""
         return 1.0 - self.memory_bytes / self.capacity_bytes
@@ -175,6 +188,7 @@ class SearchResult:
     given_status: str = ""
     given_rank: int | None = None  # 1-based, when asked for (rank_given=True)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    backends: tuple[str, ...] = ()  # the backends searched
 
     @property
     def world_size(self) -> int:
@@ -201,14 +215,22 @@ class LayoutSpace:
     zero: tuple[int, ...]
     offload: tuple[str, ...]
     max_vpp: int
+    backend: Backend | None = None
+    # Memo of the backend's refusals (see backend_rule); not part of the space's identity.
+    _backend_memo: dict[tuple[object, ...], bool] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
 
     # Dependent value lists.
     def schedules(self, pp: int) -> tuple[tuple[str, int], ...]:
         p = self.base.parallel
         if "parallel.pp_schedule" in self.fixed:
             names: tuple[str, ...] = (p.pp_schedule,)
+        elif pp > 1:
+            b = self.backend
+            names = tuple(s for s in SCHEDULES if b is None or s in b.schedules)
         else:
-            names = SCHEDULES if pp > 1 else ("1f1b",)
+            names = ("1f1b",)
         out: list[tuple[str, int]] = []
         for name in names:
             if "parallel.vpp" in self.fixed:
@@ -223,7 +245,8 @@ class LayoutSpace:
     def sequence_parallel(self, tp: int) -> tuple[bool, ...]:
         if "parallel.sequence_parallel" in self.fixed:
             return (self.base.parallel.sequence_parallel,)
-        return (False, True) if tp > 1 else (False,)
+        runs = self.backend is None or self.backend.runs_feature("sequence-parallel")
+        return (False, True) if tp > 1 and runs else (False,)
 
     def size(self) -> int:
         sched = sum(len(self.schedules(pp)) for pp in self.pp)
@@ -256,15 +279,11 @@ class LayoutSpace:
             return "attention-heads"
         if m.ffn_hidden_size % tp or (m.moe_ffn_hidden_size and m.moe_ffn_hidden_size % tp):
             return "tensor-parallel-shapes"
-        if self.base.backend.name == "megatron" and not shape.is_mla and kv % tp:
-            return "backend-capabilities"
         return None
 
     def cp_rule(self, cp: int) -> str | None:
         if cp != 1 and self.base.model.seq_length % (2 * cp):
             return "context-parallel"
-        if self.base.backend.name == "deepspeed" and cp > 1:
-            return "backend-capabilities"
         return None
 
     def dp_of(self, tp: int, cp: int, pp: int) -> int | None:
@@ -274,11 +293,16 @@ class LayoutSpace:
             return self.base.parallel.dp if self.base.parallel.dp * mp == self.world else None
         return self.world // mp if self.world % mp == 0 else None
 
-    def ep_rule(self, ep: int, dp: int, cp: int) -> str | None:
+    def ep_rule(self, ep: int, dp: int, cp: int, tp: int) -> str | None:
         experts = self.base.model.num_experts or 0
         if experts <= 1:
             return "expert-parallel" if ep > 1 else None
-        if experts % ep or (dp * cp) % ep:
+        # The ranks expert groups are carved from: backends.expert_span (dp x cp, or tp x cp x dp
+        # with Megatron-core's MoE parallel folding).
+        span = dp * cp
+        if self.backend is not None and "tp" in self.backend.expert_span:
+            span *= tp
+        if experts % ep or span % ep:
             return "expert-parallel"
         return None
 
@@ -314,18 +338,21 @@ class LayoutSpace:
         return None
 
     def free_rule(self, tp: int, cp: int, pp: int, zero: int, offload: str, sp: bool) -> str | None:
-        b = self.base.backend.name
         if sp and tp > 1 and (self.base.model.seq_length // cp) % tp:
             return "tensor-parallel-shapes"
-        if offload != "none" and zero < 1:
-            return "backend-capabilities"
-        if self._offload_params() != "none" and zero < 3:
-            return "backend-capabilities"
-        if b == "deepspeed" and zero >= 2 and pp > 1:
-            return "backend-capabilities"
-        if b == "megatron" and zero >= 2:
-            return "backend-capabilities"
         return None
+
+    def backend_rule(self, c: Choice, microbatches: int) -> str | None:
+        """The backend's refusals (``backends.raw_refusals``, what validate reports), memoised on
+        what they can depend on: everything but the micro-batch size and recomputation."""
+        key: tuple[object, ...] = (c.tp, c.cp, c.pp, c.ep, c.vpp, c.pp_schedule, c.zero_stage)
+        key += (c.offload_optimizer, c.sequence_parallel, microbatches)
+        refused = self._backend_memo.get(key)
+        if refused is None:
+            cfg = self.apply(c)
+            refused = bool(raw_refusals(cfg.backend.name, cfg))
+            self._backend_memo[key] = refused
+        return "backend-capabilities" if refused else None
 
     def violated_rule(self, c: Choice) -> str | None:
         """The rule the search excludes this layout by (None: the rules allow it)."""
@@ -335,13 +362,18 @@ class LayoutSpace:
         dp = self.dp_of(c.tp, c.cp, c.pp)
         if dp is None:
             return "world-size"
-        rule = self.ep_rule(c.ep, dp, c.cp)
+        rule = self.ep_rule(c.ep, dp, c.cp, c.tp)
         if rule:
             return rule
-        if self.microbatches(c.micro_batch_size, dp, c.pp) is None:
+        m = self.microbatches(c.micro_batch_size, dp, c.pp)
+        if m is None:
             return "batch-arithmetic"
-        return self.schedule_rule(c.pp, c.pp_schedule, c.vpp) or self.free_rule(
-            c.tp, c.cp, c.pp, c.zero_stage, c.offload_optimizer, c.sequence_parallel
+        return (
+            self.schedule_rule(c.pp, c.pp_schedule, c.vpp)
+            or self.free_rule(
+                c.tp, c.cp, c.pp, c.zero_stage, c.offload_optimizer, c.sequence_parallel
+            )
+            or self.backend_rule(c, m)
         )
 
     # Configurations.
@@ -387,6 +419,7 @@ class LayoutSpace:
         """The override line that turns the configuration into this layout."""
         b = self.base
         out = [
+            f"backend={b.backend.name}",
             f"parallel.tp={c.tp}",
             f"parallel.pp={c.pp}",
             f"parallel.vpp={c.vpp}",
@@ -445,22 +478,31 @@ def search_space(
     mbs_cap = max_micro_batch_size if max_micro_batch_size is not None else gbs
     experts = m.num_experts or 0
     world_divisors = divisors(world)
+    backend = all_backends().get(cfg.backend.name)
+
+    def runs(degree: str, values: Iterable[int]) -> Iterable[int]:
+        """Only 1 for a degree the backend does not run (a fixed key keeps its value)."""
+        return values if backend is None or degree in backend.degrees else (1,)
+
+    zero_stages = backend.zero_stages if backend else range(4)
+    offloads = ("none", "cpu") if backend is None or backend.offload_optimizer_stages else ("none",)
     return LayoutSpace(
         base=cfg,
         fixed=fixed_set,
         world=world,
         global_batch_size=gbs,
-        tp=ints("parallel.tp", p.tp, (d for d in world_divisors if d <= tp_cap)),
-        cp=ints("parallel.cp", p.cp, (d for d in world_divisors if d <= cp_cap)),
-        pp=ints("parallel.pp", p.pp, (d for d in world_divisors if d <= pp_cap)),
-        ep=ints("parallel.ep", p.ep, divisors(experts) if experts > 1 else (1,)),
+        tp=ints("parallel.tp", p.tp, runs("tp", [d for d in world_divisors if d <= tp_cap])),
+        cp=ints("parallel.cp", p.cp, runs("cp", [d for d in world_divisors if d <= cp_cap])),
+        pp=ints("parallel.pp", p.pp, runs("pp", [d for d in world_divisors if d <= pp_cap])),
+        ep=ints("parallel.ep", p.ep, runs("ep", divisors(experts) if experts > 1 else (1,))),
         micro_batch_size=ints(
             "train.micro_batch_size", t.micro_batch_size, (d for d in divisors(gbs) if d <= mbs_cap)
         ),
         recompute=words("train.recompute", t.recompute, RECOMPUTE),
-        zero=ints("zero.stage", z.stage, range(4)),
-        offload=words("zero.offload_optimizer", z.offload_optimizer, ("none", "cpu")),
+        zero=ints("zero.stage", z.stage, zero_stages),
+        offload=words("zero.offload_optimizer", z.offload_optimizer, offloads),
         max_vpp=max(1, max_vpp),
+        backend=backend,
     )
 
 
@@ -622,7 +664,7 @@ class _Search:
                             valid_scheds.append((sched, vpp))
                     passed = 0  # (ep, mbs) pairs the rules allow
                     for ep in sp.ep:
-                        rule = sp.ep_rule(ep, dp, cp)
+                        rule = sp.ep_rule(ep, dp, cp, tp)
                         if rule:
                             self.reject(rule, n_mbs * per_mbs)
                             continue
@@ -633,15 +675,48 @@ class _Search:
                                 continue
                             passed += 1
                             for sched, vpp in valid_scheds:
+                                runnable = self.backend_pairs(
+                                    tp, cp, pp, ep, mbs, m, sched, vpp, free
+                                )
                                 for r in sp.recompute:
                                     ub = self.bound(tp, cp, pp, mbs, m, sched, vpp, r)
-                                    for s, pairs_t in free:
+                                    for s, pairs_t in runnable:
                                         group = (tp, cp, pp, dp, ep, mbs, m, sched, vpp, r, s)
                                         out.append((ub, (*group, pairs_t)))
                     for rule, count in sched_rules.items():
                         self.reject(rule, passed * count * n_r * n_free)
                     for rule, count in free_rules.items():
                         self.reject(rule, passed * len(valid_scheds) * n_r * count)
+        return out
+
+    def backend_pairs(
+        self,
+        tp: int,
+        cp: int,
+        pp: int,
+        ep: int,
+        mbs: int,
+        m: int,
+        sched: str,
+        vpp: int,
+        free: list[tuple[bool, tuple[tuple[int, str], ...]]],
+    ) -> list[tuple[bool, tuple[tuple[int, str], ...]]]:
+        """The (sequence parallel, zero/offload pairs) the backend runs; the others are counted
+        (once per recomputation choice) against backend-capabilities."""
+        sp = self.space
+        out = []
+        refused = 0
+        for s, pairs in free:
+            kept = []
+            for z, off in pairs:
+                choice = Choice(tp, cp, pp, ep, mbs, sched, vpp, "none", z, off, s)
+                if sp.backend_rule(choice, m):
+                    refused += 1
+                else:
+                    kept.append((z, off))
+            if kept:
+                out.append((s, tuple(kept)))
+        self.reject("backend-capabilities", refused * len(sp.recompute))
         return out
 
     # Evaluation ----------------------------------------------------------------------------------
@@ -860,24 +935,21 @@ def candidate_from_plan(plan: Plan, choice: Choice | None, overrides: tuple[str,
     )
 
 
-# Keys whose violations the search can change; any other error is the configuration's own.
-_LAYOUT_KEYS = SEARCH_KEYS | {"train.global_batch_size", "cluster.num_nodes", "backend"}
+# Keys whose violations the search can change; any other error is the configuration's own (a
+# backend refusal of a non-layout key, e.g. optim.name, included: --any-backend may fix those).
+_LAYOUT_KEYS = SEARCH_KEYS | {"train.global_batch_size", "cluster.num_nodes"}
 
 
 def _config_errors(cfg: LLMTrainConfig) -> list[str]:
-    from launcher.validate.rules import check
-
     return [
         f"[{v.rule}] {v.message}"
         for v in check(cfg)
-        if v.is_error and not set(v.keys) & _LAYOUT_KEYS
+        if v.is_error and not (set(v.keys) - {"backend"}) & _LAYOUT_KEYS
     ]
 
 
 def _given(cfg: LLMTrainConfig, headroom: float) -> tuple[Candidate | None, str]:
     """The configuration as given: its Candidate when valid and fitting, and a status line."""
-    from launcher.validate.rules import check
-
     errors = sorted({v.rule for v in check(cfg) if v.is_error})
     if errors:
         return None, "not valid (" + ", ".join(errors) + ")"
@@ -889,8 +961,6 @@ def _given(cfg: LLMTrainConfig, headroom: float) -> tuple[Candidate | None, str]
 
 def _verified(space: LayoutSpace, cand: Candidate, headroom: float) -> Candidate:
     """Re-plan a result from scratch: it must pass check() and make_plan must agree."""
-    from launcher.validate.rules import check
-
     cfg = space.apply(cand.choice)
     errors = [v for v in check(cfg) if v.is_error]
     if errors:
@@ -960,8 +1030,14 @@ def search(
             )
     problems = _config_errors(cfg)
     if problems:
+        hint = (
+            f"\n(no layout of backend={cfg.backend.name} fixes these; --any-backend searches every "
+            "backend)"
+            if any(p.startswith("[backend-capabilities]") for p in problems)
+            else ""
+        )
         raise UserError(
-            "the configuration has errors no layout can fix:\n  " + "\n  ".join(problems)
+            "the configuration has errors no layout can fix:\n  " + "\n  ".join(problems) + hint
         )
     space_args: dict[str, object] = {
         "fixed": fixed,
@@ -1014,4 +1090,48 @@ def search(
         given_status=given_status,
         given_rank=1 + run.better_than_given if rank_given and given is not None else None,
         notes=tuple(notes),
+        backends=(cfg.backend.name,),
+    )
+
+
+def search_backends(configs: dict[str, LLMTrainConfig], **options: object) -> SearchResult:
+    """`--any-backend`: search each backend's configuration (the same request composed with
+    backend=NAME) and rank all their layouts together. The first configuration is the one as
+    given (its status heads the report). A backend that cannot run the request at all (a config
+    error no layout fixes) is left out with a note; if every one is, the first error is raised."""
+    results: list[SearchResult] = []
+    skipped: list[str] = []
+    first_error: UserError | None = None
+    for name, cfg in configs.items():
+        try:
+            results.append(search(cfg, **options))  # type: ignore[arg-type]
+        except UserError as exc:
+            first_error = first_error or exc
+            skipped.append(f"backend={name} left out: {str(exc).splitlines()[1].strip()}")
+    if not results:
+        assert first_error is not None
+        raise first_error
+    top = results[0].top
+    merged = sorted((c for r in results for c in r.candidates), key=Candidate.rank_key)[:top]
+    rejected: dict[str, int] = {}
+    for r in results:
+        for rule, count in r.rejected.items():
+            rejected[rule] = rejected.get(rule, 0) + count
+    base = results[0]
+    return dataclasses.replace(
+        base,
+        candidates=tuple(merged),
+        space_size=sum(r.space_size for r in results),
+        evaluated=sum(r.evaluated for r in results),
+        fitting=sum(r.fitting for r in results),
+        timed=sum(r.timed for r in results),
+        rejected=dict(sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+        smallest_cluster=min(
+            (r.smallest_cluster for r in results if r.smallest_cluster is not None), default=None
+        ),
+        elapsed_s=sum(r.elapsed_s for r in results),
+        given_rank=None,
+        notes=tuple(f"backend={r.backends[0]}: {n}" for r in results for n in r.notes)
+        + tuple(skipped),
+        backends=tuple(n for r in results for n in r.backends),
     )

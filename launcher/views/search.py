@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from launcher.plan.memory import GIB
-from launcher.plan.search import MEMORY, OUTRANKED, Candidate, SearchResult
+from launcher.search.layouts import MEMORY, OUTRANKED, Candidate, SearchResult
 
 if TYPE_CHECKING:
     from rich.console import Console
