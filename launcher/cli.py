@@ -85,19 +85,50 @@ def show(
 
 @app.command()
 def validate(overrides: Overrides = None, as_json: JsonFlag = False) -> None:
-    """Check the layout against every rule; exit 2 on errors."""
-    from launcher.config.compose import compose_config
-    from launcher.validate.rules import check
-    from launcher.views.config import show_violations, validation_document
+    """Check the config, the layout rules and the backend's capabilities; every problem at once;
+    exit 2 on errors. Notes say what `run`/`submit` would still refuse."""
+    _verdict("validate", overrides or [], force=False, as_json=as_json)
 
-    composed = compose_config(overrides or [])
-    violations = check(composed.config)
+
+def _verdict(command: str, overrides: list[str], *, force: bool, as_json: bool) -> None:
+    """validate, run --dry-run and submit --dry-run: one verdict, one exit code rule."""
+    from launcher.verdict import assess
+    from launcher.views.config import show_verdict, verdict_document
+
+    verdict = assess(overrides, force=force)
+    document = verdict_document(verdict, command)
+    if command != "validate" and verdict.valid and verdict.composed is not None:
+        from launcher.render.artifacts import render_artifacts
+
+        files = render_artifacts(verdict.composed, "RUN_DIR")
+        script = "launch.sh" if command == "run" else "job.sbatch"
+        document["artifacts"] = sorted(files)
+        document["script"] = files.get(script)
+        if verdict.plan is not None:
+            from launcher.views.plan import plan_to_json
+
+            document["plan"] = plan_to_json(verdict.plan)
+        if not as_json and script in files:
+            out.print(Text(f"--- {script} (RUN_DIR: the run directory it would create) ---"))
+            out.file.write(files[script])
+            out.file.flush()
     if as_json:
-        _print_json(validation_document(composed, violations))
+        _print_json(document)
     else:
-        show_violations(out, composed, violations)
-    if any(v.is_error for v in violations):
-        raise typer.Exit(2)
+        show_verdict(out, verdict, command)
+    code = verdict.exit_code(command)
+    if code:
+        raise typer.Exit(code)
+
+
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Validate, plan, check and render without starting anything or writing files; "
+        "same verdict and exit code as validate (plus what this command would refuse).",
+    ),
+]
 
 
 @app.command()
@@ -193,8 +224,13 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Start over in a new run directory (no resume).")
     ] = False,
+    dry_run: DryRun = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Train on this machine under torchrun (default: the tiny recipe on the CPU)."""
+    if dry_run:
+        _verdict("run", overrides or [], force=force, as_json=as_json)
+        return
     from launcher.config.compose import compose_config
     from launcher.launch.local import RunFailed, RunPreempted, describe, launch, prepare_run_dir
     from launcher.launch.preflight import preflight
@@ -303,8 +339,13 @@ def submit(
     force: Annotated[
         bool, typer.Option("--force", help="Submit even if the plan predicts it will not fit.")
     ] = False,
+    dry_run: DryRun = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Submit the run as a SLURM batch job (sbatch); print the job id and run directory."""
+    if dry_run:
+        _verdict("submit", overrides or [], force=force, as_json=as_json)
+        return
     from launcher.config.compose import compose_config
     from launcher.launch.slurm import submit as submit_job
 

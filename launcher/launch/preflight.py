@@ -83,27 +83,35 @@ def data_problems(cfg: LLMTrainConfig) -> list[str]:
     return []
 
 
-def preflight(cfg: LLMTrainConfig, force: bool = False, local: bool = True) -> Plan:
-    """`local=False` (a SLURM submission) skips the checks of this machine's own hardware."""
-    problems = [v.message for v in check(cfg) if v.is_error]
-    if problems:
-        raise UserError("the configuration is invalid:\n- " + "\n- ".join(problems))
+def launch_problems(cfg: LLMTrainConfig, plan: Plan, *, local: bool, force: bool) -> list[str]:
+    """Why `run` (local=True) or `submit` (local=False) would refuse a configuration that passes
+    validation: a plan/render-only backend, this machine's hardware (run only), missing data, a
+    predicted memory overflow (unless `force`), a budget without an optimizer step."""
     problems = (
         backend_problems(cfg) + (hardware_problems(cfg) if local else []) + data_problems(cfg)
     )
-    if problems:
-        raise UserError("cannot run this configuration:\n- " + "\n- ".join(problems))
-    plan = make_plan(cfg)
     if not plan.memory.fits and not force:
         fixes = [f"{fix.line} -> {fix.device_bytes / 2**30:.1f} GiB" for fix in plan.fixes]
         need = plan.memory.heaviest.device_total / 2**30
         have = plan.memory.usable / 2**30
-        raise UserError(
+        problems.append(
             f"predicted memory per device {need:.1f} GiB does not fit {have:.1f} GiB "
             f"({cfg.cluster.gpu}, with headroom); "
             + ("smallest changes that fit: " + "; ".join(fixes) if fixes else "no change found")
             + ". Pass --force to launch anyway."
         )
     if derive_layout(cfg).steps < 1:
-        raise UserError("train.steps (or train.tokens) gives no optimizer step; set train.steps")
+        problems.append("train.steps (or train.tokens) gives no optimizer step; set train.steps")
+    return problems
+
+
+def preflight(cfg: LLMTrainConfig, force: bool = False, local: bool = True) -> Plan:
+    """`local=False` (a SLURM submission) skips the checks of this machine's own hardware."""
+    problems = [v.message for v in check(cfg) if v.is_error]
+    if problems:
+        raise UserError("the configuration is invalid:\n- " + "\n- ".join(problems))
+    plan = make_plan(cfg)
+    problems = launch_problems(cfg, plan, local=local, force=force)
+    if problems:
+        raise UserError("cannot run this configuration:\n- " + "\n- ".join(problems))
     return plan

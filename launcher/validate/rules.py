@@ -18,9 +18,11 @@ Conventions stated once:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from launcher.backends import expert_span, refusals
 from launcher.config.layout import Layout, auto_split, derive_layout
@@ -61,13 +63,34 @@ def check(cfg: LLMTrainConfig) -> list[Violation]:
     found: list[Violation] = []
     positive = RULES["positive-values"](cfg, layout)
     found += positive
-    if any(v.is_error for v in positive):
-        # The other rules divide by these values; report the bad values alone.
-        return found
+    bad = {key for v in positive if v.is_error for key in v.keys}
+    if bad:
+        # The other rules divide by these values: they run on the configuration with the bad
+        # values at their schema defaults, and report only what does not involve those keys.
+        repaired = _with_defaults(cfg, bad)
+        if repaired is None:
+            return found
+        cfg, layout = repaired
     for name, fn in RULES.items():
         if name != "positive-values":
-            found += fn(cfg, layout)
+            found += [v for v in fn(cfg, layout) if not set(v.keys) & bad]
     return sorted(found, key=lambda v: v.severity != ERROR)
+
+
+def _with_defaults(cfg: LLMTrainConfig, keys: set[str]) -> tuple[LLMTrainConfig, Layout] | None:
+    """`cfg` with these dotted keys at their schema defaults (None if that is still unusable)."""
+    sections: dict[str, object] = {}
+    for key in keys:
+        section, _, name = key.partition(".")
+        current = sections.get(section, getattr(cfg, section, None))
+        if current is None or not dataclasses.is_dataclass(current) or not name:
+            return None
+        fresh: Any = cast(Any, type(current))()
+        sections[section] = dataclasses.replace(current, **{name: getattr(fresh, name)})  # type: ignore[type-var]
+    repaired = dataclasses.replace(cfg, **sections)  # type: ignore[arg-type]
+    if RULES["positive-values"](repaired, derive_layout(repaired)):
+        return None
+    return repaired, derive_layout(repaired)
 
 
 # --- helpers ---

@@ -16,6 +16,7 @@ from launcher.config.provenance import flatten
 from launcher.errors import ConfigError
 from launcher.plan.model_shape import ModelShape, human_count
 from launcher.validate.rules import Violation, check
+from launcher.verdict import Verdict
 
 
 def show_config(console: Console, composed: Composed, sources: dict[str, str] | None) -> None:
@@ -102,6 +103,52 @@ def show_violations(console: Console, composed: Composed, violations: list[Viola
         recipe = composed.choices.get("recipe")
         console.print(Text("valid ", style="bold green") + Text(f"recipe={recipe}: "))
         console.print(Text("  " + _layout_line(layout)))
+
+
+def verdict_document(verdict: Verdict, command: str = "validate") -> dict[str, Any]:
+    """The JSON of `validate` / `run --dry-run` / `submit --dry-run` (one shape for all three)."""
+
+    def as_dict(v: Violation) -> dict[str, Any]:
+        return {"rule": v.rule, "keys": list(v.keys), "message": v.message}
+
+    composed = verdict.composed
+    return {
+        "command": command,
+        "valid": verdict.valid,
+        "exit_code": verdict.exit_code(command),
+        "recipe": composed.choices.get("recipe") if composed else None,
+        "backend": composed.config.backend.name if composed else None,
+        "errors": [as_dict(v) for v in verdict.errors],
+        "warnings": [as_dict(v) for v in verdict.violations if not v.is_error],
+        "notes": list(verdict.notes),
+        "refusals": {k: list(v) for k, v in verdict.refusals.items()},
+        "layout": layout_summary(derive_layout(composed.config)) if composed else None,
+    }
+
+
+def show_verdict(console: Console, verdict: Verdict, command: str = "validate") -> None:
+    """Errors and warnings, then notes (planning preset, what run/submit would refuse), then the
+    verdict line; the same screen for validate and the dry runs."""
+    for v in verdict.violations:
+        style, word = ("bold red", "error") if v.is_error else ("yellow", "warning")
+        console.print(Text(f"{word} [{v.rule}] ", style=style) + Text(v.message))
+    for note in verdict.notes:
+        console.print(Text("note ", style="cyan") + Text(note))
+    errors = verdict.errors
+    if errors:
+        console.print(Text(f"{len(errors)} error(s); nothing was launched.", style="bold red"))
+        return
+    assert verdict.composed is not None
+    recipe = verdict.composed.choices.get("recipe")
+    console.print(Text("valid ", style="bold green") + Text(f"recipe={recipe}: "))
+    console.print(Text("  " + _layout_line(derive_layout(verdict.composed.config))))
+    if command != "validate":
+        refused = verdict.refusals.get(command)
+        word = "would refuse" if refused else "would launch"
+        console.print(
+            Text(f"{command} --dry-run: {word}", style="bold red" if refused else "bold green")
+            + Text(" (nothing was started or written)")
+        )
 
 
 def recipe_rows() -> list[dict[str, Any]]:

@@ -1,0 +1,111 @@
+"""One verdict for `validate`, `run --dry-run` and `submit --dry-run`.
+
+``assess(overrides)`` collects every problem in one pass, in one list: configuration errors
+(unknown keys, types, choices: each bad override is set aside and the rest composed again, so one
+mistake does not hide the next), the validation rules' arithmetic and the configured backend's
+refusals (launcher/backends/). When that list has no error it plans the configuration and
+records, for `run` (this machine) and `submit` (a SLURM cluster), why the command would still
+refuse it (``launch.preflight.launch_problems``): a plan/render-only backend (a planning preset),
+this machine's hardware, missing data, a predicted memory overflow.
+
+The three commands print this same verdict. ``exit_code(command)``: 2 when the list has an error
+(all three), or when that command would refuse (validate names each such refusal as a note);
+0 otherwise. No process is started and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from launcher.backends import launch_refusal
+from launcher.config.compose import Composed, compose_config
+from launcher.errors import ConfigError
+from launcher.plan.planner import Plan, make_plan
+from launcher.validate.rules import ERROR, Violation, check
+
+COMMANDS = ("run", "submit")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    overrides: tuple[str, ...]
+    composed: Composed | None  # None when no configuration could be composed at all
+    violations: tuple[Violation, ...]  # errors first
+    notes: tuple[str, ...] = ()
+    # command -> why it would refuse a valid configuration (empty when invalid: errors come first)
+    refusals: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    plan: Plan | None = None
+
+    @property
+    def errors(self) -> list[Violation]:
+        return [v for v in self.violations if v.is_error]
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    def exit_code(self, command: str = "validate") -> int:
+        if not self.valid or self.refusals.get(command):
+            return 2
+        return 0
+
+
+def _override_key(text: str) -> str:
+    return text.split("=", 1)[0].lstrip("+~").strip()
+
+
+def _problem_key(problem: str) -> str:
+    """The key a composition problem names first ('parallel.tp=abc: expected ...')."""
+    return problem.split(":", 1)[0].split("=", 1)[0].split(" ", 1)[0].strip()
+
+
+def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[Violation]]:
+    """Compose, setting aside each override a problem names and composing the rest again, so that
+    every bad override is reported. A bad group or recipe choice (no '.' in its key) leaves no
+    configuration to check the rules on: None is returned with the problems."""
+    remaining = list(overrides)
+    found: list[Violation] = []
+    complete = True
+    for _ in range(len(remaining) + 1):
+        try:
+            composed = compose_config(remaining)
+        except ConfigError as exc:
+            keys = {_problem_key(p) for p in exc.problems}
+            found += [Violation("config", ERROR, (_problem_key(p),), p) for p in exc.problems]
+            culprits = [o for o in remaining if _override_key(o) in keys]
+            if not culprits:
+                return None, found
+            complete = complete and all("." in _override_key(o) for o in culprits)
+            remaining = [o for o in remaining if o not in culprits]
+            continue
+        return (composed if complete else None), found
+    return None, found
+
+
+def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
+    """The verdict on these overrides (see the module docstring). `force`: a predicted memory
+    overflow does not make run/submit refuse (their --force)."""
+    from launcher.launch.preflight import launch_problems
+
+    overrides = tuple(overrides)
+    composed, found = compose_collecting(overrides)
+    if composed is None:
+        return Verdict(overrides, None, tuple(found))
+    violations = found + check(composed.config)
+    violations.sort(key=lambda v: v.severity != ERROR)
+    cfg = composed.config
+    notes: list[str] = []
+    if any(v.is_error for v in violations):
+        return Verdict(overrides, composed, tuple(violations))
+    preset = launch_refusal(cfg)
+    if preset:
+        notes.append(f"planning preset: run/submit need another engine ({preset})")
+    plan = make_plan(cfg)
+    refusals = {
+        command: tuple(launch_problems(cfg, plan, local=command == "run", force=force))
+        for command in COMMANDS
+    }
+    for command, problems in refusals.items():
+        notes += [f"`llmtrain {command}` would refuse: {p}" for p in problems if p != preset]
+    return Verdict(overrides, composed, tuple(violations), tuple(notes), refusals, plan)
