@@ -1,0 +1,161 @@
+"""One verdict: `validate`, `run --dry-run` and `submit --dry-run` report the same problems, all of
+them at once, with the same exit code rule; dry runs start nothing and write nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from click.testing import CliRunner
+
+from launcher import resources
+from launcher.cli import app
+from launcher.verdict import assess
+
+pytestmark = pytest.mark.unit
+runner = CliRunner()
+# The click command built once (typer's runner rebuilds it on every call: half the test's time).
+COMMAND = typer.main.get_command(app)
+
+SIX_MISTAKES = (
+    "cluster.gpus_per_node=2",
+    "parallel.tpp=2",  # unknown key
+    "optim.lr=fast",  # type error
+    "checkpoint.keep_last=0",  # range error
+    "parallel.tp=2",
+    "model.ffn_hidden_size=255",  # divisibility: tp=2 does not divide 255
+    "train.micro_batch_size=2",
+    "train.global_batch_size=7",  # batch arithmetic: 7 is not a multiple of 2 x dp=1
+    "zero.stage=1",  # backend refusal: torch has no ZeRO-1
+)
+
+
+def invoke(command: list[str], overrides: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
+    result = runner.invoke(COMMAND, [*command, *overrides, "--json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, json.loads(result.output)
+
+
+def test_six_independent_mistakes_are_reported_together() -> None:
+    code, doc = invoke(["validate"], SIX_MISTAKES)
+    assert code == 2
+    by_rule = {(e["rule"], e["keys"][0] if e["keys"] else "") for e in doc["errors"]}
+    assert ("config", "parallel.tpp") in by_rule
+    assert ("config", "optim.lr") in by_rule
+    assert ("positive-values", "checkpoint.keep_last") in by_rule
+    assert ("tensor-parallel-shapes", "parallel.tp") in by_rule
+    assert ("batch-arithmetic", "train.global_batch_size") in by_rule
+    assert ("backend-capabilities", "backend") in by_rule
+    assert len(doc["errors"]) == 6, doc["errors"]
+    # The text screen lists the six too, and the dry runs say the same.
+    text = runner.invoke(COMMAND, ["validate", *SIX_MISTAKES])
+    assert "6 error(s)" in text.output
+    for command in (["run", "--dry-run"], ["submit", "--dry-run"]):
+        code2, doc2 = invoke(command, SIX_MISTAKES)
+        assert (code2, doc2["errors"]) == (2, doc["errors"])
+
+
+def test_a_bad_recipe_name_still_reports_the_other_bad_keys() -> None:
+    verdict = assess(["recipe=nope", "parallel.tpp=2"])
+    assert verdict.composed is None
+    assert {v.keys[0] for v in verdict.errors} == {"recipe", "parallel.tpp"}
+
+
+def test_dry_runs_start_nothing_and_write_nothing(tmp_path: Path) -> None:
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        for command in ("run", "submit"):
+            result = runner.invoke(
+                COMMAND,
+                [command, "--dry-run", "cluster.gpus_per_node=2", "train.global_batch_size=16"],
+            )
+            assert result.exit_code == 0, result.output
+            assert "would launch" in result.output
+    finally:
+        os.chdir(cwd)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_planning_preset_is_a_note_for_validate_and_a_refusal_for_run_and_submit() -> None:
+    code, doc = invoke(["validate"], ("recipe=gpt3-175b",))
+    assert code == 0 and doc["valid"]
+    assert any(n.startswith("planning preset: run/submit need") for n in doc["notes"])
+    for command in ("run", "submit"):
+        code2, doc2 = invoke([command, "--dry-run"], ("recipe=gpt3-175b",))
+        assert code2 == 2 and doc2["errors"] == []
+        assert any("backend=megatron" in r for r in doc2["refusals"][command])
+
+
+# --- property: every recipe x every cluster profile x a rotating sample of overrides ----------
+
+SAMPLE = (
+    (),
+    ("zero.stage=1",),
+    ("parallel.tp=2",),
+    ("parallel.cp=2",),
+    ("precision=fp16",),
+    ("optim.name=lion",),
+    ("backend=deepspeed",),
+    ("backend=megatron",),
+    ("train.global_batch_size=7",),
+    ("parallel.pp=2", "model.tie_embeddings=false"),
+    ("zero.stage=3", "zero.offload_params=cpu"),
+)
+
+
+def cases() -> list[tuple[str, ...]]:
+    clusters = sorted(p.stem for p in (resources.conf_dir() / "cluster").glob("*.yaml"))
+    out = []
+    for i, recipe in enumerate(resources.recipe_names()):
+        for j, cluster in enumerate(clusters):
+            out.append((f"recipe={recipe}", f"cluster={cluster}", *SAMPLE[(i + j) % len(SAMPLE)]))
+    return out
+
+
+def test_validate_and_dry_runs_agree_on_every_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The three commands compose the same overrides: compose each once (the real composition,
+    # memoised in memory) so that a cold compose cache costs ~200 compositions, not ~600.
+    from launcher import verdict
+    from launcher.config.compose import compose_config
+
+    memo: dict[tuple[str, ...], Any] = {}
+
+    def compose_once(overrides: Any) -> Any:
+        key = tuple(overrides)
+        if key not in memo:
+            try:
+                memo[key] = compose_config(key)
+            except Exception as exc:  # re-raised identically on every call
+                memo[key] = exc
+        if isinstance(memo[key], Exception):
+            raise memo[key]
+        return memo[key]
+
+    monkeypatch.setattr(verdict, "compose_config", compose_once)
+    all_cases = cases()
+    assert len(all_cases) >= 14 * 14
+    outcomes: set[tuple[bool, int, int, int]] = set()
+    for overrides in all_cases:
+        v_code, v_doc = invoke(["validate"], overrides)
+        r_code, r_doc = invoke(["run", "--dry-run"], overrides)
+        s_code, s_doc = invoke(["submit", "--dry-run"], overrides)
+        for doc in (r_doc, s_doc):
+            for key in ("valid", "errors", "warnings", "notes", "refusals", "layout"):
+                assert doc[key] == v_doc[key], (overrides, key)
+        assert v_code == (0 if v_doc["valid"] else 2), overrides
+        # run/submit refuse exactly when validate has errors or names that command's refusal.
+        for code, command in ((r_code, "run"), (s_code, "submit")):
+            refused = not v_doc["valid"] or bool(v_doc["refusals"][command])
+            assert code == (2 if refused else 0), (overrides, command)
+            if v_doc["valid"]:
+                for problem in v_doc["refusals"][command]:
+                    assert any(problem in note for note in v_doc["notes"]), (overrides, problem)
+        outcomes.add((v_doc["valid"], v_code, r_code, s_code))
+    # The sample exercises invalid, valid-and-launchable and valid-but-refused cases.
+    assert (False, 2, 2, 2) in outcomes and (True, 0, 2, 0) in outcomes
+    assert (True, 0, 2, 2) in outcomes
