@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 def _candidate_json(c: Candidate) -> dict[str, Any]:
     return {
         "overrides": c.line,
+        "backend": c.backend,
         "memory_bytes": int(c.memory_bytes),
         "step_s": c.step_s,
         "tokens_per_s": c.tokens_per_s,
@@ -38,6 +39,7 @@ def search_to_json(result: SearchResult) -> dict[str, Any]:
         "timed": result.timed,
         "model": result.model,
         "gpu": result.gpu,
+        "backends": list(result.backends),
         "num_nodes": result.num_nodes,
         "gpus_per_node": result.gpus_per_node,
         "global_batch_size": result.global_batch_size,
@@ -60,6 +62,7 @@ def _reason(name: str) -> str:
 
 
 _SHORT = {
+    "backend": "",
     "parallel.tp": "tp",
     "parallel.pp": "pp",
     "parallel.vpp": "vpp",

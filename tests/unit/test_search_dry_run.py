@@ -1,0 +1,68 @@
+"""Every `plan --search` top-5 layout passes `run --dry-run` (or, for a GPU cluster this machine
+does not have, `submit --dry-run` plus a run refused for this machine's hardware alone) with the
+backend its override line names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from click.testing import CliRunner
+
+from launcher.cli import app
+from launcher.config.compose import compose_config
+from launcher.launch.preflight import hardware_problems
+from launcher.verdict import assess
+
+pytestmark = pytest.mark.unit
+runner = CliRunner()
+COMMAND = typer.main.get_command(app)
+
+
+def top5(*overrides: str) -> list[dict[str, object]]:
+    result = runner.invoke(COMMAND, ["plan", "--search", "--top", "5", "--json", *overrides])
+    assert result.exit_code == 0, result.output
+    candidates: list[dict[str, object]] = json.loads(result.output)["candidates"]
+    assert candidates
+    return candidates
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        ("recipe=tiny", "cluster=cpu", "cluster.gpus_per_node=4", "train.global_batch_size=16"),
+        ("recipe=tiny", "backend=deepspeed", "cluster.gpus_per_node=4"),
+    ],
+)
+def test_top5_on_this_machine_pass_run_dry_run(base: tuple[str, ...]) -> None:
+    backend = compose_config(base).config.backend.name
+    for cand in top5(*base):
+        line = str(cand["overrides"]).split()
+        assert line[0] == f"backend={backend}" and cand["backend"] == backend
+        verdict = assess([*base, *line])
+        assert verdict.exit_code("run") == 0, (line, verdict.errors, verdict.refusals)
+
+
+@pytest.mark.parametrize(
+    ("base", "any_backend"),
+    [
+        (("recipe=llama3-8b", "cluster.num_nodes=2"), False),
+        (("recipe=mixtral-8x7b", "cluster.num_nodes=4", "train.global_batch_size=64"), True),
+    ],
+)
+def test_top5_on_gpu_clusters_pass_the_dry_runs(base: tuple[str, ...], any_backend: bool) -> None:
+    for cand in top5(*base, *(["--any-backend"] if any_backend else [])):
+        line = str(cand["overrides"]).split()
+        assert line[0].startswith("backend=")
+        verdict = assess([*base, *line])
+        assert verdict.valid, (line, [v.message for v in verdict.errors])
+        cfg = verdict.composed.config if verdict.composed else None
+        assert cfg is not None and cfg.backend.name == cand["backend"]
+        preset = [n for n in verdict.notes if n.startswith("planning preset")]
+        # What run refuses is this machine (no such GPUs here) or a plan-only backend; submit the
+        # same minus the hardware: never the layout itself.
+        allowed = set(hardware_problems(cfg))
+        for command in ("run", "submit"):
+            for problem in verdict.refusals[command]:
+                assert problem in allowed or (preset and "backend=megatron" in problem), problem
