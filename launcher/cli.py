@@ -403,7 +403,11 @@ def entry() -> None:
     try:
         app()
     except UserError as exc:
-        err.print(Text("error: ", style="bold red") + Text(str(exc)))
+        if "--json" in sys.argv[1:]:
+            problems = getattr(exc, "problems", None) or [str(exc)]
+            _print_json({"error": str(exc), "problems": problems, "exit_code": exc.exit_code})
+        else:
+            err.print(Text("error: ", style="bold red") + Text(str(exc)))
         sys.exit(exc.exit_code)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from launcher.backends import launch_refusal
+from launcher.backends import launch_refusal, planning_preset_needs
 from launcher.config.compose import Composed, compose_config
 from launcher.errors import ConfigError
 from launcher.plan.planner import Plan, make_plan
@@ -100,7 +100,7 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
         return Verdict(overrides, composed, tuple(violations))
     preset = launch_refusal(cfg)
     if preset:
-        notes.append(f"planning preset: run/submit need another engine ({preset})")
+        notes.append(f"planning preset: run/submit need {planning_preset_needs(cfg)} ({preset})")
     plan = make_plan(cfg)
     refusals = {
         command: tuple(launch_problems(cfg, plan, local=command == "run", force=force))

@@ -62,6 +62,7 @@ class Backend:
     # Can `llmtrain run` / `submit` train with it here? If not, why and what is needed.
     launchable: bool
     not_launchable: str
+    needs: str  # what a plan/render-only backend needs to train ("" when launchable)
     devices: tuple[str, ...]  # "cpu", "cuda"
     degrees: frozenset[str]  # degrees it runs above 1 (tp, pp, cp, ep)
     degree_notes: dict[str, str]  # why a degree is not run (shown in the refusal)
@@ -294,6 +295,12 @@ def refusals(cfg: LLMTrainConfig, *, device: bool = True) -> list[Refusal]:
         ", or " + " or ".join(f"backend={o}" for o in others) + " (runs this configuration as is)"
     )
     return [Refusal(r.keys, r.message + tail) for r in found]
+
+
+def planning_preset_needs(cfg: LLMTrainConfig) -> str | None:
+    """What a configuration whose backend is plan/render-only needs to train (None: launchable)."""
+    b = all_backends().get(cfg.backend.name)
+    return None if b is None or b.launchable else b.needs
 
 
 def launch_refusal(cfg: LLMTrainConfig) -> str | None:

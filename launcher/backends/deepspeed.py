@@ -14,6 +14,7 @@ BACKEND = Backend(
     summary="DeepSpeed: data parallel with ZeRO 0-3 and CPU offload (ds_config.json)",
     launchable=True,
     not_launchable="",
+    needs="",
     devices=("cpu", "cuda"),
     degrees=frozenset(),
     degree_notes={key: _DP_ONLY for key in ("tp", "pp", "cp", "ep")},

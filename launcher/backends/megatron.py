@@ -63,6 +63,7 @@ BACKEND = Backend(
         "llmtrain plans it and renders Megatron-LM's arguments (megatron_args.txt, for your own "
         "Megatron-LM checkout) but trains with its own engines only"
     ),
+    needs="Megatron-LM",
     devices=("cuda",),
     degrees=frozenset({"tp", "pp", "cp", "ep"}),
     degree_notes={},

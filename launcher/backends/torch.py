@@ -44,6 +44,7 @@ BACKEND = Backend(
     summary="PyTorch-native: DDP, FSDP2, DTensor TP/SP, torch.distributed.pipelining",
     launchable=True,
     not_launchable="",
+    needs="",
     devices=("cpu", "cuda"),
     degrees=frozenset({"tp", "pp"}),
     degree_notes={

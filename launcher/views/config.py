@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher import resources
+from launcher.backends import planning_preset_needs
 from launcher.config.compose import Composed, compose_config
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.provenance import flatten
@@ -163,6 +164,7 @@ def recipe_rows() -> list[dict[str, Any]]:
         shape = ModelShape(cfg.model)
         layout = derive_layout(cfg)
         errors = [v.message for v in check(cfg) if v.is_error]
+        needs = planning_preset_needs(cfg)
         rows.append(
             {
                 "name": name,
@@ -181,6 +183,9 @@ def recipe_rows() -> list[dict[str, Any]]:
                 "gpus": layout.world_size,
                 "seq_length": cfg.model.seq_length,
                 "valid": not errors,
+                # Runnable by an engine here (run/submit), or a planning preset and what it needs.
+                "runnable": needs is None,
+                "needs": needs,
             }
         )
     return rows
@@ -195,7 +200,7 @@ def show_recipes(console: Console, rows: list[dict[str, Any]]) -> None:
         ("GPUs", "right"),
         ("backend", "left"),
     ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        table.add_column(column, justify=justify, no_wrap=column in ("recipe", "backend"))  # type: ignore[arg-type]
     for row in rows:
         if "error" in row:
             table.add_row(row["name"], "", Text(row["error"], style="red"), "", "")
@@ -209,5 +214,11 @@ def show_recipes(console: Console, rows: list[dict[str, Any]]) -> None:
         layout += f" zero{row['zero']} {row['precision']}"
         if not row["valid"]:
             layout += " (invalid: llmtrain validate)"
-        table.add_row(row["name"], params, layout, f"{row['gpus']} x {row['gpu']}", row["backend"])
+        backend = f"{row['backend']} ({'run' if row['runnable'] else 'plan'})"
+        table.add_row(row["name"], params, layout, f"{row['gpus']} x {row['gpu']}", backend)
     console.print(table)
+    needs = sorted({row["needs"] for row in rows if row.get("needs")})
+    console.print(
+        "(run): `llmtrain run`/`submit` train it here.  (plan): a planning preset; run/submit "
+        f"need {', '.join(needs) or 'another engine'} (`llmtrain render` writes its arguments)."
+    )

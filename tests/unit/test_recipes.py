@@ -8,6 +8,7 @@ from launcher import resources
 from launcher.config.compose import compose_config
 from launcher.config.presets import model_preset
 from launcher.validate.rules import check
+from launcher.verdict import assess
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +63,17 @@ def test_recipe_fits_by_its_own_plan(name: str) -> None:
 
     plan = make_plan(compose_config([f"recipe={name}"]).config)
     assert plan.memory.fits, f"{name}: stage {plan.memory.heaviest.stage} does not fit"
+
+
+def test_recipes_say_whether_an_engine_here_runs_them() -> None:
+    from launcher.views.config import recipe_rows
+
+    rows = {row["name"]: row for row in recipe_rows()}
+    assert rows["tiny"]["runnable"] and rows["llama3-8b"]["runnable"]
+    for name in ("gpt3-175b", "bloom-176b", "deepseek-v3"):
+        assert not rows[name]["runnable"] and rows[name]["needs"] == "Megatron-LM"
+    for name, row in rows.items():
+        assert row["valid"], name
+        verdict = assess([f"recipe={name}"])
+        preset = any(n.startswith("planning preset: run/submit need") for n in verdict.notes)
+        assert preset == (not row["runnable"]), name

@@ -1,0 +1,26 @@
+"""README's "What each backend runs" table is the one generated from launcher/backends/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.backends.table import END, START, markdown_table
+
+pytestmark = pytest.mark.unit
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_table_is_generated_from_the_backend_tables() -> None:
+    text = README.read_text()
+    assert START in text and END in text
+    shown = text[text.index(START) : text.index(END) + len(END)]
+    assert shown == markdown_table(), "run `python -m launcher.backends.table` and paste it"
+
+
+def test_table_has_a_column_per_backend_and_the_launch_row() -> None:
+    table = markdown_table()
+    assert "`backend=torch`" in table and "`backend=megatron`" in table
+    assert "no: plan/render only (needs Megatron-LM)" in table
