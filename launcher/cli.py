@@ -23,7 +23,7 @@ app = typer.Typer(
         "Configs are Hydra overrides: key=value, +key=value, ~key, group=option, recipe=NAME."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -202,7 +202,12 @@ def plan(
 
     violations = check(composed.config)
     if any(v.is_error for v in violations):
-        show_violations(err, composed, violations)
+        if as_json:
+            from launcher.views.config import validation_document
+
+            _print_json(validation_document(composed, violations))
+        else:
+            show_violations(err, composed, violations)
         raise typer.Exit(2)
     result_plan = make_plan(composed.config, headroom=headroom)
     if as_json:
@@ -231,6 +236,11 @@ def run(
     if dry_run:
         _verdict("run", overrides or [], force=force, as_json=as_json)
         return
+    if as_json:
+        raise UserError(
+            "run --json needs --dry-run: a real run prints rank 0's progress on stdout; its result "
+            "is RUN_DIR/summary.json (JSON), and `llmtrain run --dry-run --json` gives the verdict"
+        )
     from launcher.config.compose import compose_config
     from launcher.launch.local import RunFailed, RunPreempted, describe, launch, prepare_run_dir
     from launcher.launch.preflight import preflight
@@ -311,6 +321,7 @@ def render(
     out_dir: Annotated[
         str, typer.Option("--out", help="Folder to write the artifacts into (created).")
     ] = "render",
+    as_json: JsonFlag = False,
 ) -> None:
     """Write config.yaml, launch.sh, job.sbatch, hostfile, megatron_args.txt (and ds_config.json
     for backend=deepspeed) into --out, replacing an earlier render's files."""
@@ -322,10 +333,18 @@ def render(
     composed = compose_config(overrides or [])
     violations = check(composed.config)
     if any(v.is_error for v in violations):
-        show_violations(err, composed, violations)
+        if as_json:
+            from launcher.views.config import validation_document
+
+            _print_json(validation_document(composed, violations))
+        else:
+            show_violations(err, composed, violations)
         raise typer.Exit(2)
     files = render_artifacts(composed, out_dir)
     written = write_artifacts(files, out_dir)
+    if as_json:
+        _print_json({"out_dir": out_dir, "files": [str(path) for path in written]})
+        return
     for path in written:
         out.print(str(path))
 
@@ -351,6 +370,9 @@ def submit(
 
     composed = compose_config(overrides or [])
     done = submit_job(composed, force=force)
+    if as_json:
+        _print_json({"job_ids": list(done.job_ids), "run_dir": str(done.run_dir)})
+        return
     out.print(f"submitted job {' '.join(done.job_ids)}")
     out.print(f"run directory {done.run_dir}")
     err.print(
@@ -363,11 +385,15 @@ def submit(
 
 
 @app.command()
-def status(target: JobArg) -> None:
+def status(target: JobArg, as_json: JsonFlag = False) -> None:
     """State of a submitted job (or a run directory's jobs) and its training progress."""
-    from launcher.launch.slurm import resolve, status_lines
+    from launcher.launch.slurm import resolve, status_document, status_lines
 
-    for line in status_lines(resolve(target)):
+    resolved = resolve(target)
+    if as_json:
+        _print_json(status_document(resolved))
+        return
+    for line in status_lines(resolved):
         out.print(line)
 
 
@@ -377,9 +403,27 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing until the job finishes.")
     ] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Print a submitted job's output (stdout and stderr of the batch script and rank 0)."""
-    from launcher.launch.slurm import resolve, show_logs
+    from launcher.launch.slurm import log_files, resolve, show_logs
+
+    if as_json:
+        if follow:
+            raise UserError("--json prints the logs as they are now; drop --follow (or --json)")
+        files = log_files(resolve(target))
+        _print_json(
+            {
+                "files": [
+                    {
+                        "path": str(path),
+                        "text": path.read_text(errors="replace") if path.is_file() else None,
+                    }
+                    for path in files
+                ]
+            }
+        )
+        return
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -389,12 +433,16 @@ def logs(
 
 
 @app.command()
-def cancel(target: JobArg) -> None:
+def cancel(target: JobArg, as_json: JsonFlag = False) -> None:
     """Cancel a submitted job (or every job of a run directory) and wait until it stopped."""
     from launcher.launch.slurm import cancel as cancel_jobs
     from launcher.launch.slurm import resolve
 
-    for line in cancel_jobs(resolve(target)):
+    lines = cancel_jobs(resolve(target))
+    if as_json:
+        _print_json({"jobs": lines})
+        return
+    for line in lines:
         out.print(line)
 
 

@@ -261,26 +261,52 @@ def progress(run_dir: Path) -> str | None:
     return f"step {last.get('step')}, loss {last.get('loss', float('nan')):.4f}"
 
 
-def status_lines(target: Target) -> list[str]:
-    lines = []
+def status_document(target: Target) -> dict[str, Any]:
+    """The run directory's progress and each job's SLURM state (`status --json`)."""
+    doc: dict[str, Any] = {"run_dir": str(target.run_dir) if target.run_dir else None}
     if target.run_dir is not None:
-        lines.append(f"run directory {target.run_dir}")
-        seen = progress(target.run_dir)
-        if seen:
-            lines.append(f"progress: {seen}")
-        if (target.run_dir / "summary.json").is_file():
-            lines.append("summary.json written: training finished")
+        doc["progress"] = progress(target.run_dir)
+        doc["finished"] = (target.run_dir / "summary.json").is_file()
+    jobs = []
     for job in target.job_ids:
         info = job_info(job)
         if info is None:
-            lines.append(f"job {job}: unknown to SLURM now")
+            jobs.append({"job": job, "state": None})
             continue
         reason = info.get("Reason", "None")
+        jobs.append(
+            {
+                "job": job,
+                "state": info.get("JobState"),
+                "reason": reason if reason not in ("None", "") else None,
+                "nodes": info.get("NodeList", "?"),
+                "elapsed": info.get("RunTime", "?"),
+                "restarts": info.get("Restarts", "0"),
+                "exit": info.get("ExitCode", "?"),
+            }
+        )
+    doc["jobs"] = jobs
+    return doc
+
+
+def status_lines(target: Target) -> list[str]:
+    doc = status_document(target)
+    lines = []
+    if doc["run_dir"] is not None:
+        lines.append(f"run directory {doc['run_dir']}")
+        if doc["progress"]:
+            lines.append(f"progress: {doc['progress']}")
+        if doc["finished"]:
+            lines.append("summary.json written: training finished")
+    for job in doc["jobs"]:
+        if job["state"] is None:
+            lines.append(f"job {job['job']}: unknown to SLURM now")
+            continue
         lines.append(
-            f"job {job}: {info.get('JobState')}"
-            + (f" ({reason})" if reason not in ("None", "") else "")
-            + f", nodes {info.get('NodeList', '?')}, elapsed {info.get('RunTime', '?')}, "
-            f"restarts {info.get('Restarts', '0')}, exit {info.get('ExitCode', '?')}"
+            f"job {job['job']}: {job['state']}"
+            + (f" ({job['reason']})" if job["reason"] else "")
+            + f", nodes {job['nodes']}, elapsed {job['elapsed']}, "
+            f"restarts {job['restarts']}, exit {job['exit']}"
         )
     return lines
 

@@ -225,3 +225,38 @@ def test_submit_records_job_ids_and_chains(tmp_path: Path, fake_slurm: str) -> N
     assert "--dependency=afterany:43" in calls[2]
     for name in ("config.yaml", "plan.json", "job.sbatch", "launch.sh"):
         assert (run_dir / name).is_file()
+
+
+def test_submit_json_and_errors_as_json(tmp_path: Path, fake_slurm: str) -> None:
+    done = llmtrain(tmp_path, "submit", *TWO_NODES, "--json", path=fake_slurm)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["job_ids"] == ["42"] and Path(doc["run_dir"]).is_dir()
+    # A user error with --json: a JSON document on stdout, exit 2.
+    bad = llmtrain(
+        tmp_path, "submit", *TWO_NODES, "slurm.partition=debgu", "--json", path=fake_slurm
+    )
+    assert bad.returncode == 2
+    error = json.loads(bad.stdout)
+    assert "no such partition" in error["error"] and error["exit_code"] == 2
+
+
+def test_submit_dry_run_calls_no_slurm_command(tmp_path: Path) -> None:
+    # No sbatch on PATH at all: the dry run still answers, and writes nothing.
+    done = llmtrain(tmp_path, "submit", "--dry-run", "--json", *TWO_NODES, path=str(tmp_path / "e"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["valid"] and doc["refusals"]["submit"] == [] and "#SBATCH" in doc["script"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_json_lists_the_files(tmp_path: Path) -> None:
+    path = os.environ["PATH"]
+    done = llmtrain(tmp_path, "render", "--out", str(tmp_path / "r"), "--json", path=path)
+    assert done.returncode == 0, done.stderr
+    files = json.loads(done.stdout)["files"]
+    assert any(f.endswith("launch.sh") for f in files)
+    bad = llmtrain(
+        tmp_path, "render", "parallel.tp=3", "--out", str(tmp_path / "s"), "--json", path=path
+    )
+    assert bad.returncode == 2 and json.loads(bad.stdout)["valid"] is False
