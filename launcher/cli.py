@@ -159,10 +159,20 @@ def plan(
             help="With --search: rank the layouts of every backend, not only the configured one.",
         ),
     ] = False,
+    json_schema: Annotated[
+        bool,
+        typer.Option("--json-schema", help="Print the JSON Schema of the --json document."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
     from launcher.config.compose import compose_config
+
+    if json_schema:
+        from launcher.views.plan_schema import plan_json_schema
+
+        _print_json(plan_json_schema())
+        return
 
     if not 0 <= headroom < 1:
         raise UserError(f"--headroom={headroom}: must be a fraction in [0, 1), e.g. 0.10")
