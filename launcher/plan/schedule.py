@@ -60,31 +60,61 @@ class Slot:
     kind: str  # "F" | "B"
     start: float
     end: float
+    chunk: int = 0  # virtual pipeline chunk (interleaved schedule)
 
 
-def timeline(schedule: str, pp: int, microbatches: int, backward_ratio: float = 2.0) -> list[Slot]:
-    """Simulate gpipe or 1F1B (interleaved drawn as 1F1B) with forward = 1, backward = ratio.
-
-    Each stage runs its ops in schedule order; an op starts when the stage is free and its input
-    is ready (forward after the previous stage's forward, backward after the next stage's backward).
-    """
-    m = max(1, microbatches)
-    orders: list[list[tuple[str, int]]] = []
+def _orders(schedule: str, pp: int, m: int, vpp: int) -> list[list[tuple[str, int, int]]]:
+    """Each stage's ops in schedule order: (kind, chunk, micro-batch)."""
+    orders: list[list[tuple[str, int, int]]] = []
     for stage in range(pp):
         if schedule == "gpipe":
-            order = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+            order = [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
+        elif vpp > 1:
+            # Megatron-LM's interleaved 1F1B: virtual op k runs chunk (k // pp) % vpp of
+            # micro-batch (k // (pp * vpp)) * pp + k % pp (backwards: the chunks in reverse);
+            # (pp - stage - 1) * 2 + (vpp - 1) * pp warm-up forwards, then one forward and one
+            # backward, then the remaining backwards.
+            total = m * vpp
+
+            def op(kind: str, k: int) -> tuple[str, int, int]:
+                chunk = (k // pp) % vpp
+                mb = (k // (pp * vpp)) * pp + k % pp
+                return (kind, chunk if kind == "F" else vpp - 1 - chunk, mb)
+
+            warm = min(total, (pp - stage - 1) * 2 + (vpp - 1) * pp)
+            order = [op("F", k) for k in range(warm)]
+            for k in range(total - warm):
+                order += [op("F", warm + k), op("B", k)]
+            order += [op("B", k) for k in range(total - warm, total)]
         else:
             warm = min(m, pp - stage - 1)
-            order = [("F", i) for i in range(warm)]
+            order = [("F", 0, i) for i in range(warm)]
             nxt_f, nxt_b = warm, 0
             while nxt_b < m:
                 if nxt_f < m:
-                    order.append(("F", nxt_f))
+                    order.append(("F", 0, nxt_f))
                     nxt_f += 1
-                order.append(("B", nxt_b))
+                order.append(("B", 0, nxt_b))
                 nxt_b += 1
         orders.append(order)
-    done: dict[tuple[str, int, int], float] = {}
+    return orders
+
+
+def timeline(
+    schedule: str, pp: int, microbatches: int, backward_ratio: float = 2.0, vpp: int = 1
+) -> list[Slot]:
+    """Simulate gpipe, 1F1B or interleaved 1F1B (vpp > 1, micro-batches a multiple of pp) with
+    forward = 1 and backward = ratio per stage (a chunk takes 1/vpp of that).
+
+    Each stage runs its ops in schedule order; an op starts when the stage is free and its input
+    is ready: a chunk's forward after the previous stage's forward of that chunk (stage 0: the
+    last stage's forward of the previous chunk), a backward after the next stage's backward (the
+    last stage: stage 0's backward of the next chunk, or its own forward of the last chunk).
+    """
+    m = max(1, microbatches)
+    v = vpp if schedule == "interleaved" and vpp > 1 and m % pp == 0 else 1
+    orders = _orders(schedule, pp, m, v)
+    done: dict[tuple[str, int, int, int], float] = {}
     free = [0.0] * pp
     pos = [0] * pp
     slots: list[Slot] = []
@@ -94,23 +124,30 @@ def timeline(schedule: str, pp: int, microbatches: int, backward_ratio: float = 
         for stage in range(pp):
             if pos[stage] >= len(orders[stage]):
                 continue
-            kind, mb = orders[stage][pos[stage]]
+            kind, chunk, mb = orders[stage][pos[stage]]
+            dep: float | None
             if kind == "F":
-                dep = done.get(("F", stage - 1, mb)) if stage > 0 else 0.0
-                dur = 1.0
+                if stage > 0:
+                    dep = done.get(("F", chunk, stage - 1, mb))
+                else:
+                    dep = done.get(("F", chunk - 1, pp - 1, mb)) if chunk > 0 else 0.0
+                dur = 1.0 / v
             else:
-                dep = (
-                    done.get(("B", stage + 1, mb)) if stage < pp - 1 else done.get(("F", stage, mb))
-                )
-                dur = backward_ratio
+                if stage < pp - 1:
+                    dep = done.get(("B", chunk, stage + 1, mb))
+                elif chunk < v - 1:
+                    dep = done.get(("B", chunk + 1, 0, mb))
+                else:
+                    dep = done.get(("F", chunk, stage, mb))
+                dur = backward_ratio / v
             if dep is None:
                 continue
             start = max(free[stage], dep)
             end = start + dur
-            done[(kind, stage, mb)] = end
+            done[(kind, chunk, stage, mb)] = end
             free[stage] = end
             pos[stage] += 1
-            slots.append(Slot(stage, mb, kind, start, end))
+            slots.append(Slot(stage, mb, kind, start, end, chunk))
             remaining -= 1
             progressed = True
         if not progressed:  # pragma: no cover - the orders above never deadlock

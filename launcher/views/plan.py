@@ -23,6 +23,18 @@ BUCKETS = (
 )
 
 
+# Each bucket's glyph in the memory bar without colour (NO_COLOR).
+GLYPHS = {
+    "weights": "w",
+    "gradients": "g",
+    "optimizer": "o",
+    "activations": "a",
+    "buffers": "b",
+    "fragmentation": "f",
+    "overhead": "h",
+}
+
+
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -192,20 +204,27 @@ def render_plan(plan: Plan, console: Console) -> None:
     scale = max(mem.capacity, h.device_total)
     bar = Text()
     used = 0
-    for (_name, colour), value in zip(BUCKETS, _bucket_values(plan), strict=True):
+    # Without colour (NO_COLOR) each bucket is drawn with its initial instead of a coloured block.
+    plain = console.no_color or console.color_system is None
+    for (name, colour), value in zip(BUCKETS, _bucket_values(plan), strict=True):
         cells = round(max(0.0, value) / scale * width)
-        bar.append("█" * cells, style=colour)
+        bar.append((GLYPHS[name] if plain else "█") * cells, style=colour)
         used += cells
     limit_cell = round(mem.usable / scale * width)
     bar.append("░" * max(0, round(mem.capacity / scale * width) - used), style="grey23")
     console.print(Text("memory ", style="bold") + bar)
-    marker = Text(" " * (7 + min(limit_cell, width)) + "^ capacity - headroom")
+    at = 7 + min(limit_cell, width)
+    label = "^ capacity - headroom"
+    if at + len(label) > console.width:  # the label to the left of the caret, on one line
+        label = "capacity - headroom ^"
+        at = max(0, at - len(label) + 1)
+    marker = Text(" " * at + label)
     console.print(marker, style="dim")
-    legend = Text()
+    items = []
     for (name, colour), value in zip(BUCKETS, _bucket_values(plan), strict=True):
-        legend.append("■ ", style=colour)
-        legend.append(f"{name} {value / GIB:.1f}  ")
-    console.print(legend)
+        item = Text(f"{GLYPHS[name]} " if plain else "■ ", style=colour)
+        items.append(item + Text(f"{name} {value / GIB:.1f}"))
+    _print_legend(console, items)
 
     table = Table(title=f"Memory per GPU, stage {h.stage} (heaviest)")
     table.add_column("bucket")
@@ -304,6 +323,20 @@ def render_plan(plan: Plan, console: Console) -> None:
         console.print(f"[dim]- {a}[/]")
 
 
+def _print_legend(console: Console, items: list[Any]) -> None:
+    """Legend items two spaces apart, wrapped between items only (an item is never split)."""
+    from rich.text import Text
+
+    line = Text()
+    for item in items:
+        if line.plain and len(line.plain) + 2 + len(item.plain) > console.width:
+            console.print(line, no_wrap=True, overflow="ignore")
+            line = Text()
+        line += Text("  ") + item if line.plain else item
+    if line.plain:
+        console.print(line, no_wrap=True, overflow="ignore")
+
+
 def _render_timeline(plan: Plan, console: Console) -> None:
     from rich.text import Text
 
@@ -312,14 +345,22 @@ def _render_timeline(plan: Plan, console: Console) -> None:
         return
     shown = min(lay.grad_accum, 2 * lay.pp)
     schedule = plan.config.parallel.pp_schedule
-    slots = timeline("gpipe" if schedule == "gpipe" else "1f1b", lay.pp, shown)
+    interleaved = schedule == "interleaved" and lay.vpp > 1 and shown >= lay.pp
+    if interleaved:
+        shown -= shown % lay.pp  # Megatron-LM's interleaving runs groups of pp micro-batches
+    slots = timeline(
+        "gpipe" if schedule == "gpipe" else "interleaved" if interleaved else "1f1b",
+        lay.pp,
+        shown,
+        vpp=lay.vpp if interleaved else 1,
+    )
     end = max(s.end for s in slots)
     width = max(30, min(110, console.width - 12))
     scale = width / end
     rows = min(lay.pp, 16)
     title = f"Pipeline schedule ({schedule}"
     if schedule == "interleaved":
-        title += ", drawn as 1F1B"
+        title += f", {lay.vpp} chunks per stage" if interleaved else ", drawn as 1F1B"
     title += f"): {shown} of {lay.grad_accum} micro-batches"
     if rows < lay.pp:
         title += f", first {rows} of {lay.pp} stages"
@@ -333,15 +374,20 @@ def _render_timeline(plan: Plan, console: Console) -> None:
             a = round(s.start * scale)
             b = max(a + 1, round(s.end * scale))
             for i in range(a, min(b, width)):
-                cells[i] = str(s.microbatch % 10)
+                # Forward: the micro-batch's digit; backward: its letter (a = 0): told apart
+                # without colour too.
+                digit = s.microbatch % 10
+                cells[i] = str(digit) if s.kind == "F" else "abcdefghij"[digit]
                 styles[i] = "bold white on blue" if s.kind == "F" else "bold white on green"
         text = Text(f"stage {stage:>2} ")
         for ch, st in zip(cells, styles, strict=True):
             text.append(ch, style=st)
         console.print(text)
-    legend = Text("          ")
-    legend.append(" forward ", style="bold white on blue")
-    legend.append(" ")
-    legend.append(" backward ", style="bold white on green")
-    legend.append("  digit = micro-batch mod 10, · = bubble (idle)")
-    console.print(legend)
+    _print_legend(
+        console,
+        [
+            Text("0-9", style="bold white on blue") + Text(" forward of micro-batch n (mod 10)"),
+            Text("a-j", style="bold white on green") + Text(" its backward (a = 0)"),
+            Text("·", style="grey35") + Text(" bubble (idle)"),
+        ],
+    )

@@ -1,0 +1,67 @@
+"""The plan screen at 80 columns without colour: no line wider than 80, legends never split,
+forward and backward told apart by glyph, the interleaved schedule drawn interleaved."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import re
+
+import pytest
+from rich.console import Console
+
+from launcher.config.compose import compose_config
+from launcher.plan.planner import make_plan
+from launcher.plan.schedule import bubble_fraction, timeline
+from launcher.views.plan import render_plan
+
+pytestmark = pytest.mark.unit
+
+
+def screen(*overrides: str) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=80, no_color=True, color_system=None)
+    render_plan(make_plan(compose_config(list(overrides)).config), console)
+    return buffer.getvalue()
+
+
+INTERLEAVED = (
+    "recipe=llama3-8b",
+    "parallel.pp=4",
+    "parallel.vpp=2",
+    "parallel.pp_schedule=interleaved",
+    "parallel.tp=2",
+    "zero.stage=2",
+)
+
+
+def test_eighty_columns_and_whole_legends() -> None:
+    text = screen(*INTERLEAVED)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for item in ("w weights", "h overhead", "f fragmentation", "capacity - headroom"):
+        assert any(item in line for line in lines), item
+    assert any(re.search(r"activations \d+\.\d", line) for line in lines)  # value with its name
+    assert any("a-j its backward" in line and "0-9 forward" in line for line in lines)
+
+
+def test_forward_and_backward_glyphs_and_interleaving() -> None:
+    text = screen(*INTERLEAVED)
+    assert "2 chunks per stage" in text and "drawn as 1F1B" not in text
+    rows = [line for line in text.splitlines() if line.startswith("stage  0 ")]
+    (row,) = rows
+    cells = row.removeprefix("stage  0 ")
+    assert set("0123") & set(cells) and set("abcd") & set(cells)
+    # Interleaved: stage 0 runs micro-batch 0's first chunk, then 1..3's, then 0's second chunk
+    # before any backward (pp=4 micro-batches per group).
+    runs = [key for key, _ in itertools.groupby(cells) if key != "·"]
+    assert runs[:8] == list("01230123"), runs
+
+
+def test_interleaved_timeline_has_the_published_bubble() -> None:
+    for pp, m, v in ((4, 8, 2), (2, 4, 3), (8, 16, 4)):
+        slots = timeline("interleaved", pp, m, vpp=v)
+        end = max(s.end for s in slots)
+        busy = sum(s.end - s.start for s in slots if s.stage == 0)
+        assert 1 - busy / end == pytest.approx(bubble_fraction(pp, m, v))
+        assert {s.chunk for s in slots} == set(range(v))
