@@ -175,3 +175,14 @@ def test_launch_refusal_names_what_runs_here() -> None:
     refusal = launch_refusal(cfg)
     assert refusal is not None and "backend=torch" in refusal
     assert launch_refusal(compose_config([]).config) is None
+
+
+def test_megatron_args_render_fsdp_and_parallel_folding() -> None:
+    from launcher.render.megatron_args import megatron_args
+
+    moe = ["recipe=mixtral-8x7b", "cluster.num_nodes=1", "parallel.pp=1", "parallel.tp=8"]
+    moe += ["train.global_batch_size=8", "parallel.cp=1", "parallel.ep=8", "zero.stage=3"]
+    args = megatron_args(compose_config(moe).config)
+    assert "--use-megatron-fsdp" in args and "--use-distributed-optimizer" not in args
+    assert args[args.index("--expert-model-parallel-size") + 1] == "8"
+    assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"  # ep spans tp ranks

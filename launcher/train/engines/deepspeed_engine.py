@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher.backends import raw_refusals
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.render.ds_config import ds_config
@@ -65,6 +66,12 @@ class DeepSpeedEngine(Engine):
     def __init__(self, cfg: LLMTrainConfig, seed: int):
         import deepspeed
 
+        # What this engine runs is declared in launcher/backends/deepspeed.py.
+        problems = [r.message for r in raw_refusals("deepspeed", cfg)]
+        if problems:
+            raise ValueError(
+                "backend=deepspeed cannot run this configuration:\n- " + "\n- ".join(problems)
+            )
         layout = derive_layout(cfg)
         self.micro_batch_size = layout.micro_batch_size
         self.grad_accum = layout.grad_accum
