@@ -1107,10 +1107,12 @@ def search_backends(configs: dict[str, LLMTrainConfig], **options: object) -> Se
             results.append(search(cfg, **options))  # type: ignore[arg-type]
         except UserError as exc:
             first_error = first_error or exc
-            skipped.append(f"backend={name} left out: {str(exc).splitlines()[1].strip()}")
+            lines = str(exc).splitlines()
+            reason = (lines[1] if len(lines) > 1 else lines[0]).strip()
+            skipped.append(f"backend={name} left out: {reason}")
     if not results:
         assert first_error is not None
-        raise first_error
+        raise UserError("no backend can run this request:\n  " + "\n  ".join(skipped))
     top = results[0].top
     merged = sorted((c for r in results for c in r.candidates), key=Candidate.rank_key)[:top]
     rejected: dict[str, int] = {}

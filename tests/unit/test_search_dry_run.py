@@ -66,3 +66,14 @@ def test_top5_on_gpu_clusters_pass_the_dry_runs(base: tuple[str, ...], any_backe
         for command in ("run", "submit"):
             for problem in verdict.refusals[command]:
                 assert problem in allowed or (preset and "backend=megatron" in problem), problem
+
+
+def test_any_backend_widens_and_never_loses_the_best() -> None:
+    base = ("recipe=tiny", "cluster.gpus_per_node=4", "train.global_batch_size=16")
+    one = top5(*base)
+    every = top5(*base, "--any-backend")
+    assert every[0]["tokens_per_s"] >= one[0]["tokens_per_s"]  # type: ignore[operator]
+    assert {c["backend"] for c in every} <= {"torch", "deepspeed"}  # megatron needs CUDA
+    result = runner.invoke(COMMAND, ["plan", "--search", "--any-backend", *base, "optim.name=lion"])
+    assert result.exit_code != 0
+    assert "no backend can run this request" in str(result.exception)
