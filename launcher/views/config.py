@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.console import Console
@@ -17,7 +17,9 @@ from launcher.config.provenance import flatten
 from launcher.errors import ConfigError
 from launcher.plan.model_shape import ModelShape, human_count
 from launcher.validate.rules import Violation, check
-from launcher.verdict import Verdict
+
+if TYPE_CHECKING:
+    from launcher.verdict import Verdict
 
 
 def show_config(console: Console, composed: Composed, sources: dict[str, str] | None) -> None:
