@@ -29,7 +29,10 @@ print('HEAVY', heavy)
         ["validate", "recipe=llama3-70b"],
         ["plan", "recipe=llama3-405b"],
         ["plan", "--search", "recipe=llama3-8b", "--top", "2"],
+        ["plan", "--json-schema"],
         ["recipes"],
+        ["run", "--dry-run", "cluster.gpus_per_node=2", "train.global_batch_size=16"],
+        ["submit", "--dry-run", "recipe=llama3-8b", "--json"],
     ],
 )
 def test_no_heavy_imports(args: list[str]) -> None:
