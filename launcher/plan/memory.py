@@ -32,16 +32,18 @@ from dataclasses import dataclass
 
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import chunk_microbatches_in_flight
 
 GIB = 1024**3
 
 # torch's caching allocator reserves more than it allocates (block rounding, fragmentation across
-# differently sized tensors). ONE factor, reserved = allocated * FRAGMENTATION, calibrated on the
-# only reserved-memory measurement we have (calibration.csv row T1: torchtitan Llama 3.1 8B,
-# 82.4 GiB reserved, for which we predict 69.8 GiB allocated -> 1.18).
-FRAGMENTATION = 1.18
+# differently sized tensors): reserved = allocated x fragmentation, one fitted constant per GPU
+# family (launcher.plan.fitted; fitted on the reserved-memory rows of calibration.csv). When the
+# allocator reaches the device's capacity it frees its cache and retries, so what torch reports
+# as reserved never exceeds the capacity left after the CUDA context (`reserved_observed`).
+FRAGMENTATION = constants("hopper").fragmentation
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -71,6 +73,8 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
 
 
 def uses_dropout(cfg: LLMTrainConfig) -> bool:
+    if cfg.model.dropout is not None:
+        return cfg.model.dropout
     return cfg.model.norm == "layernorm"
 
 
@@ -242,6 +246,10 @@ class HardwareView:
     inter_gbps: float
     gpus_per_node: int
     price_per_gpu_hour: float
+    # GPU family (hardware.Arch), TDP and NVLink domain size; defaults keep old callers working.
+    arch: str = "hopper"
+    tdp_watts: float | None = None
+    scale_up_domain: int = 0  # 0: the node (gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -257,6 +265,8 @@ class StageMemory:
     overhead: float
     in_flight: int
     host_bytes: float
+    fragmentation: float = FRAGMENTATION
+    capacity: float = 0.0  # device memory (0: unknown, no cap on reserved_observed)
 
     @property
     def allocated(self) -> float:
@@ -264,7 +274,16 @@ class StageMemory:
 
     @property
     def reserved(self) -> float:
-        return self.allocated * FRAGMENTATION
+        """What the caching allocator would reserve with no capacity limit (the fit verdict)."""
+        return self.allocated * self.fragmentation
+
+    @property
+    def reserved_observed(self) -> float:
+        """What torch.cuda.max_memory_reserved reports: reserved, capped at the capacity left
+        after the CUDA context (the allocator frees its cache and retries before failing)."""
+        if self.capacity <= 0:
+            return self.reserved
+        return min(self.reserved, max(self.allocated, self.capacity - self.overhead))
 
     @property
     def device_total(self) -> float:
@@ -447,6 +466,8 @@ def assemble_stage(
         overhead=float(hw.overhead_bytes),
         in_flight=activations[1],
         host_bytes=states.host_bytes,
+        fragmentation=constants(hw.arch).fragmentation,
+        capacity=float(hw.memory_bytes),
     )
 
 

@@ -75,6 +75,9 @@ def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
         price_per_gpu_hour=(
             c.price_per_gpu_hour if c.price_per_gpu_hour is not None else gpu.price_per_gpu_hour
         ),
+        arch=gpu.arch,
+        tdp_watts=gpu.tdp_watts,
+        scale_up_domain=gpu.scale_up_domain,
     )
 
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.comm import Collective, collective_time, place_group
-from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd, output_matmul_params
+from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
+from launcher.plan.kernels import ComputeParts, stage_parts
 from launcher.plan.memory import DTYPE_BYTES, HardwareView, StageMemory, bytes_per_param
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import bubble_fraction, bubble_overhead
@@ -82,36 +83,64 @@ def stage_compute_flops(
     return tokens * total / max(1, layout.tp), attn / max(1e-9, total)
 
 
+def stage_compute_parts(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int
+) -> ComputeParts:
+    """Compute of one micro-batch on one GPU of `stage`, per operator class (kernels.py)."""
+    m = cfg.model
+    shape = ModelShape(m)
+    layers = layout.stage_layers[stage]
+    if shape.is_moe:
+        if layout.vpp == 1:
+            first = sum(layout.stage_layers[:stage])
+            dense = max(0, min(layers, m.moe_dense_layers - first))
+        else:
+            dense = round(m.moe_dense_layers * layers / max(1, m.num_layers))
+    else:
+        dense = layers
+    return stage_parts(
+        cfg,
+        layout,
+        hw.arch,
+        hw.peak_flops,
+        hw.matmul_peak_flops,
+        hw.matmul_efficiency,
+        hw.hbm_gbps,
+        hw.tdp_watts,
+        dense,
+        layers - dense,
+        stage == layout.pp - 1,
+    )
+
+
+def _heaviest_stage(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView
+) -> tuple[ComputeParts, int]:
+    best: tuple[ComputeParts | None, int] = (None, 0)
+    seen: dict[tuple[int, bool, bool], ComputeParts] = {}
+    stage_layers = layout.stage_layers
+    for s in range(layout.pp):
+        kind = (stage_layers[s], s == layout.pp - 1, s == 0)
+        if kind not in seen:
+            seen[kind] = stage_compute_parts(cfg, layout, hw, s)
+        parts = seen[kind]
+        if best[0] is None or parts.total_s > best[0].total_s:
+            best = (parts, s)
+    assert best[0] is not None
+    return best[0], best[1]
+
+
 def microbatch_compute_s(
     cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, flops: FlopsPerToken
 ) -> tuple[float, int, float]:
     """(seconds, stage, attention share) of one micro-batch's compute on the heaviest stage.
 
     A lower bound of the step: step_s >= this x micro-batches x (1 + bubble overhead), which
-    the layout search (``search.py``) uses to skip layouts that cannot make its top k.
+    the layout search (``search.py``) uses to skip layouts that cannot make its top k. The
+    operator-class model is in kernels.py; `flops` is kept for callers' compatibility.
     """
-    best: tuple[float, int, float] = (-1.0, 0, 0.0)
-    # Stages with the same layer count (and not the last) have the same FLOPs: compute each once.
-    seen: dict[tuple[int, bool], tuple[float, float]] = {}
-    stage_layers = layout.stage_layers
-    for s in range(layout.pp):
-        kind = (stage_layers[s], s == layout.pp - 1)
-        if kind not in seen:
-            seen[kind] = stage_compute_flops(cfg, layout, flops, s)
-        f, attn_share = seen[kind]
-        if f > best[0]:
-            best = (f, s, attn_share)
-    stage_flops, stage, attn_share = best
-    eff = hw.matmul_efficiency
-    # GEMMs: the linear layers at the matmul precision's peak (fp8 with precision.fp8), attention
-    # at the compute dtype's. The rest of a step (norms, activations, softmax, launches: the
-    # 1/STEP_EFFICIENCY - 1 on top) runs at the compute dtype's speed whatever the matmul
-    # precision. Without fp8 this is stage_flops / (peak * eff * STEP_EFFICIENCY).
-    gemm = stage_flops * (1.0 - attn_share) / (hw.matmul_peak_flops * eff) + (
-        stage_flops * attn_share / (hw.peak_flops * eff)
-    )
-    other = stage_flops / (hw.peak_flops * eff) * (1.0 / STEP_EFFICIENCY - 1.0)
-    return gemm + other, stage, attn_share
+    parts, stage = _heaviest_stage(cfg, layout, hw)
+    return parts.total_s, stage, parts.attention_s / max(1e-30, parts.total_s)
 
 
 @dataclass(frozen=True)
@@ -139,7 +168,9 @@ def _add_collective(
     note: str,
 ) -> tuple[float, float]:
     """Time one collective per step, append its row, return (total, exposed) seconds."""
-    place = place_group(size, stride, hw.gpus_per_node, hw.intra_gbps, hw.inter_gbps)
+    # A group inside one NVLink domain (a node, or a GB200 NVL72 rack) gets NVLink bandwidth.
+    domain = max(hw.gpus_per_node, hw.scale_up_domain)
+    place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
     total = collective_time(kind, msg, size, place.bus_gbps) * calls
     exposed = total if window is None else max(0.0, total - window)
     colls.append(
@@ -164,8 +195,12 @@ def microbatch_time(
     tokens = layout.micro_batch_size * m.seq_length / max(1, cp)
     sp_div = tp if cfg.parallel.sequence_parallel else 1
 
-    t_compute_mb, stage, attn_share = microbatch_compute_s(cfg, layout, hw, flops)
+    parts, stage = _heaviest_stage(cfg, layout, hw)
+    t_compute_mb = parts.total_s
+    attn_share = parts.attention_s / max(1e-30, t_compute_mb)
     layers = layout.stage_layers[stage]
+    # Megatron --tp-comm-overlap / torchtitan async TP hide TP collectives behind the linear GEMMs.
+    tp_window = parts.linear_s * mb if cfg.backend.tp_comm_overlap else None
     colls: list[Collective] = []
     add = functools.partial(_add_collective, colls, hw)
 
@@ -183,13 +218,13 @@ def microbatch_time(
             1,
             msg,
             calls * mb,
-            None,
+            tp_window,
             "2 fwd + 2 bwd per layer" + (" + 2 recompute" if calls > layers * 4 else ""),
         )
         per_mb_exposed += e / mb
     if cp > 1:
         kv = (shape.kv_heads * shape.head_dim * 2) * tokens * act_bytes / tp
-        attn_time = t_compute_mb * attn_share
+        attn_time = parts.attention_s
         _, e = add(
             "context-parallel K/V ring",
             "p2p",
@@ -231,7 +266,9 @@ def microbatch_time(
             tp * cp * dp,
             msg,
             2 * vpp * mb,
-            None,
+            # Megatron overlaps the p2p of the interleaved schedule with compute
+            # (overlap_p2p_comm, on by default with virtual pipeline stages).
+            t_compute_mb * mb if (vpp > 1 and cfg.backend.name == "megatron") else None,
             "activation forward, gradient backward",
         )
         per_mb_exposed += e / mb
