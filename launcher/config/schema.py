@@ -170,6 +170,10 @@ class BackendConfig:
     # Overlap tensor-parallel collectives with the linear layers' GEMMs: Megatron-core's
     # --tp-comm-overlap (Transformer Engine userbuffers) or torchtitan's async TP.
     tp_comm_overlap: bool = False
+    # Flash-attention kernel family: te (Transformer Engine / cuDNN fused attention, Hopper-native)
+    # | sdpa (PyTorch scaled_dot_product_attention's flash kernel, FlashAttention-2 class).
+    # None: te for megatron, sdpa for torch and deepspeed.
+    attention_kernel: str | None = None
 
 
 @dataclass

@@ -12,7 +12,8 @@ Choices made where a source is silent (each also stated in the CSV's last column
   96 B s l h^2 (1 + s/6h + V/16lh) / (TFLOP/s * n_gpus) (the paper's own FLOP count).
 - NP, NL, NB (NeMo / Megatron-core): distributed optimizer (ZeRO-1), sequence parallel when tp > 1,
   Transformer Engine tp-comm-overlap on (the NeMo performance recipes enable it), no recompute
-  (NL: not stated, none assumed), flash attention. NP keeps fp32 gradients, NB bf16 (its note).
+  (NL: not stated, none assumed), flash attention, bf16 gradients for fp8 runs (NB's note on the
+  NeMo performance scripts, assumed for NP and NL too).
   NL: TFLOP/s converted with NeMo's llama formula (full s^2 attention), the convention of the
   sibling table.
 - T (torchtitan): FSDP2 = ZeRO-3 over dp*cp, fp32 reduce, op-level selective or full AC as
@@ -142,6 +143,7 @@ def _cfg(
     tp_overlap: bool = False,
     compile: bool = False,
     gpn: int = 8,
+    kernel: str | None = None,
 ) -> LLMTrainConfig:
     if precision == "fp16":
         prec = PrecisionConfig(
@@ -163,7 +165,11 @@ def _cfg(
         train=TrainConfig(micro_batch_size=mbs, global_batch_size=gbs, steps=1, recompute=recompute),
         cluster=ClusterConfig(name=gpu, gpu=gpu, num_nodes=max(1, gpus // gpn), gpus_per_node=gpn),
         backend=BackendConfig(
-            name=backend, overlap_comm=overlap, tp_comm_overlap=tp_overlap, compile=compile
+            name=backend,
+            overlap_comm=overlap,
+            tp_comm_overlap=tp_overlap,
+            compile=compile,
+            attention_kernel=kernel,
         ),
     )
 
@@ -255,7 +261,7 @@ def _time_points() -> list[CalibrationPoint]:
         out.append(_tps(rid, "T", cfg, 256, tps))
     # NeMo 24.07, DGX-H100, fp8.
     h = "h100-sxm"
-    nemo = {"precision": "fp8", "tp_overlap": True}
+    nemo = {"precision": "fp8", "tp_overlap": True, "grad": "bf16"}
     np_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
         ("NP1", _gpt(24, 4096, 32, seq=2048, attention="flash"), 64, {"mbs": 4, "gbs": 2048}, 23406),
         ("NP2", _gpt(44, 6144, 48, attention="flash"), 64, {"tp": 2, "mbs": 2, "gbs": 256}, 5851),
@@ -342,7 +348,7 @@ def _time_points() -> list[CalibrationPoint]:
         moe_ffn_hidden_size=768,
     )
     dsv3 = model_preset("deepseek-v3")
-    am = {"backend": "torch", "zero": 3, "recompute": "full"}
+    am = {"backend": "torch", "zero": 3, "recompute": "full", "kernel": "te"}
     am_rows: list[tuple[str, ModelConfig, int, dict[str, object], float]] = [
         ("AM1", qwen, 8, {"ep": 8, "mbs": 4, "gbs": 512}, 21.773),
         ("AM2", dsv3, 256, {"pp": 4, "ep": 64, "vpp": 8, "gbs": 512}, 8.18),

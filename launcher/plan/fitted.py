@@ -10,13 +10,19 @@ fitted and the leave-one-source-out errors and writes ``error_bands.py``.
 One set per GPU family (``hardware.Arch``: ampere, hopper, blackwell); a family without its own
 entry uses ``default``. The calibration set has too few sources per family to fit every constant
 per family honestly (leave-one-source-out would leave Blackwell with one row), so the dimensionless
-constants are shared and only the attention kernel rate is per family (flash-attention 2 on A100,
-cuDNN / flash-attention 3 on Hopper and Blackwell are different kernels).
+constants are shared; what differs between families is datasheet data (peaks, HBM bandwidth, MAMF)
+and the published benchmark rate of each attention kernel (kernels.ATTENTION_KERNEL_RATE).
+
+Not fitted (cited): flash attention reaches its plateau rate at key blocks of a few thousand tokens,
+half of it near ATTN_HALF_SEQ = 256 keys (Dao 2023, FlashAttention-2, Fig. 4-7: forward+backward
+throughput at sequence 512 is ~2/3 of that at 8k for head dim 128).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+ATTN_HALF_SEQ = 256.0
 
 
 @dataclass(frozen=True)
@@ -25,10 +31,10 @@ class ComputeConstants:
     gemm_half_dim: float
     # fp8 GEMMs reach this fraction of the bf16 MAMF fraction (of the fp8 peak).
     fp8_gemm_ratio: float
-    # Flash attention fwd+bwd: this fraction of the bf16 dense peak at long sequences ...
+    # Flash attention inside a training step reaches this fraction of the kernel's benchmark rate
+    # (kernels.ATTENTION_KERNEL_RATE: per GPU family and kernel, cited there): masks, layouts,
+    # head splits and the ring schedule of real runs.
     attn_efficiency: float
-    # ... times s / (s + attn_half_seq), s the key block one kernel call sees (s / cp with a ring).
-    attn_half_seq: float
     # Non-GEMM work: counted bytes x bytes_factor over the HBM bandwidth.
     bytes_factor: float
     # torch.compile (backend.compile) leaves this fraction of the non-GEMM bytes (fusion).
@@ -40,8 +46,7 @@ class ComputeConstants:
 DEFAULT = ComputeConstants(
     gemm_half_dim=64.0,
     fp8_gemm_ratio=0.80,
-    attn_efficiency=0.45,
-    attn_half_seq=1024.0,
+    attn_efficiency=0.6,
     bytes_factor=1.5,
     compile_bytes=0.6,
     fragmentation=1.10,

@@ -2,19 +2,22 @@
 
 One place per formula; the fitted constants (``fitted.py``) are dimensionless and few.
 
-- GEMMs (the linear layers, the router, the output head): FLOPs / (peak x efficiency). The
+- GEMMs (the linear layers, the router, the output head): a smooth roofline (``gemm_time``) of
+  the operand bytes over HBM and FLOPs / (peak x efficiency). The
   efficiency is the catalog's large-GEMM ceiling (MAMF, measured on the best shapes) times
-  d / (d + gemm_half_dim), d the GEMM's smallest dimension: a thin GEMM (a narrow expert, a
-  projection split over many tp ranks, few tokens per expert) fills fewer tensor-core tiles and
-  waves per byte it moves (the roofline of Williams et al. 2009: arithmetic intensity of an
-  m x n x k GEMM is ~ mnk / (mn + nk + mk), dominated by the smallest dimension). Forward 2mnk,
+  d / (d + gemm_half_dim), d the smaller output dimension min(m, n): a thin output (a narrow
+  expert, a projection split over many tp ranks, few tokens per expert) fills fewer tensor-core
+  tiles and waves; the memory term of the roofline (Williams et al. 2009: arithmetic intensity
+  of an m x n x k GEMM is mnk / (mn + nk + mk)) prices a short reduction dimension. Forward 2mnk,
   backward 4mnk (data and weight gradients of the same shapes). fp8 runs only the linear layers'
   GEMMs at the fp8 peak (Transformer Engine / torchao keep the output head and attention in bf16),
   at fp8_gemm_ratio of the bf16 efficiency.
 - Grouped expert GEMMs at the shape each expert really gets: m = tokens x top_k x ep / experts
   per local expert (balanced routing; Megatron-core / DeepEP dispatch).
 - Attention core with flash attention (Dao et al. 2022, 2023; Shah et al. 2024): causal FLOPs
-  (half of the full s x s product) at attn_efficiency of the bf16 peak times s / (s + attn_half_seq)
+  (half of the full s x s product) at the kernel's published benchmark rate (ATTENTION_KERNEL_RATE;
+  te: Transformer Engine / cuDNN; sdpa: PyTorch's FlashAttention-2) times one fitted realisation
+  factor times s / (s + ATTN_HALF_SEQ)
   for a key block of s (s / cp per ring step with context parallelism: each step is one kernel call
   on a block of that length). Forward 1, backward 2.5 forward-equivalents (the backward recomputes
   QK^T: five matmuls against two). Eager attention (Megatron 2021) is two batched GEMMs per head
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.fitted import ComputeConstants, constants
+from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
 from launcher.plan.model_shape import ModelShape
 
 
@@ -67,9 +70,73 @@ def gemm_efficiency(min_dim: float, mamf: float, half_dim: float) -> float:
     return mamf * d / (d + half_dim)
 
 
-def attention_efficiency(block: float, c: ComputeConstants) -> float:
-    """Fraction of the bf16 peak flash attention reaches on key blocks of `block` tokens."""
-    return c.attn_efficiency * block / (block + c.attn_half_seq)
+def gemm_time(
+    flops: float,
+    m: float,
+    n: float,
+    k: float,
+    peak: float,
+    mamf: float,
+    half_dim: float,
+    hbm_bytes_per_s: float,
+    elem_bytes: float,
+) -> float:
+    """Seconds for `flops` of GEMMs of shape m x n x k: the compute time at
+    gemm_efficiency(min dim) and the time to move their operands and result over HBM, combined
+    as a smooth roofline sqrt(compute^2 + memory^2) (Williams et al. 2009: a kernel is bound by
+    whichever is slower; the smooth sum charges the regime near the ridge point, where real
+    kernels reach neither bound).
+
+    e.g. H100 (989 TFLOP/s bf16, 3.35 TB/s), MAMF 0.8, half_dim 0: a 4096^3 GEMM: compute
+    1.37e11 / 7.9e14 = 174 us, memory 3 x 4096^2 x 2 B / 3.35e12 = 30 us -> 176 us; a batched
+    attention-score GEMM 2048 x 2048 x 96 moves (2 x 2048 x 96 + 2048^2) x 2 B per 8.1e8 FLOPs,
+    88 FLOP/B, and is memory-bound on an A100 (ridge 153 FLOP/B).
+    """
+    if flops <= 0:
+        return 0.0
+    # Tile fill depends on the output's dimensions (m x n tiles, waves over the SMs); a short
+    # reduction dimension k only lowers the arithmetic intensity, which the memory term prices.
+    eff = gemm_efficiency(min(m, n), mamf, half_dim)
+    compute = flops / (peak * eff)
+    count = flops / (2.0 * max(1.0, m) * max(1.0, n) * max(1.0, k))
+    memory = count * (m * k + k * n + m * n) * elem_bytes / hbm_bytes_per_s
+    return float((compute * compute + memory * memory) ** 0.5)
+
+
+def attention_kernel(cfg: LLMTrainConfig) -> str:
+    """te | sdpa: backend.attention_kernel, else te for megatron and sdpa otherwise."""
+    if cfg.backend.attention_kernel:
+        return cfg.backend.attention_kernel
+    return "te" if cfg.backend.name == "megatron" else "sdpa"
+
+
+# Causal flash attention, forward + backward, head dim 128, long sequences: fraction of the bf16
+# dense peak in the kernels' own benchmarks (read approximately off the papers' figures; the
+# backward, 2.5x the forward's FLOPs, dominates the combined rate):
+# - A100, FlashAttention-2 (= PyTorch SDPA's flash kernel; TE/cuDNN reach the same): ~225 of 312
+#   TFLOP/s fwd+bwd (Dao 2023, FlashAttention-2, Fig. 6) -> 0.72.
+# - H100, FlashAttention-2 / SDPA (not using wgmma / TMA): ~330 of 989 (Shah et al. 2024,
+#   FlashAttention-3, Figs. 5-6, FA2 baseline) -> 0.33; cuDNN / FA3 class (Transformer Engine):
+#   forward ~740 (0.75), backward ~530 (0.53) -> 3.5 / (1/0.75 + 2.5/0.53) = 0.58.
+# - B200: cuDNN 9 fused attention about the same fractions as on Hopper (NVIDIA cuDNN 9 release
+#   notes / blog, ~1.6 PFLOP/s forward of 2.25) -> 0.55; FA2-class kernels as on Hopper -> 0.33.
+ATTENTION_KERNEL_RATE: dict[tuple[str, str], float] = {
+    ("ampere", "te"): 0.72,
+    ("ampere", "sdpa"): 0.72,
+    ("hopper", "te"): 0.58,
+    ("hopper", "sdpa"): 0.33,
+    ("blackwell", "te"): 0.55,
+    ("blackwell", "sdpa"): 0.33,
+}
+
+
+def attention_efficiency(
+    block: float, c: ComputeConstants, kernel: str = "te", arch: str = "hopper"
+) -> float:
+    """Fraction of the bf16 peak flash attention reaches on key blocks of `block` tokens: the
+    kernel's benchmark rate x the fitted realisation factor x block / (block + ATTN_HALF_SEQ)."""
+    rate = ATTENTION_KERNEL_RATE.get((arch, kernel), 0.5)
+    return rate * c.attn_efficiency * block / (block + ATTN_HALF_SEQ)
 
 
 def clock_factor(power_limit_w: float | None, tdp_w: float | None) -> float:
@@ -109,6 +176,7 @@ class _Key:
     rope: bool
     dropout: bool
     eager: bool
+    kernel: str
     seq: int
     act_bytes: int
     # layout / run
@@ -176,6 +244,7 @@ def stage_parts(
         rope=m.position == "rope",
         dropout=uses_dropout(cfg),
         eager=m.attention == "eager",
+        kernel=attention_kernel(cfg),
         seq=m.seq_length,
         act_bytes=DTYPE_BYTES[cfg.precision.compute_dtype],
         tokens=layout.micro_batch_size * m.seq_length / max(1, layout.cp),
@@ -201,9 +270,13 @@ def _parts(k: _Key) -> ComputeParts:
     eff8 = c.fp8_gemm_ratio if k.fp8 else 1.0
     lin_peak = k.matmul_peak
 
+    hbm = k.hbm_gbps * 1e9
+
     def gemm(flops_per_token: float, m_dim: float, n: float, kk: float, peak: float, e: float) -> float:
-        eff = gemm_efficiency(min(m_dim, n, kk), k.mamf * e, c.gemm_half_dim)
-        return t * flops_per_token / (peak * eff)
+        return gemm_time(
+            t * flops_per_token, m_dim, n, kk, peak, k.mamf * e, c.gemm_half_dim, hbm,
+            1.0 if (k.fp8 and peak == lin_peak and e != 1.0) else float(k.act_bytes),
+        )
 
     # Forward GEMM seconds per layer, per class.
     g = 2 if k.gated else 1
@@ -237,7 +310,7 @@ def _parts(k: _Key) -> ComputeParts:
         attn_fwd = gemm(full_fwd, k.seq, k.seq, k.head_dim_qk, k.peak, 1.0)
         attn_bwd = 2.0 * attn_fwd
     else:
-        rate = k.peak * attention_efficiency(k.seq / k.cp, c)
+        rate = k.peak * attention_efficiency(k.seq / k.cp, c, k.kernel, k.arch)
         attn_fwd = t * 0.5 * full_fwd / rate
         attn_bwd = 2.5 * attn_fwd
 
@@ -303,8 +376,10 @@ def _parts(k: _Key) -> ComputeParts:
 
 __all__ = [
     "ComputeParts",
+    "ATTENTION_KERNEL_RATE",
     "attention_efficiency",
     "clock_factor",
     "gemm_efficiency",
+    "gemm_time",
     "stage_parts",
 ]

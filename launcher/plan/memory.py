@@ -63,8 +63,9 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
     """Unsharded bytes per parameter of each model-state bucket (ZeRO paper, section 3)."""
     p = cfg.precision
     weights = float(DTYPE_BYTES[p.compute_dtype])
-    if p.fp8:
-        # Transformer Engine keeps an fp8 copy of each weight and of its transpose.
+    if p.fp8 and cfg.backend.name == "megatron":
+        # Transformer Engine keeps an fp8 copy of each weight and of its transpose across the
+        # micro-batches of a step; torchao's float8 (torch backends) casts on the fly instead.
         weights += 2.0
     gradients = float(DTYPE_BYTES[p.grad_dtype])
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
@@ -89,7 +90,7 @@ class ActivationTerms:
 
 
 def layer_activation_terms(
-    shape: ModelShape, moe: bool, recompute: str, attention: str, dropout: bool
+    shape: ModelShape, moe: bool, recompute: str, attention: str, dropout: bool, fp8: bool = False
 ) -> ActivationTerms:
     """Activation bytes per token stored by one transformer layer for its backward pass.
 
@@ -145,6 +146,17 @@ def layer_activation_terms(
     replicated = 4.0 * h + 4.0 * h + 2.0 * mask * h
     # Q, K, V for the score and value products, the attention output (projection input).
     sharded = 2.0 * (q_dim + k_dim + v_dim + o_dim) + lse + mlp_shr
+    if fp8:
+        # fp8 training saves each linear layer's input in fp8 for its weight gradient
+        # (Transformer Engine; torchao Float8Linear): QKV and FC1 inputs (h each), the output
+        # projection's input (o_dim) and FC2's input (f per routed copy) at 1 byte, not 2.
+        f_in = m.ffn_hidden_size
+        if moe:
+            f_in = (m.moe_ffn_hidden_size or m.ffn_hidden_size) * (
+                (m.moe_top_k or 1) + m.moe_shared_experts
+            )
+        replicated -= 2.0 * h
+        sharded -= o_dim + f_in
     scores = 0.0 if recompute == "selective" else score_bytes
     return ActivationTerms(replicated=replicated, sharded=sharded, scores=scores)
 
@@ -160,9 +172,10 @@ def layer_activation_bytes(
     recompute: str,
     attention: str,
     dropout: bool,
+    fp8: bool = False,
 ) -> float:
     """Bytes one layer keeps for one micro-batch on one GPU (tokens split over cp)."""
-    t = layer_activation_terms(shape, moe, recompute, attention, dropout)
+    t = layer_activation_terms(shape, moe, recompute, attention, dropout, fp8)
     tokens = micro_batch * seq / max(1, cp)
     rep = t.replicated / (tp if sequence_parallel else 1)
     # Each local query token scores against all s keys (ring attention with cp).
@@ -295,6 +308,8 @@ class MemoryPlan:
     stages: tuple[StageMemory, ...]
     capacity: float
     headroom: float
+    # Typical |error| of the memory prediction in this regime (bands.py); 0: no band.
+    band: float = 0.0
 
     @property
     def heaviest(self) -> StageMemory:
@@ -306,7 +321,28 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
+        """reserved + overhead of the heaviest GPU within capacity x (1 - headroom).
+
+        Unchanged meaning: the layout fits with the headroom to spare. `verdict` refines the
+        other case into "tight" and "does_not_fit".
+        """
         return self.heaviest.device_total <= self.usable
+
+    @property
+    def verdict(self) -> str:
+        """fits | tight | does_not_fit.
+
+        fits: as `fits`. tight: it does not fit with headroom, but allocated + overhead (what
+        must be resident; the caching allocator frees its cache before failing) is within the
+        prediction's error band of the capacity: (allocated + overhead) x (1 - band) <= capacity.
+        does_not_fit: even the band's optimistic end exceeds the capacity.
+        """
+        if self.fits:
+            return "fits"
+        h = self.heaviest
+        if (h.allocated + h.overhead) * (1.0 - self.band) <= self.capacity:
+            return "tight"
+        return "does_not_fit"
 
 
 def zero_shard(layout: Layout) -> int:
@@ -350,6 +386,13 @@ def stage_states(
 
     weights = sharded(bpp.weights, z.stage >= 3)
     gradients = sharded(bpp.gradients, z.stage >= 2)
+    if z.stage >= 3 and layout.pp > 1 and cfg.backend.name == "torch":
+        # torch FSDP2 under pipeline parallelism (torchtitan): reshard_after_forward is off and
+        # gradients accumulate unsharded across the micro-batches of a step, so every stage keeps
+        # its parameters and their gradients unsharded in the compute dtype between micro-batches.
+        full = DTYPE_BYTES[cfg.precision.compute_dtype] * params.total
+        weights += full
+        gradients += full
     optimizer = sharded(bpp.optimizer, z.stage >= 1)
     host = 0.0
     if z.offload_optimizer == "cpu":
@@ -396,6 +439,7 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             recompute,
             m.attention,
             dropout,
+            cfg.precision.fp8,
         )
 
     in_flight = chunk_microbatches_in_flight(
@@ -485,5 +529,10 @@ def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: i
 def estimate_memory(
     cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, headroom: float = 0.10
 ) -> MemoryPlan:
+    from launcher.plan.bands import error_band
+
     stages = tuple(stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp)))
-    return MemoryPlan(stages=stages, capacity=float(hw.memory_bytes), headroom=headroom)
+    band = error_band("memory", cfg, hw.arch).typical
+    return MemoryPlan(
+        stages=stages, capacity=float(hw.memory_bytes), headroom=headroom, band=band
+    )
