@@ -37,6 +37,7 @@ TIME_PARAMS = (
     "attn_efficiency",
     "bytes_factor",
     "compile_bytes",
+    "overlap_cost",
 )
 # Constants held at their committed value instead of fitted (experiments: PLAN_FIT_FIXED=a,b).
 FIXED = tuple(x for x in os.environ.get("PLAN_FIT_FIXED", "").split(",") if x)
@@ -48,6 +49,7 @@ BOUNDS = {
     "bytes_factor": (0.5, 8.0),
     "compile_bytes": (0.2, 1.0),
     "fragmentation": (1.0, 1.5),
+    "overlap_cost": (0.01, 1.0),
 }
 
 
@@ -176,7 +178,12 @@ def fit(rows: list[Prepared], rounds: int = 6) -> tuple[dict[str, float], Family
             step *= 0.5
 
     search(names, time_rows)
-    search([("fragmentation", None)], mem_rows)
+    reserved = [r for r in mem_rows if r.point.metric == "reserved_bytes"]
+    if len({r.point.source for r in reserved}) >= 2:
+        search([("fragmentation", None)], mem_rows)
+    else:
+        # One source cannot tell the allocator's overhead from its own quirks: keep the prior.
+        shared["fragmentation"] = fitted.FRAGMENTATION_PRIOR
     return shared, fam
 
 

@@ -39,6 +39,9 @@ class ComputeConstants:
     bytes_factor: float
     # torch.compile (backend.compile) leaves this fraction of the non-GEMM bytes (fusion).
     compile_bytes: float
+    # Communication hidden behind compute still costs this fraction of its time (SM and HBM
+    # contention of the NCCL kernels with the compute kernels beside them).
+    overlap_cost: float
     # Caching allocator: reserved = allocated x fragmentation.
     fragmentation: float
 
@@ -49,6 +52,7 @@ DEFAULT = ComputeConstants(
     attn_efficiency=0.6,
     bytes_factor=1.5,
     compile_bytes=0.6,
+    overlap_cost=0.1,
     fragmentation=1.10,
 )
 
@@ -58,6 +62,12 @@ FAMILY: dict[str, dict[str, float]] = {
     "hopper": {},
     "blackwell": {},
 }
+
+# Prior of the allocator's reserved / allocated when the rows being fitted hold reserved memory
+# from fewer than two sources (cross-validation folds): the caching allocator rounds blocks to
+# 512 B / 2 MiB segments and keeps freed blocks cached; 10% is its usual steady-state overhead in
+# torch.cuda.memory_summary() of transformer training (an estimate, not fitted).
+FRAGMENTATION_PRIOR = 1.10
 
 _override: dict[str, ComputeConstants] = {}
 

@@ -69,6 +69,12 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
         weights += 2.0
     gradients = float(DTYPE_BYTES[p.grad_dtype])
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
+    if master and cfg.backend.name == "torch" and cfg.zero.stage >= 3:
+        # torch FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are
+        # the master copy) and casts to the compute dtype when it all-gathers them: 4 bytes of
+        # weights and no separate master (the unsharded compute copy is a transient buffer).
+        weights += master - DTYPE_BYTES[p.compute_dtype]
+        master = 0.0
     optimizer = master + OPTIMIZER_STATE_BYTES[cfg.optim.name]
     return BytesPerParam(weights, gradients, optimizer)
 
@@ -480,7 +486,13 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
     if z.stage >= 3:
         # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded, plus one
         # layer's unsharded gradients before its reduce-scatter.
-        layer = max(shape.layer_params(i) for i in range(m.num_layers)) / max(1, layout.tp)
+        # Expert weights are gathered only within their expert-parallel shard (1/ep of them).
+        routed = shape.expert_params() * (m.num_experts or 0) if shape.is_moe else 0
+        layer = max(
+            shape.layer_params(i)
+            - (routed * (1.0 - 1.0 / max(1, layout.ep)) if shape.is_moe and i >= m.moe_dense_layers else 0.0)
+            for i in range(m.num_layers)
+        ) / max(1, layout.tp)
         buffers += layer * (2 * bpp.weights + bpp.gradients)
     if layout.pp > 1:
         # Send and receive buffers for activations (forward) and their gradients (backward).

@@ -35,6 +35,7 @@ from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.comm import Collective, collective_time, place_group
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
+from launcher.plan.fitted import constants
 from launcher.plan.kernels import ComputeParts, stage_parts
 from launcher.plan.memory import DTYPE_BYTES, HardwareView, StageMemory, bytes_per_param
 from launcher.plan.model_shape import ModelShape
@@ -172,7 +173,13 @@ def _add_collective(
     domain = max(hw.gpus_per_node, hw.scale_up_domain)
     place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
     total = collective_time(kind, msg, size, place.bus_gbps) * calls
-    exposed = total if window is None else max(0.0, total - window)
+    # Overlapped communication is not free: NCCL kernels take SMs and HBM bandwidth from the
+    # compute they run beside, which slows by overlap_cost x the hidden communication time.
+    if window is None:
+        exposed = total
+    else:
+        hidden = min(total, window)
+        exposed = total - hidden + constants(hw.arch).overlap_cost * hidden
     colls.append(
         Collective(name, kind, group, size, msg, calls, place.bus_gbps, total, exposed, note)
     )
