@@ -190,6 +190,7 @@ class _Key:
     head: bool
     recompute: str
     compile: bool
+    m_limit: bool
 
 
 def stage_parts(
@@ -204,8 +205,14 @@ def stage_parts(
     dense_layers: int,
     moe_layers: int,
     head: bool,
+    m_limit: bool = False,
 ) -> ComputeParts:
-    """Compute time of one micro-batch on one GPU holding the given layers (see module docstring)."""
+    """Compute time of one micro-batch on one GPU holding the given layers (see module docstring).
+
+    m_limit: price every token-count GEMM dimension as if it were unbounded (full tiles, weights
+    read once for infinitely many tokens). That is a lower bound of the per-token time at any
+    micro-batch size, which the layout search scales by tokens to prune layouts.
+    """
     m = cfg.model
     shape = ModelShape(m)
     if shape.is_mla:
@@ -257,6 +264,7 @@ def stage_parts(
         head=head,
         recompute=cfg.train.recompute,
         compile=cfg.backend.compile,
+        m_limit=m_limit,
     )
     return _parts(key)
 
@@ -273,8 +281,11 @@ def _parts(k: _Key) -> ComputeParts:
     hbm = k.hbm_gbps * 1e9
 
     def gemm(flops_per_token: float, m_dim: float, n: float, kk: float, peak: float, e: float) -> float:
+        if k.m_limit and m_dim != k.seq:
+            m_dim = 1e15  # token dimensions (not the eager score GEMMs' fixed s x s)
         return gemm_time(
-            t * flops_per_token, m_dim, n, kk, peak, k.mamf * e, c.gemm_half_dim, hbm,
+            t * flops_per_token, m_dim, n, kk, peak, k.mamf * e * c.gemm_sustained,
+            c.gemm_half_dim, hbm,
             1.0 if (k.fp8 and peak == lin_peak and e != 1.0) else float(k.act_bytes),
         )
 

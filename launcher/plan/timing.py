@@ -85,7 +85,7 @@ def stage_compute_flops(
 
 
 def stage_compute_parts(
-    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int, exact: bool = True
 ) -> ComputeParts:
     """Compute of one micro-batch on one GPU of `stage`, per operator class (kernels.py)."""
     m = cfg.model
@@ -111,11 +111,12 @@ def stage_compute_parts(
         dense,
         layers - dense,
         stage == layout.pp - 1,
+        m_limit=not exact,
     )
 
 
 def _heaviest_stage(
-    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, exact: bool = True
 ) -> tuple[ComputeParts, int]:
     best: tuple[ComputeParts | None, int] = (None, 0)
     seen: dict[tuple[int, bool, bool], ComputeParts] = {}
@@ -123,7 +124,7 @@ def _heaviest_stage(
     for s in range(layout.pp):
         kind = (stage_layers[s], s == layout.pp - 1, s == 0)
         if kind not in seen:
-            seen[kind] = stage_compute_parts(cfg, layout, hw, s)
+            seen[kind] = stage_compute_parts(cfg, layout, hw, s, exact)
         parts = seen[kind]
         if best[0] is None or parts.total_s > best[0].total_s:
             best = (parts, s)
@@ -137,10 +138,12 @@ def microbatch_compute_s(
     """(seconds, stage, attention share) of one micro-batch's compute on the heaviest stage.
 
     A lower bound of the step: step_s >= this x micro-batches x (1 + bubble overhead), which
-    the layout search (``search.py``) uses to skip layouts that cannot make its top k. The
-    operator-class model is in kernels.py; `flops` is kept for callers' compatibility.
+    the layout search (``search.py``) uses to skip layouts that cannot make its top k; per token
+    it also bounds every larger micro-batch (kernels.stage_parts' m_limit: token dimensions priced
+    as unbounded). The operator-class model is in kernels.py; `flops` is kept for callers'
+    compatibility.
     """
-    parts, stage = _heaviest_stage(cfg, layout, hw)
+    parts, stage = _heaviest_stage(cfg, layout, hw, exact=False)
     return parts.total_s, stage, parts.attention_s / max(1e-30, parts.total_s)
 
 
@@ -187,12 +190,17 @@ def _add_collective(
 
 
 def microbatch_time(
-    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, flops: FlopsPerToken
+    cfg: LLMTrainConfig,
+    layout: Layout,
+    hw: HardwareView,
+    flops: FlopsPerToken,
+    exact: bool = False,
 ) -> MicrobatchTime:
     """Compute plus the exposed TP, CP, EP and PP communication of one micro-batch.
 
     Independent of the ZeRO stage and offload; (compute_s + exposed_s) x micro-batches x
-    (1 + bubble overhead) is a lower bound of the step, which the layout search uses.
+    (1 + bubble overhead) is a lower bound of the step, which the layout search uses (scaled by
+    the micro-batch size). exact=True: the compute of this micro-batch size (estimate_time).
     """
     m = cfg.model
     shape = ModelShape(m)
@@ -202,12 +210,15 @@ def microbatch_time(
     tokens = layout.micro_batch_size * m.seq_length / max(1, cp)
     sp_div = tp if cfg.parallel.sequence_parallel else 1
 
-    parts, stage = _heaviest_stage(cfg, layout, hw)
+    parts, stage = _heaviest_stage(cfg, layout, hw, exact)
+    # Overlap windows from the exact compute: per token they only shrink with larger
+    # micro-batches, so the exposed time stays a lower bound when scaled by tokens.
+    exact_parts = parts if exact else _heaviest_stage(cfg, layout, hw, True)[0]
     t_compute_mb = parts.total_s
     attn_share = parts.attention_s / max(1e-30, t_compute_mb)
     layers = layout.stage_layers[stage]
     # Megatron --tp-comm-overlap / torchtitan async TP hide TP collectives behind the linear GEMMs.
-    tp_window = parts.linear_s * mb if cfg.backend.tp_comm_overlap else None
+    tp_window = exact_parts.linear_s * mb if cfg.backend.tp_comm_overlap else None
     colls: list[Collective] = []
     add = functools.partial(_add_collective, colls, hw)
 
@@ -231,7 +242,7 @@ def microbatch_time(
         per_mb_exposed += e / mb
     if cp > 1:
         kv = (shape.kv_heads * shape.head_dim * 2) * tokens * act_bytes / tp
-        attn_time = parts.attention_s
+        attn_time = exact_parts.attention_s
         _, e = add(
             "context-parallel K/V ring",
             "p2p",
@@ -275,7 +286,7 @@ def microbatch_time(
             2 * vpp * mb,
             # Megatron overlaps the p2p of the interleaved schedule with compute
             # (overlap_p2p_comm, on by default with virtual pipeline stages).
-            t_compute_mb * mb if (vpp > 1 and cfg.backend.name == "megatron") else None,
+            exact_parts.total_s * mb if (vpp > 1 and cfg.backend.name == "megatron") else None,
             "activation forward, gradient backward",
         )
         per_mb_exposed += e / mb
@@ -294,7 +305,7 @@ def estimate_time(
     tp, pp, cp, dp, vpp = layout.tp, layout.pp, layout.cp, layout.dp, layout.vpp
     mb = layout.num_microbatches
     overlap = cfg.backend.overlap_comm
-    per_mb = microbatch_time(cfg, layout, hw, flops)
+    per_mb = microbatch_time(cfg, layout, hw, flops, exact=True)
     t_compute_mb, per_mb_exposed, stage = per_mb.compute_s, per_mb.exposed_s, per_mb.stage
     colls = list(per_mb.collectives)
     add = functools.partial(_add_collective, colls, hw)
