@@ -41,6 +41,17 @@ TIME_PARAMS = (
 )
 # Constants held at their committed value instead of fitted (experiments: PLAN_FIT_FIXED=a,b).
 FIXED = tuple(x for x in os.environ.get("PLAN_FIT_FIXED", "overlap_cost").split(",") if x)
+# Where every fit starts (not the committed values, so that a re-fit and every cross-validation
+# fold do not depend on what was pasted last).
+START = {
+    "gemm_sustained": 1.0,
+    "gemm_half_dim": 64.0,
+    "fp8_gemm_ratio": 0.8,
+    "attn_efficiency": 0.6,
+    "bytes_factor": 1.5,
+    "compile_bytes": 0.6,
+    "fragmentation": 1.1,
+}
 BOUNDS = {
     "gemm_half_dim": (1.0, 2048.0),
     "fp8_gemm_ratio": (0.3, 1.0),
@@ -49,7 +60,7 @@ BOUNDS = {
     "bytes_factor": (0.5, 8.0),
     "compile_bytes": (0.2, 1.0),
     "fragmentation": (1.0, 1.5),
-    "gemm_sustained": (0.5, 1.2),
+    "gemm_sustained": (0.5, 1.0),
     "overlap_cost": (0.01, 1.0),
 }
 
@@ -129,12 +140,13 @@ def _uses(r: Prepared, name: str) -> bool:
     return True
 
 
-def fit(rows: list[Prepared], rounds: int = 6) -> tuple[dict[str, float], FamilyValues]:
+def fit(rows: list[Prepared], rounds: int = 8) -> tuple[dict[str, float], FamilyValues]:
     """(shared constants, per-family constants) fitted on the scored rows of `rows`."""
     rows = [r for r in rows if r.point.scored]
     time_rows = [r for r in rows if r.point.metric == "step_s"]
     mem_rows = [r for r in rows if r.point.metric != "step_s"]
     shared = {k: float(getattr(fitted.DEFAULT, k)) for k in (*TIME_PARAMS, "fragmentation")}
+    shared.update({k: v for k, v in START.items() if k not in FIXED})
     fam: FamilyValues = {}
     for name in PER_FAMILY:
         for f in FAMILIES:

@@ -4,7 +4,8 @@
 A regime is (metric, model kind, precision, GPU family, long context); a layout takes the band of
 the most specific regime with at least MIN_ROWS cross-validated rows, falling back to coarser ones
 (dropping long context, then precision, then family) and finally to all rows of the metric.
-`typical` is the 80th percentile of |error| in the regime, `worst` the largest.
+`typical` is the 80th percentile of |error| in the regime, `worst` the largest; a layout of a model
+kind with no cross-validated rows of its own (e.g. MoE memory) takes the worst as typical.
 """
 
 from __future__ import annotations
@@ -68,12 +69,16 @@ def label(key: str) -> str:
 def error_band(metric: str, cfg: LLMTrainConfig, arch: str) -> ErrorBand:
     """The band of `metric` ("time" | "memory") for a configuration on a GPU family."""
     table = BANDS[metric]
-    for key in key_levels(*regime_keys(cfg, arch)):
+    keys = regime_keys(cfg, arch)
+    for key in key_levels(*keys):
         if key in table and table[key][2] >= MIN_ROWS:
             typical, worst, rows = table[key]
+            if key.startswith("*") and keys[0] != "dense":
+                # No cross-validated rows of this model kind: be as unsure as the worst row seen.
+                return ErrorBand(worst, worst, int(rows), label(key) + " (worst; no rows of this kind)")
             return ErrorBand(typical, worst, int(rows), label(key))
     typical, worst, rows = table["*|*|*|*"]
-    return ErrorBand(typical, worst, int(rows), label("*|*|*|*"))
+    return ErrorBand(worst, worst, int(rows), label("*|*|*|*") + " (worst)")
 
 
 __all__ = ["ErrorBand", "error_band", "key_levels", "label", "regime_keys"]
