@@ -4,7 +4,8 @@
 A regime is (metric, model kind, precision, GPU family, long context); a layout takes the band of
 the most specific regime with at least MIN_ROWS cross-validated rows, falling back to coarser ones
 (dropping long context, then precision, then family) and finally to all rows of the metric.
-`typical` is the 80th percentile of |error| in the regime, `worst` the largest; a layout of a model
+`typical` is the 80th percentile of |error| in the regime (per row the larger of its
+cross-validated error and its error with the committed constants), `worst` the largest; a layout of a model
 kind with no cross-validated rows of its own (e.g. MoE memory) takes the worst as typical.
 """
 

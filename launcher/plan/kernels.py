@@ -280,8 +280,16 @@ def _parts(k: _Key) -> ComputeParts:
 
     hbm = k.hbm_gbps * 1e9
 
-    def gemm(flops_per_token: float, m_dim: float, n: float, kk: float, peak: float, e: float) -> float:
-        if k.m_limit and m_dim != k.seq:
+    def gemm(
+        flops_per_token: float,
+        m_dim: float,
+        n: float,
+        kk: float,
+        peak: float,
+        e: float,
+        tokens_dim: bool = True,
+    ) -> float:
+        if k.m_limit and tokens_dim:
             m_dim = 1e15  # token dimensions (not the eager score GEMMs' fixed s x s)
         return gemm_time(
             t * flops_per_token, m_dim, n, kk, peak, k.mamf * e * c.gemm_sustained,
@@ -318,7 +326,7 @@ def _parts(k: _Key) -> ComputeParts:
     heads_here = k.heads / tp
     full_fwd = 2.0 * k.seq * heads_here * (k.head_dim_qk + k.head_dim_v)  # per token, full s x s
     if k.eager:
-        attn_fwd = gemm(full_fwd, k.seq, k.seq, k.head_dim_qk, k.peak, 1.0)
+        attn_fwd = gemm(full_fwd, k.seq, k.seq, k.head_dim_qk, k.peak, 1.0, tokens_dim=False)
         attn_bwd = 2.0 * attn_fwd
     else:
         rate = k.peak * attention_efficiency(k.seq / k.cp, c, k.kernel, k.arch)

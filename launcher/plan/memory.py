@@ -72,8 +72,11 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
     if master and cfg.backend.name == "torch" and cfg.zero.stage >= 3:
         # torch FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are
         # the master copy) and casts to the compute dtype when it all-gathers them: 4 bytes of
-        # weights and no separate master (the unsharded compute copy is a transient buffer).
+        # weights and no separate master (the unsharded compute copy is a transient buffer); the
+        # sharded gradients take the fp32 parameters' dtype (grad_dtype is the reduce dtype).
+        # Still 16 bytes per parameter in all, as the ZeRO paper counts.
         weights += master - DTYPE_BYTES[p.compute_dtype]
+        gradients = master
         master = 0.0
     optimizer = master + OPTIMIZER_STATE_BYTES[cfg.optim.name]
     return BytesPerParam(weights, gradients, optimizer)

@@ -1,15 +1,15 @@
 """Step time: compute + exposed communication + pipeline bubble + optimizer step.
 
-- Compute runs at peak * matmul_efficiency (the catalog's large-GEMM ceiling, MAMF) *
-  STEP_EFFICIENCY: a whole training step also runs norms, activation functions, softmax, rotary,
-  elementwise kernels and launches that reach far less than a large GEMM. STEP_EFFICIENCY is ONE
-  constant for all GPU types, calibrated on calibration.csv (Narayanan 2021 on A100, torchtitan on
-  H100): both land near half of the GEMM ceiling. With fp8 only the linear layers' GEMMs speed up
-  (to the fp8 peak); attention and the non-GEMM share stay at the compute dtype's speed.
+- Compute per operator class (kernels.py): GEMMs on a shape-dependent roofline, flash attention at
+  its kernel's rate, element-wise work as bytes over HBM; fitted constants in fitted.py.
 - Tensor parallel: per layer and micro-batch 2 all-reduces forward and 2 backward (or the same bytes
   as all-gather + reduce-scatter with sequence parallelism; +2 with full recompute), b*s*h
-  activations each (Shoeybi et al. 2019); exposed (Megatron runs them on the compute stream).
-- Pipeline: p2p of b*s*h activations (and their gradients) per micro-batch and chunk; exposed.
+  activations each (Shoeybi et al. 2019); exposed, or hidden behind the linear GEMMs with
+  backend.tp_comm_overlap (Megatron-core --tp-comm-overlap, torchtitan async TP).
+- Pipeline: p2p of b*s*h activations (and their gradients) per micro-batch and chunk; exposed,
+  except Megatron's interleaved schedule (overlap_p2p_comm, its default with virtual stages).
+- Groups inside one NVLink domain (catalog scale_up_domain: a node, or 72 GPUs of a GB200 NVL72
+  rack) get the NVLink bandwidth. Hidden communication still costs fitted.overlap_cost of its time.
 - Context parallel: ring exchange of K and V, (cp-1) steps forward, K,V and their gradients
   backward; hidden behind the attention core's compute, the excess exposed.
 - Expert parallel: 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
@@ -41,10 +41,6 @@ from launcher.plan.memory import DTYPE_BYTES, HardwareView, StageMemory, bytes_p
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import bubble_fraction, bubble_overhead
 
-# Fraction of the large-GEMM ceiling (peak * matmul_efficiency) a training step's compute reaches.
-# Calibrated on calibration.csv: N1-N5 (A100, Megatron 2021) and T1 (H100 96GB, torchtitan); with
-# 0.55 the errors span -6.6% (N1) to +8.6% (T1 tokens/s); see bench/plan_calibration.py.
-STEP_EFFICIENCY = 0.55
 # CPU Adam (DeepSpeed's AVX implementation) streams the fp32 states at host-memory speed.
 HOST_GBPS = 50.0
 PCIE_GBPS = 25.0
@@ -67,21 +63,6 @@ class TimePlan:
     hfu: float  # hardware FLOPs (with recompute) / peak (Korthikanti et al. 2022)
     collectives: tuple[Collective, ...]
     compute_stage: int
-
-
-def stage_compute_flops(
-    cfg: LLMTrainConfig, layout: Layout, flops: FlopsPerToken, stage: int
-) -> tuple[float, float]:
-    """(executed FLOPs, attention-core share) of one micro-batch on one GPU of `stage`."""
-    m = cfg.model
-    tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
-    head = 6.0 * output_matmul_params(ModelShape(m))
-    per_layer = (flops.executed - head) / max(1, m.num_layers)
-    layers = layout.stage_layers[stage]
-    total = layers * per_layer + (head if stage == layout.pp - 1 else 0.0)
-    causal = 0.5 if m.attention == "flash" else 1.0
-    attn = flops.attention * causal / max(1, m.num_layers) * layers
-    return tokens * total / max(1, layout.tp), attn / max(1e-9, total)
 
 
 def stage_compute_parts(
@@ -434,7 +415,6 @@ def estimate_time(
 
 
 __all__ = [
-    "STEP_EFFICIENCY",
     "TimePlan",
     "attention_core_flops_fwd",
     "estimate_time",
