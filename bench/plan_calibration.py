@@ -69,10 +69,7 @@ def bands(
         for key in key_levels(*regime_keys(r.point.config, r.family)):
             table[metric_of(r)].setdefault(key, []).append(err)
     return {
-        metric: {
-            key: (_up(_pct(v, 0.8)), _up(max(v)), len(v))
-            for key, v in sorted(per.items())
-        }
+        metric: {key: (_up(_pct(v, 0.8)), _up(max(v)), len(v)) for key, v in sorted(per.items())}
         for metric, per in table.items()
     }
 
@@ -105,14 +102,16 @@ def main() -> int:
     rows = prepare(points())
     fitted_errs = log_errors(rows, None)
     cv = cross_validate(rows)
-    print(f"{'id':<9} {'src':<5} {'metric':<9} {'predicted':>10} {'measured':>10} {'fitted':>8} {'CV':>8}")
+    head = f"{'id':<9} {'src':<5} {'metric':<9} {'predicted':>10} {'measured':>10}"
+    print(f"{head} {'fitted':>8} {'CV':>8}")
     for i, r in enumerate(rows):
         p = r.point
         unit = 1.0 if p.metric == "step_s" else 2**30
         pred = p.measured * math.exp(fitted_errs[i])
         mark = "" if p.scored else "  (not scored: " + p.note + ")"
+        left = f"{p.id:<9} {p.source:<5} {metric_of(r):<9} {pred / unit:>10.4g}"
         print(
-            f"{p.id:<9} {p.source:<5} {metric_of(r):<9} {pred / unit:>10.4g} {p.measured / unit:>10.4g} "
+            f"{left} {p.measured / unit:>10.4g} "
             f"{math.expm1(fitted_errs[i]):>+8.1%} {math.expm1(cv[i]):>+8.1%}{mark}"
         )
     scored = [i for i, r in enumerate(rows) if r.point.scored]
@@ -130,9 +129,10 @@ def main() -> int:
             groups.setdefault("source " + rows[i].point.source, []).append(i)
         for name in sorted(groups):
             g = groups[name]
+            fit_med = statistics.median(abs(math.expm1(fitted_errs[i])) for i in g)
             print(
                 summary(f"  {name}", [math.expm1(cv[i]) for i in g])
-                + f"   (fitted median {statistics.median(abs(math.expm1(fitted_errs[i])) for i in g):.1%})"
+                + f"   (fitted median {fit_med:.1%})"
             )
         med = statistics.median(abs(e) for e in cv_errs)
         if med > BAR:

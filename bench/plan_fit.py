@@ -2,11 +2,11 @@
 
 Usage: PYTHONPATH=. .venv/bin/python bench/plan_fit.py   (prints the constants to paste)
 
-Method: coordinate search in log space minimising the mean over sources of the mean |log(predicted / measured)| of
-their scored rows (time rows fit the compute constants, memory rows the fragmentation). Shared,
-dimensionless constants for every family; the flash-attention rate per GPU family when the rows
-being fitted hold that family from at least two sources (else the median of the families that
-have their own). ``fit(rows)`` is what bench/plan_calibration.py calls for each
+Method: coordinate search in log space minimising the mean over sources of the mean
+|log(predicted / measured)| of their scored rows (time rows fit the compute constants, memory rows
+the fragmentation), from the fixed START values. Shared, dimensionless constants for every family;
+gemm_sustained per GPU family (a family without rows in the fit takes the median of the others).
+``fit(rows)`` is what bench/plan_calibration.py calls for each
 leave-one-source-out fold.
 """
 
@@ -56,7 +56,6 @@ BOUNDS = {
     "gemm_half_dim": (1.0, 2048.0),
     "fp8_gemm_ratio": (0.3, 1.0),
     "attn_efficiency": (0.1, 1.5),
-
     "bytes_factor": (0.5, 8.0),
     "compile_bytes": (0.2, 1.0),
     "fragmentation": (1.0, 1.5),
@@ -90,7 +89,12 @@ def prepare(rows: list[CalibrationPoint]) -> list[Prepared]:
     for p in rows:
         cfg = p.config
         out.append(
-            Prepared(p, derive_layout(cfg), hardware_view(cfg), flops_per_token(cfg.model, cfg.train.recompute))
+            Prepared(
+                p,
+                derive_layout(cfg),
+                hardware_view(cfg),
+                flops_per_token(cfg.model, cfg.train.recompute),
+            )
         )
     return out
 

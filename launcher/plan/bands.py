@@ -1,12 +1,12 @@
 """How far off the planner typically is, by regime: the leave-one-source-out errors that
-``bench/plan_calibration.py`` measured (stored as data in ``error_bands.py``, written by that bench).
+``bench/plan_calibration.py`` measured (stored as data in ``error_bands.py``, written by it).
 
 A regime is (metric, model kind, precision, GPU family, long context); a layout takes the band of
 the most specific regime with at least MIN_ROWS cross-validated rows, falling back to coarser ones
 (dropping long context, then precision, then family) and finally to all rows of the metric.
 `typical` is the 80th percentile of |error| in the regime (per row the larger of its
-cross-validated error and its error with the committed constants), `worst` the largest; a layout of a model
-kind with no cross-validated rows of its own (e.g. MoE memory) takes the worst as typical.
+cross-validated error and its error with the committed constants), `worst` the largest; a layout
+of a model kind with no cross-validated rows of its own (e.g. MoE memory) takes the worst.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ def error_band(metric: str, cfg: LLMTrainConfig, arch: str) -> ErrorBand:
             typical, worst, rows = table[key]
             if key.startswith("*") and keys[0] != "dense":
                 # No cross-validated rows of this model kind: be as unsure as the worst row seen.
-                return ErrorBand(worst, worst, int(rows), label(key) + " (worst; no rows of this kind)")
+                return ErrorBand(
+                    worst, worst, int(rows), label(key) + " (worst; no rows of this kind)"
+                )
             return ErrorBand(typical, worst, int(rows), label(key))
     typical, worst, rows = table["*|*|*|*"]
     return ErrorBand(worst, worst, int(rows), label("*|*|*|*") + " (worst)")

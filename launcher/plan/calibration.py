@@ -110,7 +110,15 @@ def _llama(
 def _nemotron(layers: int, hidden: int, heads: int, kv: int, ffn: int, seq: int) -> ModelConfig:
     # Squared-ReLU MLP (two matrices, like GELU), no dropout, RoPE, untied, 256k vocabulary.
     return _llama(
-        layers, hidden, heads, kv, ffn, 256000, seq, activation="gelu", norm="layernorm",
+        layers,
+        hidden,
+        heads,
+        kv,
+        ffn,
+        256000,
+        seq,
+        activation="gelu",
+        norm="layernorm",
         dropout=False,
     )
 
@@ -162,7 +170,9 @@ def _cfg(
         ),
         zero=ZeroConfig(stage=zero),
         precision=prec,
-        train=TrainConfig(micro_batch_size=mbs, global_batch_size=gbs, steps=1, recompute=recompute),
+        train=TrainConfig(
+            micro_batch_size=mbs, global_batch_size=gbs, steps=1, recompute=recompute
+        ),
         cluster=ClusterConfig(name=gpu, gpu=gpu, num_nodes=max(1, gpus // gpn), gpus_per_node=gpn),
         backend=BackendConfig(
             name=backend,
@@ -179,7 +189,9 @@ def _step_from_tps(cfg: LLMTrainConfig, tps: float, gpus: int) -> float:
     return gbs * cfg.model.seq_length / (tps * gpus)
 
 
-def _tps(rid: str, src: str, cfg: LLMTrainConfig, gpus: int, tps: float, note: str = "") -> CalibrationPoint:
+def _tps(
+    rid: str, src: str, cfg: LLMTrainConfig, gpus: int, tps: float, note: str = ""
+) -> CalibrationPoint:
     return CalibrationPoint(
         rid, "step_s", _step_from_tps(cfg, tps, gpus), cfg, note or f"{tps:g} tok/s/GPU", src
     )
@@ -189,8 +201,17 @@ def _narayanan(
     rid: str, layers: int, hidden: int, heads: int, gpus: int, tp: int, pp: int, gbs: int, tf: float
 ) -> CalibrationPoint:
     cfg = _cfg(
-        rid, _gpt(layers, hidden, heads), "a100-80gb", gpus, tp=tp, pp=pp, gbs=gbs,
-        recompute="full", precision="fp16", zero=0, overlap=False,
+        rid,
+        _gpt(layers, hidden, heads),
+        "a100-80gb",
+        gpus,
+        tp=tp,
+        pp=pp,
+        gbs=gbs,
+        recompute="full",
+        precision="fp16",
+        zero=0,
+        overlap=False,
     )
     cfg = replace(cfg, parallel=replace(cfg.parallel, sequence_parallel=False))
     flops = narayanan_flops_per_iteration(gbs, 2048, layers, hidden, 51200)
@@ -206,7 +227,10 @@ def _nemo_llama_step(cfg: LLMTrainConfig, tf: float, gpus: int) -> float:
     s, h, layers = m.seq_length, m.hidden_size, m.num_layers
     kv = m.num_kv_heads or m.num_attention_heads
     per = (
-        12.0 + 12.0 * kv / m.num_attention_heads + 18.0 * m.ffn_hidden_size / h + 12.0 * s / h
+        12.0
+        + 12.0 * kv / m.num_attention_heads
+        + 18.0 * m.ffn_hidden_size / h
+        + 12.0 * s / h
         + 6.0 * m.vocab_size / (layers * h)
     )
     return gbs * s * layers * h * h * per / (tf * 1e12 * gpus)
@@ -234,75 +258,140 @@ def _time_points() -> list[CalibrationPoint]:
     ]
     # torchtitan (H100 96GB HBM2e, 500 W).
     l8 = model_preset("llama3-8b", attention="flash")
-    tt = {"backend": "torch", "zero": 3, "gpu": "h100-96gb"}
-    t1 = _cfg("T1", l8, tt["gpu"], 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3)
+    t1 = _cfg(
+        "T1", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3
+    )
     out.append(_tps("T1", "T", t1, 8, 5762))
     out.append(_tps("T1c", "T", replace(t1, backend=replace(t1.backend, compile=True)), 8, 6667))
     t1f = _cfg(
-        "T1f", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3,
-        precision="fp8", compile=True,
+        "T1f",
+        l8,
+        "h100-96gb",
+        8,
+        mbs=2,
+        gbs=16,
+        recompute="selective",
+        backend="torch",
+        zero=3,
+        precision="fp8",
+        compile=True,
     )
     out.append(_tps("T1f", "T", t1f, 8, 8532))
     for rid, seq, cp, tps in (
-        ("T2", 32768, 1, 3890), ("T2cp2", 65536, 2, 2540), ("T2cp4", 131072, 4, 1071),
+        ("T2", 32768, 1, 3890),
+        ("T2cp2", 65536, 2, 2540),
+        ("T2cp4", 131072, 4, 1071),
         ("T2cp8", 262144, 8, 548),
     ):
         cfg = _cfg(
-            rid, replace(l8, seq_length=seq), "h100-96gb", 8, cp=cp, gbs=8 // cp,
-            recompute="full", precision="fp8", backend="torch", zero=3, compile=True,
+            rid,
+            replace(l8, seq_length=seq),
+            "h100-96gb",
+            8,
+            cp=cp,
+            gbs=8 // cp,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
         )
         out.append(_tps(rid, "T", cfg, 8, tps))
     l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
     for rid, tpo, tps in (("T4", False, 829), ("T4a", True, 876)):
         cfg = _cfg(
-            rid, l70, "h100-96gb", 256, tp=8, mbs=16, gbs=512, recompute="full",
-            precision="fp8", backend="torch", zero=3, compile=True, tp_overlap=tpo,
+            rid,
+            l70,
+            "h100-96gb",
+            256,
+            tp=8,
+            mbs=16,
+            gbs=512,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
+            tp_overlap=tpo,
         )
         out.append(_tps(rid, "T", cfg, 256, tps))
     # NeMo 24.07, DGX-H100, fp8.
     h = "h100-sxm"
     nemo = {"precision": "fp8", "tp_overlap": True, "grad": "bf16"}
     np_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
-        ("NP1", _gpt(24, 4096, 32, seq=2048, attention="flash"), 64, {"mbs": 4, "gbs": 2048}, 23406),
+        (
+            "NP1",
+            _gpt(24, 4096, 32, seq=2048, attention="flash"),
+            64,
+            {"mbs": 4, "gbs": 2048},
+            23406,
+        ),
         ("NP2", _gpt(44, 6144, 48, attention="flash"), 64, {"tp": 2, "mbs": 2, "gbs": 256}, 5851),
         (
-            "NP3", _gpt(96, 12288, 96, attention="flash"), 128,
-            {"tp": 4, "pp": 8, "vpp": 6, "gbs": 256}, 716,
+            "NP3",
+            _gpt(96, 12288, 96, attention="flash"),
+            128,
+            {"tp": 4, "pp": 8, "vpp": 6, "gbs": 256},
+            716,
         ),
         (
-            "NP4", _gpt(96, 12288, 96, attention="flash"), 512,
-            {"tp": 4, "pp": 8, "vpp": 6, "mbs": 2, "gbs": 2048}, 825,
+            "NP4",
+            _gpt(96, 12288, 96, attention="flash"),
+            512,
+            {"tp": 4, "pp": 8, "vpp": 6, "mbs": 2, "gbs": 2048},
+            825,
         ),
         ("NP5", model_preset("llama2-7b", seq_length=4096), 8, {"gbs": 128}, 16934),
         (
-            "NP6", _llama(40, 5120, 40, 40, 13824, 32000, 4096), 16,
-            {"pp": 4, "vpp": 10, "gbs": 128}, 8715,
+            "NP6",
+            _llama(40, 5120, 40, 40, 13824, 32000, 4096),
+            16,
+            {"pp": 4, "vpp": 10, "gbs": 128},
+            8715,
         ),
         (
-            "NP7", _llama(80, 8192, 64, 8, 28672, 32000, 4096), 64,
-            {"tp": 4, "pp": 4, "vpp": 20, "gbs": 128}, 1728,
-        ),
-        ("NP8", _nemotron(32, 4096, 32, 32, 16384, 4096), 64, {"tp": 2, "mbs": 4, "gbs": 256}, 12507),
-        (
-            "NP9", _nemotron(40, 6144, 48, 48, 24576, 4096), 64,
-            {"tp": 2, "pp": 4, "vpp": 10, "mbs": 2, "gbs": 256}, 4312,
+            "NP7",
+            _llama(80, 8192, 64, 8, 28672, 32000, 4096),
+            64,
+            {"tp": 4, "pp": 4, "vpp": 20, "gbs": 128},
+            1728,
         ),
         (
-            "NP10", _nemotron(96, 18432, 96, 8, 73728, 4096), 128,
-            {"tp": 8, "pp": 8, "vpp": 12, "gbs": 32}, 326,
+            "NP8",
+            _nemotron(32, 4096, 32, 32, 16384, 4096),
+            64,
+            {"tp": 2, "mbs": 4, "gbs": 256},
+            12507,
+        ),
+        (
+            "NP9",
+            _nemotron(40, 6144, 48, 48, 24576, 4096),
+            64,
+            {"tp": 2, "pp": 4, "vpp": 10, "mbs": 2, "gbs": 256},
+            4312,
+        ),
+        (
+            "NP10",
+            _nemotron(96, 18432, 96, 8, 73728, 4096),
+            128,
+            {"tp": 8, "pp": 8, "vpp": 12, "gbs": 32},
+            326,
         ),
         ("NP11", l8, 8, {"cp": 2, "gbs": 128}, 12273),
         ("NP12", l70, 64, {"tp": 4, "pp": 4, "cp": 2, "vpp": 5, "gbs": 128}, 1524),
     ]
-    for rid, model, gpus, lay, tps in np_rows:
-        cfg = _cfg(rid, model, h, gpus, **lay, **nemo)  # type: ignore[arg-type]
-        out.append(_tps(rid, "NP", cfg, gpus, tps))
+    for rid, model, gpus, np_lay, np_tps in np_rows:
+        cfg = _cfg(rid, model, h, gpus, **np_lay, **nemo)  # type: ignore[arg-type]
+        out.append(_tps(rid, "NP", cfg, gpus, np_tps))
     # NeMo long context (Llama2-7B fp8, CP), TFLOP/s with NeMo's llama formula.
     l2 = model_preset("llama2-7b")
     for rid, seq, gpus, tp, cp, gbs, tf in (
-        ("NL1", 16384, 16, 2, 1, 256, 660), ("NL2", 32768, 32, 2, 2, 128, 610),
-        ("NL3", 65536, 64, 4, 2, 64, 574), ("NL4", 131072, 128, 4, 4, 32, 555),
-        ("NL5", 262144, 256, 4, 8, 16, 549), ("NL6", 524288, 512, 8, 16, 8, 549),
+        ("NL1", 16384, 16, 2, 1, 256, 660),
+        ("NL2", 32768, 32, 2, 2, 128, 610),
+        ("NL3", 65536, 64, 4, 2, 64, 574),
+        ("NL4", 131072, 128, 4, 4, 32, 555),
+        ("NL5", 262144, 256, 4, 8, 16, 549),
+        ("NL6", 524288, 512, 8, 16, 8, 549),
         ("NL7", 1048576, 1024, 8, 32, 4, 536),
     ):
         cfg = _cfg(rid, replace(l2, seq_length=seq), h, gpus, tp=tp, cp=cp, gbs=gbs, **nemo)  # type: ignore[arg-type]
@@ -319,32 +408,53 @@ def _time_points() -> list[CalibrationPoint]:
     )
     nb_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
         (
-            "NB1", _gpt(96, 12288, 96, attention="flash", dropout=False), 512,
-            {"tp": 4, "pp": 4, "vpp": 6, "mbs": 2, "gbs": 2048}, 1600,
+            "NB1",
+            _gpt(96, 12288, 96, attention="flash", dropout=False),
+            512,
+            {"tp": 4, "pp": 4, "vpp": 6, "mbs": 2, "gbs": 2048},
+            1600,
         ),
         ("NB2", l8, 8, {"mbs": 2, "gbs": 128}, 26006),
         ("NB3", l70, 64, {"tp": 2, "pp": 4, "cp": 2, "vpp": 5, "gbs": 128}, 3062),
         (
-            "NB4", model_preset("llama3-405b", seq_length=8192), 128,
-            {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "gbs": 64}, 625,
+            "NB4",
+            model_preset("llama3-405b", seq_length=8192),
+            128,
+            {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "gbs": 64},
+            625,
         ),
         ("NB5", _nemotron(32, 6144, 48, 8, 24576, 4096), 64, {"mbs": 2, "gbs": 256}, 14760),
         (
-            "NB6", _nemotron(96, 18432, 96, 8, 73728, 4096), 128,
-            {"tp": 8, "pp": 4, "vpp": 12, "gbs": 32}, 602,
+            "NB6",
+            _nemotron(96, 18432, 96, 8, 73728, 4096),
+            128,
+            {"tp": 8, "pp": 4, "vpp": 12, "gbs": 32},
+            602,
         ),
         (
-            "NB7", model_preset("mixtral-8x7b", seq_length=4096), 64,
-            {"ep": 8, "mbs": 2, "gbs": 256}, 15457,
+            "NB7",
+            model_preset("mixtral-8x7b", seq_length=4096),
+            64,
+            {"ep": 8, "mbs": 2, "gbs": 256},
+            15457,
         ),
         ("NB8", mixtral22, 256, {"tp": 2, "pp": 4, "cp": 8, "ep": 8, "vpp": 14, "gbs": 64}, 2232),
     ]
-    for rid, model, gpus, lay, tps in nb_rows:
-        cfg = _cfg(rid, model, b, gpus, **lay, **nb)  # type: ignore[arg-type]
-        out.append(_tps(rid, "NB", cfg, gpus, tps))
+    for rid, model, gpus, nb_lay, nb_tps in nb_rows:
+        cfg = _cfg(rid, model, b, gpus, **nb_lay, **nb)  # type: ignore[arg-type]
+        out.append(_tps(rid, "NB", cfg, gpus, nb_tps))
     # NeMo AutoModel, FSDP2 on DGX-H100, bf16, full activation checkpointing.
     qwen = _llama(
-        48, 2048, 32, 4, 6144, 151936, 4096, head_dim=128, num_experts=128, moe_top_k=8,
+        48,
+        2048,
+        32,
+        4,
+        6144,
+        151936,
+        4096,
+        head_dim=128,
+        num_experts=128,
+        moe_top_k=8,
         moe_ffn_hidden_size=768,
     )
     dsv3 = model_preset("deepseek-v3")
@@ -355,8 +465,8 @@ def _time_points() -> list[CalibrationPoint]:
         ("AM3", dsv3, 1024, {"pp": 4, "ep": 64, "vpp": 8, "gbs": 8192}, 37.87),
         ("AM4", l70, 64, {"cp": 2, "gbs": 128, "compile": True}, 18.9),
     ]
-    for rid, model, gpus, lay, step in am_rows:
-        cfg = _cfg(rid, model, h, gpus, **lay, **am)  # type: ignore[arg-type]
+    for rid, model, gpus, am_lay, step in am_rows:
+        cfg = _cfg(rid, model, h, gpus, **am_lay, **am)  # type: ignore[arg-type]
         out.append(CalibrationPoint(rid, "step_s", step, cfg, f"{step:g} s per step", "AM"))
     # llm-foundry MPT (Composer FSDP FULL_SHARD).
     mp_rows = [
@@ -381,8 +491,16 @@ def _time_points() -> list[CalibrationPoint]:
     ]
     for rid, layers, hid, heads, seq, gpu, gpus, mbs, gbs, rec, prec, tps in mp_rows:
         cfg = _cfg(
-            rid, _mpt(layers, hid, heads, seq), str(gpu), gpus, mbs=mbs, gbs=gbs,
-            recompute=str(rec), precision=str(prec), backend="torch", zero=3,
+            rid,
+            _mpt(layers, hid, heads, seq),
+            str(gpu),
+            gpus,
+            mbs=mbs,
+            gbs=gbs,
+            recompute=str(rec),
+            precision=str(prec),
+            backend="torch",
+            zero=3,
         )
         out.append(_tps(str(rid), "MP", cfg, gpus, float(tps)))
     ao = _cfg(
@@ -390,8 +508,13 @@ def _time_points() -> list[CalibrationPoint]:
     )
     out.append(
         CalibrationPoint(
-            "AO1", "step_s", _step_from_tps(ao, 8307.5, 8), ao,
-            "8307.5 tok/s/GPU, power limit not stated: not scored", "AO", scored=False,
+            "AO1",
+            "step_s",
+            _step_from_tps(ao, 8307.5, 8),
+            ao,
+            "8307.5 tok/s/GPU, power limit not stated: not scored",
+            "AO",
+            scored=False,
         )
     )
     return out
@@ -401,25 +524,49 @@ def _memory_points() -> list[CalibrationPoint]:
     l8 = model_preset("llama3-8b", attention="flash")
     l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
     out: list[CalibrationPoint] = []
-    t1 = _cfg("T1", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3)
+    t1 = _cfg(
+        "T1", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3
+    )
     out.append(CalibrationPoint("T1", "reserved_bytes", 82.4 * GIB, t1, "peak reserved", "T"))
     t1c = replace(t1, backend=replace(t1.backend, compile=True))
     out.append(CalibrationPoint("T1c", "reserved_bytes", 77.0 * GIB, t1c, "+compile", "T"))
     t1f = replace(t1c, precision=PrecisionConfig(name="fp8", grad_dtype="fp32", fp8=True))
     out.append(CalibrationPoint("T1f", "reserved_bytes", 76.8 * GIB, t1f, "+compile+fp8", "T"))
     for rid, seq, cp, gib in (
-        ("T2", 32768, 1, 83.9), ("T2cp2", 65536, 2, 84.2), ("T2cp4", 131072, 4, 84.0),
+        ("T2", 32768, 1, 83.9),
+        ("T2cp2", 65536, 2, 84.2),
+        ("T2cp4", 131072, 4, 84.0),
         ("T2cp8", 262144, 8, 84.5),
     ):
         cfg = _cfg(
-            rid, replace(l8, seq_length=seq), "h100-96gb", 8, cp=cp, gbs=8 // cp,
-            recompute="full", precision="fp8", backend="torch", zero=3, compile=True,
+            rid,
+            replace(l8, seq_length=seq),
+            "h100-96gb",
+            8,
+            cp=cp,
+            gbs=8 // cp,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
         )
         out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
     for rid, tpo, gib in (("T4", False, 71.9), ("T4a", True, 67.6)):
         cfg = _cfg(
-            rid, l70, "h100-96gb", 256, tp=8, mbs=16, gbs=512, recompute="full",
-            precision="fp8", backend="torch", zero=3, compile=True, tp_overlap=tpo,
+            rid,
+            l70,
+            "h100-96gb",
+            256,
+            tp=8,
+            mbs=16,
+            gbs=512,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
+            tp_overlap=tpo,
         )
         out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
     for rid, tp, pp, mbs, gbs, gib, note in (
@@ -429,7 +576,9 @@ def _memory_points() -> list[CalibrationPoint]:
         ("P482-tp8", 8, 1, 4, 128, 28.8, "TP8 DP1 MBS4"),
     ):
         out.append(
-            CalibrationPoint(rid, "allocated_bytes", gib * GIB, _p482(tp, pp, mbs, gbs), note, "P482")
+            CalibrationPoint(
+                rid, "allocated_bytes", gib * GIB, _p482(tp, pp, mbs, gbs), note, "P482"
+            )
         )
     ao = _cfg(
         "AO1", l8, "b200", 8, gbs=8, recompute="selective", backend="torch", zero=3, compile=True

@@ -85,7 +85,7 @@ def constants(arch: str) -> ComputeConstants:
     """The constants of a GPU family (hardware.Arch), DEFAULT where it has none of its own."""
     if arch in _override:
         return _override[arch]
-    return replace(DEFAULT, **FAMILY.get(arch, {}))  # type: ignore[arg-type]
+    return replace(DEFAULT, **FAMILY.get(arch, {}))
 
 
 def set_override(table: dict[str, ComputeConstants] | None) -> None:

@@ -292,8 +292,14 @@ def _parts(k: _Key) -> ComputeParts:
         if k.m_limit and tokens_dim:
             m_dim = 1e15  # token dimensions (not the eager score GEMMs' fixed s x s)
         return gemm_time(
-            t * flops_per_token, m_dim, n, kk, peak, k.mamf * e * c.gemm_sustained,
-            c.gemm_half_dim, hbm,
+            t * flops_per_token,
+            m_dim,
+            n,
+            kk,
+            peak,
+            k.mamf * e * c.gemm_sustained,
+            c.gemm_half_dim,
+            hbm,
             1.0 if (k.fp8 and peak == lin_peak and e != 1.0) else float(k.act_bytes),
         )
 
@@ -352,7 +358,6 @@ def _parts(k: _Key) -> ComputeParts:
         moe_elem = (3.0 if k.gated else 2.0) * (k.top_k * f_e + k.shared * f_e) / tp
         # Permute to experts and back (read + write h per routed copy, twice), router probs fp32.
         moe_elem += 4.0 * k.top_k * h + 4.0 * k.experts
-    cast = 0.0
     if k.fp8:
         # Cast of each linear GEMM's input to fp8: read 2 bytes, write 1 (QKV, O, FC1, FC2).
         cast_dense = 3.0 * (2.0 * h + k.q_dim / tp + k.ffn / tp)
@@ -394,8 +399,8 @@ def _parts(k: _Key) -> ComputeParts:
 
 
 __all__ = [
-    "ComputeParts",
     "ATTENTION_KERNEL_RATE",
+    "ComputeParts",
     "attention_efficiency",
     "clock_factor",
     "gemm_efficiency",

@@ -493,7 +493,11 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
         routed = shape.expert_params() * (m.num_experts or 0) if shape.is_moe else 0
         layer = max(
             shape.layer_params(i)
-            - (routed * (1.0 - 1.0 / max(1, layout.ep)) if shape.is_moe and i >= m.moe_dense_layers else 0.0)
+            - (
+                routed * (1.0 - 1.0 / max(1, layout.ep))
+                if shape.is_moe and i >= m.moe_dense_layers
+                else 0.0
+            )
             for i in range(m.num_layers)
         ) / max(1, layout.tp)
         buffers += layer * (2 * bpp.weights + bpp.gradients)
@@ -548,6 +552,4 @@ def estimate_memory(
 
     stages = tuple(stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp)))
     band = error_band("memory", cfg, hw.arch).typical
-    return MemoryPlan(
-        stages=stages, capacity=float(hw.memory_bytes), headroom=headroom, band=band
-    )
+    return MemoryPlan(stages=stages, capacity=float(hw.memory_bytes), headroom=headroom, band=band)

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.comm import Collective, collective_time, place_group
-from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.fitted import constants
+from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
 from launcher.plan.memory import DTYPE_BYTES, HardwareView, StageMemory, bytes_per_param
 from launcher.plan.model_shape import ModelShape

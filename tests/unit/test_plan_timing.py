@@ -67,7 +67,9 @@ def test_attention_efficiency_formula() -> None:
     # PyTorch SDPA's FA2 kernel reaches less of an H100 than cuDNN / TE does.
     assert attention_efficiency(s, c, "sdpa", "hopper") < attention_efficiency(s, c, "te", "hopper")
     # Shorter key blocks (s / cp per ring step) run at a lower rate.
-    assert attention_efficiency(1024, c, "te", "hopper") < attention_efficiency(8192, c, "te", "hopper")
+    assert attention_efficiency(1024, c, "te", "hopper") < attention_efficiency(
+        8192, c, "te", "hopper"
+    )
 
 
 def test_clock_factor_under_a_power_cap() -> None:
@@ -148,9 +150,7 @@ def test_nvl72_groups_inside_the_rack_get_nvlink() -> None:
 
 def test_power_cap_slows_the_step() -> None:
     cfg = _dense(4096)
-    capped = dataclasses.replace(
-        cfg, cluster=dataclasses.replace(cfg.cluster, power_limit_w=400.0)
-    )
+    capped = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, power_limit_w=400.0))
     assert make_plan(capped).time.step_s > 1.1 * make_plan(cfg).time.step_s
 
 
@@ -176,7 +176,9 @@ def test_search_bounds_hold_for_larger_micro_batches() -> None:
     bound_c, _, _ = microbatch_compute_s(one, lay1, hw, plan1.flops)
     bound_t = microbatch_time(one, lay1, hw, plan1.flops)
     for mbs in (1, 2, 4):
-        cfg = dataclasses.replace(base, train=TrainConfig(micro_batch_size=mbs, global_batch_size=32))
+        cfg = dataclasses.replace(
+            base, train=TrainConfig(micro_batch_size=mbs, global_batch_size=32)
+        )
         lay = derive_layout(cfg)
         exact = microbatch_time(cfg, lay, hw, plan1.flops, exact=True)
         assert bound_c * mbs <= exact.compute_s * (1 + 1e-9)
