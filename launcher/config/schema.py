@@ -35,6 +35,9 @@ class ModelConfig:
     position: str = "learned"  # learned | rope
     tie_embeddings: bool = True
     attention: str = "flash"  # flash | eager
+    # Dropout in the layers (planner: masks and their traffic). None: on for LayerNorm (GPT-style)
+    # models, off for RMSNorm (Llama-style) ones.
+    dropout: bool | None = None
     # Bias terms on the linear layers (GPT-2/3 style) and on the norms (LayerNorm has one).
     linear_bias: bool = False
     # Mixture of experts: num_experts routed experts, moe_top_k of them active per token, each with
@@ -148,6 +151,9 @@ class ClusterConfig:
     price_per_gpu_hour: float | None = None
     # Aggregate write bandwidth of the checkpoint storage, GB/s.
     storage_write_gbps: float = 10.0
+    # GPU board power cap in watts (nvidia-smi -pl); None: the catalog's TDP. The planner slows
+    # compute by the clock a lower cap leaves (launcher.plan.kernels.clock_factor).
+    power_limit_w: float | None = None
     # SLURM GPU request style: gpus-per-node | gres.
     gpu_request: str = "gpus-per-node"
     env: dict[str, str] = field(default_factory=dict)
@@ -161,6 +167,13 @@ class BackendConfig:
     allgather_bucket_size: int = 25_000_000
     overlap_comm: bool = True
     compile: bool = False
+    # Overlap tensor-parallel collectives with the linear layers' GEMMs: Megatron-core's
+    # --tp-comm-overlap (Transformer Engine userbuffers) or torchtitan's async TP.
+    tp_comm_overlap: bool = False
+    # Flash-attention kernel family: te (Transformer Engine / cuDNN fused attention, Hopper-native)
+    # | sdpa (PyTorch scaled_dot_product_attention's flash kernel, FlashAttention-2 class).
+    # None: te for megatron, sdpa for torch and deepspeed.
+    attention_kernel: str | None = None
 
 
 @dataclass

@@ -1,19 +1,32 @@
 """The published measurements the planner is held to (../shared/reference/calibration.csv), as
 configurations plus the measured value in the planner's own units.
 
-Choices made for each source (the CSV leaves them open), with the evidence:
-- N1-N5 (Narayanan et al. 2021, Table 1, A100-80GB, fp16, full recompute): the micro-batch size is
-  not given; we take 1 (it only matters for N5's bubble, 1/48 of compute). Megatron 2021 did not
-  overlap the data-parallel all-reduce with backward (overlap_comm=False) and reduced fp16 gradients
-  (grad_dtype fp16). Eager attention (no flash attention in 2021), dropout on (GPT). Measured step
-  time = 96 B s l h^2 (1 + s/6h + V/16lh) / (TFLOP/s * n_gpus) (the paper's own FLOP count).
-- T1 (torchtitan Llama 3.1 8B, 8 x H100 96GB, FSDP, local batch 2, seq 8192, op-level selective AC,
-  bf16): FSDP = ZeRO-3 over 8; 5762 tokens/s/GPU and 82.4 GiB peak reserved.
-- P482 (Megatron-LM tools/get_training_info, Llama2-7B, 8 x H800, bf16, distributed optimizer, flash
-  attention, swiglu, no recompute, no sequence parallel): the tool prints "GB" as MiB / 1024, so the
-  measured values are GiB. The sequence length is not stated; we take 2048, the tool's own example:
-  at 4096 the weights and optimizer alone (47 GiB) plus the activations of 2 x 4096 tokens over 32
-  layers (>= 37 GiB by any count) exceed the 69.1 GiB measured. Megatron keeps fp32 main gradients.
+Each row's `source` is the table or paper it comes from (the leave-one-source-out unit of
+``bench/plan_calibration.py``): N (Narayanan et al. 2021), T (torchtitan benchmarks), P482
+(Megatron-LM get_training_info), NP (NeMo 24.07 H100 fp8), NL (NeMo long context), NB (NeMo 25.02
+B200), AM (NeMo AutoModel FSDP2), MP (llm-foundry MPT), AO (torchao / torchtitan mxfp8).
+
+Choices made where a source is silent (each also stated in the CSV's last column):
+- N1-N5: micro-batch 1; Megatron 2021 did not overlap the data-parallel all-reduce
+  (overlap_comm=False) and reduced fp16 gradients; eager attention, dropout on. Measured step time =
+  96 B s l h^2 (1 + s/6h + V/16lh) / (TFLOP/s * n_gpus) (the paper's own FLOP count).
+- NP, NL, NB (NeMo / Megatron-core): distributed optimizer (ZeRO-1), sequence parallel when tp > 1,
+  Transformer Engine tp-comm-overlap on (the NeMo performance recipes enable it), no recompute
+  (NL: not stated, none assumed), flash attention, bf16 gradients for fp8 runs (NB's note on the
+  NeMo performance scripts, assumed for NP and NL too).
+  NL: TFLOP/s converted with NeMo's llama formula (full s^2 attention), the convention of the
+  sibling table.
+- T (torchtitan): FSDP2 = ZeRO-3 over dp*cp, fp32 reduce, op-level selective or full AC as
+  stated, compile per row; peak memory is max_memory_reserved.
+- P482: Llama2-7B, 8 x H800, bf16, distributed optimizer, flash attention, no recompute; the tool
+  prints GiB. Sequence length 2048 (the tool's own example; at 4096 the weights and optimizer plus
+  the activations exceed what was measured).
+- AM (AutoModel, FSDP2, TE, DeepEP, fake balanced gate): full activation checkpointing.
+- MP (Composer FSDP FULL_SHARD): MPT blocks (LayerNorm without bias, GELU MLP of 4h, no dropout,
+  tied embeddings), flash attention.
+- AO1: B200 "power limited" with the limit not stated: its time is not scored, its memory is.
+- PT1 (pith-train Qwen3-30B-A3B, DualPipeV): not used: tp, dp, micro-batch, sequence length and
+  recompute are all "?" in the source.
 """
 
 from __future__ import annotations
@@ -43,115 +56,539 @@ class CalibrationPoint:
     measured: float
     config: LLMTrainConfig
     note: str
+    source: str = ""
+    scored: bool = True  # False: shown, not fitted nor counted (a missing input, stated)
 
 
-def _gpt(layers: int, hidden: int, heads: int) -> ModelConfig:
+def _gpt(
+    layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048, **kw: object
+) -> ModelConfig:
     return ModelConfig(
-        name=f"gpt-{layers}x{hidden}",
-        num_layers=layers,
-        hidden_size=hidden,
-        ffn_hidden_size=4 * hidden,
-        num_attention_heads=heads,
-        vocab_size=51200,
-        seq_length=2048,
+        **{  # type: ignore[arg-type]
+            "name": f"gpt-{layers}x{hidden}",
+            "num_layers": layers,
+            "hidden_size": hidden,
+            "ffn_hidden_size": 4 * hidden,
+            "num_attention_heads": heads,
+            "vocab_size": vocab,
+            "seq_length": seq,
+            "activation": "gelu",
+            "norm": "layernorm",
+            "position": "learned",
+            "tie_embeddings": True,
+            "attention": "eager",
+            "linear_bias": True,
+            **kw,
+        }
+    )
+
+
+def _llama(
+    layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int, **kw: object
+) -> ModelConfig:
+    return ModelConfig(
+        **{  # type: ignore[arg-type]
+            "name": f"llama-{layers}x{hidden}",
+            "num_layers": layers,
+            "hidden_size": hidden,
+            "ffn_hidden_size": ffn,
+            "num_attention_heads": heads,
+            "num_kv_heads": kv,
+            "vocab_size": vocab,
+            "seq_length": seq,
+            "activation": "swiglu",
+            "norm": "rmsnorm",
+            "position": "rope",
+            "tie_embeddings": False,
+            "attention": "flash",
+            "linear_bias": False,
+            **kw,
+        }
+    )
+
+
+def _nemotron(layers: int, hidden: int, heads: int, kv: int, ffn: int, seq: int) -> ModelConfig:
+    # Squared-ReLU MLP (two matrices, like GELU), no dropout, RoPE, untied, 256k vocabulary.
+    return _llama(
+        layers,
+        hidden,
+        heads,
+        kv,
+        ffn,
+        256000,
+        seq,
         activation="gelu",
         norm="layernorm",
-        position="learned",
-        tie_embeddings=True,
-        attention="eager",
-        linear_bias=True,
+        dropout=False,
+    )
+
+
+def _mpt(layers: int, hidden: int, heads: int, seq: int) -> ModelConfig:
+    return _gpt(
+        layers, hidden, heads, 50368, seq, attention="flash", linear_bias=False, dropout=False
+    )
+
+
+def _cfg(
+    rid: str,
+    model: ModelConfig,
+    gpu: str,
+    gpus: int,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    vpp: int = 1,
+    mbs: int = 1,
+    gbs: int,
+    recompute: str = "none",
+    precision: str = "bf16",
+    backend: str = "megatron",
+    zero: int = 1,
+    grad: str = "fp32",
+    overlap: bool = True,
+    tp_overlap: bool = False,
+    compile: bool = False,
+    gpn: int = 8,
+    kernel: str | None = None,
+) -> LLMTrainConfig:
+    if precision == "fp16":
+        prec = PrecisionConfig(
+            name="fp16", compute_dtype="fp16", grad_dtype="fp16", loss_scaling="dynamic"
+        )
+    else:
+        prec = PrecisionConfig(
+            name=precision, compute_dtype="bf16", grad_dtype=grad, fp8=precision == "fp8"
+        )
+    sched = "interleaved" if vpp > 1 else "1f1b"
+    return LLMTrainConfig(
+        recipe=f"calibration-{rid}",
+        model=model,
+        parallel=ParallelConfig(
+            tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sequence_parallel=tp > 1, pp_schedule=sched
+        ),
+        zero=ZeroConfig(stage=zero),
+        precision=prec,
+        train=TrainConfig(
+            micro_batch_size=mbs, global_batch_size=gbs, steps=1, recompute=recompute
+        ),
+        cluster=ClusterConfig(name=gpu, gpu=gpu, num_nodes=max(1, gpus // gpn), gpus_per_node=gpn),
+        backend=BackendConfig(
+            name=backend,
+            overlap_comm=overlap,
+            tp_comm_overlap=tp_overlap,
+            compile=compile,
+            attention_kernel=kernel,
+        ),
+    )
+
+
+def _step_from_tps(cfg: LLMTrainConfig, tps: float, gpus: int) -> float:
+    gbs = cfg.train.global_batch_size or 1
+    return gbs * cfg.model.seq_length / (tps * gpus)
+
+
+def _tps(
+    rid: str, src: str, cfg: LLMTrainConfig, gpus: int, tps: float, note: str = ""
+) -> CalibrationPoint:
+    return CalibrationPoint(
+        rid, "step_s", _step_from_tps(cfg, tps, gpus), cfg, note or f"{tps:g} tok/s/GPU", src
     )
 
 
 def _narayanan(
     rid: str, layers: int, hidden: int, heads: int, gpus: int, tp: int, pp: int, gbs: int, tf: float
 ) -> CalibrationPoint:
-    model = _gpt(layers, hidden, heads)
-    cfg = LLMTrainConfig(
-        recipe=f"calibration-{rid}",
-        model=model,
-        parallel=ParallelConfig(tp=tp, pp=pp),
-        zero=ZeroConfig(stage=0),
-        precision=PrecisionConfig(
-            name="fp16", compute_dtype="fp16", grad_dtype="fp16", loss_scaling="dynamic"
-        ),
-        train=TrainConfig(micro_batch_size=1, global_batch_size=gbs, steps=1, recompute="full"),
-        cluster=ClusterConfig(
-            name="a100-80gb", gpu="a100-80gb", num_nodes=gpus // 8, gpus_per_node=8
-        ),
-        backend=BackendConfig(name="megatron", overlap_comm=False),
+    cfg = _cfg(
+        rid,
+        _gpt(layers, hidden, heads),
+        "a100-80gb",
+        gpus,
+        tp=tp,
+        pp=pp,
+        gbs=gbs,
+        recompute="full",
+        precision="fp16",
+        zero=0,
+        overlap=False,
     )
+    cfg = replace(cfg, parallel=replace(cfg.parallel, sequence_parallel=False))
     flops = narayanan_flops_per_iteration(gbs, 2048, layers, hidden, 51200)
     return CalibrationPoint(
-        rid, "step_s", flops / (tf * 1e12 * gpus), cfg, f"{tf:g} TFLOP/s/GPU on {gpus} A100"
+        rid, "step_s", flops / (tf * 1e12 * gpus), cfg, f"{tf:g} TFLOP/s/GPU on {gpus} A100", "N"
     )
 
 
-def _llama2_7b_megatron(tp: int, pp: int, mbs: int, gbs: int) -> LLMTrainConfig:
+def _nemo_llama_step(cfg: LLMTrainConfig, tf: float, gpus: int) -> float:
+    """NeMo's llama FLOP formula per iteration (full s^2 attention) over TFLOP/s x GPUs."""
+    m = cfg.model
+    gbs = cfg.train.global_batch_size or 1
+    s, h, layers = m.seq_length, m.hidden_size, m.num_layers
+    kv = m.num_kv_heads or m.num_attention_heads
+    per = (
+        12.0
+        + 12.0 * kv / m.num_attention_heads
+        + 18.0 * m.ffn_hidden_size / h
+        + 12.0 * s / h
+        + 6.0 * m.vocab_size / (layers * h)
+    )
+    return gbs * s * layers * h * h * per / (tf * 1e12 * gpus)
+
+
+def _p482(tp: int, pp: int, mbs: int, gbs: int) -> LLMTrainConfig:
     model = model_preset("llama2-7b", seq_length=2048, attention="flash")
-    return LLMTrainConfig(
-        recipe="calibration-p482",
-        model=model,
-        parallel=ParallelConfig(tp=tp, pp=pp),
-        zero=ZeroConfig(stage=1),
-        precision=PrecisionConfig(name="bf16", compute_dtype="bf16", grad_dtype="fp32"),
-        train=TrainConfig(micro_batch_size=mbs, global_batch_size=gbs, steps=1),
-        cluster=ClusterConfig(name="h800", gpu="h800", num_nodes=1, gpus_per_node=8),
-        backend=BackendConfig(
-            name="megatron", reduce_bucket_size=40_000_000, allgather_bucket_size=40_000_000
+    cfg = _cfg("p482", model, "h800", 8, tp=tp, pp=pp, mbs=mbs, gbs=gbs)
+    return replace(
+        cfg,
+        parallel=replace(cfg.parallel, sequence_parallel=False),
+        backend=replace(
+            cfg.backend, reduce_bucket_size=40_000_000, allgather_bucket_size=40_000_000
         ),
     )
 
 
-def _torchtitan_8b() -> LLMTrainConfig:
-    model = model_preset("llama3-8b", attention="flash")
-    return LLMTrainConfig(
-        recipe="calibration-t1",
-        model=model,
-        parallel=ParallelConfig(),
-        zero=ZeroConfig(stage=3),
-        precision=PrecisionConfig(name="bf16", compute_dtype="bf16", grad_dtype="fp32"),
-        train=TrainConfig(micro_batch_size=2, global_batch_size=16, steps=1, recompute="selective"),
-        cluster=ClusterConfig(name="h100-96gb", gpu="h100-96gb", num_nodes=1, gpus_per_node=8),
-        backend=BackendConfig(name="torch"),
-    )
-
-
-def points() -> list[CalibrationPoint]:
-    t1 = _torchtitan_8b()
-    return [
+def _time_points() -> list[CalibrationPoint]:
+    out = [
         _narayanan("N1", 24, 2304, 24, 32, 1, 1, 512, 137),
         _narayanan("N2", 30, 3072, 32, 64, 2, 1, 512, 138),
         _narayanan("N3", 36, 4096, 32, 128, 4, 1, 512, 142),
         _narayanan("N4", 40, 6144, 48, 256, 8, 1, 1024, 135),
         _narayanan("N5", 48, 8192, 64, 512, 8, 2, 1536, 138),
-        CalibrationPoint("T1", "tokens_per_s_per_gpu", 5762.0, t1, "tokens/s/GPU"),
-        CalibrationPoint("T1", "reserved_bytes", 82.4 * GIB, t1, "peak reserved"),
-        CalibrationPoint(
-            "P482", "allocated_bytes", 69.1 * GIB, _llama2_7b_megatron(1, 1, 2, 2048), "DP8 MBS2"
-        ),
-        CalibrationPoint(
-            "P482-tp2",
-            "allocated_bytes",
-            55.7 * GIB,
-            _llama2_7b_megatron(2, 1, 4, 512),
-            "TP2 DP4 MBS4",
-        ),
-        CalibrationPoint(
-            "P482-pp2",
-            "allocated_bytes",
-            49.8 * GIB,
-            _llama2_7b_megatron(1, 2, 2, 2048),
-            "PP2 DP4 MBS2",
-        ),
-        CalibrationPoint(
-            "P482-tp8",
-            "allocated_bytes",
-            28.8 * GIB,
-            _llama2_7b_megatron(8, 1, 4, 128),
-            "TP8 DP1 MBS4",
-        ),
     ]
+    # torchtitan (H100 96GB HBM2e, 500 W).
+    l8 = model_preset("llama3-8b", attention="flash")
+    t1 = _cfg(
+        "T1", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3
+    )
+    out.append(_tps("T1", "T", t1, 8, 5762))
+    out.append(_tps("T1c", "T", replace(t1, backend=replace(t1.backend, compile=True)), 8, 6667))
+    t1f = _cfg(
+        "T1f",
+        l8,
+        "h100-96gb",
+        8,
+        mbs=2,
+        gbs=16,
+        recompute="selective",
+        backend="torch",
+        zero=3,
+        precision="fp8",
+        compile=True,
+    )
+    out.append(_tps("T1f", "T", t1f, 8, 8532))
+    for rid, seq, cp, tps in (
+        ("T2", 32768, 1, 3890),
+        ("T2cp2", 65536, 2, 2540),
+        ("T2cp4", 131072, 4, 1071),
+        ("T2cp8", 262144, 8, 548),
+    ):
+        cfg = _cfg(
+            rid,
+            replace(l8, seq_length=seq),
+            "h100-96gb",
+            8,
+            cp=cp,
+            gbs=8 // cp,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
+        )
+        out.append(_tps(rid, "T", cfg, 8, tps))
+    l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
+    for rid, tpo, tps in (("T4", False, 829), ("T4a", True, 876)):
+        cfg = _cfg(
+            rid,
+            l70,
+            "h100-96gb",
+            256,
+            tp=8,
+            mbs=16,
+            gbs=512,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
+            tp_overlap=tpo,
+        )
+        out.append(_tps(rid, "T", cfg, 256, tps))
+    # NeMo 24.07, DGX-H100, fp8.
+    h = "h100-sxm"
+    nemo = {"precision": "fp8", "tp_overlap": True, "grad": "bf16"}
+    np_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
+        (
+            "NP1",
+            _gpt(24, 4096, 32, seq=2048, attention="flash"),
+            64,
+            {"mbs": 4, "gbs": 2048},
+            23406,
+        ),
+        ("NP2", _gpt(44, 6144, 48, attention="flash"), 64, {"tp": 2, "mbs": 2, "gbs": 256}, 5851),
+        (
+            "NP3",
+            _gpt(96, 12288, 96, attention="flash"),
+            128,
+            {"tp": 4, "pp": 8, "vpp": 6, "gbs": 256},
+            716,
+        ),
+        (
+            "NP4",
+            _gpt(96, 12288, 96, attention="flash"),
+            512,
+            {"tp": 4, "pp": 8, "vpp": 6, "mbs": 2, "gbs": 2048},
+            825,
+        ),
+        ("NP5", model_preset("llama2-7b", seq_length=4096), 8, {"gbs": 128}, 16934),
+        (
+            "NP6",
+            _llama(40, 5120, 40, 40, 13824, 32000, 4096),
+            16,
+            {"pp": 4, "vpp": 10, "gbs": 128},
+            8715,
+        ),
+        (
+            "NP7",
+            _llama(80, 8192, 64, 8, 28672, 32000, 4096),
+            64,
+            {"tp": 4, "pp": 4, "vpp": 20, "gbs": 128},
+            1728,
+        ),
+        (
+            "NP8",
+            _nemotron(32, 4096, 32, 32, 16384, 4096),
+            64,
+            {"tp": 2, "mbs": 4, "gbs": 256},
+            12507,
+        ),
+        (
+            "NP9",
+            _nemotron(40, 6144, 48, 48, 24576, 4096),
+            64,
+            {"tp": 2, "pp": 4, "vpp": 10, "mbs": 2, "gbs": 256},
+            4312,
+        ),
+        (
+            "NP10",
+            _nemotron(96, 18432, 96, 8, 73728, 4096),
+            128,
+            {"tp": 8, "pp": 8, "vpp": 12, "gbs": 32},
+            326,
+        ),
+        ("NP11", l8, 8, {"cp": 2, "gbs": 128}, 12273),
+        ("NP12", l70, 64, {"tp": 4, "pp": 4, "cp": 2, "vpp": 5, "gbs": 128}, 1524),
+    ]
+    for rid, model, gpus, np_lay, np_tps in np_rows:
+        cfg = _cfg(rid, model, h, gpus, **np_lay, **nemo)  # type: ignore[arg-type]
+        out.append(_tps(rid, "NP", cfg, gpus, np_tps))
+    # NeMo long context (Llama2-7B fp8, CP), TFLOP/s with NeMo's llama formula.
+    l2 = model_preset("llama2-7b")
+    for rid, seq, gpus, tp, cp, gbs, tf in (
+        ("NL1", 16384, 16, 2, 1, 256, 660),
+        ("NL2", 32768, 32, 2, 2, 128, 610),
+        ("NL3", 65536, 64, 4, 2, 64, 574),
+        ("NL4", 131072, 128, 4, 4, 32, 555),
+        ("NL5", 262144, 256, 4, 8, 16, 549),
+        ("NL6", 524288, 512, 8, 16, 8, 549),
+        ("NL7", 1048576, 1024, 8, 32, 4, 536),
+    ):
+        cfg = _cfg(rid, replace(l2, seq_length=seq), h, gpus, tp=tp, cp=cp, gbs=gbs, **nemo)  # type: ignore[arg-type]
+        out.append(
+            CalibrationPoint(
+                rid, "step_s", _nemo_llama_step(cfg, tf, gpus), cfg, f"{tf:g} TFLOP/s/GPU", "NL"
+            )
+        )
+    # NeMo 25.02, DGX-B200, fp8, bf16 gradients.
+    b = "b200"
+    nb = {"precision": "fp8", "tp_overlap": True, "grad": "bf16"}
+    mixtral22 = _llama(
+        56, 6144, 48, 8, 16384, 32000, 65536, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=16384
+    )
+    nb_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
+        (
+            "NB1",
+            _gpt(96, 12288, 96, attention="flash", dropout=False),
+            512,
+            {"tp": 4, "pp": 4, "vpp": 6, "mbs": 2, "gbs": 2048},
+            1600,
+        ),
+        ("NB2", l8, 8, {"mbs": 2, "gbs": 128}, 26006),
+        ("NB3", l70, 64, {"tp": 2, "pp": 4, "cp": 2, "vpp": 5, "gbs": 128}, 3062),
+        (
+            "NB4",
+            model_preset("llama3-405b", seq_length=8192),
+            128,
+            {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "gbs": 64},
+            625,
+        ),
+        ("NB5", _nemotron(32, 6144, 48, 8, 24576, 4096), 64, {"mbs": 2, "gbs": 256}, 14760),
+        (
+            "NB6",
+            _nemotron(96, 18432, 96, 8, 73728, 4096),
+            128,
+            {"tp": 8, "pp": 4, "vpp": 12, "gbs": 32},
+            602,
+        ),
+        (
+            "NB7",
+            model_preset("mixtral-8x7b", seq_length=4096),
+            64,
+            {"ep": 8, "mbs": 2, "gbs": 256},
+            15457,
+        ),
+        ("NB8", mixtral22, 256, {"tp": 2, "pp": 4, "cp": 8, "ep": 8, "vpp": 14, "gbs": 64}, 2232),
+    ]
+    for rid, model, gpus, nb_lay, nb_tps in nb_rows:
+        cfg = _cfg(rid, model, b, gpus, **nb_lay, **nb)  # type: ignore[arg-type]
+        out.append(_tps(rid, "NB", cfg, gpus, nb_tps))
+    # NeMo AutoModel, FSDP2 on DGX-H100, bf16, full activation checkpointing.
+    qwen = _llama(
+        48,
+        2048,
+        32,
+        4,
+        6144,
+        151936,
+        4096,
+        head_dim=128,
+        num_experts=128,
+        moe_top_k=8,
+        moe_ffn_hidden_size=768,
+    )
+    dsv3 = model_preset("deepseek-v3")
+    am = {"backend": "torch", "zero": 3, "recompute": "full", "kernel": "te"}
+    am_rows: list[tuple[str, ModelConfig, int, dict[str, object], float]] = [
+        ("AM1", qwen, 8, {"ep": 8, "mbs": 4, "gbs": 512}, 21.773),
+        ("AM2", dsv3, 256, {"pp": 4, "ep": 64, "vpp": 8, "gbs": 512}, 8.18),
+        ("AM3", dsv3, 1024, {"pp": 4, "ep": 64, "vpp": 8, "gbs": 8192}, 37.87),
+        ("AM4", l70, 64, {"cp": 2, "gbs": 128, "compile": True}, 18.9),
+    ]
+    for rid, model, gpus, am_lay, step in am_rows:
+        cfg = _cfg(rid, model, h, gpus, **am_lay, **am)  # type: ignore[arg-type]
+        out.append(CalibrationPoint(rid, "step_s", step, cfg, f"{step:g} s per step", "AM"))
+    # llm-foundry MPT (Composer FSDP FULL_SHARD).
+    mp_rows = [
+        ("MP1", 80, 8192, 64, 2048, h, 64, 8, 2048, "full", "bf16", 1039),
+        ("MP2", 48, 7168, 56, 8192, h, 8, 1, 168, "full", "bf16", 1384),
+        ("MP3", 48, 7168, 56, 2048, h, 32, 14, 1344, "full", "bf16", 2308),
+        ("MP4", 40, 5120, 40, 32768, h, 8, 1, 24, "full", "bf16", 1976),
+        ("MP5", 40, 5120, 40, 2048, h, 64, 2, 128, "none", "bf16", 4800),
+        ("MP6", 32, 4096, 32, 65536, h, 8, 1, 16, "full", "bf16", 1956),
+        ("MP7", 32, 4096, 32, 2048, h, 8, 6, 48, "none", "bf16", 10643),
+        ("MP8", 32, 2560, 20, 2048, h, 64, 6, 1152, "none", "bf16", 22525),
+        ("MP9", 24, 2048, 16, 2048, h, 8, 14, 112, "none", "bf16", 45455),
+        ("MP10", 32, 2560, 20, 2048, h, 8, 10, 480, "none", "fp8", 30586),
+        ("MP11", 24, 2048, 16, 8192, h, 8, 2, 64, "none", "fp8", 32010),
+        ("MP12", 80, 8192, 64, 2048, "a100-80gb", 64, 8, 2048, "full", "bf16", 410),
+        ("MP13", 48, 7168, 56, 2048, "a100-80gb", 8, 3, 504, "full", "bf16", 916),
+        ("MP14", 40, 5120, 40, 32768, "a100-80gb", 8, 1, 24, "full", "bf16", 1016),
+        ("MP15", 32, 4096, 32, 2048, "a100-80gb", 8, 6, 96, "none", "bf16", 4641),
+        ("MP16", 24, 2048, 16, 2048, "a100-80gb", 8, 14, 448, "none", "bf16", 20513),
+        ("MP17", 80, 8192, 64, 2048, "a100-40gb", 128, 4, 512, "full", "bf16", 376),
+        ("MP18", 32, 4096, 32, 2048, "a100-40gb", 128, 18, 2304, "full", "bf16", 3623),
+    ]
+    for rid, layers, hid, heads, seq, gpu, gpus, mbs, gbs, rec, prec, tps in mp_rows:
+        cfg = _cfg(
+            rid,
+            _mpt(layers, hid, heads, seq),
+            str(gpu),
+            gpus,
+            mbs=mbs,
+            gbs=gbs,
+            recompute=str(rec),
+            precision=str(prec),
+            backend="torch",
+            zero=3,
+        )
+        out.append(_tps(str(rid), "MP", cfg, gpus, float(tps)))
+    ao = _cfg(
+        "AO1", l8, "b200", 8, gbs=8, recompute="selective", backend="torch", zero=3, compile=True
+    )
+    out.append(
+        CalibrationPoint(
+            "AO1",
+            "step_s",
+            _step_from_tps(ao, 8307.5, 8),
+            ao,
+            "8307.5 tok/s/GPU, power limit not stated: not scored",
+            "AO",
+            scored=False,
+        )
+    )
+    return out
+
+
+def _memory_points() -> list[CalibrationPoint]:
+    l8 = model_preset("llama3-8b", attention="flash")
+    l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
+    out: list[CalibrationPoint] = []
+    t1 = _cfg(
+        "T1", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3
+    )
+    out.append(CalibrationPoint("T1", "reserved_bytes", 82.4 * GIB, t1, "peak reserved", "T"))
+    t1c = replace(t1, backend=replace(t1.backend, compile=True))
+    out.append(CalibrationPoint("T1c", "reserved_bytes", 77.0 * GIB, t1c, "+compile", "T"))
+    t1f = replace(t1c, precision=PrecisionConfig(name="fp8", grad_dtype="fp32", fp8=True))
+    out.append(CalibrationPoint("T1f", "reserved_bytes", 76.8 * GIB, t1f, "+compile+fp8", "T"))
+    for rid, seq, cp, gib in (
+        ("T2", 32768, 1, 83.9),
+        ("T2cp2", 65536, 2, 84.2),
+        ("T2cp4", 131072, 4, 84.0),
+        ("T2cp8", 262144, 8, 84.5),
+    ):
+        cfg = _cfg(
+            rid,
+            replace(l8, seq_length=seq),
+            "h100-96gb",
+            8,
+            cp=cp,
+            gbs=8 // cp,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
+        )
+        out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
+    for rid, tpo, gib in (("T4", False, 71.9), ("T4a", True, 67.6)):
+        cfg = _cfg(
+            rid,
+            l70,
+            "h100-96gb",
+            256,
+            tp=8,
+            mbs=16,
+            gbs=512,
+            recompute="full",
+            precision="fp8",
+            backend="torch",
+            zero=3,
+            compile=True,
+            tp_overlap=tpo,
+        )
+        out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
+    for rid, tp, pp, mbs, gbs, gib, note in (
+        ("P482", 1, 1, 2, 2048, 69.1, "DP8 MBS2"),
+        ("P482-tp2", 2, 1, 4, 512, 55.7, "TP2 DP4 MBS4"),
+        ("P482-pp2", 1, 2, 2, 2048, 49.8, "PP2 DP4 MBS2"),
+        ("P482-tp8", 8, 1, 4, 128, 28.8, "TP8 DP1 MBS4"),
+    ):
+        out.append(
+            CalibrationPoint(
+                rid, "allocated_bytes", gib * GIB, _p482(tp, pp, mbs, gbs), note, "P482"
+            )
+        )
+    ao = _cfg(
+        "AO1", l8, "b200", 8, gbs=8, recompute="selective", backend="torch", zero=3, compile=True
+    )
+    out.append(CalibrationPoint("AO1", "reserved_bytes", 33.71 * GIB, ao, "peak memory", "AO"))
+    return out
+
+
+def points() -> list[CalibrationPoint]:
+    return _time_points() + _memory_points()
 
 
 def predicted(point: CalibrationPoint) -> float:
@@ -163,7 +600,9 @@ def predicted(point: CalibrationPoint) -> float:
     if point.metric == "tokens_per_s_per_gpu":
         return plan.time.tokens_per_s_per_gpu
     heaviest = plan.memory.heaviest
-    return heaviest.allocated if point.metric == "allocated_bytes" else heaviest.reserved
+    if point.metric == "allocated_bytes":
+        return heaviest.allocated
+    return heaviest.reserved_observed
 
 
 __all__ = ["CalibrationPoint", "points", "predicted", "replace"]

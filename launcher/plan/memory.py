@@ -32,16 +32,18 @@ from dataclasses import dataclass
 
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import chunk_microbatches_in_flight
 
 GIB = 1024**3
 
 # torch's caching allocator reserves more than it allocates (block rounding, fragmentation across
-# differently sized tensors). ONE factor, reserved = allocated * FRAGMENTATION, calibrated on the
-# only reserved-memory measurement we have (calibration.csv row T1: torchtitan Llama 3.1 8B,
-# 82.4 GiB reserved, for which we predict 69.8 GiB allocated -> 1.18).
-FRAGMENTATION = 1.18
+# differently sized tensors): reserved = allocated x fragmentation, one fitted constant per GPU
+# family (launcher.plan.fitted; fitted on the reserved-memory rows of calibration.csv). When the
+# allocator reaches the device's capacity it frees its cache and retries, so what torch reports
+# as reserved never exceeds the capacity left after the CUDA context (`reserved_observed`).
+FRAGMENTATION = constants("hopper").fragmentation
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -61,16 +63,28 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
     """Unsharded bytes per parameter of each model-state bucket (ZeRO paper, section 3)."""
     p = cfg.precision
     weights = float(DTYPE_BYTES[p.compute_dtype])
-    if p.fp8:
-        # Transformer Engine keeps an fp8 copy of each weight and of its transpose.
+    if p.fp8 and cfg.backend.name == "megatron":
+        # Transformer Engine keeps an fp8 copy of each weight and of its transpose across the
+        # micro-batches of a step; torchao's float8 (torch backends) casts on the fly instead.
         weights += 2.0
     gradients = float(DTYPE_BYTES[p.grad_dtype])
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
+    if master and cfg.backend.name == "torch" and cfg.zero.stage >= 3:
+        # torch FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are
+        # the master copy) and casts to the compute dtype when it all-gathers them: 4 bytes of
+        # weights and no separate master (the unsharded compute copy is a transient buffer); the
+        # sharded gradients take the fp32 parameters' dtype (grad_dtype is the reduce dtype).
+        # Still 16 bytes per parameter in all, as the ZeRO paper counts.
+        weights += master - DTYPE_BYTES[p.compute_dtype]
+        gradients = master
+        master = 0.0
     optimizer = master + OPTIMIZER_STATE_BYTES[cfg.optim.name]
     return BytesPerParam(weights, gradients, optimizer)
 
 
 def uses_dropout(cfg: LLMTrainConfig) -> bool:
+    if cfg.model.dropout is not None:
+        return cfg.model.dropout
     return cfg.model.norm == "layernorm"
 
 
@@ -85,7 +99,7 @@ class ActivationTerms:
 
 
 def layer_activation_terms(
-    shape: ModelShape, moe: bool, recompute: str, attention: str, dropout: bool
+    shape: ModelShape, moe: bool, recompute: str, attention: str, dropout: bool, fp8: bool = False
 ) -> ActivationTerms:
     """Activation bytes per token stored by one transformer layer for its backward pass.
 
@@ -141,6 +155,17 @@ def layer_activation_terms(
     replicated = 4.0 * h + 4.0 * h + 2.0 * mask * h
     # Q, K, V for the score and value products, the attention output (projection input).
     sharded = 2.0 * (q_dim + k_dim + v_dim + o_dim) + lse + mlp_shr
+    if fp8:
+        # fp8 training saves each linear layer's input in fp8 for its weight gradient
+        # (Transformer Engine; torchao Float8Linear): QKV and FC1 inputs (h each), the output
+        # projection's input (o_dim) and FC2's input (f per routed copy) at 1 byte, not 2.
+        f_in = m.ffn_hidden_size
+        if moe:
+            f_in = (m.moe_ffn_hidden_size or m.ffn_hidden_size) * (
+                (m.moe_top_k or 1) + m.moe_shared_experts
+            )
+        replicated -= 2.0 * h
+        sharded -= o_dim + f_in
     scores = 0.0 if recompute == "selective" else score_bytes
     return ActivationTerms(replicated=replicated, sharded=sharded, scores=scores)
 
@@ -156,9 +181,10 @@ def layer_activation_bytes(
     recompute: str,
     attention: str,
     dropout: bool,
+    fp8: bool = False,
 ) -> float:
     """Bytes one layer keeps for one micro-batch on one GPU (tokens split over cp)."""
-    t = layer_activation_terms(shape, moe, recompute, attention, dropout)
+    t = layer_activation_terms(shape, moe, recompute, attention, dropout, fp8)
     tokens = micro_batch * seq / max(1, cp)
     rep = t.replicated / (tp if sequence_parallel else 1)
     # Each local query token scores against all s keys (ring attention with cp).
@@ -242,6 +268,10 @@ class HardwareView:
     inter_gbps: float
     gpus_per_node: int
     price_per_gpu_hour: float
+    # GPU family (hardware.Arch), TDP and NVLink domain size; defaults keep old callers working.
+    arch: str = "hopper"
+    tdp_watts: float | None = None
+    scale_up_domain: int = 0  # 0: the node (gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -257,6 +287,8 @@ class StageMemory:
     overhead: float
     in_flight: int
     host_bytes: float
+    fragmentation: float = FRAGMENTATION
+    capacity: float = 0.0  # device memory (0: unknown, no cap on reserved_observed)
 
     @property
     def allocated(self) -> float:
@@ -264,7 +296,16 @@ class StageMemory:
 
     @property
     def reserved(self) -> float:
-        return self.allocated * FRAGMENTATION
+        """What the caching allocator would reserve with no capacity limit (the fit verdict)."""
+        return self.allocated * self.fragmentation
+
+    @property
+    def reserved_observed(self) -> float:
+        """What torch.cuda.max_memory_reserved reports: reserved, capped at the capacity left
+        after the CUDA context (the allocator frees its cache and retries before failing)."""
+        if self.capacity <= 0:
+            return self.reserved
+        return min(self.reserved, max(self.allocated, self.capacity - self.overhead))
 
     @property
     def device_total(self) -> float:
@@ -276,6 +317,8 @@ class MemoryPlan:
     stages: tuple[StageMemory, ...]
     capacity: float
     headroom: float
+    # Typical |error| of the memory prediction in this regime (bands.py); 0: no band.
+    band: float = 0.0
 
     @property
     def heaviest(self) -> StageMemory:
@@ -287,7 +330,28 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
+        """reserved + overhead of the heaviest GPU within capacity x (1 - headroom).
+
+        Unchanged meaning: the layout fits with the headroom to spare. `verdict` refines the
+        other case into "tight" and "does_not_fit".
+        """
         return self.heaviest.device_total <= self.usable
+
+    @property
+    def verdict(self) -> str:
+        """fits | tight | does_not_fit.
+
+        fits: as `fits`. tight: it does not fit with headroom, but allocated + overhead (what
+        must be resident; the caching allocator frees its cache before failing) is within the
+        prediction's error band of the capacity: (allocated + overhead) x (1 - band) <= capacity.
+        does_not_fit: even the band's optimistic end exceeds the capacity.
+        """
+        if self.fits:
+            return "fits"
+        h = self.heaviest
+        if (h.allocated + h.overhead) * (1.0 - self.band) <= self.capacity:
+            return "tight"
+        return "does_not_fit"
 
 
 def zero_shard(layout: Layout) -> int:
@@ -331,6 +395,13 @@ def stage_states(
 
     weights = sharded(bpp.weights, z.stage >= 3)
     gradients = sharded(bpp.gradients, z.stage >= 2)
+    if z.stage >= 3 and layout.pp > 1 and cfg.backend.name == "torch":
+        # torch FSDP2 under pipeline parallelism (torchtitan): reshard_after_forward is off and
+        # gradients accumulate unsharded across the micro-batches of a step, so every stage keeps
+        # its parameters and their gradients unsharded in the compute dtype between micro-batches.
+        full = DTYPE_BYTES[cfg.precision.compute_dtype] * params.total
+        weights += full
+        gradients += full
     optimizer = sharded(bpp.optimizer, z.stage >= 1)
     host = 0.0
     if z.offload_optimizer == "cpu":
@@ -377,6 +448,7 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             recompute,
             m.attention,
             dropout,
+            cfg.precision.fp8,
         )
 
     in_flight = chunk_microbatches_in_flight(
@@ -417,7 +489,17 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
     if z.stage >= 3:
         # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded, plus one
         # layer's unsharded gradients before its reduce-scatter.
-        layer = max(shape.layer_params(i) for i in range(m.num_layers)) / max(1, layout.tp)
+        # Expert weights are gathered only within their expert-parallel shard (1/ep of them).
+        routed = shape.expert_params() * (m.num_experts or 0) if shape.is_moe else 0
+        layer = max(
+            shape.layer_params(i)
+            - (
+                routed * (1.0 - 1.0 / max(1, layout.ep))
+                if shape.is_moe and i >= m.moe_dense_layers
+                else 0.0
+            )
+            for i in range(m.num_layers)
+        ) / max(1, layout.tp)
         buffers += layer * (2 * bpp.weights + bpp.gradients)
     if layout.pp > 1:
         # Send and receive buffers for activations (forward) and their gradients (backward).
@@ -447,6 +529,8 @@ def assemble_stage(
         overhead=float(hw.overhead_bytes),
         in_flight=activations[1],
         host_bytes=states.host_bytes,
+        fragmentation=constants(hw.arch).fragmentation,
+        capacity=float(hw.memory_bytes),
     )
 
 
@@ -464,5 +548,8 @@ def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: i
 def estimate_memory(
     cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, headroom: float = 0.10
 ) -> MemoryPlan:
+    from launcher.plan.bands import error_band
+
     stages = tuple(stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp)))
-    return MemoryPlan(stages=stages, capacity=float(hw.memory_bytes), headroom=headroom)
+    band = error_band("memory", cfg, hw.arch).typical
+    return MemoryPlan(stages=stages, capacity=float(hw.memory_bytes), headroom=headroom, band=band)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan.bands import ErrorBand, error_band
 from launcher.plan.flops import FlopsPerToken, flops_per_token
 from launcher.plan.hardware import get_gpu
 from launcher.plan.memory import (
@@ -19,7 +20,7 @@ from launcher.plan.memory import (
     uses_dropout,
 )
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.timing import HOST_GBPS, STEP_EFFICIENCY, TimePlan, estimate_time
+from launcher.plan.timing import HOST_GBPS, TimePlan, estimate_time
 from launcher.plan.totals import FAILURES_PER_GPU_HOUR, Totals, estimate_totals
 
 
@@ -49,6 +50,9 @@ class Plan:
     totals: Totals
     fixes: tuple[Fix, ...]
     assumptions: tuple[str, ...]
+    # Leave-one-source-out error bands of this configuration's regime (bands.py).
+    time_band: ErrorBand | None = None
+    memory_band: ErrorBand | None = None
 
 
 def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
@@ -75,6 +79,9 @@ def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
         price_per_gpu_hour=(
             c.price_per_gpu_hour if c.price_per_gpu_hour is not None else gpu.price_per_gpu_hour
         ),
+        arch=gpu.arch,
+        tdp_watts=gpu.tdp_watts,
+        scale_up_domain=gpu.scale_up_domain,
     )
 
 
@@ -190,8 +197,8 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
     out = [
         "Memory in bytes; GiB = 2^30 bytes, GB = 1e9 bytes.",
         "allocated/reserved are what torch.cuda.max_memory_allocated/max_memory_reserved report; "
-        f"reserved = allocated x {FRAGMENTATION} (fragmentation, one constant calibrated on "
-        "torchtitan Llama 3.1 8B); CUDA context + NCCL (overhead) come on top.",
+        f"reserved = allocated x {FRAGMENTATION} (caching-allocator fragmentation, fitted on the "
+        "reserved-memory rows of calibration.csv); CUDA context + NCCL (overhead) come on top.",
         "Fits when reserved + overhead <= capacity x (1 - headroom).",
         "Model states: ZeRO paper bytes per parameter (weights in the compute dtype, gradients in "
         "precision.grad_dtype, fp32 master + optimizer moments), sharded over dp*cp by zero.stage; "
@@ -213,14 +220,22 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "12 l h s attention (PaLM appendix B; full s x s, not halved for the causal mask).",
         "Hardware FLOPs add recompute; time uses executed FLOPs (causal attention halved with "
         "flash attention).",
-        f"Compute at peak x matmul_efficiency x {STEP_EFFICIENCY} (non-GEMM work of a step; one "
-        "constant for all GPUs, calibrated on Megatron 2021 A100 and torchtitan H100).",
+        "Compute per operator class (kernels.py): linear GEMMs on a smooth roofline at "
+        "MAMF x d/(d + gemm_half_dim) of peak (d the smaller output dimension), flash attention "
+        "at the kernel's published rate x one fitted factor, norms/activations/rotary/casts/"
+        "routing as bytes over HBM; constants fitted on calibration.csv (fitted.py).",
+        "Error bands: leave-one-source-out cross-validation on calibration.csv, by regime; "
+        "'tight' = does not fit with headroom but within the memory band of capacity.",
         "Rank placement, innermost first: tp, cp, dp (ep carved from dp), pp; a group spanning "
         "nodes with k members per node gets min(intra, k x inter) bus bandwidth.",
         "Ring collectives, bandwidth term only: all-reduce 2(n-1)/n, reduce-scatter/all-gather "
         "(n-1)/n of the message per GPU.",
-        "TP, PP p2p and EP all-to-all are exposed; CP K/V exchange hides behind attention; DP/ZeRO "
-        "collectives overlap backward/forward when backend.overlap_comm.",
+        "TP collectives hide behind the linear GEMMs with backend.tp_comm_overlap (Megatron "
+        "tp-comm-overlap, torchtitan async TP); PP p2p hides with Megatron's interleaved schedule "
+        "(overlap_p2p_comm); EP all-to-all is exposed; CP K/V exchange hides behind attention; "
+        "DP/ZeRO collectives overlap backward/forward when backend.overlap_comm; hidden "
+        "communication still costs overlap_cost of its time. Groups inside one NVLink domain "
+        "(scale_up_domain, e.g. 72 on GB200 NVL72) get NVLink bandwidth.",
         "MFU and HFU divide by the dense peak of precision.compute_dtype "
         f"({cfg.precision.compute_dtype}), with fp8 matmuls too.",
         "Bubble (p-1)/(v m) of the per-micro-batch time (Narayanan et al. 2021).",
@@ -262,7 +277,7 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
         checkpoint_bytes=checkpoint_bytes(cfg, total_params),
         storage_write_gbps=cfg.cluster.storage_write_gbps,
     )
-    fixes = () if memory.fits else suggest_fixes(cfg, hw, headroom)
+    fixes = () if memory.verdict == "fits" else suggest_fixes(cfg, hw, headroom)
     return Plan(
         config=cfg,
         layout=layout,
@@ -275,6 +290,8 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
         totals=totals,
         fixes=fixes,
         assumptions=assumptions(cfg, layout),
+        time_band=error_band("time", cfg, hw.arch),
+        memory_band=error_band("memory", cfg, hw.arch),
     )
 
 

@@ -1,15 +1,15 @@
 """Step time: compute + exposed communication + pipeline bubble + optimizer step.
 
-- Compute runs at peak * matmul_efficiency (the catalog's large-GEMM ceiling, MAMF) *
-  STEP_EFFICIENCY: a whole training step also runs norms, activation functions, softmax, rotary,
-  elementwise kernels and launches that reach far less than a large GEMM. STEP_EFFICIENCY is ONE
-  constant for all GPU types, calibrated on calibration.csv (Narayanan 2021 on A100, torchtitan on
-  H100): both land near half of the GEMM ceiling. With fp8 only the linear layers' GEMMs speed up
-  (to the fp8 peak); attention and the non-GEMM share stay at the compute dtype's speed.
+- Compute per operator class (kernels.py): GEMMs on a shape-dependent roofline, flash attention at
+  its kernel's rate, element-wise work as bytes over HBM; fitted constants in fitted.py.
 - Tensor parallel: per layer and micro-batch 2 all-reduces forward and 2 backward (or the same bytes
   as all-gather + reduce-scatter with sequence parallelism; +2 with full recompute), b*s*h
-  activations each (Shoeybi et al. 2019); exposed (Megatron runs them on the compute stream).
-- Pipeline: p2p of b*s*h activations (and their gradients) per micro-batch and chunk; exposed.
+  activations each (Shoeybi et al. 2019); exposed, or hidden behind the linear GEMMs with
+  backend.tp_comm_overlap (Megatron-core --tp-comm-overlap, torchtitan async TP).
+- Pipeline: p2p of b*s*h activations (and their gradients) per micro-batch and chunk; exposed,
+  except Megatron's interleaved schedule (overlap_p2p_comm, its default with virtual stages).
+- Groups inside one NVLink domain (catalog scale_up_domain: a node, or 72 GPUs of a GB200 NVL72
+  rack) get the NVLink bandwidth. Hidden communication still costs fitted.overlap_cost of its time.
 - Context parallel: ring exchange of K and V, (cp-1) steps forward, K,V and their gradients
   backward; hidden behind the attention core's compute, the excess exposed.
 - Expert parallel: 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.comm import Collective, collective_time, place_group
-from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd, output_matmul_params
+from launcher.plan.fitted import constants
+from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
+from launcher.plan.kernels import ComputeParts, stage_parts
 from launcher.plan.memory import DTYPE_BYTES, HardwareView, StageMemory, bytes_per_param
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import bubble_fraction, bubble_overhead
 
-# Fraction of the large-GEMM ceiling (peak * matmul_efficiency) a training step's compute reaches.
-# Calibrated on calibration.csv: N1-N5 (A100, Megatron 2021) and T1 (H100 96GB, torchtitan); with
-# 0.55 the errors span -6.6% (N1) to +8.6% (T1 tokens/s); see bench/plan_calibration.py.
-STEP_EFFICIENCY = 0.55
 # CPU Adam (DeepSpeed's AVX implementation) streams the fp32 states at host-memory speed.
 HOST_GBPS = 50.0
 PCIE_GBPS = 25.0
@@ -67,19 +65,52 @@ class TimePlan:
     compute_stage: int
 
 
-def stage_compute_flops(
-    cfg: LLMTrainConfig, layout: Layout, flops: FlopsPerToken, stage: int
-) -> tuple[float, float]:
-    """(executed FLOPs, attention-core share) of one micro-batch on one GPU of `stage`."""
+def stage_compute_parts(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int, exact: bool = True
+) -> ComputeParts:
+    """Compute of one micro-batch on one GPU of `stage`, per operator class (kernels.py)."""
     m = cfg.model
-    tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
-    head = 6.0 * output_matmul_params(ModelShape(m))
-    per_layer = (flops.executed - head) / max(1, m.num_layers)
+    shape = ModelShape(m)
     layers = layout.stage_layers[stage]
-    total = layers * per_layer + (head if stage == layout.pp - 1 else 0.0)
-    causal = 0.5 if m.attention == "flash" else 1.0
-    attn = flops.attention * causal / max(1, m.num_layers) * layers
-    return tokens * total / max(1, layout.tp), attn / max(1e-9, total)
+    if shape.is_moe:
+        if layout.vpp == 1:
+            first = sum(layout.stage_layers[:stage])
+            dense = max(0, min(layers, m.moe_dense_layers - first))
+        else:
+            dense = round(m.moe_dense_layers * layers / max(1, m.num_layers))
+    else:
+        dense = layers
+    return stage_parts(
+        cfg,
+        layout,
+        hw.arch,
+        hw.peak_flops,
+        hw.matmul_peak_flops,
+        hw.matmul_efficiency,
+        hw.hbm_gbps,
+        hw.tdp_watts,
+        dense,
+        layers - dense,
+        stage == layout.pp - 1,
+        m_limit=not exact,
+    )
+
+
+def _heaviest_stage(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, exact: bool = True
+) -> tuple[ComputeParts, int]:
+    best: tuple[ComputeParts | None, int] = (None, 0)
+    seen: dict[tuple[int, bool, bool], ComputeParts] = {}
+    stage_layers = layout.stage_layers
+    for s in range(layout.pp):
+        kind = (stage_layers[s], s == layout.pp - 1, s == 0)
+        if kind not in seen:
+            seen[kind] = stage_compute_parts(cfg, layout, hw, s, exact)
+        parts = seen[kind]
+        if best[0] is None or parts.total_s > best[0].total_s:
+            best = (parts, s)
+    assert best[0] is not None
+    return best[0], best[1]
 
 
 def microbatch_compute_s(
@@ -88,30 +119,13 @@ def microbatch_compute_s(
     """(seconds, stage, attention share) of one micro-batch's compute on the heaviest stage.
 
     A lower bound of the step: step_s >= this x micro-batches x (1 + bubble overhead), which
-    the layout search (``search.py``) uses to skip layouts that cannot make its top k.
+    the layout search (``search.py``) uses to skip layouts that cannot make its top k; per token
+    it also bounds every larger micro-batch (kernels.stage_parts' m_limit: token dimensions priced
+    as unbounded). The operator-class model is in kernels.py; `flops` is kept for callers'
+    compatibility.
     """
-    best: tuple[float, int, float] = (-1.0, 0, 0.0)
-    # Stages with the same layer count (and not the last) have the same FLOPs: compute each once.
-    seen: dict[tuple[int, bool], tuple[float, float]] = {}
-    stage_layers = layout.stage_layers
-    for s in range(layout.pp):
-        kind = (stage_layers[s], s == layout.pp - 1)
-        if kind not in seen:
-            seen[kind] = stage_compute_flops(cfg, layout, flops, s)
-        f, attn_share = seen[kind]
-        if f > best[0]:
-            best = (f, s, attn_share)
-    stage_flops, stage, attn_share = best
-    eff = hw.matmul_efficiency
-    # GEMMs: the linear layers at the matmul precision's peak (fp8 with precision.fp8), attention
-    # at the compute dtype's. The rest of a step (norms, activations, softmax, launches: the
-    # 1/STEP_EFFICIENCY - 1 on top) runs at the compute dtype's speed whatever the matmul
-    # precision. Without fp8 this is stage_flops / (peak * eff * STEP_EFFICIENCY).
-    gemm = stage_flops * (1.0 - attn_share) / (hw.matmul_peak_flops * eff) + (
-        stage_flops * attn_share / (hw.peak_flops * eff)
-    )
-    other = stage_flops / (hw.peak_flops * eff) * (1.0 / STEP_EFFICIENCY - 1.0)
-    return gemm + other, stage, attn_share
+    parts, stage = _heaviest_stage(cfg, layout, hw, exact=False)
+    return parts.total_s, stage, parts.attention_s / max(1e-30, parts.total_s)
 
 
 @dataclass(frozen=True)
@@ -139,9 +153,17 @@ def _add_collective(
     note: str,
 ) -> tuple[float, float]:
     """Time one collective per step, append its row, return (total, exposed) seconds."""
-    place = place_group(size, stride, hw.gpus_per_node, hw.intra_gbps, hw.inter_gbps)
+    # A group inside one NVLink domain (a node, or a GB200 NVL72 rack) gets NVLink bandwidth.
+    domain = max(hw.gpus_per_node, hw.scale_up_domain)
+    place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
     total = collective_time(kind, msg, size, place.bus_gbps) * calls
-    exposed = total if window is None else max(0.0, total - window)
+    # Overlapped communication is not free: NCCL kernels take SMs and HBM bandwidth from the
+    # compute they run beside, which slows by overlap_cost x the hidden communication time.
+    if window is None:
+        exposed = total
+    else:
+        hidden = min(total, window)
+        exposed = total - hidden + constants(hw.arch).overlap_cost * hidden
     colls.append(
         Collective(name, kind, group, size, msg, calls, place.bus_gbps, total, exposed, note)
     )
@@ -149,12 +171,17 @@ def _add_collective(
 
 
 def microbatch_time(
-    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, flops: FlopsPerToken
+    cfg: LLMTrainConfig,
+    layout: Layout,
+    hw: HardwareView,
+    flops: FlopsPerToken,
+    exact: bool = False,
 ) -> MicrobatchTime:
     """Compute plus the exposed TP, CP, EP and PP communication of one micro-batch.
 
     Independent of the ZeRO stage and offload; (compute_s + exposed_s) x micro-batches x
-    (1 + bubble overhead) is a lower bound of the step, which the layout search uses.
+    (1 + bubble overhead) is a lower bound of the step, which the layout search uses (scaled by
+    the micro-batch size). exact=True: the compute of this micro-batch size (estimate_time).
     """
     m = cfg.model
     shape = ModelShape(m)
@@ -164,8 +191,15 @@ def microbatch_time(
     tokens = layout.micro_batch_size * m.seq_length / max(1, cp)
     sp_div = tp if cfg.parallel.sequence_parallel else 1
 
-    t_compute_mb, stage, attn_share = microbatch_compute_s(cfg, layout, hw, flops)
+    parts, stage = _heaviest_stage(cfg, layout, hw, exact)
+    # Overlap windows from the exact compute: per token they only shrink with larger
+    # micro-batches, so the exposed time stays a lower bound when scaled by tokens.
+    exact_parts = parts if exact else _heaviest_stage(cfg, layout, hw, True)[0]
+    t_compute_mb = parts.total_s
+    attn_share = parts.attention_s / max(1e-30, t_compute_mb)
     layers = layout.stage_layers[stage]
+    # Megatron --tp-comm-overlap / torchtitan async TP hide TP collectives behind the linear GEMMs.
+    tp_window = exact_parts.linear_s * mb if cfg.backend.tp_comm_overlap else None
     colls: list[Collective] = []
     add = functools.partial(_add_collective, colls, hw)
 
@@ -183,13 +217,13 @@ def microbatch_time(
             1,
             msg,
             calls * mb,
-            None,
+            tp_window,
             "2 fwd + 2 bwd per layer" + (" + 2 recompute" if calls > layers * 4 else ""),
         )
         per_mb_exposed += e / mb
     if cp > 1:
         kv = (shape.kv_heads * shape.head_dim * 2) * tokens * act_bytes / tp
-        attn_time = t_compute_mb * attn_share
+        attn_time = exact_parts.attention_s
         _, e = add(
             "context-parallel K/V ring",
             "p2p",
@@ -231,7 +265,9 @@ def microbatch_time(
             tp * cp * dp,
             msg,
             2 * vpp * mb,
-            None,
+            # Megatron overlaps the p2p of the interleaved schedule with compute
+            # (overlap_p2p_comm, on by default with virtual pipeline stages).
+            exact_parts.total_s * mb if (vpp > 1 and cfg.backend.name == "megatron") else None,
             "activation forward, gradient backward",
         )
         per_mb_exposed += e / mb
@@ -250,7 +286,7 @@ def estimate_time(
     tp, pp, cp, dp, vpp = layout.tp, layout.pp, layout.cp, layout.dp, layout.vpp
     mb = layout.num_microbatches
     overlap = cfg.backend.overlap_comm
-    per_mb = microbatch_time(cfg, layout, hw, flops)
+    per_mb = microbatch_time(cfg, layout, hw, flops, exact=True)
     t_compute_mb, per_mb_exposed, stage = per_mb.compute_s, per_mb.exposed_s, per_mb.stage
     colls = list(per_mb.collectives)
     add = functools.partial(_add_collective, colls, hw)
@@ -379,7 +415,6 @@ def estimate_time(
 
 
 __all__ = [
-    "STEP_EFFICIENCY",
     "TimePlan",
     "attention_core_flops_fwd",
     "estimate_time",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from launcher.plan.bands import ErrorBand
 from launcher.plan.memory import GIB
 from launcher.plan.planner import Plan
 from launcher.plan.schedule import timeline
@@ -78,6 +79,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "usable_bytes": int(mem.usable),
             "headroom": mem.headroom,
             "fits": mem.fits,
+            "verdict": mem.verdict,
+            "error_band": _band_json(plan.memory_band),
             "heaviest_stage": h.stage,
             "host_bytes_per_gpu": int(h.host_bytes),
             "host_bytes_per_node": int(h.host_bytes * plan.hardware.gpus_per_node),
@@ -99,6 +102,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         },
         "time": {
             "step_s": t.step_s,
+            "error_band": _band_json(plan.time_band),
             "tokens_per_s": t.tokens_per_s,
             "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
             "tflops_per_gpu": t.tflops_per_gpu,
@@ -179,6 +183,32 @@ def _bucket_values(plan: Plan) -> list[float]:
     ]
 
 
+def _band_json(band: ErrorBand | None) -> dict[str, object] | None:
+    if band is None:
+        return None
+    return {
+        "typical": band.typical,
+        "worst": band.worst,
+        "rows": band.rows,
+        "regime": band.regime,
+        "method": band.source,
+    }
+
+
+def band_text(band: ErrorBand | None) -> str:
+    """e.g. 'typically within +-8% (dense bf16, H100; leave-one-source-out)'."""
+    if band is None:
+        return ""
+    return f"typically within ±{band.typical:.0%} ({band.regime}; {band.source})"
+
+
+VERDICT_TEXT = {
+    "fits": "[bold green]fits[/]",
+    "tight": "[bold yellow]tight[/] (over the headroom, within the prediction's error band)",
+    "does_not_fit": "[bold red]does not fit[/]",
+}
+
+
 def render_plan(plan: Plan, console: Console) -> None:
     from rich.panel import Panel
     from rich.table import Table
@@ -187,14 +217,16 @@ def render_plan(plan: Plan, console: Console) -> None:
     mem = plan.memory
     h = mem.heaviest
     lay = plan.layout
-    verdict = "[bold green]fits[/]" if mem.fits else "[bold red]does not fit[/]"
+    verdict = VERDICT_TEXT[mem.verdict]
     console.print(
         Panel(
             f"{plan.config.model.name} on {lay.world_size} x {plan.hardware.name}  "
             f"tp={lay.tp} pp={lay.pp} vpp={lay.vpp} cp={lay.cp} ep={lay.ep} dp={lay.dp}  "
             f"mbs={lay.micro_batch_size} gbs={lay.global_batch_size} m={lay.grad_accum}\n"
             f"heaviest rank: stage {h.stage} -> {_gib(h.device_total)} of "
-            f"{_gib(mem.capacity)} ({mem.headroom:.0%} headroom): {verdict}",
+            f"{_gib(mem.capacity)} ({mem.headroom:.0%} headroom): {verdict}\n"
+            f"memory {band_text(plan.memory_band)}\n"
+            f"step time {_dur(plan.time.step_s)}, {band_text(plan.time_band)}",
             title="llmtrain plan",
         )
     )

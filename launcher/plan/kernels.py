@@ -1,0 +1,409 @@
+"""Compute time of one micro-batch, operator class by operator class.
+
+One place per formula; the fitted constants (``fitted.py``) are dimensionless and few.
+
+- GEMMs (the linear layers, the router, the output head): a smooth roofline (``gemm_time``) of
+  the operand bytes over HBM and FLOPs / (peak x efficiency). The
+  efficiency is the catalog's large-GEMM ceiling (MAMF, measured on the best shapes) times
+  d / (d + gemm_half_dim), d the smaller output dimension min(m, n): a thin output (a narrow
+  expert, a projection split over many tp ranks, few tokens per expert) fills fewer tensor-core
+  tiles and waves; the memory term of the roofline (Williams et al. 2009: arithmetic intensity
+  of an m x n x k GEMM is mnk / (mn + nk + mk)) prices a short reduction dimension. Forward 2mnk,
+  backward 4mnk (data and weight gradients of the same shapes). fp8 runs only the linear layers'
+  GEMMs at the fp8 peak (Transformer Engine / torchao keep the output head and attention in bf16),
+  at fp8_gemm_ratio of the bf16 efficiency.
+- Grouped expert GEMMs at the shape each expert really gets: m = tokens x top_k x ep / experts
+  per local expert (balanced routing; Megatron-core / DeepEP dispatch).
+- Attention core with flash attention (Dao et al. 2022, 2023; Shah et al. 2024): causal FLOPs
+  (half of the full s x s product) at the kernel's published benchmark rate (ATTENTION_KERNEL_RATE;
+  te: Transformer Engine / cuDNN; sdpa: PyTorch's FlashAttention-2) times one fitted realisation
+  factor times s / (s + ATTN_HALF_SEQ)
+  for a key block of s (s / cp per ring step with context parallelism: each step is one kernel call
+  on a block of that length). Forward 1, backward 2.5 forward-equivalents (the backward recomputes
+  QK^T: five matmuls against two). Eager attention (Megatron 2021) is two batched GEMMs per head
+  (QK^T and AV, smallest dimension head_dim) plus its softmax as bytes below.
+- Everything else -- norms, residual adds, rotary, activation functions, dropout, the softmax of
+  eager attention, MoE routing and permutation, fp8 casts, the cross-entropy over the vocabulary --
+  is memory-bound: the bytes each op reads and writes (per token: multiples of h, f/tp, V/tp),
+  times bytes_factor (achieved vs peak HBM bandwidth and the small ops not listed), over the HBM
+  bandwidth. It scales with b*s*h per layer, not with FLOPs. torch.compile fuses elementwise ops:
+  compile_bytes of the traffic remains. Backward moves twice the forward's bytes.
+- Recompute: full = one more forward of every layer (GEMMs, attention, bytes); op-level selective
+  (flash attention) = half of the layer GEMMs and all the elementwise ops once more; selective with
+  eager attention = the attention core and its softmax once more (Korthikanti et al. 2022).
+- GPU power cap (cluster.power_limit_w under the board's TDP): dynamic power ~ C V^2 f with the
+  voltage scaling with the clock (DVFS), so P ~ f^3 and the clock falls to (P / TDP)^(1/3) of
+  nominal; compute-bound parts slow down by that, HBM-bound ones do not.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from launcher.config.layout import Layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
+from launcher.plan.model_shape import ModelShape
+
+
+@dataclass(frozen=True)
+class ComputeParts:
+    """Seconds of one micro-batch on one GPU of a stage, per operator class."""
+
+    linear_s: float  # linear-layer GEMMs (the part tensor-parallel comm can hide behind)
+    other_gemm_s: float  # router, output head
+    attention_s: float
+    bytes_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.linear_s + self.other_gemm_s + self.attention_s + self.bytes_s
+
+
+def gemm_efficiency(min_dim: float, mamf: float, half_dim: float) -> float:
+    """Fraction of peak a GEMM whose smallest dimension is `min_dim` reaches (module docstring).
+
+    e.g. MAMF 0.80, half_dim 64: d = 8192 -> 0.794; d = 512 -> 0.711; d = 128 -> 0.533.
+    """
+    d = max(1.0, min_dim)
+    return mamf * d / (d + half_dim)
+
+
+def gemm_time(
+    flops: float,
+    m: float,
+    n: float,
+    k: float,
+    peak: float,
+    mamf: float,
+    half_dim: float,
+    hbm_bytes_per_s: float,
+    elem_bytes: float,
+) -> float:
+    """Seconds for `flops` of GEMMs of shape m x n x k: the compute time at
+    gemm_efficiency(min dim) and the time to move their operands and result over HBM, combined
+    as a smooth roofline sqrt(compute^2 + memory^2) (Williams et al. 2009: a kernel is bound by
+    whichever is slower; the smooth sum charges the regime near the ridge point, where real
+    kernels reach neither bound).
+
+    e.g. H100 (989 TFLOP/s bf16, 3.35 TB/s), MAMF 0.8, half_dim 0: a 4096^3 GEMM: compute
+    1.37e11 / 7.9e14 = 174 us, memory 3 x 4096^2 x 2 B / 3.35e12 = 30 us -> 176 us; a batched
+    attention-score GEMM 2048 x 2048 x 96 moves (2 x 2048 x 96 + 2048^2) x 2 B per 8.1e8 FLOPs,
+    88 FLOP/B, and is memory-bound on an A100 (ridge 153 FLOP/B).
+    """
+    if flops <= 0:
+        return 0.0
+    # Tile fill depends on the output's dimensions (m x n tiles, waves over the SMs); a short
+    # reduction dimension k only lowers the arithmetic intensity, which the memory term prices.
+    eff = gemm_efficiency(min(m, n), mamf, half_dim)
+    compute = flops / (peak * eff)
+    count = flops / (2.0 * max(1.0, m) * max(1.0, n) * max(1.0, k))
+    memory = count * (m * k + k * n + m * n) * elem_bytes / hbm_bytes_per_s
+    return float((compute * compute + memory * memory) ** 0.5)
+
+
+def attention_kernel(cfg: LLMTrainConfig) -> str:
+    """te | sdpa: backend.attention_kernel, else te for megatron and sdpa otherwise."""
+    if cfg.backend.attention_kernel:
+        return cfg.backend.attention_kernel
+    return "te" if cfg.backend.name == "megatron" else "sdpa"
+
+
+# Causal flash attention, forward + backward, head dim 128, long sequences: fraction of the bf16
+# dense peak in the kernels' own benchmarks (read approximately off the papers' figures; the
+# backward, 2.5x the forward's FLOPs, dominates the combined rate):
+# - A100, FlashAttention-2 (= PyTorch SDPA's flash kernel; TE/cuDNN reach the same): ~225 of 312
+#   TFLOP/s fwd+bwd (Dao 2023, FlashAttention-2, Fig. 6) -> 0.72.
+# - H100, FlashAttention-2 / SDPA (not using wgmma / TMA): ~330 of 989 (Shah et al. 2024,
+#   FlashAttention-3, Figs. 5-6, FA2 baseline) -> 0.33; cuDNN / FA3 class (Transformer Engine):
+#   forward ~740 (0.75), backward ~530 (0.53) -> 3.5 / (1/0.75 + 2.5/0.53) = 0.58.
+# - B200: cuDNN 9 fused attention about the same fractions as on Hopper (NVIDIA cuDNN 9 release
+#   notes / blog, ~1.6 PFLOP/s forward of 2.25) -> 0.55; FA2-class kernels as on Hopper -> 0.33.
+ATTENTION_KERNEL_RATE: dict[tuple[str, str], float] = {
+    ("ampere", "te"): 0.72,
+    ("ampere", "sdpa"): 0.72,
+    ("hopper", "te"): 0.58,
+    ("hopper", "sdpa"): 0.33,
+    ("blackwell", "te"): 0.55,
+    ("blackwell", "sdpa"): 0.33,
+}
+
+
+def attention_efficiency(
+    block: float, c: ComputeConstants, kernel: str = "te", arch: str = "hopper"
+) -> float:
+    """Fraction of the bf16 peak flash attention reaches on key blocks of `block` tokens: the
+    kernel's benchmark rate x the fitted realisation factor x block / (block + ATTN_HALF_SEQ)."""
+    rate = ATTENTION_KERNEL_RATE.get((arch, kernel), 0.5)
+    return rate * c.attn_efficiency * block / (block + ATTN_HALF_SEQ)
+
+
+def clock_factor(power_limit_w: float | None, tdp_w: float | None) -> float:
+    """Clock fraction under a power cap: (P / TDP)^(1/3), 1 without a cap (module docstring)."""
+    if not power_limit_w or not tdp_w or power_limit_w >= tdp_w:
+        return 1.0
+    return float((power_limit_w / tdp_w) ** (1.0 / 3.0))
+
+
+@dataclass(frozen=True)
+class _Key:
+    """Everything the compute time of a micro-batch depends on (memoisation key)."""
+
+    arch: str
+    c: ComputeConstants
+    peak: float
+    matmul_peak: float
+    fp8: bool
+    mamf: float
+    hbm_gbps: float
+    clock: float
+    # model
+    h: int
+    q_dim: int
+    kv_dim: int
+    attn_params: int
+    heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    ffn: int
+    gated: bool
+    vocab: int
+    experts: int
+    top_k: int
+    moe_ffn: int
+    shared: int
+    rope: bool
+    dropout: bool
+    eager: bool
+    kernel: str
+    seq: int
+    act_bytes: int
+    # layout / run
+    tokens: float
+    tp: int
+    cp: int
+    ep: int
+    sp: bool
+    dense_layers: int
+    moe_layers: int
+    head: bool
+    recompute: str
+    compile: bool
+    m_limit: bool
+
+
+def stage_parts(
+    cfg: LLMTrainConfig,
+    layout: Layout,
+    arch: str,
+    peak: float,
+    matmul_peak: float,
+    mamf: float,
+    hbm_gbps: float,
+    tdp_w: float | None,
+    dense_layers: int,
+    moe_layers: int,
+    head: bool,
+    m_limit: bool = False,
+) -> ComputeParts:
+    """Compute time of one micro-batch on one GPU holding the given layers (see module docstring).
+
+    m_limit: price every token-count GEMM dimension as if it were unbounded (full tiles, weights
+    read once for infinitely many tokens). That is a lower bound of the per-token time at any
+    micro-batch size, which the layout search scales by tokens to prune layouts.
+    """
+    m = cfg.model
+    shape = ModelShape(m)
+    if shape.is_mla:
+        q_dim = m.num_attention_heads * (shape.head_dim + shape.rope_dim)
+        kv_dim = q_dim
+        d_qk, d_v = shape.head_dim + shape.rope_dim, shape.v_dim
+    else:
+        q_dim = m.num_attention_heads * shape.head_dim
+        kv_dim = shape.kv_heads * shape.head_dim
+        d_qk = d_v = shape.head_dim
+    from launcher.plan.memory import DTYPE_BYTES, uses_dropout
+
+    key = _Key(
+        arch=arch,
+        c=constants(arch),
+        peak=peak,
+        matmul_peak=matmul_peak,
+        fp8=matmul_peak > peak,
+        mamf=mamf,
+        hbm_gbps=hbm_gbps,
+        clock=clock_factor(cfg.cluster.power_limit_w, tdp_w),
+        h=m.hidden_size,
+        q_dim=q_dim,
+        kv_dim=kv_dim,
+        attn_params=shape.attention_params(),
+        heads=m.num_attention_heads,
+        head_dim_qk=d_qk,
+        head_dim_v=d_v,
+        ffn=m.ffn_hidden_size,
+        gated=m.activation == "swiglu",
+        vocab=m.vocab_size,
+        experts=m.num_experts or 0,
+        top_k=m.moe_top_k or 1,
+        moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+        shared=m.moe_shared_experts,
+        rope=m.position == "rope",
+        dropout=uses_dropout(cfg),
+        eager=m.attention == "eager",
+        kernel=attention_kernel(cfg),
+        seq=m.seq_length,
+        act_bytes=DTYPE_BYTES[cfg.precision.compute_dtype],
+        tokens=layout.micro_batch_size * m.seq_length / max(1, layout.cp),
+        tp=max(1, layout.tp),
+        cp=max(1, layout.cp),
+        ep=max(1, layout.ep),
+        sp=cfg.parallel.sequence_parallel,
+        dense_layers=dense_layers,
+        moe_layers=moe_layers,
+        head=head,
+        recompute=cfg.train.recompute,
+        compile=cfg.backend.compile,
+        m_limit=m_limit,
+    )
+    return _parts(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parts(k: _Key) -> ComputeParts:
+    c = k.c
+    tp = k.tp
+    t = k.tokens
+    h = k.h
+    eff8 = c.fp8_gemm_ratio if k.fp8 else 1.0
+    lin_peak = k.matmul_peak
+
+    hbm = k.hbm_gbps * 1e9
+
+    def gemm(
+        flops_per_token: float,
+        m_dim: float,
+        n: float,
+        kk: float,
+        peak: float,
+        e: float,
+        tokens_dim: bool = True,
+    ) -> float:
+        if k.m_limit and tokens_dim:
+            m_dim = 1e15  # token dimensions (not the eager score GEMMs' fixed s x s)
+        return gemm_time(
+            t * flops_per_token,
+            m_dim,
+            n,
+            kk,
+            peak,
+            k.mamf * e * c.gemm_sustained,
+            c.gemm_half_dim,
+            hbm,
+            1.0 if (k.fp8 and peak == lin_peak and e != 1.0) else float(k.act_bytes),
+        )
+
+    # Forward GEMM seconds per layer, per class.
+    g = 2 if k.gated else 1
+    if k.attn_params and k.q_dim and k.kv_dim == k.q_dim and k.head_dim_qk != k.head_dim_v:
+        # MLA: its projections as one GEMM of the attention parameters, smallest dim the q width.
+        attn_lin = gemm(2.0 * k.attn_params / tp, t, h, k.heads * k.head_dim_v / tp, lin_peak, eff8)
+    else:
+        qkv_n = (k.q_dim + 2 * k.kv_dim) / tp
+        attn_lin = gemm(2.0 * h * qkv_n, t, qkv_n, h, lin_peak, eff8) + gemm(
+            2.0 * k.q_dim / tp * h, t, h, k.q_dim / tp, lin_peak, eff8
+        )
+    dense_mlp = gemm(2.0 * h * k.ffn * (g + 1) / tp, t, k.ffn / tp, h, lin_peak, eff8)
+    moe_mlp = 0.0
+    router = 0.0
+    if k.experts > 1:
+        per_expert_tokens = t * k.top_k * k.ep / k.experts
+        f_e = k.moe_ffn
+        moe_mlp = k.top_k * gemm(
+            2.0 * h * f_e * (g + 1) / tp, per_expert_tokens, f_e / tp, h, lin_peak, eff8
+        )
+        if k.shared:
+            f_s = f_e * k.shared
+            moe_mlp += gemm(2.0 * h * f_s * (g + 1) / tp, t, f_s / tp, h, lin_peak, eff8)
+        router = gemm(2.0 * h * k.experts, t, k.experts, h, k.peak, 1.0)
+    head = gemm(2.0 * h * k.vocab / tp, t, k.vocab / tp, h, k.peak, 1.0) if k.head else 0.0
+
+    # Attention core, forward seconds per layer.
+    heads_here = k.heads / tp
+    full_fwd = 2.0 * k.seq * heads_here * (k.head_dim_qk + k.head_dim_v)  # per token, full s x s
+    if k.eager:
+        attn_fwd = gemm(full_fwd, k.seq, k.seq, k.head_dim_qk, k.peak, 1.0, tokens_dim=False)
+        attn_bwd = 2.0 * attn_fwd
+    else:
+        rate = k.peak * attention_efficiency(k.seq / k.cp, c, k.kernel, k.arch)
+        attn_fwd = t * 0.5 * full_fwd / rate
+        attn_bwd = 2.5 * attn_fwd
+
+    # Non-GEMM bytes per token per layer, forward (elements x dtype bytes).
+    hs = h / tp if k.sp else h
+    ab = k.act_bytes
+    elem = 4.0 * hs + 6.0 * hs  # two norms (read + write h), two residual adds (2 reads + 1 write)
+    if k.dropout:
+        elem += 5.0 * hs  # bias-dropout-add after attention and MLP: read, write, 1-byte mask
+    if k.rope:
+        elem += 2.0 * (k.q_dim + k.kv_dim) / tp
+    scores = 0.0
+    if k.eager:
+        # Fused scale-mask-softmax reads and writes every score; dropout reads, writes, masks it.
+        scores = (2.0 + (2.5 if k.dropout else 0.0)) * heads_here * k.seq
+    dense_elem = (3.0 if k.gated else 2.0) * k.ffn / tp
+    moe_elem = 0.0
+    if k.experts > 1:
+        f_e = k.moe_ffn
+        moe_elem = (3.0 if k.gated else 2.0) * (k.top_k * f_e + k.shared * f_e) / tp
+        # Permute to experts and back (read + write h per routed copy, twice), router probs fp32.
+        moe_elem += 4.0 * k.top_k * h + 4.0 * k.experts
+    if k.fp8:
+        # Cast of each linear GEMM's input to fp8: read 2 bytes, write 1 (QKV, O, FC1, FC2).
+        cast_dense = 3.0 * (2.0 * h + k.q_dim / tp + k.ffn / tp)
+        cast_moe = 3.0 * (2.0 * h + k.q_dim / tp + k.top_k * (h + k.moe_ffn / tp))
+    else:
+        cast_dense = cast_moe = 0.0
+    fwd_bytes_dense = (elem + dense_elem + scores) * ab + cast_dense
+    fwd_bytes_moe = (elem + moe_elem + scores) * ab + cast_moe
+    bytes_scale = c.bytes_factor * (c.compile_bytes if k.compile else 1.0) / (k.hbm_gbps * 1e9)
+
+    # Passes: forward 1 + backward 2 (GEMMs, bytes); recompute adds forwards.
+    lin_dense = attn_lin + dense_mlp
+    lin_moe = attn_lin + moe_mlp
+    if k.recompute == "full":
+        gemm_passes, attn_extra, byte_passes = 4.0, attn_fwd, 4.0
+    elif k.recompute == "selective" and not k.eager:
+        gemm_passes, attn_extra, byte_passes = 3.5, 0.0, 4.0
+    elif k.recompute == "selective":
+        gemm_passes, attn_extra, byte_passes = 3.0, attn_fwd, 3.0
+    else:
+        gemm_passes, attn_extra, byte_passes = 3.0, 0.0, 3.0
+    score_extra = scores * ab if (k.recompute == "selective" and k.eager) else 0.0
+    n_d, n_m = k.dense_layers, k.moe_layers
+    linear_s = gemm_passes * (n_d * lin_dense + n_m * lin_moe)
+    other_s = gemm_passes * n_m * router + 3.0 * head
+    attention_s = (n_d + n_m) * (attn_fwd + attn_bwd + attn_extra)
+    layer_bytes = byte_passes * (n_d * fwd_bytes_dense + n_m * fwd_bytes_moe)
+    layer_bytes += (n_d + n_m) * score_extra
+    if k.head:
+        # Logits (compute dtype) + fp32 copy + softmax + loss, forward and backward (~30 B/logit).
+        layer_bytes += 30.0 * k.vocab / tp
+    bytes_s = t * layer_bytes * bytes_scale
+    return ComputeParts(
+        linear_s=linear_s / k.clock,
+        other_gemm_s=other_s / k.clock,
+        attention_s=attention_s / k.clock,
+        bytes_s=bytes_s,
+    )
+
+
+__all__ = [
+    "ATTENTION_KERNEL_RATE",
+    "ComputeParts",
+    "attention_efficiency",
+    "clock_factor",
+    "gemm_efficiency",
+    "gemm_time",
+    "stage_parts",
+]
