@@ -814,7 +814,7 @@ class _Search:
             self.reject(MEMORY, 1)
             return
         states = self._states[skey]
-        bkey = (zero, sp, mbs, tp, cp, pp)
+        bkey = (zero, sp, mbs, tp, cp, pp, ep)  # ZeRO-3 gathers 1/ep of the experts
         if bkey not in self._bufs:
             cfg = cfg or with_zero()
             self._bufs[bkey] = stage_buffers(cfg, layout)
