@@ -135,6 +135,16 @@ class TensorOnlyLoadPlanner(DefaultLoadPlanner):
         )
 
 
+def checkpoint_failure(exc: BaseException) -> str:
+    """The first rank's error of a DCP CheckpointException, in one line."""
+    failures = getattr(exc, "failures", {}) or {}
+    for rank in sorted(failures):
+        pair = failures[rank]
+        error = pair[0] if isinstance(pair, tuple) else pair
+        return f"rank {rank}: {type(error).__name__}: {str(error)[:600]}"
+    return str(exc).splitlines()[0]
+
+
 def split_non_tensor_state(
     state: dict[str, dict[str, Any]],
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:

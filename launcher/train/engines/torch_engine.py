@@ -41,6 +41,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -76,6 +77,8 @@ from launcher.train.engines.capabilities import torch_capabilities
 from launcher.train.engines.dcp_safe import (
     SafeFileSystemReader,
     TensorOnlyLoadPlanner,
+    UnsafeCheckpointError,
+    checkpoint_failure,
     read_non_tensor_state,
     split_non_tensor_state,
     write_non_tensor_state,
@@ -484,11 +487,14 @@ class TorchEngine(Engine):
         state = self._state()
         tensors, others = split_non_tensor_state(state)
         saved = read_non_tensor_state(directory)
-        dcp_load(
-            tensors,
-            storage_reader=SafeFileSystemReader(str(directory)),
-            planner=TensorOnlyLoadPlanner(),
-        )
+        try:
+            dcp_load(
+                tensors,
+                storage_reader=SafeFileSystemReader(str(directory)),
+                planner=TensorOnlyLoadPlanner(),
+            )
+        except CheckpointException as exc:  # a BaseException: make it an ordinary error
+            raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
         for part in ("model", "optim"):
             for key in others.get(part, {}):
                 if key not in saved.get(part, {}):
