@@ -222,7 +222,11 @@ def data_prepare(
     tokenizer: Annotated[str, typer.Option(help="byte (default) or bpe (trained here).")] = "byte",
     vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size.")] = 4096,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace existing output.")
+        bool,
+        typer.Option("--overwrite", help="Replace an earlier prepared dataset at --output."),
+    ] = False,
+    allow_binary: Annotated[
+        bool, typer.Option("--allow-binary", help="Tokenize inputs that do not look like text.")
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -233,7 +237,7 @@ def data_prepare(
         raise UserError(f"--tokenizer={tokenizer}: must be byte or bpe")
     if vocab_size < 256 + 1 and tokenizer == "bpe":
         raise UserError(f"--vocab-size={vocab_size}: a BPE vocabulary needs more than 256 entries")
-    from launcher.train.data import prepare
+    from launcher.data.prepare import prepare
 
     index = prepare(
         [Path(p) for p in inputs],
@@ -241,6 +245,7 @@ def data_prepare(
         tokenizer=tokenizer,
         vocab_size=vocab_size,
         overwrite=overwrite,
+        allow_binary=allow_binary,
     )
     document = index.to_json()
     if as_json:
