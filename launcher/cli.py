@@ -180,12 +180,10 @@ def run(
 ) -> None:
     """Train on this machine under torchrun (default: the tiny recipe on the CPU)."""
     from launcher.config.compose import compose_config
-    from launcher.launch import runlock
     from launcher.launch.local import (
         RunFailed,
         RunInterrupted,
         RunPreempted,
-        choose_run_dir,
         describe,
         launch,
         prepare_run_dir,
@@ -195,18 +193,19 @@ def run(
 
     composed = compose_config(overrides or [])
     plan_result = preflight(composed.config, force=force)
-    run_dir = choose_run_dir(composed, fresh=fresh)
-    with runlock.holding(run_dir) as lock:  # exit 2 naming the holder when another run has it
-        if lock.note:
-            err.print(Text(f"note: {lock.note}", style="yellow"))
-        prepared = prepare_run_dir(composed, plan_to_json(plan_result), run_dir)
+    # Holds the run directory's lock (exit 2 naming the holder when another run has it).
+    prepared = prepare_run_dir(composed, plan_to_json(plan_result), fresh=fresh)
+    try:
+        if prepared.lock is not None and prepared.lock.note:
+            err.print(Text(f"note: {prepared.lock.note}", style="yellow"))
         err.print(Text(describe(prepared), style="dim"))
-        try:
-            launch(prepared, keep_fds=(lock.fd,))
-        except (RunFailed, RunPreempted, RunInterrupted) as exc:
-            label = "error: " if isinstance(exc, RunFailed) else ""
-            err.print(Text(label, style="bold red") + Text(str(exc)))
-            raise typer.Exit(exc.exit_code) from None
+        launch(prepared)
+    except (RunFailed, RunPreempted, RunInterrupted) as exc:
+        label = "error: " if isinstance(exc, RunFailed) else ""
+        err.print(Text(label, style="bold red") + Text(str(exc)))
+        raise typer.Exit(exc.exit_code) from None
+    finally:
+        prepared.release()
 
 
 data_app = typer.Typer(help="Prepare training data: tokenize text into memory-mapped shards.")

@@ -37,6 +37,7 @@ from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
+from launcher.launch import runlock
 from launcher.render.torchrun import launch_script, torchrun_command
 from launcher.rundir import RunDir
 
@@ -98,6 +99,12 @@ class Prepared:
     # Written into launch.sh; the secrets are only ever handed to the torchrun process.
     env: dict[str, str]
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    # Held from before the first write until the run is over; None only in tests.
+    lock: runlock.RunLock | None = field(default=None, repr=False, compare=False)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
 
 def worker_env(cfg: LLMTrainConfig, nproc: int) -> dict[str, str]:
@@ -129,11 +136,29 @@ def _write_problem(exc: OSError, path: Path) -> str:
     )
 
 
-def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], run_dir: Path) -> Prepared:
-    """Write the run directory's config and artifacts (call it holding the run's lock)."""
+def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) -> Prepared:
+    """Take the run directory's lock (``launcher.launch.runlock``; exit 2 naming the holder when
+    another run has it), then write its config and artifacts. The caller releases
+    ``Prepared.lock`` when the run is over (``launch`` keeps it held in torchrun meanwhile)."""
     cfg = composed.config
     secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
-    run = RunDir(run_dir)
+    run = RunDir(choose_run_dir(composed, fresh))
+    lock = runlock.acquire(run.root)
+    try:
+        return _write_run_dir(composed, plan_json, run, secrets, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _write_run_dir(
+    composed: Composed,
+    plan_json: dict[str, Any],
+    run: RunDir,
+    secrets: dict[str, str],
+    lock: runlock.RunLock,
+) -> Prepared:
+    cfg = composed.config
     try:
         fsio.check_inside(run.logs, run.root)
         run.logs.mkdir(exist_ok=True)
@@ -154,7 +179,7 @@ def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], run_dir: Path
         raise UserError(str(exc.strerror)) from None
     except OSError as exc:
         raise UserError(_write_problem(exc, run.root)) from None
-    return Prepared(run_dir=run.root, command=command, env=env, secrets=secrets)
+    return Prepared(run_dir=run.root, command=command, env=env, secrets=secrets, lock=lock)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -164,9 +189,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
-def launch(prepared: Prepared, keep_fds: tuple[int, ...] = ()) -> None:
+def launch(prepared: Prepared) -> None:
     """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
-    RunInterrupted. `keep_fds` (the run lock) stay open in torchrun for its whole life."""
+    RunInterrupted. The run's lock stays open in torchrun for its whole life."""
+    keep_fds = (prepared.lock.fd,) if prepared.lock is not None else ()
     run = RunDir(prepared.run_dir)
     env = {**os.environ, **prepared.env, **prepared.secrets}
     log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)

@@ -120,7 +120,9 @@ def acquire(run_dir: Path) -> RunLock:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "time": time.time(),
-        "command": " ".join(["llmtrain", *sys.argv[1:]])[:500],
+        # The subcommand and folder only: overrides may carry a secret's value.
+        "command": f"llmtrain {sys.argv[1] if len(sys.argv) > 1 else ''}".strip(),
+        "cwd": os.getcwd(),
     }
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)

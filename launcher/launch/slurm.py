@@ -28,8 +28,7 @@ from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError, did_you_mean
-from launcher.launch import runlock
-from launcher.launch.local import choose_run_dir, prepare_run_dir, run_dir_for
+from launcher.launch.local import prepare_run_dir, run_dir_for
 from launcher.launch.preflight import preflight
 from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
 from launcher.rundir import LOGS, SLURM_JOBS, RunDir
@@ -195,9 +194,8 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
         )
     from launcher.plan.report import plan_to_json
 
-    run_dir = choose_run_dir(composed, fresh=False)
-    with runlock.holding(run_dir):  # not while a local `llmtrain run` trains there
-        prepared = prepare_run_dir(composed, plan_to_json(plan), run_dir)
+    prepared = prepare_run_dir(composed, plan_to_json(plan), fresh=False)  # takes the lock
+    try:
         run = RunDir(prepared.run_dir)
         fsio.write_text_atomic(run.sbatch_script, script, root=run.root, mode=0o755)
         fsio.write_text_atomic(run.launch_script, launch, root=run.root, mode=0o755)
@@ -211,6 +209,8 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
             {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "job_ids": ids, "cwd": workdir},
         ]
         fsio.write_text_atomic(run.slurm_jobs, json.dumps(record, indent=2) + "\n", root=run.root)
+    finally:
+        prepared.release()
     return Submitted(run_dir=run.root, job_ids=ids)
 
 

@@ -15,7 +15,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import torch
 
@@ -57,7 +57,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, log_every: int):
         run = RunDir(run_dir)
-        self.file: TextIO = fsio.open_append(run.metrics, root=run.root)
+        self.file: IO[Any] = fsio.open_append(run.metrics, root=run.root)
         self.log_every = max(1, log_every)
         self.total_steps = total_steps
         self.tb: Any = None
