@@ -155,6 +155,16 @@ def test_the_run_directory_names_secrets_but_holds_no_value(
     assert again.run_dir.name == prepared.run_dir.name
 
 
+@pytest.mark.parametrize("value", ["s3cr3t\nline2", "s3cr3t\n", "\ns3cr3t", "s3cr3t\r\nx"])
+def test_a_secret_with_a_newline_is_never_echoed(value: str) -> None:
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        compose_config([f"cluster.env.API_TOKEN={value}"])
+    message = str(refused.value)
+    assert "s3cr3t" not in message and "line2" not in message, message
+
+
 def test_secret_status_names_only() -> None:
     assert secret_status(["A", "B"], {"A": KEY, "B": ""}) == "secret env: A, B set"
     assert secret_status(["A", "B"], {"A": KEY}) == "secret env: A set; MISSING: B"

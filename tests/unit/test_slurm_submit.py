@@ -225,3 +225,17 @@ def test_submit_records_job_ids_and_chains(tmp_path: Path, fake_slurm: str) -> N
     assert "--dependency=afterany:43" in calls[2]
     for name in ("config.yaml", "plan.json", "job.sbatch", "launch.sh"):
         assert (run_dir / name).is_file()
+
+
+@pytest.mark.parametrize("record", ["{not json", "[]", '{"job_ids": "42"}', '{"job_ids": [{}]}'])
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+def test_a_corrupt_slurm_record_is_a_clear_error(
+    tmp_path: Path, fake_slurm: str, record: str, command: str
+) -> None:
+    run_dir = tmp_path / "runs" / "damaged"
+    run_dir.mkdir(parents=True)
+    (run_dir / "slurm.json").write_text(record)
+    done = llmtrain(tmp_path, command, str(run_dir), path=fake_slurm)
+    assert done.returncode == 2, done.stderr
+    assert "slurm.json: not a readable SLURM record" in done.stderr
+    assert "Traceback" not in done.stderr
