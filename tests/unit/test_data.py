@@ -311,3 +311,22 @@ def test_sampler_refusals() -> None:
     sampler = ShardedSampler(100, 0, 2, 8, seed=0)
     with pytest.raises(UserError, match="global_batch=32"):
         sampler.load_state_dict(ShardedSampler(100, 0, 4, 8, seed=0).state_dict())
+
+
+def test_prelaunch_checks_vocabulary_and_size(text_dir: Path, tmp_path: Path) -> None:
+    from launcher.config.compose import compose_config
+    from launcher.launch.preflight import data_problems
+
+    out = tmp_path / "tok"
+    prepare([text_dir / "a.txt"], out)  # 900 byte tokens
+
+    def problems(*overrides: str) -> list[str]:
+        return data_problems(compose_config([f"data.path={out}", *overrides]).config)
+
+    assert problems("model.seq_length=16", "train.global_batch_size=8") == []
+    (vocab,) = problems("model.vocab_size=128", "model.seq_length=16")
+    assert "model.vocab_size=128" in vocab and "model.vocab_size=256" in vocab
+    (size,) = problems("model.seq_length=256")
+    assert "fewer than one global batch" in size and "model.seq_length" in size
+    (out / "shard_00000.bin").unlink()
+    assert any("missing" in p for p in problems("model.seq_length=16"))
