@@ -17,6 +17,7 @@ from pathlib import Path
 
 # A short 2-process run that checkpoints every 2 steps, in runs/trial of its folder.
 TRIAL_STEPS = 12
+TRIAL_FIRST_CHECKPOINT = 2  # checkpoint.every_steps below
 TRIAL_ARGS = [
     f"train.steps={TRIAL_STEPS}",
     "model.seq_length=64",
