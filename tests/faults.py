@@ -17,6 +17,7 @@ from pathlib import Path
 
 # A short 2-process run that checkpoints every 2 steps, in runs/trial of its folder.
 TRIAL_STEPS = 12
+KILLED_STDERR = "killed-run.stderr"
 TRIAL_FIRST_CHECKPOINT = 2  # checkpoint.every_steps below
 TRIAL_ARGS = [
     f"train.steps={TRIAL_STEPS}",
@@ -88,14 +89,16 @@ def run_and_kill(
     cwd: Path, args: list[str], run_dir: Path, kill_after_step: int, rank: int, timeout: float = 300
 ) -> int:
     """Start `llmtrain run ARGS`, SIGKILL `rank` once `kill_after_step` steps are logged; return
-    llmtrain's exit code (the run may also finish first if it is faster than the poll)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "run", *args],
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    llmtrain's exit code (the run may also finish first if it is faster than the poll). Its
+    stderr is left in cwd/KILLED_STDERR."""
+    with open(cwd / KILLED_STDERR, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "run", *args],
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
     deadline = time.monotonic() + timeout
     killed = False
     while process.poll() is None and time.monotonic() < deadline:

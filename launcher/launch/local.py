@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -196,6 +197,7 @@ def launch(prepared: Prepared) -> None:
     run = RunDir(prepared.run_dir)
     env = {**os.environ, **prepared.env, **prepared.secrets}
     log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)
+    log_offset = log.seek(0, os.SEEK_END)
     started = time.time()
     # torchrun's own messages (and rank 0's stderr) go to the log; rank 0's stdout (progress,
     # summary) comes to this terminal. torchrun tears every rank down when one fails.
@@ -252,6 +254,14 @@ def launch(prepared: Prepared) -> None:
             "command again to resume"
         )
     errors = rank_errors(run.root, since=started)
+    killed = signalled_root_cause(run.torchrun_log, log_offset)
+    if killed is not None and all(e["rank"] != killed[0] for e in errors):
+        rank, signame = killed
+        after = f"; then rank {errors[0]['rank']}: {errors[0]['type']}" if errors else ""
+        raise RunFailed(
+            f"rank {rank} failed first: killed by {signame} (out of memory, or killed by the "
+            f"system or a user?){after}\n(see {run.torchrun_log}; every rank was stopped)"
+        )
     if errors:
         first = errors[0]
         raise RunFailed(
@@ -268,6 +278,29 @@ def launch(prepared: Prepared) -> None:
         f"torchrun exited with code {code} and no rank reported an error (killed by a signal?); "
         f"see {run.torchrun_log}"
     )
+
+
+def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | None:
+    """(rank, signal name) when torchrun's report of this launch (the log from `offset`) names
+    as its root cause ("first observed failure") a rank killed by a signal (no error file)."""
+    try:
+        with open(torchrun_log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    _, found, cause = text.rpartition("Root Cause (first observed failure):")
+    if not found:
+        return None
+    rank = re.search(r"rank\s*:\s*(\d+)", cause)
+    code = re.search(r"exitcode\s*:\s*(-\d+)", cause)
+    if rank is None or code is None:
+        return None
+    try:
+        name = signal.Signals(-int(code.group(1))).name
+    except ValueError:
+        name = f"signal {-int(code.group(1))}"
+    return int(rank.group(1)), name
 
 
 def _marker_step(marker: Path) -> str:
