@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.rundir import RunDir
+
 # A short 2-process run that checkpoints every 2 steps, in runs/trial of its folder.
 TRIAL_STEPS = 12
 KILLED_STDERR = "killed-run.stderr"
@@ -44,7 +46,7 @@ def llmtrain_run(
 
 def weights_digest(cwd: Path) -> str | None:
     """The final weights digest of the run in cwd/runs/trial (None if it did not finish)."""
-    summary = cwd / "runs" / "trial" / "summary.json"
+    summary = RunDir(cwd / "runs" / "trial").summary
     return json.loads(summary.read_text())["weights_sha256"] if summary.is_file() else None
 
 
@@ -78,7 +80,7 @@ def rank_pids(llmtrain_pid: int) -> dict[int, int]:
 
 
 def steps_done(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
     if not metrics.is_file():
         return 0
     lines = metrics.read_text().splitlines()
