@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import fsio
 from launcher.errors import UserError
 from launcher.rundir import RunDir
 
@@ -124,11 +125,18 @@ def acquire(run_dir: Path) -> RunLock:
         "command": f"llmtrain {sys.argv[1] if len(sys.argv) > 1 else ''}".strip(),
         "cwd": os.getcwd(),
     }
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, (json.dumps(record) + "\n").encode())
-    os.fsync(fd)
-    return RunLock(path=path, fd=fd, note=note)
+    lock = RunLock(path=path, fd=fd, note=note)
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        os.fsync(fd)
+    except OSError as exc:  # a full disk: say so (the lock itself is held, and is released)
+        lock.release()
+        raise UserError(
+            fsio.describe_write_error(exc, path) or f"cannot write {path}: {exc.strerror}"
+        ) from None
+    return lock
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from launcher import fsio
 from launcher.rundir import RunDir
 from launcher.train.trainer import EXIT_PREEMPTED, Trainer, die_with_parent, write_error
 
@@ -43,7 +44,8 @@ def main() -> None:
         code = train(run_dir)
     except BaseException as exc:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        write_error(RunDir(run_dir), rank, type(exc).__name__, str(exc), traceback.format_exc())
+        message = fsio.describe_write_error(exc, run_dir) or str(exc)
+        write_error(RunDir(run_dir), rank, type(exc).__name__, message, traceback.format_exc())
         traceback.print_exc()
     finally:
         if dist.is_initialized() and code in (0, EXIT_PREEMPTED):

@@ -159,3 +159,34 @@ def test_tampered_checkpoints_never_run_code_and_resume_falls_back(
     assert f"resumed from {ckpts / 'step_00000002'} (step 2)" in resumed.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_at"] == 2
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    path.mkdir(parents=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+def test_disk_full_is_reported_and_the_last_checkpoint_survives(tmp_path: Path) -> None:
+    """A real 16 MiB tmpfs as run.root_dir: the first checkpoint (~10.6 MB) fits, the second
+    does not. The run exits 1 saying the disk is full, with the path and the free space."""
+    root = tmp_path / "small"
+    if not _mount_tmpfs(root, "16m"):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        args = [*ARGS, "checkpoint.every_steps=2", "train.steps=6", f"run.root_dir={root}"]
+        done = llmtrain_run(tmp_path, args, timeout=300)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert "disk full writing" in done.stderr and "GiB free" in done.stderr, done.stderr
+        from launcher.train.checkpoint import complete_checkpoints, verify
+
+        ckpts = root / "safety" / "checkpoints"
+        assert [s for s, _ in complete_checkpoints(ckpts)] == [2]
+        assert verify(ckpts / "step_00000002") is None
+        assert not list(ckpts.glob(".tmp-*"))
+    finally:
+        subprocess.run(["umount", str(root)], check=False)

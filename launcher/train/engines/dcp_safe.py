@@ -135,6 +135,16 @@ class TensorOnlyLoadPlanner(DefaultLoadPlanner):
         )
 
 
+def first_failure(exc: BaseException) -> BaseException | None:
+    """The first rank's exception inside a DCP CheckpointException (e.g. an OSError: disk full)."""
+    failures = getattr(exc, "failures", {}) or {}
+    for rank in sorted(failures):
+        pair = failures[rank]
+        error = pair[0] if isinstance(pair, tuple) else pair
+        return error if isinstance(error, BaseException) else None
+    return None
+
+
 def checkpoint_failure(exc: BaseException) -> str:
     """The first rank's error of a DCP CheckpointException, in one line."""
     failures = getattr(exc, "failures", {}) or {}

@@ -79,6 +79,7 @@ from launcher.train.engines.dcp_safe import (
     TensorOnlyLoadPlanner,
     UnsafeCheckpointError,
     checkpoint_failure,
+    first_failure,
     read_non_tensor_state,
     split_non_tensor_state,
     write_non_tensor_state,
@@ -473,7 +474,13 @@ class TorchEngine(Engine):
         directory.mkdir(parents=True, exist_ok=True)
         rank = dist.get_rank()
         tensors, others = split_non_tensor_state(self._state())
-        dcp_save(tensors, storage_writer=FileSystemWriter(str(directory)))
+        try:
+            dcp_save(tensors, storage_writer=FileSystemWriter(str(directory)))
+        except CheckpointException as exc:  # a BaseException: surface the rank's real error
+            inner = first_failure(exc)
+            if isinstance(inner, OSError):  # disk full, read-only: the writer says so plainly
+                raise inner from None
+            raise RuntimeError(f"{directory}: {checkpoint_failure(exc)}") from None
         mine = [write_non_tensor_state(directory, rank, others)]
         dist.barrier()
         mine += list(directory.glob(f"__{rank}_*.distcp"))
