@@ -21,11 +21,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from launcher import __version__, resources
+from launcher import __version__, fsio, resources
 from launcher.config import schema
 from launcher.config.secrets import has_secret_values
 
@@ -105,9 +104,8 @@ def store(overrides: tuple[str, ...], values: dict[str, Any], choices: dict[str,
         entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[: max(0, len(entries) - _MAX_ENTRIES + 1)]:
             old.unlink(missing_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"values": values, "choices": choices}, f)
-        os.replace(tmp, directory / f"{key(overrides)}.json")
+        fsio.write_json_atomic(
+            directory / f"{key(overrides)}.json", {"values": values, "choices": choices}
+        )
     except OSError:
         return

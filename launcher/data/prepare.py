@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from launcher import fsio
 from launcher.errors import UserError
 
 INDEX_FORMAT = "llmtrain-tokens-v1"
@@ -365,7 +366,7 @@ def _write_shards(
         tokenizer_file=tokenizer_file,
         source=source,
     )
-    _write_json(directory / INDEX_FILE, index.to_json())
+    fsio.write_json_atomic(directory / INDEX_FILE, index.to_json())
     return index
 
 
@@ -404,14 +405,6 @@ class _ShardWriter:
         return self.shards
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _install(tmp: Path, output: Path) -> None:
     """Move the finished temporary directory to `output`, replacing what was there."""
     old = None
@@ -419,18 +412,10 @@ def _install(tmp: Path, output: Path) -> None:
         old = output.with_name(f".{output.name}.old-{os.getpid()}-{time.monotonic_ns()}")
         os.replace(output, old)
     os.replace(tmp, output)
-    _fsync_dir(output.parent)
+    with contextlib.suppress(OSError):
+        fsio.fsync_dir(output.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # --- the built-in corpus -------------------------------------------------------------------------
