@@ -60,6 +60,10 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
 
 
+class CheckpointLoadError(RuntimeError):
+    """Checkpoints exist but none of them could be loaded (refused or unreadable)."""
+
+
 def build_engine(cfg: LLMTrainConfig) -> Engine:
     if cfg.backend.name == "deepspeed":
         from launcher.train.engines.deepspeed_engine import DeepSpeedEngine
@@ -269,8 +273,11 @@ class Trainer:
         return list(found[0])
 
     def _resume(self) -> None:
-        """Load the newest checkpoint that loads on every rank; fall back to older ones."""
-        for found in self._candidates():
+        """Load the newest checkpoint that loads on every rank; fall back to older ones. When
+        there are checkpoints and none loads, stop (never silently start over)."""
+        candidates = self._candidates()
+        failures = []
+        for found in candidates:
             problem = None
             try:
                 self.engine.load(found.engine_dir)
@@ -284,9 +291,16 @@ class Trainer:
                 self.losses = list(found.trainer_state.get("losses", []))
                 self.log(f"resumed from {found.path} (step {self.start})")
                 return
+            failures.append(f"{found.path.name}: {problem or 'failed on another rank'}")
             self.log(
                 f"WARNING: could not load checkpoint {found.path} "
                 f"({problem or 'failed on another rank'}); trying an older one"
+            )
+        if failures:
+            raise CheckpointLoadError(
+                f"no checkpoint in {self.run.checkpoints} could be loaded, refused: "
+                + "; ".join(failures)
+                + ". Remove them, or start over with `llmtrain run --fresh`"
             )
         self.start, self.losses = 0, []
 
@@ -324,7 +338,10 @@ class Trainer:
             if self.rank == 0:
                 marker = {"step": done, "time": time.time(), "signal": self.interrupt.requested}
                 fsio.write_json_atomic(self.run.preempted, marker, root=self.run.root)
-            self.log(f"stopped by a signal: checkpoint written at step {done}; run again to resume")
+            if self.interrupt.requested in ("SIGINT", "SIGHUP"):
+                self.log(f"interrupted: checkpoint written at step {done}; run again to resume")
+            else:
+                self.log(f"preempted: checkpoint written at step {done}; exiting for requeue")
             return False
         if self._due(done):
             self.save(done)

@@ -181,7 +181,7 @@ def test_a_crashing_rank_tears_the_run_down(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 1
-    assert "rank 1 failed: RuntimeError: injected failure at step 3" in done.stderr
+    assert "rank 1 failed first: RuntimeError: injected failure at step 3" in done.stderr
     assert "Traceback" not in done.stderr
     run_dir = only_run_dir(tmp_path)
     assert (run_dir / "logs" / "rank1.error.json").is_file()
