@@ -280,27 +280,35 @@ def launch(prepared: Prepared) -> None:
     )
 
 
+# Signals used to stop a run (torchrun's teardown, preemption, a user): a rank that exits on one of
+# these was stopped, it did not fail by itself.
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+
+
 def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | None:
-    """(rank, signal name) when torchrun's report of this launch (the log from `offset`) names
-    as its root cause ("first observed failure") a rank killed by a signal (no error file)."""
+    """(rank, signal name) of a rank that torchrun's failure report for this launch (the log
+    from `offset`) lists as killed by a signal (SIGKILL from the OOM killer or a user, SIGSEGV,
+    SIGABRT...). Such a rank writes no error file, and the errors its peers write afterwards
+    ("connection reset by peer") are consequences: it is the one that failed first."""
     try:
         with open(torchrun_log, "rb") as f:
             f.seek(offset)
             text = f.read().decode("utf-8", errors="replace")
     except OSError:
         return None
-    _, found, cause = text.rpartition("Root Cause (first observed failure):")
+    _, found, report = text.rpartition("Failures:")
     if not found:
         return None
-    rank = re.search(r"rank\s*:\s*(\d+)", cause)
-    code = re.search(r"exitcode\s*:\s*(-\d+)", cause)
-    if rank is None or code is None:
-        return None
-    try:
-        name = signal.Signals(-int(code.group(1))).name
-    except ValueError:
-        name = f"signal {-int(code.group(1))}"
-    return int(rank.group(1)), name
+    for rank, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S):
+        if int(code) >= 0:
+            continue
+        try:
+            sig = signal.Signals(-int(code))
+        except ValueError:
+            return int(rank), f"signal {-int(code)}"
+        if sig not in _STOP_SIGNALS:
+            return int(rank), sig.name
+    return None
 
 
 def _marker_step(marker: Path) -> str:
