@@ -32,7 +32,12 @@ from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.rundir import RunDir
-from launcher.train.checkpoint import CheckpointWriter, Found, valid_checkpoints
+from launcher.train.checkpoint import (
+    CheckpointWriter,
+    Found,
+    complete_checkpoints,
+    valid_checkpoints,
+)
 from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, default_cache_root
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
@@ -264,18 +269,26 @@ class Trainer:
                 f"{cfg.model.seq_length} tokens per step; {self.policy.describe()}"
             )
 
-    def _candidates(self) -> list[Found]:
-        """Valid checkpoints newest first, as rank 0 sees them (every rank gets the same list)."""
-        found: list[Any] = [list(valid_checkpoints(self.run.checkpoints, self.log))]
-        if self.rank != 0:
-            found = [None]
+    def _candidates(self) -> tuple[list[Found], int]:
+        """(valid checkpoints newest first, number of checkpoint folders), as rank 0 sees them
+        (every rank gets the same answer)."""
+        found: list[Any] = [None]
+        if self.rank == 0:
+            folders = len(complete_checkpoints(self.run.checkpoints))
+            found = [(list(valid_checkpoints(self.run.checkpoints, self.log)), folders)]
         dist.broadcast_object_list(found, src=0)
-        return list(found[0])
+        valid, folders = found[0]
+        return list(valid), int(folders)
 
     def _resume(self) -> None:
         """Load the newest checkpoint that loads on every rank; fall back to older ones. When
         there are checkpoints and none loads, stop (never silently start over)."""
-        candidates = self._candidates()
+        candidates, folders = self._candidates()
+        if folders and not candidates:
+            raise CheckpointLoadError(
+                f"{self.run.checkpoints} holds {folders} checkpoint folder(s) and none verifies "
+                "(see the warnings above); remove them, or start over with `llmtrain run --fresh`"
+            )
         failures = []
         for found in candidates:
             problem = None

@@ -188,5 +188,9 @@ def test_disk_full_is_reported_and_the_last_checkpoint_survives(tmp_path: Path) 
         assert [s for s, _ in complete_checkpoints(ckpts)] == [2]
         assert verify(ckpts / "step_00000002") is None
         assert not list(ckpts.glob(".tmp-*"))
+        # The only checkpoint damaged: the next run stops instead of silently starting over.
+        (ckpts / "step_00000002" / "trainer_state.json").write_text("{}")
+        again = llmtrain_run(tmp_path, args, timeout=300)
+        assert again.returncode == 1 and "none verifies" in again.stderr, again.stderr[-2000:]
     finally:
         subprocess.run(["umount", str(root)], check=False)
