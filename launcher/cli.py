@@ -252,21 +252,32 @@ def run(
             "is RUN_DIR/summary.json (JSON), and `llmtrain run --dry-run --json` gives the verdict"
         )
     from launcher.config.compose import compose_config
-    from launcher.launch.local import RunFailed, RunPreempted, describe, launch, prepare_run_dir
+    from launcher.launch.local import (
+        RunFailed,
+        RunInterrupted,
+        RunPreempted,
+        describe,
+        launch,
+        prepare_run_dir,
+    )
     from launcher.launch.preflight import preflight
     from launcher.views.plan import plan_to_json
 
     composed = compose_config(overrides or [])
     plan_result = preflight(composed.config, force=force)
+    # Holds the run directory's lock (exit 2 naming the holder when another run has it).
     prepared = prepare_run_dir(composed, plan_to_json(plan_result), fresh=fresh)
-    err.print(Text(describe(prepared), style="dim"))
     try:
+        if prepared.lock is not None and prepared.lock.note:
+            err.print(Text(f"note: {prepared.lock.note}", style="yellow"))
+        err.print(Text(describe(prepared), style="dim"))
         launch(prepared)
-    except (RunFailed, RunPreempted) as exc:
-        err.print(
-            Text("error: " if isinstance(exc, RunFailed) else "", style="bold red") + Text(str(exc))
-        )
+    except (RunFailed, RunPreempted, RunInterrupted) as exc:
+        label = "error: " if isinstance(exc, RunFailed) else ""
+        err.print(Text(label, style="bold red") + Text(str(exc)))
         raise typer.Exit(exc.exit_code) from None
+    finally:
+        prepared.release()
 
 
 data_app = typer.Typer(help="Prepare training data: tokenize text into memory-mapped shards.")
@@ -282,7 +293,11 @@ def data_prepare(
     tokenizer: Annotated[str, typer.Option(help="byte (default) or bpe (trained here).")] = "byte",
     vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size.")] = 4096,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace existing output.")
+        bool,
+        typer.Option("--overwrite", help="Replace an earlier prepared dataset at --output."),
+    ] = False,
+    allow_binary: Annotated[
+        bool, typer.Option("--allow-binary", help="Tokenize inputs that do not look like text.")
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -293,7 +308,7 @@ def data_prepare(
         raise UserError(f"--tokenizer={tokenizer}: must be byte or bpe")
     if vocab_size < 256 + 1 and tokenizer == "bpe":
         raise UserError(f"--vocab-size={vocab_size}: a BPE vocabulary needs more than 256 entries")
-    from launcher.train.data import prepare
+    from launcher.data.prepare import prepare
 
     index = prepare(
         [Path(p) for p in inputs],
@@ -301,6 +316,7 @@ def data_prepare(
         tokenizer=tokenizer,
         vocab_size=vocab_size,
         overwrite=overwrite,
+        allow_binary=allow_binary,
     )
     document = index.to_json()
     if as_json:

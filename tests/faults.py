@@ -15,8 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.rundir import RunDir
+
 # A short 2-process run that checkpoints every 2 steps, in runs/trial of its folder.
 TRIAL_STEPS = 12
+KILLED_STDERR = "killed-run.stderr"
+TRIAL_FIRST_CHECKPOINT = 2  # checkpoint.every_steps below
 TRIAL_ARGS = [
     f"train.steps={TRIAL_STEPS}",
     "model.seq_length=64",
@@ -42,7 +46,7 @@ def llmtrain_run(
 
 def weights_digest(cwd: Path) -> str | None:
     """The final weights digest of the run in cwd/runs/trial (None if it did not finish)."""
-    summary = cwd / "runs" / "trial" / "summary.json"
+    summary = RunDir(cwd / "runs" / "trial").summary
     return json.loads(summary.read_text())["weights_sha256"] if summary.is_file() else None
 
 
@@ -76,7 +80,7 @@ def rank_pids(llmtrain_pid: int) -> dict[int, int]:
 
 
 def steps_done(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
     if not metrics.is_file():
         return 0
     lines = metrics.read_text().splitlines()
@@ -87,14 +91,16 @@ def run_and_kill(
     cwd: Path, args: list[str], run_dir: Path, kill_after_step: int, rank: int, timeout: float = 300
 ) -> int:
     """Start `llmtrain run ARGS`, SIGKILL `rank` once `kill_after_step` steps are logged; return
-    llmtrain's exit code (the run may also finish first if it is faster than the poll)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "run", *args],
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    llmtrain's exit code (the run may also finish first if it is faster than the poll). Its
+    stderr is left in cwd/KILLED_STDERR."""
+    with open(cwd / KILLED_STDERR, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "run", *args],
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
     deadline = time.monotonic() + timeout
     killed = False
     while process.poll() is None and time.monotonic() < deadline:

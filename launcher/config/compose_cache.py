@@ -3,8 +3,11 @@
 Composing with Hydra costs about 0.25 s (importing Hydra and composing its own config tree), half of
 the start-up budget of `show`/`plan`. The composed values are a pure function of the overrides and
 of the files they are composed from, so a result is cached under a key made of: the llmtrain
-version, the override strings, and the (path, size, mtime) of every file under conf/ and recipes/
-plus the schema module. Any edit to those files changes the key. Only successful compositions are
+version, the override strings, the (path, size, mtime) of every file under conf/ and recipes/
+plus the schema module, and the value of every environment variable that an ``${oc.env:NAME}``
+in those files or the overrides may resolve (so a changed variable is never served stale). Any
+edit to those files changes the key. An entry that cannot be read or has the wrong shape is
+removed and composed again. Only successful compositions are
 cached; errors always go through Hydra again, and so does a composition holding a secret's value
 (``launcher.config.secrets``): it is never written to disk. Set LLMTRAIN_NO_CACHE=1 to bypass the
 cache.
@@ -13,14 +16,15 @@ Location: $XDG_CACHE_HOME/llmtrain/compose (default ~/.cache/llmtrain/compose).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import re
 from pathlib import Path
 from typing import Any
 
-from launcher import __version__, resources
+from launcher import __version__, fsio, resources
 from launcher.config import schema
 from launcher.config.secrets import has_secret_values
 
@@ -36,27 +40,58 @@ def enabled() -> bool:
     return os.environ.get("LLMTRAIN_NO_CACHE", "") in ("", "0")
 
 
+_ENV_REFERENCE = re.compile(r"oc\.env\s*:\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def env_references(texts: list[str]) -> list[str]:
+    """Names of the environment variables ``${oc.env:NAME[,default]}`` reads in `texts`."""
+    return sorted({name for text in texts for name in _ENV_REFERENCE.findall(text)})
+
+
 def key(overrides: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([__version__, list(overrides)]).encode())
     files = [Path(schema.__file__)]
     for root in (resources.conf_dir(), resources.recipes_dir()):
         files += sorted(root.rglob("*.yaml"))
+    texts = list(overrides)
     for path in files:
         stat = path.stat()
         digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        if path.suffix == ".yaml":
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    for name in env_references(texts):
+        # The value is hashed into the key (never stored): unset and empty differ.
+        value = os.environ.get(name)
+        digest.update(f"env\0{name}\0{'unset' if value is None else 'set:' + value}\n".encode())
     return digest.hexdigest()
+
+
+def _well_formed(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("values"), dict)
+        and isinstance(entry.get("choices"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in entry["choices"].items())
+    )
 
 
 def load(overrides: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]] | None:
     """(values, choices) composed earlier for exactly these overrides and files, or None."""
     if not enabled():
         return None
+    path = cache_dir() / f"{key(overrides)}.json"
     try:
-        entry = json.loads((cache_dir() / f"{key(overrides)}.json").read_text())
-        return entry["values"], entry["choices"]
-    except (OSError, ValueError, KeyError):
+        entry = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError):
+        entry = None
+    if not _well_formed(entry):
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    return entry["values"], entry["choices"]
 
 
 def store(overrides: tuple[str, ...], values: dict[str, Any], choices: dict[str, str]) -> None:
@@ -69,9 +104,8 @@ def store(overrides: tuple[str, ...], values: dict[str, Any], choices: dict[str,
         entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[: max(0, len(entries) - _MAX_ENTRIES + 1)]:
             old.unlink(missing_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"values": values, "choices": choices}, f)
-        os.replace(tmp, directory / f"{key(overrides)}.json")
+        fsio.write_json_atomic(
+            directory / f"{key(overrides)}.json", {"values": values, "choices": choices}
+        )
     except OSError:
         return

@@ -204,9 +204,10 @@ class LauncherConfig:
 class CheckpointConfig:
     """When the trainer writes checkpoints (atomically, with a checksummed manifest)."""
 
-    # Every N optimizer steps; None: only at the end of the run (and on preemption).
+    # Every N optimizer steps. With neither this nor every_minutes set: every Young/Daly interval
+    # that `plan` computes (plan.json checkpoint.interval_s). Always at the end and on preemption.
     every_steps: int | None = None
-    # Also every N minutes of wall time; None: no time-based checkpoints.
+    # Also every N minutes of wall time.
     every_minutes: float | None = None
     keep_last: int = 3
     # Continue from the latest valid checkpoint in the run directory when there is one.

@@ -116,9 +116,24 @@ def mask_secret_overrides(message: str, overrides: Iterable[str]) -> str:
         if not sep or len(parts) != 3 or parts[:2] != ["cluster", "env"]:
             continue
         if is_secret_name(parts[2]) and ".".join(parts) in message:
-            for shown in {value, value.strip("'\""), repr(value.strip("'\""))}:
-                if shown:
-                    message = message.replace(shown, REDACTED)
+            message = _mask_value(message, value)
+    return message
+
+
+def _shown_forms(value: str) -> set[str]:
+    """Every way an error message may quote `value`: as is, unquoted, repr'd, escaped
+    (a newline as \\n), and each of its lines alone (parsers stop at a newline)."""
+    forms: set[str] = set()
+    for text in (value, value.strip("'\"")):
+        escaped = text.encode("unicode_escape").decode("ascii")
+        forms |= {text, repr(text), repr(text)[1:-1], escaped}
+        forms |= {line.strip() for line in text.splitlines()}
+    return {f for f in forms if f}
+
+
+def _mask_value(message: str, value: str) -> str:
+    for shown in sorted(_shown_forms(value), key=len, reverse=True):
+        message = message.replace(shown, REDACTED)
     return message
 
 

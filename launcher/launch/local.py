@@ -1,25 +1,27 @@
 """`llmtrain run`: make the run directory and train on this machine under torchrun.
 
-The run directory (``run.root_dir``/NAME) holds everything about a run::
+The run directory's files are named in ``launcher.rundir``. NAME is ``run.name`` or
+``<recipe>-<hash of the config>``: running the same command again finds the same folder and
+resumes from its latest valid checkpoint (the hash leaves out what does not change the training
+itself: the run length, checkpoint cadence, logging and launcher settings).
 
-    config.yaml     the resolved configuration the ranks train from
-    plan.json       `llmtrain plan --json` for it (predictions the summary compares against)
-    ds_config.json  the DeepSpeed config (backend=deepspeed)
-    launch.sh       the exact torchrun command and environment that was launched
-    logs/           rank{R}.log per rank, torchrun.log, rank{R}.error.json for a failed rank
-    metrics.jsonl   one line per step;  tensorboard/  the same as TensorBoard events
-    checkpoints/    step_NNNNNNNN/ (see launcher.train.checkpoint);  summary.json at the end
-
-NAME is ``run.name`` or ``<recipe>-<hash of the config>``: running the same command again finds
-the same folder and resumes from its latest valid checkpoint (the hash leaves out what does not
-change the training itself: the run length, checkpoint cadence, logging and launcher settings).
+Lifecycle: the caller holds the run directory's lock (``launcher.launch.runlock``) from before the
+first write until torchrun is gone. torchrun runs in its own session with PR_SET_PDEATHSIG
+(SIGKILL) and so does every rank (``launcher.train.trainer.die_with_parent``): when llmtrain dies,
+even by kill -9, torchrun and the ranks die with it. SIGTERM/SIGUSR1 are forwarded (the ranks
+checkpoint and exit 99); Ctrl-C (SIGINT) and SIGHUP are turned into SIGTERM for torchrun, so the
+ranks checkpoint at the step they are in, and llmtrain exits 130 (129 for SIGHUP); a second
+Ctrl-C kills everything at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -31,12 +33,14 @@ from typing import Any
 
 import yaml
 
+from launcher import fsio
 from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
+from launcher.launch import runlock
 from launcher.render.torchrun import launch_script, torchrun_command
-from launcher.train.checkpoint import PREEMPTED_MARKER
+from launcher.rundir import RunDir
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
 _NOT_IN_NAME = (
@@ -54,6 +58,14 @@ class RunFailed(Exception):
     """A rank failed; the message names it and its error. Exit code 1."""
 
     exit_code = 1
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C (or SIGHUP): the ranks checkpointed at the step they were in. Exit 128 + signal."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 class RunPreempted(Exception):
@@ -88,6 +100,12 @@ class Prepared:
     # Written into launch.sh; the secrets are only ever handed to the torchrun process.
     env: dict[str, str]
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    # Held from before the first write until the run is over; None only in tests.
+    lock: runlock.RunLock | None = field(default=None, repr=False, compare=False)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
 
 def worker_env(cfg: LLMTrainConfig, nproc: int) -> dict[str, str]:
@@ -100,54 +118,114 @@ def worker_env(cfg: LLMTrainConfig, nproc: int) -> dict[str, str]:
     return env
 
 
-def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) -> Prepared:
-    """Write the run directory's config and artifacts (a run dir that exists is reused)."""
-    cfg = composed.config
-    secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
+def choose_run_dir(composed: Composed, fresh: bool) -> Path:
+    """The run directory (created, resolved); --fresh picks a new timestamped one."""
     run_dir = run_dir_for(composed)
     if fresh and run_dir.exists():
         run_dir = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    run_dir = run_dir.resolve()
-    _write(run_dir / "config.yaml", yaml.safe_dump(composed.values, sort_keys=False))
-    _write(run_dir / "plan.json", json.dumps(plan_json, indent=2) + "\n")
-    if cfg.backend.name == "deepspeed":
-        from launcher.render.ds_config import render_ds_config
-
-        _write(run_dir / "ds_config.json", render_ds_config(cfg))
-    nproc = cfg.cluster.gpus_per_node
-    command = torchrun_command(sys.executable, nproc, str(run_dir))
-    env = worker_env(cfg, nproc)
-    script = launch_script(command, env, os.getcwd(), secret_names(cfg))
-    _write(run_dir / "launch.sh", script)
-    os.chmod(run_dir / "launch.sh", 0o755)
-    return Prepared(run_dir=run_dir, command=command, env=env, secrets=secrets)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(_write_problem(exc, run_dir)) from None
+    return run_dir.resolve()
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _write_problem(exc: OSError, path: Path) -> str:
+    return fsio.describe_write_error(exc, path) or (
+        f"cannot write the run directory {path}: {exc.strerror or exc}; set run.root_dir to a "
+        "writable folder"
+    )
+
+
+def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) -> Prepared:
+    """Take the run directory's lock (``launcher.launch.runlock``; exit 2 naming the holder when
+    another run has it), then write its config and artifacts. The caller releases
+    ``Prepared.lock`` when the run is over (``launch`` keeps it held in torchrun meanwhile)."""
+    cfg = composed.config
+    secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
+    run = RunDir(choose_run_dir(composed, fresh))
+    lock = runlock.acquire(run.root)
+    try:
+        return _write_run_dir(composed, plan_json, run, secrets, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _write_run_dir(
+    composed: Composed,
+    plan_json: dict[str, Any],
+    run: RunDir,
+    secrets: dict[str, str],
+    lock: runlock.RunLock,
+) -> Prepared:
+    cfg = composed.config
+    try:
+        fsio.check_inside(run.logs, run.root)
+        run.logs.mkdir(exist_ok=True)
+        fsio.write_text_atomic(
+            run.config, yaml.safe_dump(composed.values, sort_keys=False), root=run.root
+        )
+        fsio.write_text_atomic(run.plan, json.dumps(plan_json, indent=2) + "\n", root=run.root)
+        if cfg.backend.name == "deepspeed":
+            from launcher.render.ds_config import render_ds_config
+
+            fsio.write_text_atomic(run.ds_config, render_ds_config(cfg), root=run.root)
+        nproc = cfg.cluster.gpus_per_node
+        command = torchrun_command(sys.executable, nproc, str(run.root))
+        env = worker_env(cfg, nproc)
+        script = launch_script(command, env, os.getcwd(), secret_names(cfg))
+        fsio.write_text_atomic(run.launch_script, script, root=run.root, mode=0o755)
+    except fsio.UnsafePathError as exc:
+        raise UserError(str(exc.strerror)) from None
+    except OSError as exc:
+        raise UserError(_write_problem(exc, run.root)) from None
+    return Prepared(run_dir=run.root, command=command, env=env, secrets=secrets, lock=lock)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def launch(prepared: Prepared) -> None:
-    """Run torchrun and wait. Raises RunFailed with the failing rank's error, or RunPreempted."""
+    """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
+    RunInterrupted. The run's lock stays open in torchrun for its whole life."""
+    keep_fds = (prepared.lock.fd,) if prepared.lock is not None else ()
+    run = RunDir(prepared.run_dir)
     env = {**os.environ, **prepared.env, **prepared.secrets}
-    log = open(prepared.run_dir / "logs" / "torchrun.log", "ab")  # noqa: SIM115
+    log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)
+    log_offset = log.seek(0, os.SEEK_END)
     started = time.time()
     # torchrun's own messages (and rank 0's stderr) go to the log; rank 0's stdout (progress,
     # summary) comes to this terminal. torchrun tears every rank down when one fails.
-    process = subprocess.Popen(prepared.command, env=env, stderr=log, start_new_session=True)
+    process = subprocess.Popen(
+        prepared.command,
+        env=env,
+        stderr=log,
+        start_new_session=True,
+        pass_fds=keep_fds,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
+    interrupted: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
         process.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    def interrupt(signum: int, frame: object) -> None:
+        if interrupted:  # the second Ctrl-C: stop everything now
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            return
+        interrupted.append(signum)
+        process.send_signal(signal.SIGTERM)
+
+    handlers = {signal.SIGTERM: forward, signal.SIGUSR1: forward}
+    handlers.update({signal.SIGINT: interrupt, signal.SIGHUP: interrupt})
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
-        code = process.wait()
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
         code = process.wait()
     finally:
         for sig, handler in previous.items():
@@ -155,36 +233,104 @@ def launch(prepared: Prepared) -> None:
         log.close()
     if code == 0:
         return
-    marker = prepared.run_dir / PREEMPTED_MARKER
-    if marker.is_file() and marker.stat().st_mtime >= started:
+    marker = run.preempted
+    checkpointed = marker.is_file() and marker.stat().st_mtime >= started
+    if interrupted:
+        signum = interrupted[0]
+        name = signal.Signals(signum).name
+        raise RunInterrupted(
+            f"interrupted ({name}): "
+            + (
+                f"checkpoint at step {_marker_step(marker)} written in {run.checkpoints}; run "
+                "the same command again to resume"
+                if checkpointed
+                else "stopped before a checkpoint could be written"
+            ),
+            signum,
+        )
+    if checkpointed:
         raise RunPreempted(
-            f"preempted: checkpoint written in {prepared.run_dir / 'checkpoints'}; run the same "
+            f"preempted: checkpoint written in {run.checkpoints}; run the same "
             "command again to resume"
         )
-    errors = rank_errors(prepared.run_dir, since=started)
+    errors = rank_errors(run.root, since=started)
+    killed = signalled_root_cause(run.torchrun_log, log_offset)
+    if killed is not None and all(e["rank"] != killed[0] for e in errors):
+        rank, signame = killed
+        after = f"; then rank {errors[0]['rank']}: {errors[0]['type']}" if errors else ""
+        raise RunFailed(
+            f"rank {rank} failed first: killed by {signame} (out of memory, or killed by the "
+            f"system or a user?){after}\n(see {run.torchrun_log}; every rank was stopped)"
+        )
     if errors:
         first = errors[0]
-        rank_log = prepared.run_dir / "logs" / f"rank{first['rank']}.log"
         raise RunFailed(
-            f"rank {first['rank']} failed: {first['type']}: {first['message']}\n"
-            f"(traceback in {rank_log}; "
-            f"every rank was stopped)"
+            f"rank {first['rank']} failed first: {first['type']}: {first['message']}\n"
+            f"(traceback in {run.rank_log(first['rank'])}; every rank was stopped)"
+        )
+    free = fsio.free_bytes(run.root)
+    if free is not None and free < 1 << 20:
+        raise RunFailed(
+            f"torchrun exited with code {code}: the disk holding {run.root} is full "
+            f"({free} bytes free); free space there and run the same command again"
         )
     raise RunFailed(
         f"torchrun exited with code {code} and no rank reported an error (killed by a signal?); "
-        f"see {prepared.run_dir / 'logs' / 'torchrun.log'}"
+        f"see {run.torchrun_log}"
     )
+
+
+# Signals used to stop a run (torchrun's teardown, preemption, a user): a rank that exits on one of
+# these was stopped, it did not fail by itself.
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+
+
+def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | None:
+    """(rank, signal name) of a rank that torchrun's failure report for this launch (the log
+    from `offset`) lists as killed by a signal (SIGKILL from the OOM killer or a user, SIGSEGV,
+    SIGABRT...). Such a rank writes no error file, and the errors its peers write afterwards
+    ("connection reset by peer") are consequences: it is the one that failed first."""
+    try:
+        with open(torchrun_log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    _, found, report = text.rpartition("Failures:")
+    if not found:
+        return None
+    for rank, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S):
+        if int(code) >= 0:
+            continue
+        try:
+            sig = signal.Signals(-int(code))
+        except ValueError:
+            return int(rank), f"signal {-int(code)}"
+        if sig not in _STOP_SIGNALS:
+            return int(rank), sig.name
+    return None
+
+
+def _marker_step(marker: Path) -> str:
+    try:
+        return str(json.loads(fsio.read_bytes(marker))["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
 
 
 def rank_errors(run_dir: Path, since: float) -> list[dict[str, Any]]:
     """Errors ranks reported in this launch, earliest first (the root cause is usually first)."""
     errors = []
-    for path in (run_dir / "logs").glob("rank*.error.json"):
+    for path in RunDir(run_dir).rank_errors():
         try:
-            error = json.loads(path.read_text())
+            error = json.loads(fsio.read_bytes(path))
         except (OSError, ValueError):
             continue
-        if error.get("time", 0) >= since:
+        if (
+            isinstance(error, dict)
+            and isinstance(error.get("time"), int | float)
+            and (error["time"] >= since)
+        ):
             errors.append(error)
     return sorted(errors, key=lambda e: e["time"])
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import fsio
 from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
@@ -30,8 +31,9 @@ from launcher.errors import UserError, did_you_mean
 from launcher.launch.local import prepare_run_dir, run_dir_for
 from launcher.launch.preflight import preflight
 from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
+from launcher.rundir import LOGS, SLURM_JOBS, RunDir
 
-JOBS_FILE = "slurm.json"
+JOBS_FILE = SLURM_JOBS
 FINISHED = {
     "COMPLETED",
     "FAILED",
@@ -130,10 +132,24 @@ class Submitted:
 
 
 def read_jobs(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / JOBS_FILE
+    """The run directory's SLURM record; a damaged one is a UserError (exit 2), never a crash."""
+    path = RunDir(run_dir).slurm_jobs
     if not path.is_file():
         return {"job_ids": [], "submissions": []}
-    return dict(json.loads(path.read_text()))
+    try:
+        record = json.loads(fsio.read_bytes(path))
+        ids = record["job_ids"]
+        if not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
+            raise ValueError("job_ids is not a list of job ids")
+        if not isinstance(record.get("submissions", []), list):
+            raise ValueError("submissions is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(
+            f"{path}: not a readable SLURM record ({exc}); it should be JSON like "
+            '{"job_ids": ["123"], "submissions": []}. Fix or remove it (jobs it named are '
+            "still listed by `squeue --me`)"
+        ) from None
+    return dict(record)
 
 
 def _sbatch(script: Path, dependency: str | None, cwd: str, secrets: dict[str, str]) -> str:
@@ -178,29 +194,24 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
         )
     from launcher.views.plan import plan_to_json
 
-    prepared = prepare_run_dir(composed, plan_to_json(plan), fresh=False)
-    run_dir = prepared.run_dir
-    _write(run_dir / "job.sbatch", script, mode=0o755)
-    _write(run_dir / "launch.sh", launch, mode=0o755)
-    ids = [_sbatch(run_dir / "job.sbatch", None, workdir, secrets)]
-    for _ in range(cfg.slurm.chain):
-        ids.append(_sbatch(run_dir / "job.sbatch", ids[-1], workdir, secrets))
-    record = read_jobs(run_dir)
-    record["job_ids"] = [*record["job_ids"], *ids]
-    record["submissions"] = [
-        *record.get("submissions", []),
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "job_ids": ids, "cwd": workdir},
-    ]
-    _write(run_dir / JOBS_FILE, json.dumps(record, indent=2) + "\n")
-    return Submitted(run_dir=run_dir, job_ids=ids)
-
-
-def _write(path: Path, text: str, mode: int | None = None) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    prepared = prepare_run_dir(composed, plan_to_json(plan), fresh=False)  # takes the lock
+    try:
+        run = RunDir(prepared.run_dir)
+        fsio.write_text_atomic(run.sbatch_script, script, root=run.root, mode=0o755)
+        fsio.write_text_atomic(run.launch_script, launch, root=run.root, mode=0o755)
+        ids = [_sbatch(run.sbatch_script, None, workdir, secrets)]
+        for _ in range(cfg.slurm.chain):
+            ids.append(_sbatch(run.sbatch_script, ids[-1], workdir, secrets))
+        record = read_jobs(run.root)
+        record["job_ids"] = [*record["job_ids"], *ids]
+        record["submissions"] = [
+            *record.get("submissions", []),
+            {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "job_ids": ids, "cwd": workdir},
+        ]
+        fsio.write_text_atomic(run.slurm_jobs, json.dumps(record, indent=2) + "\n", root=run.root)
+    finally:
+        prepared.release()
+    return Submitted(run_dir=run.root, job_ids=ids)
 
 
 # ---- status / logs / cancel -----------------------------------------------------------------
@@ -243,7 +254,7 @@ def resolve(target: str) -> Target:
         raise UserError(f"job {target}: SLURM does not know it (finished long ago, or a typo?)")
     run_dir = None
     stdout = info.get("StdOut")
-    if stdout and Path(stdout).parent.name == "logs":
+    if stdout and Path(stdout).parent.name == LOGS:
         candidate = Path(stdout).parent.parent
         if (candidate / JOBS_FILE).is_file():
             run_dir = candidate
@@ -251,13 +262,16 @@ def resolve(target: str) -> Target:
 
 
 def progress(run_dir: Path) -> str | None:
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
     if not metrics.is_file():
         return None
-    lines = metrics.read_text().splitlines()
-    if not lines:
+    lines = metrics.read_text(errors="replace").splitlines()
+    try:
+        last = json.loads(lines[-1]) if lines else None
+    except ValueError:  # a line being written, or a damaged file
+        return "progress unknown (last line of metrics.jsonl is not JSON)"
+    if not isinstance(last, dict):
         return None
-    last = json.loads(lines[-1])
     return f"step {last.get('step')}, loss {last.get('loss', float('nan')):.4f}"
 
 
@@ -266,7 +280,7 @@ def status_document(target: Target) -> dict[str, Any]:
     doc: dict[str, Any] = {"run_dir": str(target.run_dir) if target.run_dir else None}
     if target.run_dir is not None:
         doc["progress"] = progress(target.run_dir)
-        doc["finished"] = (target.run_dir / "summary.json").is_file()
+        doc["finished"] = RunDir(target.run_dir).summary.is_file()
     jobs = []
     for job in target.job_ids:
         info = job_info(job)
@@ -320,7 +334,7 @@ def log_files(target: Target) -> list[Path]:
             if path:
                 files.append(Path(path.replace("%j", job)))
             elif target.run_dir is not None:
-                files.append(target.run_dir / "logs" / f"slurm-{job}.{suffix}")
+                files.append(RunDir(target.run_dir).slurm_log(job, suffix))
     return list(dict.fromkeys(files))
 
 

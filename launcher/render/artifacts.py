@@ -16,8 +16,16 @@ from launcher.render.ds_config import render_ds_config
 from launcher.render.hostfile import static_hostfile
 from launcher.render.megatron_args import render_megatron_args
 from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
+from launcher.rundir import (
+    CONFIG,
+    DS_CONFIG,
+    HOSTFILE,
+    LAUNCH_SCRIPT,
+    MEGATRON_ARGS,
+    SBATCH_SCRIPT,
+)
 
-EXECUTABLE = ("launch.sh", "job.sbatch")
+EXECUTABLE = (LAUNCH_SCRIPT, SBATCH_SCRIPT)
 
 
 def render_artifacts(
@@ -27,29 +35,24 @@ def render_artifacts(
     run_dir = str(Path(out_dir).expanduser().resolve())
     python = python or sys.executable
     workdir = workdir or os.getcwd()
-    files = {"config.yaml": yaml.safe_dump(composed.values, sort_keys=False)}
+    files = {CONFIG: yaml.safe_dump(composed.values, sort_keys=False)}
     try:
         if cfg.backend.name == "deepspeed":
-            files["ds_config.json"] = render_ds_config(cfg)
-        files["launch.sh"] = render_launch_sh(cfg, python=python, run_dir=run_dir, workdir=workdir)
-        files["job.sbatch"] = render_sbatch(cfg, python=python, run_dir=run_dir, workdir=workdir)
-        files["hostfile"] = static_hostfile(cfg)
+            files[DS_CONFIG] = render_ds_config(cfg)
+        files[LAUNCH_SCRIPT] = render_launch_sh(
+            cfg, python=python, run_dir=run_dir, workdir=workdir
+        )
+        files[SBATCH_SCRIPT] = render_sbatch(cfg, python=python, run_dir=run_dir, workdir=workdir)
+        files[HOSTFILE] = static_hostfile(cfg)
     except RenderError as exc:
         raise UserError(str(exc)) from None
-    files["megatron_args.txt"] = render_megatron_args(cfg)
+    files[MEGATRON_ARGS] = render_megatron_args(cfg)
     return files
 
 
 # Every file a render can produce: one that this render does not produce (ds_config.json after
 # switching to backend=torch) is removed, so DIR never mixes two configurations.
-ARTIFACTS = (
-    "config.yaml",
-    "ds_config.json",
-    "launch.sh",
-    "job.sbatch",
-    "hostfile",
-    "megatron_args.txt",
-)
+ARTIFACTS = (CONFIG, DS_CONFIG, LAUNCH_SCRIPT, SBATCH_SCRIPT, HOSTFILE, MEGATRON_ARGS)
 
 
 def write_artifacts(files: dict[str, str], out_dir: str) -> list[Path]:

@@ -35,7 +35,7 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import check_lines, public_env, secret_names
 from launcher.render.torchrun import WORKER_MODULE
-from launcher.train.checkpoint import PREEMPTED_MARKER, step_dir_name
+from launcher.rundir import CHECKPOINTS, LOGS, PREEMPTED, step_dir_name
 
 # Rendezvous ports are chosen in [PORT_BASE, PORT_BASE + PORT_SPAN) from the job id.
 PORT_BASE = 20000
@@ -155,8 +155,8 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         if value is not None:
             head.append(_directive(f"--{key}", value, key=f"slurm.{key}"))
     head += [
-        _directive("--output", f"{run_dir}/logs/slurm-%j.out", key="run_dir"),
-        _directive("--error", f"{run_dir}/logs/slurm-%j.err", key="run_dir"),
+        _directive("--output", f"{run_dir}/{LOGS}/slurm-%j.out", key="run_dir"),
+        _directive("--error", f"{run_dir}/{LOGS}/slurm-%j.err", key="run_dir"),
         "#SBATCH --open-mode=append",
         _directive("--chdir", workdir, key="workdir"),
         f"#SBATCH --signal=B:USR1@{s.signal_grace_s}",
@@ -195,8 +195,8 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
     srun.append(f"bash -c {node_wrapper} llmtrain-node")
     srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
 
-    final = q(f"{run_dir}/checkpoints/{step_dir_name(steps)}")
-    marker = q(f"{run_dir}/{PREEMPTED_MARKER}")
+    final = q(f"{run_dir}/{CHECKPOINTS}/{step_dir_name(steps)}")
+    marker = q(f"{run_dir}/{PREEMPTED}")
     requeue = (
         [
             '  echo "llmtrain: checkpointed on a preemption signal; requeueing $SLURM_JOB_ID"',

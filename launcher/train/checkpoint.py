@@ -1,76 +1,77 @@
-"""Atomic, checksummed checkpoints, the last K kept, and the search for the latest valid one.
+"""Atomic, checksummed (optionally signed) checkpoints, pruning that counts only verified ones, and
+the search for valid checkpoints newest first.
 
 Layout of the run directory's ``checkpoints/``::
 
     step_00000100/          a complete checkpoint (only complete ones carry this name)
-        manifest.json       step, time, and every file's size and sha256
+        manifest.json       format, step, total bytes, every file's size and sha256 [, hmac]
         trainer_state.json  loop state: step, sampler position, losses so far
-        engine/ ...         the engine's own files (DeepSpeed or torch.distributed.checkpoint)
+        engine/ ...         the engine's own files (tensors only; non-tensor state as JSON)
     .tmp-step_00000200/     a checkpoint being written (removed or finished on the next save)
 
 Writing (a collective, every rank calls ``save``): all ranks write into the temporary folder,
 barrier; rank 0 writes the trainer state, fsyncs every file, writes the manifest, fsyncs it and the
-folder, and renames the folder to its final name (atomic on POSIX), fsyncs the parent, then removes
-all but the newest ``keep_last``; barrier. A crash at any point leaves either the previous
-checkpoints untouched or a ``.tmp-`` folder that is ignored.
+folder, and renames the folder to its final name (atomic on POSIX), fsyncs the parent, then prunes
+to the newest ``keep_last`` *verified* checkpoints (never the one just written; damaged folders
+are left alone and never counted); barrier. A crash or a full disk at any point leaves either the
+previous checkpoints untouched or a ``.tmp-`` folder that is ignored.
 
-Reading: ``latest_valid`` walks complete checkpoints newest first and returns the first whose
-manifest matches the files on disk (sizes and sha256); any other is skipped with a loud warning.
+Verifying (``verify``): the manifest names the folder's step (a folder renamed to another step is
+rejected), lists at least the trainer state and one engine file, and exactly the files present
+(nothing extra, no symbolic links); each file's size and sha256 match. With
+``LLMTRAIN_CHECKPOINT_KEY`` set, manifests are signed on save (HMAC-SHA256 of the manifest) and a
+manifest without a valid signature is rejected on load: the sha256 values alone only catch
+accidents, the signature also catches someone who rewrote files and manifest together.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import shutil
+import stat
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import fsio
+from launcher.rundir import CHECKPOINT_PREFIX, step_dir_name
+
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 ENGINE_DIR = "engine"
-PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
-# In the run directory: rank 0 writes it when a run checkpointed and stopped on SIGUSR1/SIGTERM.
-PREEMPTED_MARKER = "preempted.json"
+FORMAT = "llmtrain-checkpoint-v2"
+# HMAC-SHA256 key for signing and verifying manifests (any non-empty string; keep it secret).
+KEY_ENV = "LLMTRAIN_CHECKPOINT_KEY"
 
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was found damaged and skipped."""
 
 
-def step_dir_name(step: int) -> str:
-    return f"{PREFIX}{step:08d}"
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, read-only, ...); the message says which,
+    with the path and the free space. The previous checkpoints are untouched."""
+
+    def __init__(self, message: str, errno: int | None):
+        super().__init__(message)
+        self.errno = errno
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def signing_key() -> bytes | None:
+    key = os.environ.get(KEY_ENV, "")
+    return key.encode() if key else None
 
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _signature(manifest: dict[str, Any], key: bytes) -> str:
+    body = {k: v for k, v in manifest.items() if k != "hmac_sha256"}
+    return hmac.new(key, json.dumps(body, sort_keys=True).encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -87,48 +88,108 @@ class Found:
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete-looking checkpoint, newest first."""
+    """(step, folder) of every complete-looking checkpoint, newest first (links skipped)."""
     found = []
     if root.is_dir():
         for child in root.iterdir():
-            if child.is_dir() and child.name.startswith(PREFIX):
+            if child.name.startswith(CHECKPOINT_PREFIX) and stat.S_ISDIR(os.lstat(child).st_mode):
                 try:
-                    found.append((int(child.name[len(PREFIX) :]), child))
+                    found.append((int(child.name[len(CHECKPOINT_PREFIX) :]), child))
                 except ValueError:
                     continue
     return sorted(found, reverse=True)
 
 
-def verify(path: Path) -> str | None:
-    """None when the checkpoint's files match its manifest, else what is wrong."""
+def _listing(path: Path) -> tuple[dict[str, int], str | None]:
+    """{relative path: size} of the regular files under `path`, or what is wrong (a link...)."""
+    files: dict[str, int] = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            full = Path(dirpath) / name
+            info = os.lstat(full)
+            rel = full.relative_to(path).as_posix()
+            if stat.S_ISLNK(info.st_mode):
+                return files, f"{rel} is a symbolic link"
+            if stat.S_ISREG(info.st_mode):
+                files[rel] = info.st_size
+            elif not stat.S_ISDIR(info.st_mode):
+                return files, f"{rel} is not a regular file"
+    return files, None
+
+
+def verify(path: Path, deep: bool = True) -> str | None:
+    """None when the checkpoint in `path` is complete and matches its manifest, else what is
+    wrong. `deep=False` skips the sha256 of the data (sizes and the signature still checked)."""
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError) as exc:
+        manifest = json.loads(fsio.read_bytes(path / MANIFEST))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            return f"{MANIFEST} is not a checkpoint manifest"
+    except (OSError, ValueError) as exc:
         return f"no readable {MANIFEST} ({exc})"
+    key = signing_key()
+    if key is not None:
+        signature = manifest.get("hmac_sha256")
+        if not isinstance(signature, str):
+            return f"{MANIFEST} is not signed and {KEY_ENV} is set"
+        if not hmac.compare_digest(signature, _signature(manifest, key)):
+            return f"{MANIFEST}: signature does not match (wrong {KEY_ENV}, or tampered)"
+    if manifest.get("format") != FORMAT:
+        return f"{MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT!r}"
+    expected_name = (
+        step_dir_name(manifest.get("step", -1)) if isinstance(manifest.get("step"), int) else None
+    )
+    if expected_name != path.name:
+        return f"{MANIFEST} says step {manifest.get('step')!r}, the folder is named {path.name}"
+    files: dict[str, Any] = manifest["files"]
+    if TRAINER_STATE not in files or not any(f.startswith(f"{ENGINE_DIR}/") for f in files):
+        return f"{MANIFEST} does not list {TRAINER_STATE} and the engine's files"
+    present, problem = _listing(path)
+    if problem is not None:
+        return problem
+    present.pop(MANIFEST, None)
+    extra = sorted(set(present) - set(files))
+    if extra:
+        return f"files not in {MANIFEST}: {', '.join(extra[:3])}"
+    total = 0
     for rel, meta in files.items():
-        file = path / rel
-        if not file.is_file():
+        if rel not in present:
             return f"missing file {rel}"
-        if file.stat().st_size != meta["size"]:
-            return f"{rel}: {file.stat().st_size} bytes, manifest says {meta['size']}"
-        if sha256_file(file) != meta["sha256"]:
-            return f"{rel}: checksum differs from the manifest"
+        if not isinstance(meta, dict) or present[rel] != meta.get("size"):
+            return f"{rel}: {present[rel]} bytes, manifest says {meta.get('size')!r}"
+        total += present[rel]
+    if manifest.get("total_bytes") != total:
+        return f"{MANIFEST}: total_bytes {manifest.get('total_bytes')!r}, files hold {total}"
+    if deep:
+        for rel, meta in files.items():
+            if fsio.sha256_file(path / rel) != meta.get("sha256"):
+                return f"{rel}: checksum differs from the manifest"
     return None
 
 
-def latest_valid(root: Path, log: Callable[[str], None] | None = None) -> Found | None:
-    """The newest checkpoint that passes ``verify``; damaged ones are skipped loudly."""
+def read_found(path: Path, step: int) -> Found:
+    state = json.loads(fsio.read_bytes(path / TRAINER_STATE))
+    return Found(path=path, step=step, trainer_state=state)
+
+
+def valid_checkpoints(root: Path, log: Callable[[str], None] | None = None) -> Iterator[Found]:
+    """Checkpoints passing ``verify``, newest first; damaged ones are skipped loudly."""
     for step, path in complete_checkpoints(root):
         problem = verify(path)
         if problem is None:
-            state = json.loads((path / TRAINER_STATE).read_text())
-            return Found(path=path, step=step, trainer_state=state)
+            try:
+                yield read_found(path, step)
+                continue
+            except (OSError, ValueError) as exc:
+                problem = f"{TRAINER_STATE} unreadable ({exc})"
         message = f"checkpoint {path} is damaged ({problem}); skipping it, trying an older one"
         warnings.warn(message, CheckpointWarning, stacklevel=2)
         if log is not None:
             log(f"WARNING: {message}")
-    return None
+
+
+def latest_valid(root: Path, log: Callable[[str], None] | None = None) -> Found | None:
+    """The newest checkpoint that passes ``verify``."""
+    return next(valid_checkpoints(root, log), None)
 
 
 class CheckpointWriter:
@@ -139,6 +200,8 @@ class CheckpointWriter:
         self.rank = rank
         self.keep_last = max(1, keep_last)
         self.barrier = barrier
+        # Folders known good in this process: (path, manifest mtime) -> verified.
+        self._verified: dict[tuple[Path, int], bool] = {}
 
     def save(
         self,
@@ -148,34 +211,88 @@ class CheckpointWriter:
     ) -> Path:
         final = self.root / step_dir_name(step)
         tmp = self.root / f"{TMP_PREFIX}{step_dir_name(step)}"
-        if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            (tmp / ENGINE_DIR).mkdir(parents=True)
-        self.barrier()
-        write_engine(tmp / ENGINE_DIR)
-        self.barrier()
-        if self.rank == 0:
-            write_json_atomic(tmp / TRAINER_STATE, trainer_state)
-            files = {}
-            for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
-                fsync_path(file)
-                rel = file.relative_to(tmp).as_posix()
-                files[rel] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
-            write_json_atomic(tmp / MANIFEST, {"step": step, "time": time.time(), "files": files})
-            for folder in sorted({p.parent for p in tmp.rglob("*")}, reverse=True):
-                fsync_path(folder)
-            if final.exists():  # the same step saved again (a resumed run's final save)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            fsync_path(self.root)
-            self._prune()
+        try:
+            if self.rank == 0:
+                fsio.check_inside(self.root, self.root.parent)
+                self.root.mkdir(parents=True, exist_ok=True)
+                if os.path.lexists(tmp):
+                    _remove(tmp)
+                (tmp / ENGINE_DIR).mkdir(parents=True)
+            self.barrier()
+            write_engine(tmp / ENGINE_DIR)
+            self.barrier()
+            if self.rank == 0:
+                self._finish(step, tmp, final, trainer_state)
+        except OSError as exc:
+            if self.rank == 0 and os.path.lexists(tmp):
+                _remove(tmp)
+            reason = fsio.describe_write_error(exc, tmp)
+            if reason is None:
+                raise
+            raise CheckpointWriteError(
+                f"checkpoint at step {step} not written: {reason}", exc.errno
+            ) from exc
         self.barrier()
         return final
 
-    def _prune(self) -> None:
-        for _, path in complete_checkpoints(self.root)[self.keep_last :]:
-            shutil.rmtree(path, ignore_errors=True)
+    def _finish(self, step: int, tmp: Path, final: Path, trainer_state: dict[str, Any]) -> None:
+        fsio.write_json_atomic(tmp / TRAINER_STATE, trainer_state, root=self.root)
+        present, problem = _listing(tmp)
+        assert problem is None, f"{tmp}: {problem}"
+        files = {}
+        for rel in sorted(present):
+            fsio.fsync_path(tmp / rel)
+            files[rel] = {"size": present[rel], "sha256": fsio.sha256_file(tmp / rel)}
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "step": step,
+            "time": time.time(),
+            "total_bytes": sum(present.values()),
+            "files": files,
+        }
+        key = signing_key()
+        if key is not None:
+            manifest["hmac_sha256"] = _signature(manifest, key)
+        fsio.write_json_atomic(tmp / MANIFEST, manifest, root=self.root)
+        for folder in sorted({(tmp / rel).parent for rel in present}, reverse=True):
+            fsio.fsync_dir(folder)
+        old = None
+        if os.path.lexists(final):  # the same step saved again (a resumed run's final save)
+            old = self.root / f"{TMP_PREFIX}old-{final.name}"
+            if os.path.lexists(old):
+                _remove(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        fsio.fsync_dir(self.root)
+        if old is not None:
+            _remove(old)
+        self._verified[(final, (final / MANIFEST).stat().st_mtime_ns)] = True
+        self._prune(keep=final)
+
+    def _is_verified(self, path: Path) -> bool:
+        try:
+            mark = (path, (path / MANIFEST).stat().st_mtime_ns)
+        except OSError:
+            return False
+        if mark not in self._verified:
+            self._verified[mark] = verify(path) is None
+        return self._verified[mark]
+
+    def _prune(self, keep: Path) -> None:
+        """Keep the newest `keep_last` verified checkpoints (always `keep`); remove older verified
+        ones and stale temporary folders; leave damaged folders alone (never counted)."""
+        verified = [p for _, p in complete_checkpoints(self.root) if self._is_verified(p)]
+        kept = [keep, *[p for p in verified if p != keep]][: self.keep_last]
+        for path in verified:
+            if path not in kept:
+                _remove(path)
         for stale in self.root.glob(f"{TMP_PREFIX}*"):
-            shutil.rmtree(stale, ignore_errors=True)
+            _remove(stale)
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder (or a link/file in its place) without following links."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        Path(path).unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

@@ -15,9 +15,12 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import torch
+
+from launcher import fsio
+from launcher.rundir import RunDir
 
 
 def current_rss() -> int | None:
@@ -53,14 +56,16 @@ class MetricsWriter:
     """Rank 0's sink for per-step metrics (the other ranks don't create one)."""
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, log_every: int):
-        self.file: TextIO = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        run = RunDir(run_dir)
+        self.file: IO[Any] = fsio.open_append(run.metrics, root=run.root)
         self.log_every = max(1, log_every)
         self.total_steps = total_steps
         self.tb: Any = None
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            fsio.check_inside(run.tensorboard, run.root)
+            self.tb = SummaryWriter(log_dir=str(run.tensorboard))
         except ImportError:  # tensorboard is in the train extra; without it only jsonl is written
             self.tb = None
         self.display = Display(total_steps, start_step, self.log_every)

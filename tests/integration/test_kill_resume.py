@@ -7,25 +7,35 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import TRIAL_ARGS, llmtrain_run, run_and_kill, weights_digest
+from tests.faults import KILLED_STDERR, TRIAL_ARGS, llmtrain_run, run_and_kill, weights_digest
 
 pytestmark = pytest.mark.integration
+
+
+# Kill points after the first checkpoint (every 2 steps): (step, rank) per backend.
+KILLS = {"torch": [(3, 0), (8, 1)], "deepspeed": [(5, 1)]}
 
 
 @pytest.mark.parametrize("backend", ["torch", "deepspeed"])
 def test_kill_minus_nine_then_resume_matches(tmp_path: Path, backend: str) -> None:
     args = [*TRIAL_ARGS, f"backend={backend}", "zero.stage=2"]
-    reference, trial = tmp_path / "reference", tmp_path / "trial"
+    reference = tmp_path / "reference"
     reference.mkdir()
-    trial.mkdir()
     done = llmtrain_run(reference, args)
     assert done.returncode == 0, done.stderr[-3000:]
+    expected = weights_digest(reference)
+    assert expected is not None
 
-    run_dir = trial / "runs" / "trial"
-    code = run_and_kill(trial, args, run_dir, kill_after_step=5, rank=1)
-    assert code == 1, "the killed run must fail, not finish"
-    assert not (run_dir / "summary.json").exists()
-    resumed = llmtrain_run(trial, args)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
-    assert weights_digest(trial) == weights_digest(reference)
+    for step, rank in KILLS[backend]:
+        trial = tmp_path / f"trial-{step}-{rank}"
+        trial.mkdir()
+        run_dir = trial / "runs" / "trial"
+        code = run_and_kill(trial, args, run_dir, kill_after_step=step, rank=rank)
+        assert code == 1, "the killed run must fail, not finish"
+        stderr = (trial / KILLED_STDERR).read_text()
+        assert f"rank {rank} failed first: killed by SIGKILL" in stderr, stderr
+        assert not (run_dir / "summary.json").exists()
+        resumed = llmtrain_run(trial, args)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "resumed from" in resumed.stdout
+        assert weights_digest(trial) == expected

@@ -142,19 +142,16 @@ class _Payload:
 def _plant(run_dir: Path, marker: Path) -> None:
     """Replace a checkpoint file with a malicious pickle and fix the manifest's checksum, as an
     attacker with write access to the run directory could."""
-    import hashlib
     import pickle
+
+    from tests.payloads import rewrite_manifest
 
     (ckpt,) = (run_dir / "checkpoints").glob("step_*")
     # DCP's pickled metadata (torch backend), or DeepSpeed's first state file.
     files = sorted(p for p in (ckpt / "engine").rglob("*") if p.is_file())
     victim = next(p for p in files if p.name == ".metadata" or p.suffix == ".pt")
     victim.write_bytes(pickle.dumps(_Payload(marker)))
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    rel = victim.relative_to(ckpt).as_posix()
-    data = victim.read_bytes()
-    manifest["files"][rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(ckpt)
 
 
 @pytest.mark.parametrize("backend", ["deepspeed", "torch"])
@@ -181,7 +178,7 @@ def test_a_crashing_rank_tears_the_run_down(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 1
-    assert "rank 1 failed: RuntimeError: injected failure at step 3" in done.stderr
+    assert "rank 1 failed first: RuntimeError: injected failure at step 3" in done.stderr
     assert "Traceback" not in done.stderr
     run_dir = only_run_dir(tmp_path)
     assert (run_dir / "logs" / "rank1.error.json").is_file()

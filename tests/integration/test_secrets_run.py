@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.train.data import default_cache_root
+from launcher.data.prepare import default_cache_root
 
 pytestmark = pytest.mark.integration
 

@@ -216,20 +216,3 @@ def test_resume_reproduces_losses(
     resumed = launch(nproc, overrides, steps=3, first_step=3, load_dir=str(ckpt))
     assert resumed[0]["losses"] == whole[0]["losses"][3:], (whole[0], resumed[0])
     assert resumed[-1]["losses"] == whole[-1]["losses"][3:]
-
-
-def test_tampered_checkpoint_metadata_refused(tmp_path: Path) -> None:
-    import pickle
-
-    from launcher.train.engines.torch_engine import TorchEngineError, check_checkpoint_metadata
-
-    class Exploit:
-        def __reduce__(self) -> tuple[Any, tuple[str]]:
-            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
-
-    (tmp_path / ".metadata").write_bytes(pickle.dumps(Exploit()))
-    with pytest.raises(TorchEngineError, match="system"):
-        check_checkpoint_metadata(tmp_path)
-    assert not (tmp_path / "pwned").exists()
-    with pytest.raises(FileNotFoundError):
-        check_checkpoint_metadata(tmp_path / "missing")

@@ -55,3 +55,29 @@ def test_errors_are_not_cached_and_cache_can_be_disabled(
     monkeypatch.setenv("LLMTRAIN_NO_CACHE", "1")
     compose_config(["recipe=tiny"])
     assert not (Path(os.environ["XDG_CACHE_HOME"]) / "llmtrain" / "compose").exists()
+
+
+def test_oc_env_values_key_the_cache(data_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value resolved from ${oc.env:...} is never served stale after the variable changes."""
+    overrides = ("recipe=tiny", "run.root_dir=${oc.env:LLMTRAIN_TEST_ROOT,runs}")
+    monkeypatch.setenv("LLMTRAIN_TEST_ROOT", "/first")
+    assert compose_config(overrides).config.run.root_dir == "/first"
+    monkeypatch.setenv("LLMTRAIN_TEST_ROOT", "/second")
+    assert compose_config(overrides).config.run.root_dir == "/second"
+    monkeypatch.delenv("LLMTRAIN_TEST_ROOT")
+    assert compose_config(overrides).config.run.root_dir == "runs"
+    assert compose_cache.env_references(["a: ${oc.env:HOME}", "${oc.env:'X_Y',1}"]) == [
+        "HOME",
+        "X_Y",
+    ]
+
+
+@pytest.mark.parametrize("entry", ["[1, 2]", '{"values": [], "choices": {}}', "{not json", ""])
+def test_a_wrong_shaped_cache_entry_is_rebuilt(data_copy: Path, entry: str) -> None:
+    overrides = ("recipe=tiny",)
+    expected = compose_config(overrides).config
+    path = compose_cache.cache_dir() / f"{compose_cache.key(overrides)}.json"
+    path.write_text(entry)
+    assert compose_cache.load(overrides) is None
+    assert compose_config(overrides).config == expected
+    assert compose_cache.load(overrides) is not None

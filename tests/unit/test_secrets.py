@@ -140,6 +140,7 @@ def test_the_run_directory_names_secrets_but_holds_no_value(
 ) -> None:
     composed = compose_config([*SECRETS, f"run.root_dir={tmp_path / 'runs'}"])
     prepared = prepare_run_dir(composed, {"plan": 1}, fresh=False)
+    prepared.release()
     assert prepared.secrets == {"MY_API_KEY": KEY, "HF_TOKEN": TOKEN}
     assert prepared.env["PLAIN"] == "p" and "HF_TOKEN" not in prepared.env
     assert KEY not in repr(prepared) and TOKEN not in repr(prepared)
@@ -149,7 +150,19 @@ def test_the_run_directory_names_secrets_but_holds_no_value(
     # A rotated key is the same run (the name's hash sees the redacted config).
     monkeypatch.setenv("MY_API_KEY", "other")
     rotated = compose_config([*SECRETS[:1], "+cluster.env.HF_TOKEN=new", *SECRETS[2:]])
-    assert prepare_run_dir(rotated, {}, fresh=False).run_dir.name == prepared.run_dir.name
+    again = prepare_run_dir(rotated, {}, fresh=False)
+    again.release()
+    assert again.run_dir.name == prepared.run_dir.name
+
+
+@pytest.mark.parametrize("value", ["s3cr3t\nline2", "s3cr3t\n", "\ns3cr3t", "s3cr3t\r\nx"])
+def test_a_secret_with_a_newline_is_never_echoed(value: str) -> None:
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        compose_config([f"cluster.env.API_TOKEN={value}"])
+    message = str(refused.value)
+    assert "s3cr3t" not in message and "line2" not in message, message
 
 
 def test_secret_status_names_only() -> None:

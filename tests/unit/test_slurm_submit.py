@@ -260,3 +260,17 @@ def test_render_json_lists_the_files(tmp_path: Path) -> None:
         tmp_path, "render", "parallel.tp=3", "--out", str(tmp_path / "s"), "--json", path=path
     )
     assert bad.returncode == 2 and json.loads(bad.stdout)["valid"] is False
+
+
+@pytest.mark.parametrize("record", ["{not json", "[]", '{"job_ids": "42"}', '{"job_ids": [{}]}'])
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+def test_a_corrupt_slurm_record_is_a_clear_error(
+    tmp_path: Path, fake_slurm: str, record: str, command: str
+) -> None:
+    run_dir = tmp_path / "runs" / "damaged"
+    run_dir.mkdir(parents=True)
+    (run_dir / "slurm.json").write_text(record)
+    done = llmtrain(tmp_path, command, str(run_dir), path=fake_slurm)
+    assert done.returncode == 2, done.stderr
+    assert "slurm.json: not a readable SLURM record" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -42,7 +41,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -74,52 +74,22 @@ from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
 from launcher.train.engines.base import Engine, RankInfo, StepResult
+from launcher.train.engines.dcp_safe import (
+    SafeFileSystemReader,
+    TensorOnlyLoadPlanner,
+    UnsafeCheckpointError,
+    checkpoint_failure,
+    first_failure,
+    read_non_tensor_state,
+    split_non_tensor_state,
+    write_non_tensor_state,
+)
 from launcher.train.engines.dist import engine_device
 from launcher.train.model import Transformer, apply_recompute, build_model, init_weights, loss_fn
 from launcher.train.optim import build_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-# What a DCP ``.metadata`` pickle may name (torch 2.13 writes these); anything else is refused.
-_METADATA_GLOBALS: dict[str, set[str] | None] = {
-    "torch.distributed.checkpoint.metadata": None,  # None: any name of the module
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-    "builtins": {"set", "frozenset", "slice", "complex"},
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _METADATA_GLOBALS.get(module, set())
-        value = getattr(torch, name, None) if module == "torch" else None
-        plain_torch = isinstance(value, torch.dtype | torch.layout | torch.memory_format)
-        if plain_torch or (module in _METADATA_GLOBALS and (allowed is None or name in allowed)):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"checkpoint metadata names {module}.{name}, which DCP never writes"
-        )
-
-
-def check_checkpoint_metadata(directory: Path) -> None:
-    """Refuse a DCP checkpoint whose ``.metadata`` pickle names anything DCP does not write.
-
-    DCP reads that file with plain ``pickle.load`` (tensors themselves load with
-    ``weights_only=True``); unpickling it first with an allow-list keeps a tampered checkpoint from
-    running code."""
-    path = Path(directory) / ".metadata"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not a torch.distributed.checkpoint directory")
-    with path.open("rb") as f:
-        try:
-            _MetadataUnpickler(f).load()
-        except pickle.UnpicklingError as exc:
-            raise TorchEngineError(f"{path}: refused: {exc}") from None
 
 
 class TorchEngineError(ValueError):
@@ -503,17 +473,42 @@ class TorchEngine(Engine):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         rank = dist.get_rank()
-        dcp_save(self._state(), storage_writer=FileSystemWriter(str(directory)))
+        tensors, others = split_non_tensor_state(self._state())
+        try:
+            dcp_save(tensors, storage_writer=FileSystemWriter(str(directory)))
+        except CheckpointException as exc:  # a BaseException: surface the rank's real error
+            inner = first_failure(exc)
+            if isinstance(inner, OSError):  # disk full, read-only: the writer says so plainly
+                raise inner from None
+            raise RuntimeError(f"{directory}: {checkpoint_failure(exc)}") from None
+        mine = [write_non_tensor_state(directory, rank, others)]
         dist.barrier()
-        mine = list(directory.glob(f"__{rank}_*.distcp"))
+        mine += list(directory.glob(f"__{rank}_*.distcp"))
         if rank == 0:
             mine += [p for p in directory.iterdir() if p.name == ".metadata"]
         return sorted(mine)
 
     def load(self, directory: Path) -> None:
-        check_checkpoint_metadata(Path(directory))
+        """Restore from `directory`; never unpickles code (see ``dcp_safe``)."""
+        directory = Path(directory)
         state = self._state()
-        dcp_load(state, storage_reader=FileSystemReader(str(directory)))
+        tensors, others = split_non_tensor_state(state)
+        saved = read_non_tensor_state(directory)
+        try:
+            dcp_load(
+                tensors,
+                storage_reader=SafeFileSystemReader(str(directory)),
+                planner=TensorOnlyLoadPlanner(),
+            )
+        except CheckpointException as exc:  # a BaseException: make it an ordinary error
+            raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
+        for part in ("model", "optim"):
+            for key in others.get(part, {}):
+                if key not in saved.get(part, {}):
+                    raise TorchEngineError(f"{directory}: checkpoint lacks {part} entry {key!r}")
+                state[part][key] = saved[part][key]
+            for key, value in tensors[part].items():
+                state[part][key] = value
         set_state_dict(
             self._model_arg(),
             self.optimizer,

@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.errors import UserError
-from launcher.train import data
-from launcher.train.data import (
+from launcher.data import prepare as data
+from launcher.data.prepare import (
     ByteTokenizer,
     PreparedIndex,
-    TokenShards,
     builtin_corpus_dir,
     check_vocab,
     load_tokenizer,
     prepare,
 )
+from launcher.errors import UserError
+from launcher.train.data import TokenShards
 from launcher.train.sampler import ShardedSampler
 
 pytestmark = pytest.mark.unit
@@ -128,6 +128,39 @@ def test_overwrite_refused_then_allowed(text_dir: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     prepare([text_dir], empty)  # an existing empty directory is fine
+
+
+def test_overwrite_replaces_only_a_prepared_dataset_never_its_input(
+    text_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unrelated = tmp_path / "notes"
+    unrelated.mkdir()
+    (unrelated / "keep.txt").write_text("precious")
+    with pytest.raises(UserError, match="not a prepared dataset"):
+        prepare([text_dir], unrelated, overwrite=True)
+    assert (unrelated / "keep.txt").read_text() == "precious"
+    with pytest.raises(UserError, match="overlaps the input"):
+        prepare([text_dir], text_dir, overwrite=True)
+    with pytest.raises(UserError, match="overlaps the input"):
+        prepare([text_dir], text_dir / "sub", overwrite=True)
+    assert (text_dir / "a.txt").is_file() and (text_dir / "sub" / "b.md").is_file()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="current"):
+        prepare([text_dir], Path("."), overwrite=True)
+
+
+def test_binary_input_refused_unless_allowed(tmp_path: Path) -> None:
+    blob = tmp_path / "model.bin"
+    blob.write_bytes(bytes(range(256)) * 10)
+    with pytest.raises(UserError, match="--allow-binary"):
+        prepare([blob], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    with pytest.raises(UserError, match="not UTF-8"):
+        prepare([latin], tmp_path / "out")
+    index = prepare([blob], tmp_path / "out", allow_binary=True)
+    assert index.total_tokens > 2560  # undecodable bytes became U+FFFD (3 bytes each)
 
 
 def test_bad_inputs_name_the_path(tmp_path: Path) -> None:
@@ -278,3 +311,22 @@ def test_sampler_refusals() -> None:
     sampler = ShardedSampler(100, 0, 2, 8, seed=0)
     with pytest.raises(UserError, match="global_batch=32"):
         sampler.load_state_dict(ShardedSampler(100, 0, 4, 8, seed=0).state_dict())
+
+
+def test_prelaunch_checks_vocabulary_and_size(text_dir: Path, tmp_path: Path) -> None:
+    from launcher.config.compose import compose_config
+    from launcher.launch.preflight import data_problems
+
+    out = tmp_path / "tok"
+    prepare([text_dir / "a.txt"], out)  # 900 byte tokens
+
+    def problems(*overrides: str) -> list[str]:
+        return data_problems(compose_config([f"data.path={out}", *overrides]).config)
+
+    assert problems("model.seq_length=16", "train.global_batch_size=8") == []
+    (vocab,) = problems("model.vocab_size=128", "model.seq_length=16")
+    assert "model.vocab_size=128" in vocab and "model.vocab_size=256" in vocab
+    (size,) = problems("model.seq_length=256")
+    assert "fewer than one global batch" in size and "model.seq_length" in size
+    (out / "shard_00000.bin").unlink()
+    assert any("missing" in p for p in problems("model.seq_length=16"))

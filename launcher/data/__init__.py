@@ -1,0 +1,1 @@
+"""Training data: preparing token shards (`llmtrain data prepare`) and their index."""

@@ -1,0 +1,503 @@
+"""Token data preparation: tokenizers, `llmtrain data prepare`, the built-in offline corpus.
+
+A prepared data directory holds memory-mappable token shards and an index::
+
+    DIR/index.json          format, dtype, vocab_size, tokenizer, shards (file, tokens, sha256), ...
+    DIR/shard_00000.bin     raw tokens, little-endian, uint8 (vocab <= 256) / uint16 / uint32
+    DIR/tokenizer.json      the trained BPE (tokenizer=bpe only)
+
+Documents (input files) are concatenated in sorted path order. The BPE tokenizer appends its
+end-of-document token ``<|endoftext|>`` (id 0) after each file; the byte tokenizer has no spare id,
+so its documents are simply concatenated. Training windows are non-overlapping runs of
+seq_length + 1 tokens over the concatenation of all shards (``launcher.train.data.TokenShards``,
+the runtime reader); the tail is dropped.
+
+Nothing here imports torch, and nothing is ever downloaded: a BPE is trained locally with the
+`tokenizers` library, and the built-in corpus is the Python standard library's own source files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from launcher import fsio
+from launcher.errors import UserError
+
+INDEX_FORMAT = "llmtrain-tokens-v1"
+INDEX_FILE = "index.json"
+TOKENIZER_FILE = "tokenizer.json"
+TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
+EOD_TOKEN = "<|endoftext|>"
+
+BUILTIN_CORPUS = "corpus-stdlib-v1"
+# The built-in corpus: at most this many bytes of stdlib source (~4.2M byte tokens, ten times what
+# recipe=tiny's 200 steps x 8 x 257 tokens read), skipping files larger than _STDLIB_MAX_FILE.
+_STDLIB_MAX_BYTES = 4 * 2**20
+_STDLIB_MAX_FILE = 200_000
+_STDLIB_SKIP_DIRS = frozenset(
+    {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+)
+
+
+# --- tokenizers ----------------------------------------------------------------------------------
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eod_id: int | None
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: vocabulary 256, no special tokens."""
+
+    name = "byte"
+    vocab_size = 256
+    eod_id: int | None = None
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return bytes(np.asarray(ids, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+    """Byte-level BPE (GPT-2 style) from the `tokenizers` library, trained locally."""
+
+    name = "bpe"
+
+    def __init__(self, tokenizer: Any):
+        self._tok = tokenizer
+        self.vocab_size: int = int(tokenizer.get_vocab_size())
+        eod = tokenizer.token_to_id(EOD_TOKEN)
+        self.eod_id: int | None = None if eod is None else int(eod)
+
+    @classmethod
+    def train(cls, texts: Iterator[str], vocab_size: int) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        if vocab_size < 257 + 1:
+            raise UserError(
+                f"data.bpe_vocab_size={vocab_size}: a byte-level BPE needs at least 258 "
+                "(256 bytes, the end-of-document token and one merge)"
+            )
+        tok = HFTokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOD_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def from_file(cls, path: Path) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(HFTokenizer.from_file(str(path)))
+
+    def save(self, path: Path) -> None:
+        self._tok.save(str(path))
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._tok.encode(text).ids, dtype=np.int64)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return str(self._tok.decode([int(i) for i in ids]))
+
+
+def load_tokenizer(data_dir: Path) -> Tokenizer:
+    """The tokenizer a prepared directory was made with."""
+    index = PreparedIndex.load(data_dir)
+    if index.tokenizer == "byte":
+        return ByteTokenizer()
+    return BPETokenizer.from_file(data_dir / (index.tokenizer_file or TOKENIZER_FILE))
+
+
+def token_dtype(vocab_size: int) -> str:
+    """Smallest unsigned dtype holding every token id."""
+    if vocab_size <= 2**8:
+        return "uint8"
+    if vocab_size <= 2**16:
+        return "uint16"
+    return "uint32"
+
+
+# --- the index -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str
+    tokens: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PreparedIndex:
+    """Contents of index.json, plus the directory it was read from (not stored)."""
+
+    dtype: str
+    vocab_size: int
+    tokenizer: str
+    shards: tuple[ShardInfo, ...]
+    total_tokens: int
+    source_files: int
+    eod_id: int | None = None
+    tokenizer_file: str | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    format: str = INDEX_FORMAT
+    path: Path | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("path")
+        data["shards"] = [asdict(s) for s in self.shards]
+        return data
+
+    @classmethod
+    def load(cls, directory: Path) -> PreparedIndex:
+        directory = Path(directory)
+        file = directory / INDEX_FILE
+        if not file.is_file():
+            hint = (
+                "it holds no index.json" if directory.is_dir() else "the directory does not exist"
+            )
+            raise UserError(
+                f"{directory} is not a prepared data directory ({hint}); "
+                f"make one with: llmtrain data prepare --input TEXT... --output {directory}"
+            )
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+            if data.get("format") != INDEX_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, expected {INDEX_FORMAT!r}")
+            shards = tuple(ShardInfo(**s) for s in data.pop("shards"))
+            return cls(**data, shards=shards, path=directory)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise UserError(f"{file} is not a valid llmtrain token index: {exc}") from None
+
+
+def check_vocab(index: PreparedIndex, model_vocab: int) -> None:
+    """Refuse data whose token ids do not fit the model's embedding."""
+    if index.vocab_size > model_vocab:
+        where = f" ({index.path})" if index.path else ""
+        raise UserError(
+            f"data vocab {index.vocab_size}{where} > model.vocab_size={model_vocab}; "
+            f"set model.vocab_size={index.vocab_size}"
+        )
+
+
+# --- prepare -------------------------------------------------------------------------------------
+def find_text_files(inputs: Sequence[Path]) -> list[Path]:
+    """Files named directly, plus *.txt *.md *.py *.rst under directories; sorted, no duplicates."""
+    if not inputs:
+        raise UserError("no input given: pass --input PATH (a text file or a directory)")
+    found: dict[Path, None] = {}
+    for raw in inputs:
+        path = Path(raw)
+        if path.is_file():
+            found[path] = None
+        elif path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+            if not files:
+                raise UserError(
+                    f"{path}: no text files ({', '.join('*' + s for s in TEXT_SUFFIXES)}) "
+                    "found in this directory"
+                )
+            found.update(dict.fromkeys(files))
+        else:
+            raise UserError(f"{path}: no such file or directory")
+    return list(found)
+
+
+def looks_binary(path: Path, probe: int = 1 << 16) -> str | None:
+    """Why `path` does not look like text (NUL bytes, not UTF-8), or None."""
+    import codecs
+
+    with open(path, "rb") as f:
+        head = f.read(probe)
+    if b"\0" in head:
+        return "it holds NUL bytes"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < probe)
+    except UnicodeDecodeError as exc:
+        return f"it is not UTF-8 text (byte {exc.start})"
+    return None
+
+
+def check_output(
+    output: Path, inputs: Sequence[Path], files: Sequence[Path], overwrite: bool
+) -> None:
+    """Refuse an output folder that is the current directory, holds or is inside an input, or
+    is an existing folder that is not a prepared dataset (only those may be overwritten)."""
+    out = output.expanduser().resolve()
+    if out == Path.cwd().resolve() or out == Path(out.anchor):
+        raise UserError(
+            f"--output {output}: is the current (or root) directory; name a new folder, e.g. "
+            "--output data/tokens"
+        )
+    for given in [*inputs, *files]:
+        src = Path(given).expanduser().resolve()
+        if src == out or out in src.parents or src in out.parents:
+            raise UserError(
+                f"--output {output}: overlaps the input {given}; write the shards to a separate "
+                "folder, e.g. --output data/tokens"
+            )
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {output}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise UserError(
+                f"--output {output}: already exists and is not empty; pass --overwrite to "
+                "replace an earlier `llmtrain data prepare` there, or choose a new folder"
+            )
+        if not (out / INDEX_FILE).is_file():
+            raise UserError(
+                f"--output {output}: not a prepared dataset (no {INDEX_FILE}); --overwrite only "
+                "replaces a folder `llmtrain data prepare` wrote; choose a new folder"
+            )
+
+
+def _read_text(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def prepare(
+    inputs: Sequence[Path],
+    output: Path,
+    tokenizer: str = "byte",
+    vocab_size: int = 4096,
+    shard_tokens: int = 2**24,
+    overwrite: bool = False,
+    source: dict[str, Any] | None = None,
+    allow_binary: bool = False,
+) -> PreparedIndex:
+    """Tokenize text files into token shards + index.json under `output` (written atomically).
+
+    `vocab_size` applies to tokenizer="bpe" only. Raises UserError for missing inputs, inputs with
+    no text, binary inputs (unless `allow_binary`), and an output that overlaps an input or is an
+    existing non-empty folder (with `overwrite`: unless it is a prepared dataset)."""
+    output = Path(output)
+    if tokenizer not in ("byte", "bpe"):
+        raise UserError(f"data.tokenizer={tokenizer!r}: expected byte or bpe")
+    if shard_tokens < 1:
+        raise UserError(f"shard_tokens={shard_tokens}: must be positive")
+    files = find_text_files(inputs)
+    check_output(output, inputs, files, overwrite)
+    output = output.expanduser().resolve()
+    if not allow_binary:
+        for f in files:
+            why = looks_binary(f)
+            if why:
+                raise UserError(
+                    f"--input {f}: does not look like text ({why}); pass --allow-binary to "
+                    "tokenize it anyway (undecodable bytes become U+FFFD)"
+                )
+    total_chars = sum(f.stat().st_size for f in files)
+    if total_chars == 0:
+        raise UserError(f"no text in {', '.join(str(p) for p in inputs)}: every file is empty")
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        _write_shards(files, tmp, tokenizer, vocab_size, shard_tokens, source or {})
+        _install(tmp, output)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return PreparedIndex.load(output)
+
+
+def _write_shards(
+    files: list[Path],
+    directory: Path,
+    tokenizer_name: str,
+    vocab_size: int,
+    shard_tokens: int,
+    source: dict[str, Any],
+) -> PreparedIndex:
+    tok: Tokenizer
+    tokenizer_file = None
+    if tokenizer_name == "bpe":
+        bpe = BPETokenizer.train((_read_text(f) for f in files), vocab_size)
+        bpe.save(directory / TOKENIZER_FILE)
+        tokenizer_file = TOKENIZER_FILE
+        tok = bpe
+    else:
+        tok = ByteTokenizer()
+    dtype = token_dtype(tok.vocab_size)
+    writer = _ShardWriter(directory, np.dtype(dtype), shard_tokens)
+    for f in files:
+        ids = tok.encode(_read_text(f))
+        if tok.eod_id is not None:
+            ids = np.append(ids, tok.eod_id)
+        writer.add(ids)
+    shards = writer.close()
+    total = sum(s.tokens for s in shards)
+    if total == 0:
+        raise UserError(f"no tokens from {len(files)} input file(s): every file is empty")
+    index = PreparedIndex(
+        dtype=dtype,
+        vocab_size=tok.vocab_size,
+        tokenizer=tok.name,
+        shards=tuple(shards),
+        total_tokens=total,
+        source_files=len(files),
+        eod_id=tok.eod_id,
+        tokenizer_file=tokenizer_file,
+        source=source,
+    )
+    fsio.write_json_atomic(directory / INDEX_FILE, index.to_json())
+    return index
+
+
+class _ShardWriter:
+    def __init__(self, directory: Path, dtype: np.dtype[Any], shard_tokens: int):
+        self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
+        self.pending: list[np.ndarray] = []
+        self.pending_tokens = 0
+        self.shards: list[ShardInfo] = []
+
+    def add(self, ids: np.ndarray) -> None:
+        arr = ids.astype(self.dtype, copy=False)
+        while arr.size:
+            take = min(arr.size, self.shard_tokens - self.pending_tokens)
+            self.pending.append(arr[:take])
+            self.pending_tokens += take
+            arr = arr[take:]
+            if self.pending_tokens == self.shard_tokens:
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending_tokens:
+            return
+        data = np.concatenate(self.pending).astype(self.dtype.newbyteorder("<"), copy=False)
+        name = f"shard_{len(self.shards):05d}.bin"
+        raw = data.tobytes()
+        with open(self.directory / name, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        self.shards.append(ShardInfo(name, int(data.size), hashlib.sha256(raw).hexdigest()))
+        self.pending, self.pending_tokens = [], 0
+
+    def close(self) -> list[ShardInfo]:
+        self._flush()
+        return self.shards
+
+
+def _install(tmp: Path, output: Path) -> None:
+    """Move the finished temporary directory to `output`, replacing what was there."""
+    old = None
+    if output.exists():
+        old = output.with_name(f".{output.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.replace(output, old)
+    os.replace(tmp, output)
+    with contextlib.suppress(OSError):
+        fsio.fsync_dir(output.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --- the built-in corpus -------------------------------------------------------------------------
+def stdlib_source_files() -> list[Path]:
+    """The built-in corpus's files: a sorted, capped selection of the stdlib's *.py sources."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chosen: list[Path] = []
+    budget = _STDLIB_MAX_BYTES
+    # Walk in sorted order (files of a directory before its subdirectories), pruning skipped
+    # directories, and stop once the budget is spent: site-packages is never listed.
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS)
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            path = Path(dirpath) / name
+            size = path.stat().st_size
+            if size == 0 or size > _STDLIB_MAX_FILE or size > budget:
+                continue
+            chosen.append(path)
+            budget -= size
+            if budget < 1024:
+                return chosen
+    return chosen
+
+
+def builtin_corpus_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
+    """The tiny recipe's offline corpus (byte tokens), prepared once under `cache_root`.
+
+    Safe when several ranks call it at once: one prepares under an exclusive file lock, the others
+    wait on the lock and then find index.json."""
+    cache_root = Path(cache_root)
+    target = cache_root / BUILTIN_CORPUS
+    if (target / INDEX_FILE).is_file():
+        return target
+    cache_root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache_root / f"{BUILTIN_CORPUS}.lock", timeout_s):
+        if (target / INDEX_FILE).is_file():
+            return target
+        files = stdlib_source_files()
+        if not files:
+            raise UserError(
+                f"the built-in corpus needs the Python standard library's *.py sources, and "
+                f"{sysconfig.get_paths()['stdlib']} has none; prepare your own text with "
+                "`llmtrain data prepare --input DIR --output DATA` and pass data.path=DATA"
+            )
+        source = {
+            "kind": "python-stdlib",
+            "python": sys.version.split()[0],
+            "root": sysconfig.get_paths()["stdlib"],
+        }
+        prepare(files, target, tokenizer="byte", overwrite=True, source=source)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    import fcntl
+
+    deadline = time.monotonic() + timeout_s
+    with open(path, "a+") as f:
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"waited {timeout_s:.0f} s for {path}; another process is preparing "
+                        "the built-in corpus (delete the lock file if none is)"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def default_cache_root() -> Path:
+    """$LLMTRAIN_CACHE, else $XDG_CACHE_HOME/llmtrain, else ~/.cache/llmtrain."""
+    env = os.environ.get("LLMTRAIN_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "llmtrain"

@@ -1,0 +1,190 @@
+"""The one place that writes run-directory files: atomically, durably, never through a symlink.
+
+Every write into a run directory goes through here:
+
+- ``write_atomic`` / ``write_text_atomic`` / ``write_json_atomic``: a temporary file in the same
+  folder (created with O_CREAT|O_EXCL|O_NOFOLLOW), fsync'd, renamed over the target (rename
+  replaces a symlink's directory entry, never its target), then the folder is fsync'd.
+- ``open_append``: logs and metrics, opened with O_APPEND|O_NOFOLLOW.
+- ``check_inside``: every folder between the run directory and the file is lstat'd; a symlink
+  planted there is refused (``UnsafePathError``) instead of followed.
+- ``sha256_file`` (opened with O_NOFOLLOW) and ``fsync_path``.
+- ``describe_write_error``: disk full (ENOSPC, EDQUOT) and read-only (EROFS, EACCES, EPERM)
+  errors said plainly, with the path and the free space left.
+
+Fault injection (tests only): ``LLMTRAIN_FAULT_DISK_FULL=1`` makes every write through this
+module fail with ENOSPC, as a full disk would; it is the test hook named as such, nothing else
+reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+from pathlib import Path
+from typing import IO, Any
+
+FAULT_DISK_FULL_ENV = "LLMTRAIN_FAULT_DISK_FULL"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class UnsafePathError(OSError):
+    """A path inside a run directory is (or passes through) a symlink."""
+
+
+def _inject_fault(path: Path) -> None:
+    if os.environ.get(FAULT_DISK_FULL_ENV, "") not in ("", "0"):
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_DISK_FULL_ENV})", str(path))
+
+
+def check_inside(path: Path, root: Path | None) -> None:
+    """Refuse `path` when any folder between `root` and it, or `path` itself, is a symlink.
+
+    `root` itself may be a symlink (the user chose it); what lies inside it may not."""
+    if root is None:
+        return
+    path, root = Path(path), Path(root)
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise UnsafePathError(errno.EPERM, f"{path} is outside {root}", str(path)) from None
+    current = root
+    for part in rel.parts:
+        current = current / part
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(info.st_mode):
+            raise UnsafePathError(
+                errno.ELOOP,
+                f"{current} is a symbolic link inside the run directory {root}; llmtrain never "
+                "writes through links there (remove it)",
+                str(current),
+            )
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | _CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder (its entries: a rename into it is durable after this)."""
+    try:
+        fsync_path(path)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF):  # file systems without dir fsync
+            raise
+
+
+def write_atomic(path: Path, data: bytes, root: Path | None = None, mode: int = 0o644) -> None:
+    """Replace `path` with `data`: all or nothing, durable, never following a symlink."""
+    path = Path(path)
+    check_inside(path.parent, root)
+    _inject_fault(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # the umask may have narrowed it
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str, root: Path | None = None, mode: int = 0o644) -> None:
+    write_atomic(path, text.encode("utf-8"), root=root, mode=mode)
+
+
+def write_json_atomic(path: Path, document: Any, root: Path | None = None) -> None:
+    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+    write_atomic(path, text.encode("utf-8"), root=root)
+
+
+def open_append(path: Path, root: Path | None = None, binary: bool = False) -> IO[Any]:
+    """Open a log for appending; a symlink at `path` or above it (inside `root`) is refused."""
+    path = Path(path)
+    check_inside(path, root)
+    _inject_fault(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(
+                errno.ELOOP,
+                f"{path} is a symbolic link; llmtrain never writes through it",
+                str(path),
+            ) from None
+        raise
+    if binary:
+        return os.fdopen(fd, "ab")
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def read_bytes(path: Path) -> bytes:
+    """Read a file without following a symlink at its name."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space on the file system holding `path` (its nearest existing parent)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def describe_write_error(exc: BaseException, path: Path) -> str | None:
+    """A plain sentence for a disk-full or read-only write error (None for any other error)."""
+    if not isinstance(exc, OSError) or isinstance(exc, UnsafePathError):
+        return None
+    where = Path(exc.filename) if exc.filename else Path(path)
+    free = free_bytes(where)
+    free_text = f"{free / 2**30:.2f} GiB free" if free is not None else "free space unknown"
+    if exc.errno in DISK_FULL_ERRNOS:
+        return (
+            f"disk full writing {where} ({free_text} on its file system); free space there or "
+            "move run.root_dir, then run the same command again to resume from the last good "
+            "checkpoint"
+        )
+    if exc.errno in READ_ONLY_ERRNOS:
+        return (
+            f"cannot write {where}: {os.strerror(exc.errno or 0)} (read-only or not permitted; "
+            f"{free_text}); make it writable or set run.root_dir to a writable folder"
+        )
+    return None

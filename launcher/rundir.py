@@ -1,0 +1,119 @@
+"""Every file of a run directory, named in one place (no torch import).
+
+config.yaml       the resolved configuration the ranks train from
+plan.json         `llmtrain plan --json` for it (predictions; the MFU denominator)
+ds_config.json    the DeepSpeed config (backend=deepspeed)
+launch.sh         the exact torchrun command and environment that was launched
+job.sbatch        the SLURM batch script (`llmtrain submit`);  slurm.json  its job ids
+logs/             rank{R}.log, rank{R}.error.json (a failed rank), torchrun.log, slurm-%j.out/err
+metrics.jsonl     one line per step;  tensorboard/  the same as TensorBoard events
+checkpoints/      step_NNNNNNNN/ (launcher.train.checkpoint)
+summary.json      written at the end of a run
+preempted.json    written when a run checkpointed and stopped on a signal
+.llmtrain.lock    held (flock) by the `llmtrain run` that owns the directory
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG = "config.yaml"
+PLAN = "plan.json"
+DS_CONFIG = "ds_config.json"
+LAUNCH_SCRIPT = "launch.sh"
+SBATCH_SCRIPT = "job.sbatch"
+HOSTFILE = "hostfile"
+MEGATRON_ARGS = "megatron_args.txt"
+SLURM_JOBS = "slurm.json"
+LOGS = "logs"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+CHECKPOINTS = "checkpoints"
+SUMMARY = "summary.json"
+PREEMPTED = "preempted.json"
+LOCK = ".llmtrain.lock"
+TORCHRUN_LOG = "torchrun.log"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN
+
+    @property
+    def ds_config(self) -> Path:
+        return self.root / DS_CONFIG
+
+    @property
+    def launch_script(self) -> Path:
+        return self.root / LAUNCH_SCRIPT
+
+    @property
+    def sbatch_script(self) -> Path:
+        return self.root / SBATCH_SCRIPT
+
+    @property
+    def slurm_jobs(self) -> Path:
+        return self.root / SLURM_JOBS
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    def rank_error(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.error.json"
+
+    def rank_errors(self) -> list[Path]:
+        return sorted(self.logs.glob("rank*.error.json"))
+
+    @property
+    def torchrun_log(self) -> Path:
+        return self.logs / TORCHRUN_LOG
+
+    def slurm_log(self, job: str, suffix: str) -> Path:
+        return self.logs / f"slurm-{job}.{suffix}"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / TENSORBOARD
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY
+
+    @property
+    def preempted(self) -> Path:
+        return self.root / PREEMPTED
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK
+
+
+CHECKPOINT_PREFIX = "step_"
+
+
+def step_dir_name(step: int) -> str:
+    """The folder of the checkpoint taken after `step` optimizer steps."""
+    return f"{CHECKPOINT_PREFIX}{step:08d}"

@@ -1,0 +1,416 @@
+"""The Trainer each rank runs: ``setup`` (config, process group, data, engine, resume), ``step``
+(one optimizer step, metrics, checkpoint when the policy says so), ``close`` (final checkpoint and
+summary). ``launcher.train.loop`` drives it.
+
+Rank 0 reports metrics; every rank logs to ``logs/rank{R}.log``; a failing rank writes
+``logs/rank{R}.error.json`` (with the time it failed: the launcher names the earliest).
+All run-directory writes go through ``launcher.fsio`` (no symlinks followed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import yaml
+
+from launcher import fsio
+from launcher.config.compose import config_from_values
+from launcher.config.layout import Layout, derive_layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.config.secrets import secret_names, secret_status
+from launcher.rundir import RunDir
+from launcher.train.checkpoint import (
+    CheckpointWriter,
+    Found,
+    complete_checkpoints,
+    valid_checkpoints,
+)
+from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, default_cache_root
+from launcher.train.engines.base import Engine
+from launcher.train.engines.dist import init_process_group_from_env
+from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
+from launcher.train.optim import learning_rate
+from launcher.train.policy import CheckpointPolicy
+from launcher.train.sampler import ShardedSampler
+from launcher.train.summary import format_summary, summarize
+
+# Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
+# rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
+EXIT_PREEMPTED = 99
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` to this process when its parent exits (prctl PR_SET_PDEATHSIG):
+    trainers never outlive their torchrun, torchrun never outlives llmtrain. Elsewhere: no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
+
+
+class CheckpointLoadError(RuntimeError):
+    """Checkpoints exist but none of them could be loaded (refused or unreadable)."""
+
+
+def build_engine(cfg: LLMTrainConfig) -> Engine:
+    if cfg.backend.name == "deepspeed":
+        from launcher.train.engines.deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(cfg, seed=cfg.train.seed)
+    from launcher.train.engines.torch_engine import TorchEngine
+
+    return TorchEngine(cfg, seed=cfg.train.seed)
+
+
+class Log:
+    """This rank's log file; rank 0 also prints to the terminal (a closed terminal is ignored)."""
+
+    def __init__(self, run: RunDir, rank: int):
+        fsio.check_inside(run.logs, run.root)
+        run.logs.mkdir(exist_ok=True)
+        self.rank = rank
+        self.path = run.rank_log(rank)
+        self.file = fsio.open_append(self.path, root=run.root)
+        if rank != 0:
+            # Everything else this rank prints (libraries included) goes to its log, not the screen.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(self.file.fileno(), 1)
+            os.dup2(self.file.fileno(), 2)
+
+    def __call__(self, message: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} rank{self.rank} {message}"
+        self.file.write(line + "\n")
+        self.file.flush()
+        if self.rank == 0:
+            with contextlib.suppress(OSError):  # the terminal went away; the log file has it
+                print(message, flush=True)
+
+
+class Interrupt:
+    """SIGUSR1 (SLURM's warning before the time limit), SIGTERM, SIGINT (Ctrl-C) or SIGHUP:
+    checkpoint at the next step boundary and exit with EXIT_PREEMPTED. Every rank agrees
+    through an all-reduce."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = signal.Signals(signum).name
+
+    def agreed(self, device: torch.device) -> bool:
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+
+class Watchdog:
+    """Declares this rank hung when ``beat()`` has not been called for `timeout_s` seconds: writes
+    this rank's error file (which the launcher shows) and exits; torchrun stops the others."""
+
+    def __init__(self, timeout_s: float, run: RunDir, rank: int):
+        self.timeout_s = timeout_s
+        self.run, self.rank = run, rank
+        self.last = time.monotonic()
+        self.step = 0
+        if timeout_s > 0:
+            threading.Thread(target=self._watch, name="llmtrain-watchdog", daemon=True).start()
+
+    def beat(self, step: int) -> None:
+        self.last, self.step = time.monotonic(), step
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(5.0, self.timeout_s / 4))
+            idle = time.monotonic() - self.last
+            if idle > self.timeout_s:
+                message = (
+                    f"no training progress for {idle:.0f} s after step {self.step} "
+                    f"(train.hang_timeout_s={self.timeout_s:g}); the run is stopped"
+                )
+                write_error(self.run, self.rank, "HangDetected", message, "")
+                print(f"rank {self.rank}: {message}", file=sys.stderr, flush=True)
+                os._exit(1)
+
+
+def write_error(run: RunDir, rank: int, kind: str, message: str, trace: str) -> None:
+    """The error file the launcher reads to say which rank failed first and why."""
+    error = {
+        "rank": rank,
+        "time": time.time(),
+        "type": kind,
+        "message": message,
+        "traceback": trace,
+    }
+    try:
+        run.logs.mkdir(exist_ok=True)
+        fsio.write_text_atomic(run.rank_error(rank), json.dumps(error, indent=1), root=run.root)
+    except OSError as exc:  # a full disk: stderr (torchrun.log) is all that is left
+        print(
+            f"rank {rank}: cannot write its error file ({exc}): {kind}: {message}", file=sys.stderr
+        )
+
+
+def fault_injection(rank: int) -> int | None:
+    """Test hook: LLMTRAIN_FAIL_AT_STEP=N (and LLMTRAIN_FAIL_RANK=R, default 0) makes rank R fail
+    before step N: it raises, or with LLMTRAIN_FAIL_MODE=hang it stops making progress."""
+    step = os.environ.get("LLMTRAIN_FAIL_AT_STEP")
+    if step and int(os.environ.get("LLMTRAIN_FAIL_RANK", "0")) == rank:
+        return int(step)
+    return None
+
+
+def data_dir(cfg: LLMTrainConfig) -> Path:
+    if cfg.data.path is not None:
+        return Path(cfg.data.path).expanduser()
+    return builtin_corpus_dir(default_cache_root())
+
+
+def plan_peak_flops(plan: dict[str, Any]) -> float | None:
+    """Peak FLOP/s per device exactly as `plan` divided by for its MFU (plan.json's time section:
+    mfu = tflops_per_gpu / peak), so measured and predicted MFU share one denominator."""
+    t = plan.get("time") or {}
+    tflops, mfu = t.get("tflops_per_gpu"), t.get("mfu")
+    if isinstance(tflops, int | float) and isinstance(mfu, int | float) and mfu > 0:
+        return float(tflops) * 1e12 / float(mfu)
+    return None
+
+
+@dataclass
+class StepRecord:
+    done: int
+    loss: float
+    elapsed: float
+
+
+class Trainer:
+    """One rank's training: ``setup()``, ``step()`` until it returns False, ``close()``."""
+
+    def __init__(self, run_dir: Path):
+        self.run = RunDir(run_dir)
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+        self.start = 0
+        self.done = 0
+
+    # --- setup ---------------------------------------------------------------------------------
+    def setup(self) -> None:
+        run = self.run
+        values = yaml.safe_load(fsio.read_bytes(run.config).decode("utf-8"))
+        self.cfg = cfg = config_from_values(values)
+        self.plan: dict[str, Any] = (
+            json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
+        )
+        self.layout: Layout = derive_layout(cfg)
+        init_process_group_from_env()
+        self.rank = dist.get_rank()
+        self.log = Log(run, self.rank)
+        if secret_names(cfg):  # config.yaml has them as ***: the values come from the environment
+            self.log(secret_status(secret_names(cfg), os.environ))
+        self.interrupt = Interrupt()
+        torch.manual_seed(cfg.train.seed)
+        self.shards = TokenShards(data_dir(cfg))
+        check_vocab(self.shards.index, cfg.model.vocab_size)
+        self.runtime_rss = current_rss()  # Python, torch, process group: before the model exists
+        self.engine = build_engine(cfg)
+        info = self.engine.info
+        self.sampler = ShardedSampler(
+            self.shards.num_sequences(cfg.model.seq_length),
+            info.dp_rank,
+            info.dp_size,
+            self.layout.micro_batch_size * self.layout.grad_accum,
+            cfg.train.seed,
+        )
+        self.writer = CheckpointWriter(
+            run.checkpoints, self.rank, cfg.checkpoint.keep_last, dist.barrier
+        )
+        self.device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.total = self.layout.steps
+        if cfg.checkpoint.resume:
+            self._resume()
+        self.done = self.start
+        self.policy = CheckpointPolicy.from_config(cfg.checkpoint, self.plan, self.total)
+        self.metrics = (
+            MetricsWriter(run.root, self.total, self.start, cfg.train.log_every)
+            if self.rank == 0 and self.start < self.total
+            else None
+        )
+        self.flops_per_token = (self.plan.get("flops") or {}).get("per_token_model")
+        peak = plan_peak_flops(self.plan)
+        self.peak_total = peak * info.world_size if peak else None
+        self.tokens_per_step = self.layout.global_batch_size * cfg.model.seq_length
+        self.fail_at = fault_injection(self.rank)
+        self.watchdog = Watchdog(cfg.train.hang_timeout_s, run, self.rank)
+        if self.start < self.total:
+            self.log(
+                f"training {cfg.model.name} for steps {self.start + 1}..{self.total} on "
+                f"{info.world_size} process(es): {self.layout.global_batch_size} x "
+                f"{cfg.model.seq_length} tokens per step; {self.policy.describe()}"
+            )
+
+    def _candidates(self) -> tuple[list[Found], int]:
+        """(valid checkpoints newest first, number of checkpoint folders), as rank 0 sees them
+        (every rank gets the same answer)."""
+        found: list[Any] = [None]
+        if self.rank == 0:
+            folders = len(complete_checkpoints(self.run.checkpoints))
+            found = [(list(valid_checkpoints(self.run.checkpoints, self.log)), folders)]
+        dist.broadcast_object_list(found, src=0)
+        valid, folders = found[0]
+        return list(valid), int(folders)
+
+    def _resume(self) -> None:
+        """Load the newest checkpoint that loads on every rank; fall back to older ones. When
+        there are checkpoints and none loads, stop (never silently start over)."""
+        candidates, folders = self._candidates()
+        if folders and not candidates:
+            raise CheckpointLoadError(
+                f"{self.run.checkpoints} holds {folders} checkpoint folder(s) and none verifies "
+                "(see the warnings above); remove them, or start over with `llmtrain run --fresh`"
+            )
+        failures = []
+        for found in candidates:
+            problem = None
+            try:
+                self.engine.load(found.engine_dir)
+                self.sampler.load_state_dict(found.trainer_state["sampler"])
+            except Exception as exc:  # a refused or unreadable checkpoint: try an older one
+                problem = f"{type(exc).__name__}: {exc}"
+            flag = torch.tensor([1.0 if problem else 0.0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() == 0:
+                self.start = found.step
+                self.losses = list(found.trainer_state.get("losses", []))
+                self.log(f"resumed from {found.path} (step {self.start})")
+                return
+            failures.append(f"{found.path.name}: {problem or 'failed on another rank'}")
+            self.log(
+                f"WARNING: could not load checkpoint {found.path} "
+                f"({problem or 'failed on another rank'}); trying an older one"
+            )
+        if failures:
+            raise CheckpointLoadError(
+                f"no checkpoint in {self.run.checkpoints} could be loaded, refused: "
+                + "; ".join(failures)
+                + ". Remove them, or start over with `llmtrain run --fresh`"
+            )
+        self.start, self.losses = 0, []
+
+    # --- steps ---------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+    def save(self, step: int) -> None:
+        state = {"step": step, "sampler": self.sampler.state_dict(), "losses": self.losses}
+        path = self.writer.save(step, self.engine.save, state)
+        self.policy.saved()
+        self.log(f"checkpoint {path}")
+
+    def step(self) -> bool:
+        """One optimizer step; False when the run must stop now (preempted or interrupted)."""
+        step = self.done
+        if step + 1 == self.fail_at:
+            if os.environ.get("LLMTRAIN_FAIL_MODE") == "hang":
+                while True:
+                    time.sleep(60)
+            raise RuntimeError(f"injected failure at step {self.fail_at} (LLMTRAIN_FAIL_AT_STEP)")
+        lr = learning_rate(self.cfg.optim, step, self.total)
+        indices = self.sampler.next_batch_indices()
+        rows = torch.from_numpy(self.shards.batch(indices, self.cfg.model.seq_length))
+        began = time.perf_counter()
+        result = self.engine.step(rows, lr)
+        elapsed = time.perf_counter() - began
+        self.step_times.append(elapsed)
+        self.losses.append(result.loss)
+        self.done = done = step + 1
+        self._report(done, lr, result.loss, result.grad_norm, elapsed)
+        if self.interrupt.agreed(self.device):
+            self.save(done)
+            if self.rank == 0:
+                marker = {"step": done, "time": time.time(), "signal": self.interrupt.requested}
+                fsio.write_json_atomic(self.run.preempted, marker, root=self.run.root)
+            if self.interrupt.requested in ("SIGINT", "SIGHUP"):
+                self.log(f"interrupted: checkpoint written at step {done}; run again to resume")
+            else:
+                self.log(f"preempted: checkpoint written at step {done}; exiting for requeue")
+            return False
+        if self._due(done):
+            self.save(done)
+        self.watchdog.beat(done)
+        return True
+
+    def _due(self, done: int) -> bool:
+        due = self.policy.due(done) is not None
+        if self.policy.time_based and not self.finished:
+            # Clocks differ between ranks: rank 0 decides for everyone.
+            flag = torch.tensor([1.0 if due else 0.0], device=self.device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item() > 0)
+        return due
+
+    def _report(self, done: int, lr: float, loss: float, grad_norm: float, elapsed: float) -> None:
+        if self.metrics is None:
+            return
+        tokens_per_s = self.tokens_per_step / elapsed
+        mfu = None
+        if self.flops_per_token and self.peak_total:
+            mfu = tokens_per_s * self.flops_per_token / self.peak_total
+        self.metrics.write(
+            {
+                "step": done,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens": done * self.tokens_per_step,
+                "step_time_s": elapsed,
+                "tokens_per_s": tokens_per_s,
+                "mfu": mfu,
+                "memory_bytes": memory_bytes(peak_memory()),
+                "elapsed_s": sum(self.step_times),
+                "time": time.time(),
+            }
+        )
+
+    # --- close ---------------------------------------------------------------------------------
+    def close(self) -> dict[str, Any]:
+        """Final checkpoint and summary (rank 0 writes summary.json); returns the summary."""
+        self.save(self.total)
+        if self.metrics is not None:
+            self.metrics.close()
+        summary = summarize(
+            self.cfg,
+            self.plan,
+            self.losses,
+            self.step_times,
+            self.start,
+            self.engine.info.world_size,
+            self.runtime_rss,
+        )
+        summary["weights_sha256"] = self.engine.weights_digest()
+        if self.rank == 0:
+            text = json.dumps(summary, indent=2) + "\n"
+            fsio.write_text_atomic(self.run.summary, text, root=self.run.root)
+            self.log(format_summary(summary))
+        return summary
