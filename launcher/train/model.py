@@ -51,6 +51,7 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.train.ring_attention import ContextParallel
 
 ROPE_THETA = 10_000.0
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -73,13 +74,17 @@ def _norm(kind: str, dim: int) -> nn.Module:
 
 
 # --- rotary position embedding -------------------------------------------------------------------
-def rope_tables(seq_len: int, dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE."""
+def rope_tables(
+    seq_len: int, dim: int, device: torch.device, positions: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE, at positions 0..seq_len-1
+    or at the given `positions` (a context-parallel rank's tokens)."""
     inv_freq = 1.0 / (
         ROPE_THETA ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
     )
-    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
-    freqs = torch.outer(positions, inv_freq)
+    if positions is None:
+        positions = torch.arange(seq_len, device=device)
+    freqs = torch.outer(positions.to(torch.float32), inv_freq)
     angles = torch.cat([freqs, freqs], dim=-1)
     return angles.cos(), angles.sin()
 
@@ -103,12 +108,20 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str)
 
 
 class _CoreMixin:
-    """Runs the attention core, checkpointed when selective recompute is on."""
+    """Runs the attention core, checkpointed when selective recompute is on, or as ring
+    attention over the context-parallel group when ``context_parallel`` is set."""
 
     recompute_core: bool
     kind: str
+    context_parallel: ContextParallel | None = None
+
+    def _positions(self, device: torch.device) -> torch.Tensor | None:
+        cp = self.context_parallel
+        return None if cp is None else cp.positions(device)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.context_parallel is not None:
+            return self.context_parallel.attention(q, k, v)
         if self.recompute_core and torch.is_grad_enabled():
             out = checkpoint(attention_core, q, k, v, self.kind, use_reentrant=False)
             return cast(torch.Tensor, out)
@@ -138,7 +151,7 @@ class Attention(_CoreMixin, nn.Module):
         k = _call(self.wk, x).view(b, s, -1, self.head_dim)
         v = _call(self.wv, x).view(b, s, -1, self.head_dim)
         if self.use_rope:
-            cos, sin = rope_tables(s, self.head_dim, x.device)
+            cos, sin = rope_tables(s, self.head_dim, x.device, self._positions(x.device))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return _call(self.wo, out.transpose(1, 2).reshape(b, s, -1))
@@ -316,6 +329,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
+        self.context_parallel: ContextParallel | None = None
         h = cfg.hidden_size
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, h)
         self.pos_embeddings: nn.Embedding | None = (
@@ -333,7 +347,12 @@ class Transformer(nn.Module):
         if self.tok_embeddings is not None and not tokens.is_floating_point():
             h = _call(self.tok_embeddings, tokens)
             if self.pos_embeddings is not None:
-                positions = torch.arange(tokens.shape[1], device=tokens.device)
+                cp = self.context_parallel
+                positions = (
+                    torch.arange(tokens.shape[1], device=tokens.device)
+                    if cp is None
+                    else cp.positions(tokens.device)
+                )
                 h = h + _call(self.pos_embeddings, positions)
         else:
             h = tokens
@@ -422,6 +441,16 @@ def build_model(
         model = Transformer(cfg)
     if device.type != "meta":
         init_weights(model, seed)
+    return model
+
+
+def apply_context_parallel(model: Transformer, cp: ContextParallel) -> Transformer:
+    """Make `model` run on this cp rank's load-balanced chunks: learned positions and RoPE at the
+    rank's token positions, attention as ring attention over ``cp.group``. Returns `model`."""
+    model.context_parallel = cp
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.context_parallel = cp
     return model
 
 

@@ -75,9 +75,9 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
             if save_at is not None and step + 1 == save_at:
                 assert save_dir is not None
                 files = [str(p) for p in engine.save(Path(save_dir))]
-        info = engine.info
+        info, extra = engine.info, engine.extra_state()
         engine.close()
-        return {"losses": losses, "norms": norms, "files": files, "info": info}
+        return {"losses": losses, "norms": norms, "files": files, "info": info, "extra": extra}
     finally:
         dist.destroy_process_group()
 
@@ -152,6 +152,12 @@ CASES: dict[str, tuple[int, list[str]]] = {
         4,
         ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true", UNTIED, *B4],
     ),
+    "zero1": (2, ["zero.stage=1", "train.micro_batch_size=2", "train.global_batch_size=8"]),
+    "fp16-dynamic-scaling": (2, ["precision=fp16", "zero.stage=0", *B4]),
+    # Ring attention with RoPE at the rank's positions, grouped-query attention.
+    "cp2-llama-gqa": (2, ["parallel.cp=2", *LLAMA, "model.num_kv_heads=2", *B4]),
+    # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler.
+    "dp2xcp2-zero1-fp16": (4, ["parallel.cp=2", "zero.stage=1", "precision=fp16", *B4]),
 }
 
 
@@ -172,8 +178,14 @@ def test_layout_trains(name: str) -> None:
         (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], ["model.num_kv_heads=1"], 1e-4),
         # Stages built from one seed equal the unsplit model; the pipeline's loss is the mean.
         (2, ["parallel.pp=2"], [UNTIED], 1e-4),
+        # Sharded optimizer states: each rank updates its share, then broadcasts it.
+        (2, ["zero.stage=1"], [], 1e-5),
+        # fp16 activations: the reduction order differs, and fp16 rounds the difference up.
+        (2, ["zero.stage=0"], ["precision=fp16"], 2e-3),
+        # Ring attention over load-balanced chunks, learned positions at the rank's tokens.
+        (2, ["parallel.cp=2"], [], 1e-4),
     ],
-    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b"],
+    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b", "zero1", "fp16", "cp2"],
 )
 def test_matches_single_process(
     nproc: int, layout: list[str], model: list[str], tolerance: float
@@ -192,6 +204,9 @@ def test_matches_single_process(
     ("name", "nproc", "overrides"),
     [
         ("ddp", 2, ["zero.stage=0", "train.micro_batch_size=2", "train.global_batch_size=8"]),
+        ("zero1", 2, ["zero.stage=1", *B4]),
+        ("fp16-scaler", 2, ["precision=fp16", *B4]),
+        ("cp2-rope", 2, ["parallel.cp=2", *LLAMA, *B4]),
         (
             "pp2-1f1b-zero3",
             2,

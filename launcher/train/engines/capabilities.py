@@ -22,13 +22,15 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
     on_cpu = cfg.cluster.gpu == "cpu"
     out: list[str] = []
 
-    if z.stage == 1:
+    if z.stage == 1 and (p.tp > 1 or p.pp > 1):
         out.append(
-            "zero.stage=1 (sharded optimizer states only) has no PyTorch-native equivalent here; "
-            "use zero.stage=0 (DDP), zero.stage=2 or 3 (FSDP2), or backend=deepspeed"
+            f"zero.stage=1 (DDP + ZeroRedundancyOptimizer) with parallel.tp={p.tp}, "
+            f"parallel.pp={p.pp}: the torch backend shards optimizer states over plain data "
+            "parallel only; use zero.stage=0, 2 or 3 with tp/pp, parallel.tp=1 and "
+            "parallel.pp=1, or backend=deepspeed"
         )
-    elif z.stage not in (0, 2, 3):
-        out.append(f"zero.stage={z.stage} is not a ZeRO stage; use 0, 2 or 3")
+    elif z.stage not in (0, 1, 2, 3):
+        out.append(f"zero.stage={z.stage} is not a ZeRO stage; use 0, 1, 2 or 3")
     if z.offload_params == "cpu" and z.stage != 3:
         out.append(
             "zero.offload_params=cpu is FSDP2's CPUOffloadPolicy, which the torch backend applies "
@@ -41,10 +43,23 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
             "zero.offload_params=cpu with zero.stage=3 as well, or use backend=deepspeed"
         )
     if p.cp > 1:
-        out.append(
-            f"parallel.cp={p.cp}: context parallelism is not implemented by the torch backend; "
-            "use parallel.cp=1 (fold the ranks into dp or tp), or backend=megatron"
-        )
+        if p.tp > 1 or p.pp > 1:
+            out.append(
+                f"parallel.cp={p.cp} with parallel.tp={p.tp}, parallel.pp={p.pp}: the torch "
+                "backend's ring attention runs with data parallel only; use parallel.tp=1 and "
+                "parallel.pp=1 with cp, parallel.cp=1, or backend=megatron"
+            )
+        if m.kv_lora_rank is not None:
+            out.append(
+                f"parallel.cp={p.cp} with multi-head latent attention (model.kv_lora_rank set): "
+                "the torch backend's ring attention covers standard attention only; use "
+                "parallel.cp=1, or backend=megatron"
+            )
+        if cfg.backend.compile:
+            out.append(
+                f"parallel.cp={p.cp} with backend.compile=true: ring attention is not compiled "
+                "by the torch backend; set backend.compile=false, or parallel.cp=1"
+            )
     if p.ep > 1:
         out.append(
             f"parallel.ep={p.ep}: expert parallelism is not implemented by the torch backend; "
@@ -108,11 +123,15 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
             "precision=fp8 is not implemented by the torch backend; use precision=bf16, "
             "or backend=megatron"
         )
-    elif prec.compute_dtype == "fp16":
-        where = "on CPU" if on_cpu else "in the torch backend"
+    elif (prec.compute_dtype == "fp16" or prec.loss_scaling == "dynamic") and (
+        z.stage not in (0, 1) or p.tp > 1 or p.pp > 1
+    ):
         out.append(
-            f"precision=fp16 (dynamic loss scaling) is not implemented {where}; use "
-            "precision=bf16 or precision=fp32" + ("" if on_cpu else ", or backend=deepspeed")
+            f"precision={prec.name} (loss_scaling={prec.loss_scaling}) with zero.stage={z.stage}, "
+            f"parallel.tp={p.tp}, parallel.pp={p.pp}: the torch backend's loss scaler "
+            "(torch.amp.GradScaler) runs with DDP only; use zero.stage=0 or 1 with "
+            "parallel.tp=1 and parallel.pp=1, or precision=bf16"
+            + ("" if on_cpu else ", or backend=deepspeed")
         )
     if cfg.optim.name not in SUPPORTED_OPTIMIZERS:
         out.append(

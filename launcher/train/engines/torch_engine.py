@@ -1,9 +1,10 @@
 """The PyTorch-native engine (``backend=torch``): DDP, FSDP2, DTensor tensor/sequence parallel and
 ``torch.distributed.pipelining`` on one DeviceMesh.
 
-Mesh and rank order: dims ("pp", "dp", "tp"), tp innermost and pp outermost, so global rank =
-(pp_rank * dp + dp_rank) * tp + tp_rank, the order ``plan`` and ``launcher.validate.rules`` assume.
-Context and expert parallel are not implemented (``capabilities.torch_capabilities`` refuses them).
+Mesh and rank order: dims ("pp", "dp", "cp", "tp"), tp innermost and pp outermost, so global
+rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, the order ``plan`` and
+``launcher.validate.rules`` assume. Expert parallel is not implemented
+(``capabilities.torch_capabilities`` refuses it).
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
 1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
@@ -15,14 +16,22 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
    of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
    (the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
-3. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
-4. Data parallel over the "dp" mesh dim: zero.stage=0 -> DDP (with tp > 1 or pp > 1: gradients
+3. Context parallel (cp > 1): each cp rank takes its two load-balanced chunks of the rows and the
+   attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``).
+   Gradients are averaged over dp x cp together (the "dp_cp" mesh), as Megatron-LM does.
+4. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
+5. Data parallel over the "dp" mesh dim (dp x cp with context parallel): zero.stage=0 -> DDP (with tp > 1 or pp > 1: gradients
    all-reduced over dp by the engine after the last micro-batch, since DDP would turn DTensor
    parameters into local tensors, breaking clipping and checkpoints, and its reducer asserts under
-   the pipeline schedules); zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``;
+   the pipeline schedules); zero.stage=1 -> DDP with ``ZeroRedundancyOptimizer`` (each dp rank
+   keeps and updates the optimizer states of its share of the parameters, then broadcasts them:
+   ZeRO stage 1, Rajbhandari et al. 2020); zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``;
    zero.stage=3 -> ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
    Mixed precision: FSDP2's MixedPrecisionPolicy (compute dtype for params, grad dtype for the
    reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32.
+   precision.loss_scaling=dynamic (precision=fp16): ``torch.amp.GradScaler`` (Micikevicius et al.
+   2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
+   2000 clean steps); its state is saved with the checkpoint.
 
 Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
 weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
@@ -33,6 +42,7 @@ stages all-reduced over the "pp" group.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 from collections.abc import Iterator
@@ -45,12 +55,15 @@ from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -75,11 +88,23 @@ from launcher.plan.model_shape import ModelShape
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.capabilities import torch_capabilities
 from launcher.train.engines.dist import engine_device
-from launcher.train.model import Transformer, apply_recompute, build_model, init_weights, loss_fn
-from launcher.train.optim import build_optimizer
+from launcher.train.model import (
+    Transformer,
+    apply_context_parallel,
+    apply_recompute,
+    build_model,
+    init_weights,
+    loss_fn,
+)
+from launcher.train.optim import build_optimizer, optimizer_class, param_groups
+from launcher.train.ring_attention import ContextParallel, shard_sequence
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# In a checkpoint's engine folder, next to the DCP files: the dynamic loss scaler's state (rank 0)
+# and, with zero.stage=1, each rank's shard of the optimizer states.
+SCALER_FILE = "loss_scaler.json"
+ZERO1_OPTIM_FILE = "zero1_optim_rank{rank}.pt"
 
 
 # What a DCP ``.metadata`` pickle may name (torch 2.13 writes these); anything else is refused.
@@ -206,15 +231,21 @@ class TorchEngine(Engine):
         self.layout: Layout = derive_layout(cfg)
         lay = self.layout
         world = dist.get_world_size()
-        if lay.pp * lay.dp * lay.tp != world:
+        ranks = lay.pp * lay.dp * lay.cp * lay.tp
+        if ranks != world:
             raise TorchEngineError(
-                f"pp={lay.pp} x dp={lay.dp} x tp={lay.tp} = {lay.pp * lay.dp * lay.tp} ranks, "
+                f"pp={lay.pp} x dp={lay.dp} x cp={lay.cp} x tp={lay.tp} = {ranks} ranks, "
                 f"but the process group has {world}"
             )
         self.device = engine_device()
         self.mesh = init_device_mesh(
-            self.device.type, (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp")
+            self.device.type,
+            (lay.pp, lay.dp, lay.cp, lay.tp),
+            mesh_dim_names=("pp", "dp", "cp", "tp"),
         )
+        # Gradients are averaged over dp and cp together (cp ranks see different tokens).
+        self.dp_mesh = self.mesh["dp"] if lay.cp == 1 else self.mesh["dp", "cp"]._flatten("dp_cp")
+        self.cp_rank = self.mesh.get_local_rank("cp")
         self.pp_rank = self.mesh.get_local_rank("pp")
         self.info = RankInfo(
             rank=dist.get_rank(),
@@ -224,11 +255,15 @@ class TorchEngine(Engine):
             dp_size=lay.dp,
             tp_rank=self.mesh.get_local_rank("tp"),
             pp_rank=self.pp_rank,
+            cp_rank=self.cp_rank,
         )
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.grad_dtype = DTYPES[cfg.precision.grad_dtype]
         self.zero = cfg.zero.stage
         self.fsdp = self.zero in (2, 3)
+        self.scaler: torch.amp.GradScaler | None = None
+        if cfg.precision.loss_scaling == "dynamic":
+            self.scaler = torch.amp.GradScaler(self.device.type)
         # zero 0 with tp or pp: the engine all-reduces the gradients over dp itself, after the
         # last micro-batch (DDP would turn DTensor parameters into local tensors, and its reducer
         # does not follow the pipeline schedules' interleaved forwards and backwards).
@@ -260,6 +295,9 @@ class TorchEngine(Engine):
                 model.output = None
         model.to_empty(device=self.device)
         init_weights(model, seed)
+        if lay.cp > 1:
+            cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
+            apply_context_parallel(model, cp)
         if lay.tp > 1:
             self._apply_tp(model, first_chunk=first)
         apply_recompute(model, cfg.train.recompute)
@@ -331,7 +369,7 @@ class TorchEngine(Engine):
 
     def _apply_dp(self, model: nn.Module) -> nn.Module:
         lay, z = self.layout, self.cfg.zero
-        dp_mesh = self.mesh["dp"]
+        dp_mesh = self.dp_mesh
         if self.fsdp:
             mixed = self.compute_dtype != torch.float32
             mp = MixedPrecisionPolicy(
@@ -347,7 +385,7 @@ class TorchEngine(Engine):
                 fully_shard(block, reshard_after_forward=reshard, **kwargs)
             fully_shard(model, reshard_after_forward=reshard, **kwargs)
             return model
-        if lay.dp > 1 and not self.manual_dp_sync:
+        if lay.dp * lay.cp > 1 and not self.manual_dp_sync:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             return DistributedDataParallel(
                 model, device_ids=device_ids, process_group=dp_mesh.get_group()
@@ -361,6 +399,14 @@ class TorchEngine(Engine):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         params = [param for part in self.parts for param in part.parameters()]
+        if self.zero == 1:
+            cls, options = optimizer_class(self.cfg.optim)
+            return ZeroRedundancyOptimizer(
+                cast(Any, param_groups(params, self.cfg.optim)),
+                optimizer_class=cls,
+                process_group=self.dp_mesh.get_group(),
+                **options,
+            )
         return build_optimizer(params, self.cfg.optim)
 
     def _build_schedule(self) -> Any:
@@ -442,6 +488,9 @@ class TorchEngine(Engine):
             )
         rows = rows.to(self.device, non_blocking=True)
         inputs, targets = rows[:, :-1], rows[:, 1:]
+        if lay.cp > 1:
+            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
+            targets = shard_sequence(targets, lay.cp, self.cp_rank)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if lay.pp > 1:
@@ -450,12 +499,20 @@ class TorchEngine(Engine):
             loss = self._forward_backward(inputs, targets)
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
+        if self.scaler is not None:
+            # Gradients are all-reduced, so every rank sees the same inf/NaN and skips together.
+            self.scaler.unscale_(self.optimizer)
         grad_norm = self._clip()
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
-        # every tp peer holds the same value, so sum over the world and divide by dp * tp.
-        total = loss.detach().float().reshape(1) / (lay.dp * lay.tp)
+        # every tp peer holds the same value and each cp rank the mean over an equal share of the
+        # tokens, so sum over the world and divide by dp * cp * tp.
+        total = loss.detach().float().reshape(1) / (lay.dp * lay.cp * lay.tp)
         dist.all_reduce(total)
         return StepResult(loss=float(total), grad_norm=grad_norm)
 
@@ -469,7 +526,10 @@ class TorchEngine(Engine):
             with self._grad_sync(i == accum - 1):
                 with self._autocast():
                     loss = _loss(model(inputs[chunk]), targets[chunk])
-                torch.autograd.backward(loss / accum)
+                scaled = loss / accum
+                torch.autograd.backward(
+                    self.scaler.scale(scaled) if self.scaler is not None else scaled
+                )
             loss_sum += loss.detach()
         return loss_sum / accum
 
@@ -494,40 +554,70 @@ class TorchEngine(Engine):
         return self.parts[0] if len(self.parts) == 1 else self.parts
 
     def _state(self) -> dict[str, Any]:
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            # DCP does not know ZeroRedundancyOptimizer: the model goes through DCP, each rank's
+            # optimizer shard into its own file (_save_extra).
+            return {"model": get_model_state_dict(self._model_arg(), options=STATE_OPTIONS)}
         model_sd, optim_sd = get_state_dict(
             self._model_arg(), self.optimizer, options=STATE_OPTIONS
         )
         return {"model": model_sd, "optim": optim_sd}
+
+    def _save_extra(self, directory: Path, rank: int) -> list[Path]:
+        """The optimizer shard of ZeRO-1 (every rank) and the loss scaler's state (rank 0)."""
+        written: list[Path] = []
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            path = directory / ZERO1_OPTIM_FILE.format(rank=rank)
+            torch.save(self.optimizer.optim.state_dict(), path)
+            written.append(path)
+        if self.scaler is not None and rank == 0:
+            path = directory / SCALER_FILE
+            path.write_text(json.dumps(self.scaler.state_dict(), sort_keys=True) + "\n")
+            written.append(path)
+        return written
 
     def save(self, directory: Path) -> list[Path]:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         rank = dist.get_rank()
         dcp_save(self._state(), storage_writer=FileSystemWriter(str(directory)))
+        mine = self._save_extra(directory, rank)
         dist.barrier()
-        mine = list(directory.glob(f"__{rank}_*.distcp"))
+        mine += list(directory.glob(f"__{rank}_*.distcp"))
         if rank == 0:
             mine += [p for p in directory.iterdir() if p.name == ".metadata"]
         return sorted(mine)
 
     def load(self, directory: Path) -> None:
-        check_checkpoint_metadata(Path(directory))
+        directory = Path(directory)
+        check_checkpoint_metadata(directory)
         state = self._state()
         dcp_load(state, storage_reader=FileSystemReader(str(directory)))
-        set_state_dict(
-            self._model_arg(),
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=STATE_OPTIONS,
-        )
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            set_model_state_dict(self._model_arg(), state["model"], options=STATE_OPTIONS)
+            shard = directory / ZERO1_OPTIM_FILE.format(rank=dist.get_rank())
+            self.optimizer.optim.load_state_dict(torch.load(shard, weights_only=True))
+        else:
+            set_state_dict(
+                self._model_arg(),
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=STATE_OPTIONS,
+            )
+        if self.scaler is not None:
+            self.scaler.load_state_dict(json.loads((directory / SCALER_FILE).read_text()))
 
     def extra_state(self) -> dict[str, Any]:
         lay = self.layout
         return {
             "engine": "torch",
-            "mesh": {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp},
-            "data_parallel": "fsdp2" if self.fsdp else ("ddp" if lay.dp > 1 else "none"),
+            "mesh": {"pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "tp": lay.tp},
+            "data_parallel": "fsdp2"
+            if self.fsdp
+            else ("ddp" if lay.dp * lay.cp > 1 else "none")
+            + ("+zero1" if self.zero == 1 else ""),
+            "loss_scale": self.scaler.get_scale() if self.scaler is not None else None,
             "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
             "chunks": self.chunk_ids,
             "params_local": sum(
