@@ -11,7 +11,7 @@ so that they arrive back at their owner after cp hops (FlashAttention's backward
 dS = P * (dP - rowsum(dO * O))).
 
 Communication is plain point-to-point (``batch_isend_irecv``), which gloo has on CPU. The block
-math is in fp32 whatever the compute dtype (autocast off inside), returned in q's dtype.
+math is in fp32 for fp32/bf16/fp16 inputs (autocast off inside), returned in q's dtype.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import torch
 import torch.distributed as dist
 
 
-def chunk_positions(seq_len: int, cp: int, rank: int, device: torch.device | None = None) -> Any:
+def chunk_positions(
+    seq_len: int, cp: int, rank: int, device: torch.device | None = None
+) -> torch.Tensor:
     """Token positions held by cp rank `rank`: chunks rank and 2cp-1-rank of 2cp (LongTensor)."""
     chunk = seq_len // (2 * cp)
     first = torch.arange(rank * chunk, (rank + 1) * chunk, device=device)
@@ -120,28 +122,32 @@ def _ring_exchange(tensors: list[torch.Tensor], group: Any) -> list[torch.Tensor
     nxt = dist.get_global_rank(group, (rank + 1) % size)
     prv = dist.get_global_rank(group, (rank - 1) % size)
     received = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
-    ops = [
-        dist.P2POp(dist.isend, t.contiguous(), nxt, group, tag) for tag, t in enumerate(tensors)
-    ]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, group, tag) for tag, t in enumerate(tensors)]
     ops += [dist.P2POp(dist.irecv, r, prv, group, tag) for tag, r in enumerate(received)]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     return received
 
 
+def _work_dtype(q: torch.Tensor) -> torch.dtype:
+    """fp32 for fp32/bf16/fp16 inputs, fp64 for fp64 (the tests' exact reference)."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
     ) -> torch.Tensor:
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         seq = q.shape[2] * cp
         scale = 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
-            q32, kv = q.float(), [k.float(), v.float()]
+            work = _work_dtype(q)
+            q32, kv = q.to(work), [k.to(work), v.to(work)]
             q_pos = chunk_positions(seq, cp, rank, q.device)
             out = torch.zeros_like(q32)
-            lse = torch.full(q32.shape[:-1], float("-inf"), device=q.device)
+            lse = torch.full(q32.shape[:-1], float("-inf"), dtype=work, device=q.device)
             for step in range(cp):
                 source = (rank - step) % cp
                 k_pos = chunk_positions(seq, cp, source, q.device)
@@ -154,19 +160,20 @@ class _RingAttention(torch.autograd.Function):
         return out.to(q.dtype)
 
     @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, dout: torch.Tensor) -> Any:
         q, k, v, out, lse = ctx.saved_tensors
         group = ctx.group
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         seq = q.shape[2] * cp
         scale = 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
-            q32, do32 = q.float(), dout.float()
+            work = _work_dtype(q)
+            q32, do32 = q.to(work), dout.to(work)
             delta = (do32 * out).sum(-1)
             q_pos = chunk_positions(seq, cp, rank, q.device)
             dq = torch.zeros_like(q32)
             # Travelling together: a rank's keys, values and the gradients gathered for them.
-            travel = [k.float(), v.float(), torch.zeros_like(k, dtype=torch.float32)]
+            travel = [k.to(work), v.to(work), torch.zeros_like(k, dtype=work)]
             travel.append(torch.zeros_like(travel[2]))
             for step in range(cp):
                 source = (rank - step) % cp
@@ -185,7 +192,8 @@ class _RingAttention(torch.autograd.Function):
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any) -> torch.Tensor:
     """Causal attention of this rank's q [b, hq, s/cp, d] over the whole sequence's keys/values,
     each rank holding its load-balanced chunks (``shard_sequence``) of q, k [b, hkv, s/cp, d], v."""
-    return _RingAttention.apply(q, k, v, group)  # type: ignore[no-any-return]
+    out: torch.Tensor = _RingAttention.apply(q, k, v, group)  # type: ignore[no-untyped-call]
+    return out
 
 
 @dataclass

@@ -82,7 +82,9 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
         dist.destroy_process_group()
 
 
-def launch(nproc: int, overrides: list[str], steps: int, **kw: Any) -> list[dict[str, Any]]:
+def launch(
+    nproc: int, overrides: list[str], steps: int, entrypoint: Any = None, **kw: Any
+) -> list[dict[str, Any]]:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -95,7 +97,8 @@ def launch(nproc: int, overrides: list[str], steps: int, **kw: Any) -> list[dict
         max_restarts=0,
         monitor_interval=0.1,
     )
-    out = elastic_launch(config, entrypoint=_train)([*TINY, *overrides], nproc, steps, kw)
+    run = elastic_launch(config, entrypoint=entrypoint or _train)
+    out = run([*TINY, *overrides], nproc, steps, kw)
     return [out[r] for r in range(nproc)]
 
 
@@ -248,3 +251,53 @@ def test_tampered_checkpoint_metadata_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "pwned").exists()
     with pytest.raises(FileNotFoundError):
         check_checkpoint_metadata(tmp_path / "missing")
+
+
+def _overflow(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -> dict[str, Any]:
+    """One rank: a loss scale so large that the fp16 gradients overflow, one step, save, reload."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.config.compose import compose_config
+    from launcher.config.layout import derive_layout
+    from launcher.train.engines.dist import init_process_group_from_env
+    from launcher.train.engines.torch_engine import TorchEngine
+
+    torch.set_num_threads(1)
+    os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    cfg = compose_config([*overrides, f"cluster.gpus_per_node={nproc}"]).config
+    init_process_group_from_env()
+    try:
+        engine = TorchEngine(cfg, seed=cfg.train.seed)
+        assert engine.scaler is not None
+        state = engine.scaler.state_dict()
+        engine.scaler.load_state_dict({**state, "scale": 2.0**60})
+        lay = derive_layout(cfg)
+        per_dp = lay.grad_accum * lay.micro_batch_size
+        rows = _rows(0, lay.global_batch_size, lay.seq_length, cfg.model.vocab_size)
+        mine = rows[engine.info.dp_rank * per_dp : (engine.info.dp_rank + 1) * per_dp]
+        before = engine.weights_digest()
+        result = engine.step(mine, lr=cfg.optim.lr)
+        after = engine.weights_digest()
+        engine.save(Path(opts["save_dir"]))
+        fresh = TorchEngine(cfg, seed=cfg.train.seed)
+        fresh.load(Path(opts["save_dir"]))
+        return {
+            "skipped": before == after,
+            "grad_norm": result.grad_norm,
+            "scale": engine.extra_state()["loss_scale"],
+            "reloaded_scale": fresh.extra_state()["loss_scale"],
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fp16_overflow_skips_the_step_on_every_rank(tmp_path: Path) -> None:
+    """Dynamic loss scaling: an inf gradient skips the step everywhere and halves the scale, and
+    the scale is restored from the checkpoint."""
+    results = launch(
+        2, ["precision=fp16", "zero.stage=1", *B4], 1, _overflow, save_dir=str(tmp_path)
+    )
+    for r in results:
+        assert r["skipped"] and not math.isfinite(r["grad_norm"]), r
+        assert r["scale"] == 2.0**59 and r["reloaded_scale"] == 2.0**59, r

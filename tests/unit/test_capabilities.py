@@ -56,6 +56,11 @@ def test_module_does_not_import_torch() -> None:
         ["parallel.tp=2", "model.num_kv_heads=1"],
         ["parallel.tp=2", "model.num_kv_heads=2"],
         ["precision=fp32", "train.recompute=full"],
+        ["zero.stage=1"],
+        ["precision=fp16", "zero.stage=1"],
+        ["precision=fp16", "zero.stage=0"],
+        ["parallel.cp=2", "model.position=rope", "model.num_kv_heads=2"],
+        ["parallel.cp=2", "zero.stage=1", "precision=fp16", "cluster.gpus_per_node=4"],
     ],
 )
 def test_accepted(overrides: list[str]) -> None:
@@ -65,12 +70,20 @@ def test_accepted(overrides: list[str]) -> None:
 @pytest.mark.parametrize(
     ("overrides", "needle", "instead"),
     [
-        (["zero.stage=1"], "zero.stage=1", "backend=deepspeed"),
+        (["zero.stage=1", "parallel.tp=2"], "zero.stage=1", "backend=deepspeed"),
+        (
+            ["zero.stage=1", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"],
+            "zero.stage=1",
+            "parallel.pp=1",
+        ),
         (["zero.stage=2", "zero.offload_params=cpu"], "offload_params", "zero.stage=3"),
         (["zero.stage=3", "zero.offload_optimizer=cpu"], "offload_optimizer", "offload_params=cpu"),
-        (["parallel.cp=2"], "parallel.cp=2", "parallel.cp=1"),
+        (["parallel.cp=2", "parallel.tp=2"], "parallel.cp=2", "parallel.cp=1"),
+        (["parallel.cp=2", "model.kv_lora_rank=16"], "latent", "parallel.cp=1"),
+        (["parallel.cp=2", "backend.compile=true"], "compile", "backend.compile=false"),
         (["parallel.pp=2", "train.grad_accum=2"], "tie_embeddings", "tie_embeddings=false"),
-        (["precision=fp16"], "fp16", "precision=bf16"),
+        (["precision=fp16", "zero.stage=3"], "fp16", "precision=bf16"),
+        (["precision=fp16", "parallel.tp=2"], "GradScaler", "zero.stage=0 or 1"),
         (["precision=fp8"], "fp8", "precision=bf16"),
         (["optim.name=lion"], "lion", "optim.name=adamw"),
         (
@@ -124,6 +137,7 @@ def test_moe_with_tp_and_ep_refused() -> None:
     assert any("mixture-of-experts" in r and "parallel.tp=1" in r for r in found), found
 
 
-def test_fp16_on_gpu_points_to_deepspeed() -> None:
-    (found,) = reasons("precision=fp16", "cluster=h100-80gb")
-    assert "backend=deepspeed" in found and "on CPU" not in found
+def test_fp16_with_fsdp_on_gpu_points_to_deepspeed() -> None:
+    assert reasons("precision=fp16", "cluster=h100-80gb") == []
+    (found,) = reasons("precision=fp16", "zero.stage=3", "cluster=h100-80gb")
+    assert "backend=deepspeed" in found and "zero.stage=0 or 1" in found

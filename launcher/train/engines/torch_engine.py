@@ -20,13 +20,14 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``).
    Gradients are averaged over dp x cp together (the "dp_cp" mesh), as Megatron-LM does.
 4. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
-5. Data parallel over the "dp" mesh dim (dp x cp with context parallel): zero.stage=0 -> DDP (with tp > 1 or pp > 1: gradients
-   all-reduced over dp by the engine after the last micro-batch, since DDP would turn DTensor
-   parameters into local tensors, breaking clipping and checkpoints, and its reducer asserts under
-   the pipeline schedules); zero.stage=1 -> DDP with ``ZeroRedundancyOptimizer`` (each dp rank
-   keeps and updates the optimizer states of its share of the parameters, then broadcasts them:
-   ZeRO stage 1, Rajbhandari et al. 2020); zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``;
-   zero.stage=3 -> ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
+5. Data parallel over the "dp" mesh dim (dp x cp with context parallel): zero.stage=0 -> DDP
+   (with tp > 1 or pp > 1: gradients all-reduced over dp by the engine after the last
+   micro-batch, since DDP would turn DTensor parameters into local tensors, breaking clipping
+   and checkpoints, and its reducer asserts under the pipeline schedules); zero.stage=1 -> DDP
+   with ``ZeroRedundancyOptimizer`` (each dp rank keeps and updates the optimizer states of its
+   share of the parameters, then broadcasts them: ZeRO stage 1, Rajbhandari et al. 2020);
+   zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``; zero.stage=3 ->
+   ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
    Mixed precision: FSDP2's MixedPrecisionPolicy (compute dtype for params, grad dtype for the
    reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32.
    precision.loss_scaling=dynamic (precision=fp16): ``torch.amp.GradScaler`` (Micikevicius et al.
@@ -63,8 +64,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -615,8 +616,7 @@ class TorchEngine(Engine):
             "mesh": {"pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "tp": lay.tp},
             "data_parallel": "fsdp2"
             if self.fsdp
-            else ("ddp" if lay.dp * lay.cp > 1 else "none")
-            + ("+zero1" if self.zero == 1 else ""),
+            else ("ddp" if lay.dp * lay.cp > 1 else "none") + ("+zero1" if self.zero == 1 else ""),
             "loss_scale": self.scaler.get_scale() if self.scaler is not None else None,
             "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
             "chunks": self.chunk_ids,
