@@ -675,12 +675,14 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 "precision.loss_scaling=dynamic",
             )
         )
-    if gpu.arch == "cpu" and prec.compute_dtype == "fp16":
+    # torch autocasts to fp16 on CPU (with torch.amp.GradScaler); DeepSpeed refuses fp16 there.
+    if gpu.arch == "cpu" and prec.compute_dtype == "fp16" and cfg.backend.name != "torch":
         out.append(
             _error(
                 "precision-hardware",
-                ("precision", "cluster.gpu"),
-                "fp16 is not supported on CPU devices; use precision=fp32 or precision=bf16",
+                ("precision", "cluster.gpu", "backend"),
+                f"backend={cfg.backend.name} has no fp16 on CPU devices; use precision=fp32 or "
+                "precision=bf16, or backend=torch",
             )
         )
     return out
