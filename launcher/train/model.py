@@ -25,10 +25,14 @@ Choices worth knowing:
   kv_heads < tp is the engine's job.
 - RoPE: rotate-half form (GPT-NeoX / Llama), theta 10000, tables computed per forward (no buffers,
   so a model built on the meta device needs nothing re-initialised after ``to_empty``).
-- MoE: token-choice top-k; the gate weights are a softmax over the k selected router logits
+- MoE: token-choice top-k, dropless; gate weights: a softmax over the k selected router logits
   (Mixtral style; DeepSeek-V3's sigmoid gating and its router bias are not modelled); no auxiliary
   loss; experts run in a plain loop and every expert runs even on zero tokens, so all parameters
-  get a gradient (DDP needs no ``find_unused_parameters``).
+  get a gradient (DDP needs no ``find_unused_parameters``). Under expert parallel
+  (``apply_expert_parallel``) each rank keeps E/ep experts and tokens travel by all-to-all
+  (``launcher.train.expert_parallel``).
+- Context parallel (``apply_context_parallel``): positions and attention follow the rank's
+  load-balanced chunks; attention is ring attention (``launcher.train.ring_attention``).
 - Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,
   w2) at 0.02/sqrt(2L) (GPT-2), biases zero, norms one/zero. Each parameter draws from its own CPU
   generator seeded by (seed, parameter name), so a pipeline stage that holds only some layers gets
@@ -51,6 +55,7 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.train.expert_parallel import ExpertParallel, dispatch_combine
 from launcher.train.ring_attention import ContextParallel
 
 ROPE_THETA = 10_000.0
@@ -257,9 +262,13 @@ class MoE(nn.Module):
         h, experts = cfg.hidden_size, cfg.num_experts or 0
         ffn = cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size
         self.top_k = cfg.moe_top_k or 1
+        self.num_experts = experts
+        self.expert_parallel: ExpertParallel | None = None
         self.router = nn.Linear(h, experts, bias=False)
-        self.experts = nn.ModuleList(
-            MLP(h, ffn, cfg.activation, cfg.linear_bias) for _ in range(experts)
+        # Keyed by the global expert index (names as a ModuleList's); expert parallel ranks
+        # delete the experts they do not hold.
+        self.experts = nn.ModuleDict(
+            {str(e): MLP(h, ffn, cfg.activation, cfg.linear_bias) for e in range(experts)}
         )
         self.shared_experts = nn.ModuleList(
             MLP(h, ffn, cfg.activation, cfg.linear_bias) for _ in range(cfg.moe_shared_experts)
@@ -270,12 +279,22 @@ class MoE(nn.Module):
         logits = _call(self.router, flat)
         top_logits, top_index = logits.topk(self.top_k, dim=-1)
         gates = top_logits.float().softmax(dim=-1).to(flat.dtype)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            token, slot = torch.where(top_index == e)
-            # Runs on zero tokens too: the expert's parameters still join the graph (zero grads).
-            y = _call(expert, flat[token]) * gates[token, slot, None]
-            out = out.index_add(0, token, y)
+        if self.expert_parallel is not None:
+            out = dispatch_combine(
+                flat,
+                top_index,
+                gates,
+                lambda e, tokens: _call(self.experts[str(e)], tokens),
+                self.num_experts,
+                self.expert_parallel,
+            )
+        else:
+            out = torch.zeros_like(flat)
+            for key, expert in self.experts.items():
+                token, slot = torch.where(top_index == int(key))
+                # Runs on zero tokens too: the expert's parameters join the graph (zero grads).
+                y = _call(expert, flat[token]) * gates[token, slot, None]
+                out = out.index_add(0, token, y)
         for shared in self.shared_experts:
             out = out + _call(shared, flat)
         return out.view_as(x)
@@ -451,6 +470,19 @@ def apply_context_parallel(model: Transformer, cp: ContextParallel) -> Transform
     for module in model.modules():
         if isinstance(module, Attention):
             module.context_parallel = cp
+    return model
+
+
+def apply_expert_parallel(model: nn.Module, ep: ExpertParallel) -> nn.Module:
+    """Keep only this ep rank's routed experts in every MoE layer (call before materialising, on
+    the meta device, so the others never take memory); their tokens travel by all-to-all."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            mine = {str(e) for e in ep.local_experts(module.num_experts)}
+            for key in list(module.experts.keys()):
+                if key not in mine:
+                    del module.experts[key]
+            module.expert_parallel = ep
     return model
 
 

@@ -115,6 +115,7 @@ def assert_trains(results: list[dict[str, Any]]) -> list[float]:
 B4 = ["train.micro_batch_size=2", "train.global_batch_size=4"]
 UNTIED = "model.tie_embeddings=false"
 LLAMA = ["model.norm=rmsnorm", "model.position=rope", "model.activation=swiglu"]
+MOE = ["model.num_experts=4", "model.moe_top_k=2", "model.moe_ffn_hidden_size=64"]
 
 # name: (processes, overrides). The tiny recipe ties embeddings, uses LayerNorm, GELU and learned
 # positions; pipeline cases untie (refused otherwise), some cases switch to the Llama block.
@@ -161,6 +162,12 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "cp2-llama-gqa": (2, ["parallel.cp=2", *LLAMA, "model.num_kv_heads=2", *B4]),
     # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler.
     "dp2xcp2-zero1-fp16": (4, ["parallel.cp=2", "zero.stage=1", "precision=fp16", *B4]),
+    # Two experts per rank, tokens by all-to-all; with 4 ranks each expert has an edp peer.
+    "moe-ep2": (2, ["parallel.ep=2", *MOE, *B4]),
+    "moe-dp4-ep2-shared": (
+        4,
+        ["parallel.ep=2", *MOE, "model.moe_shared_experts=1", "train.micro_batch_size=1", *LLAMA],
+    ),
 }
 
 
@@ -187,8 +194,10 @@ def test_layout_trains(name: str) -> None:
         (2, ["zero.stage=0"], ["precision=fp16"], 2e-3),
         # Ring attention over load-balanced chunks, learned positions at the rank's tokens.
         (2, ["parallel.cp=2"], [], 1e-4),
+        # Experts split over ep, dispatched by all-to-all, gradients reduced per expert.
+        (2, ["parallel.ep=2"], MOE, 1e-4),
     ],
-    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b", "zero1", "fp16", "cp2"],
+    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b", "zero1", "fp16", "cp2", "moe-ep2"],
 )
 def test_matches_single_process(
     nproc: int, layout: list[str], model: list[str], tolerance: float
@@ -210,6 +219,7 @@ def test_matches_single_process(
         ("zero1", 2, ["zero.stage=1", *B4]),
         ("fp16-scaler", 2, ["precision=fp16", *B4]),
         ("cp2-rope", 2, ["parallel.cp=2", *LLAMA, *B4]),
+        ("moe-ep2", 2, ["parallel.ep=2", *MOE, *B4]),
         (
             "pp2-1f1b-zero3",
             2,

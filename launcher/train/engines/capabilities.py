@@ -61,11 +61,21 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
                 "by the torch backend; set backend.compile=false, or parallel.cp=1"
             )
     if p.ep > 1:
-        out.append(
-            f"parallel.ep={p.ep}: expert parallelism is not implemented by the torch backend; "
-            "use parallel.ep=1 (experts are then sharded by FSDP or replicated by DDP over dp), "
-            "or backend=megatron"
-        )
+        experts = m.num_experts or 0
+        if experts < 2 or experts % p.ep:
+            out.append(
+                f"parallel.ep={p.ep} needs a mixture-of-experts model whose model.num_experts "
+                f"({m.num_experts}) divides by ep; use parallel.ep=1 or a multiple-of-ep "
+                "num_experts"
+            )
+        if p.tp > 1 or p.pp > 1 or p.cp > 1 or z.stage != 0:
+            out.append(
+                f"parallel.ep={p.ep} with parallel.tp={p.tp}, pp={p.pp}, cp={p.cp}, "
+                f"zero.stage={z.stage}: the torch backend's expert parallel runs over plain "
+                "data parallel (zero.stage=0) only; use parallel.tp=1, pp=1, cp=1 and "
+                "zero.stage=0 with ep, parallel.ep=1 (experts then sharded by FSDP or replicated "
+                "by DDP over dp), or backend=megatron"
+            )
     if (m.num_experts or 0) > 1 and p.tp > 1:
         out.append(
             f"a mixture-of-experts model with parallel.tp={p.tp}: the torch backend does not "
@@ -124,13 +134,13 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
             "or backend=megatron"
         )
     elif (prec.compute_dtype == "fp16" or prec.loss_scaling == "dynamic") and (
-        z.stage not in (0, 1) or p.tp > 1 or p.pp > 1
+        z.stage not in (0, 1) or p.tp > 1 or p.pp > 1 or p.ep > 1
     ):
         out.append(
             f"precision={prec.name} (loss_scaling={prec.loss_scaling}) with zero.stage={z.stage}, "
-            f"parallel.tp={p.tp}, parallel.pp={p.pp}: the torch backend's loss scaler "
-            "(torch.amp.GradScaler) runs with DDP only; use zero.stage=0 or 1 with "
-            "parallel.tp=1 and parallel.pp=1, or precision=bf16"
+            f"parallel.tp={p.tp}, parallel.pp={p.pp}, parallel.ep={p.ep}: the torch backend's "
+            "loss scaler (torch.amp.GradScaler) runs with DDP only; use zero.stage=0 or 1 with "
+            "parallel.tp=1, pp=1 and ep=1, or precision=bf16"
             + ("" if on_cpu else ", or backend=deepspeed")
         )
     if cfg.optim.name not in SUPPORTED_OPTIMIZERS:

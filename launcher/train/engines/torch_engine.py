@@ -3,8 +3,8 @@
 
 Mesh and rank order: dims ("pp", "dp", "cp", "tp"), tp innermost and pp outermost, so global
 rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, the order ``plan`` and
-``launcher.validate.rules`` assume. Expert parallel is not implemented
-(``capabilities.torch_capabilities`` refuses it).
+``launcher.validate.rules`` assume. Expert parallel (data parallel only: tp = pp = cp = 1) splits
+the dp ranks into groups of ep consecutive ranks, a second mesh ("edp", "ep").
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
 1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
@@ -16,6 +16,9 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
    of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
    (the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
+   Expert parallel (ep > 1): each rank keeps E/ep routed experts of every MoE layer (deleted on
+   the meta device, before materialising) and exchanges tokens by all-to-all over "ep"
+   (``launcher.train.expert_parallel``).
 3. Context parallel (cp > 1): each cp rank takes its two load-balanced chunks of the rows and the
    attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``).
    Gradients are averaged over dp x cp together (the "dp_cp" mesh), as Megatron-LM does.
@@ -89,9 +92,11 @@ from launcher.plan.model_shape import ModelShape
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.capabilities import torch_capabilities
 from launcher.train.engines.dist import engine_device
+from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.model import (
     Transformer,
     apply_context_parallel,
+    apply_expert_parallel,
     apply_recompute,
     build_model,
     init_weights,
@@ -268,7 +273,16 @@ class TorchEngine(Engine):
         # zero 0 with tp or pp: the engine all-reduces the gradients over dp itself, after the
         # last micro-batch (DDP would turn DTensor parameters into local tensors, and its reducer
         # does not follow the pipeline schedules' interleaved forwards and backwards).
-        self.manual_dp_sync = not self.fsdp and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1)
+        # With expert parallel too: each rank holds other experts, so DDP's all-reduce of every
+        # parameter over dp does not apply; expert gradients are reduced over "edp" instead.
+        self.manual_dp_sync = (
+            not self.fsdp and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
+        )
+        self.ep_mesh: DeviceMesh | None = None
+        if lay.ep > 1:
+            self.ep_mesh = init_device_mesh(
+                self.device.type, (lay.dp // lay.ep, lay.ep), mesh_dim_names=("edp", "ep")
+            )
 
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -281,6 +295,11 @@ class TorchEngine(Engine):
     def _build_part(self, chunk: int, seed: int) -> nn.Module:
         lay, cfg = self.layout, self.cfg
         model = build_model(cfg.model, "meta")
+        if self.ep_mesh is not None:
+            ep = ExpertParallel(
+                self.ep_mesh["ep"].get_group(), lay.ep, self.ep_mesh.get_local_rank("ep")
+            )
+            apply_expert_parallel(model, ep)
         first, last = chunk == 0, chunk == lay.pp * lay.vpp - 1
         if lay.pp > 1:
             start = sum(lay.chunk_layers[:chunk])
@@ -444,19 +463,39 @@ class TorchEngine(Engine):
                 part.set_requires_gradient_sync(enabled)
         return stack
 
+    def _expert_params(self) -> list[nn.Parameter]:
+        """This rank's routed-expert parameters under expert parallel (else none)."""
+        if self.ep_mesh is None:
+            return []
+        return [p for part in self.parts for n, p in part.named_parameters() if ".experts." in n]
+
     def _allreduce_grads_over_dp(self) -> None:
-        group = self.mesh["dp"].get_group()
-        grads = [
-            p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            for p in self._params()
-            if p.grad is not None
-        ]
+        experts = {id(p) for p in self._expert_params()}
+
+        def local_grads(expert: bool) -> list[torch.Tensor]:
+            return [
+                p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                for p in self._params()
+                if p.grad is not None and (id(p) in experts) == expert
+            ]
+
+        self._average(local_grads(False), self.mesh["dp"].get_group())
+        if experts:
+            # An expert's gradient already sums its ep group's tokens (the all-to-all's
+            # backward); add the other ep groups' (edp) and divide by dp for the batch mean.
+            assert self.ep_mesh is not None
+            edp = self.ep_mesh["edp"]
+            self._average(local_grads(True), edp.get_group() if edp.size() > 1 else None)
+
+    def _average(self, grads: list[torch.Tensor], group: Any) -> None:
+        """Sum `grads` over `group` (None: this rank alone) and divide by dp."""
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
         for same in by_dtype.values():
             flat = torch.cat([g.reshape(-1) for g in same])
-            dist.all_reduce(flat, group=group)
+            if group is not None:
+                dist.all_reduce(flat, group=group)
             flat /= self.layout.dp
             offset = 0
             for g in same:
@@ -466,6 +505,18 @@ class TorchEngine(Engine):
     def _clip(self) -> float:
         max_norm = self.cfg.optim.grad_clip
         params = [p for p in self._params() if p.grad is not None]
+        if self.ep_mesh is not None:
+            # Replicated parameters count once, each rank's own experts once: their squared
+            # norms are summed over the ep group.
+            experts = {id(p) for p in self._expert_params()}
+            shared = [cast(torch.Tensor, p.grad) for p in params if id(p) not in experts]
+            mine = [cast(torch.Tensor, p.grad) for p in params if id(p) in experts]
+            expert_sq = torch.nn.utils.get_total_norm(mine, 2.0).float() ** 2
+            dist.all_reduce(expert_sq, group=self.ep_mesh["ep"].get_group())
+            total = (torch.nn.utils.get_total_norm(shared, 2.0).float() ** 2 + expert_sq).sqrt()
+            if max_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+            return float(total)
         if self.layout.pp == 1:
             total = torch.nn.utils.clip_grad_norm_(
                 params, max_norm if max_norm > 0 else float("inf")
@@ -613,7 +664,7 @@ class TorchEngine(Engine):
         lay = self.layout
         return {
             "engine": "torch",
-            "mesh": {"pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "tp": lay.tp},
+            "mesh": {"pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "tp": lay.tp, "ep": lay.ep},
             "data_parallel": "fsdp2"
             if self.fsdp
             else ("ddp" if lay.dp * lay.cp > 1 else "none") + ("+zero1" if self.zero == 1 else ""),
