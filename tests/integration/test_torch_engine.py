@@ -51,16 +51,17 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
     from launcher.config.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
-    from launcher.train.engines.torch_engine import TorchEngine
+    from launcher.train.loop import build_engine
 
     first_step = opts.get("first_step", 0)
     save_at, save_dir, load_dir = opts.get("save_at"), opts.get("save_dir"), opts.get("load_dir")
     torch.set_num_threads(1)
     os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    os.environ["DS_ACCELERATOR"] = "cpu"
     cfg = compose_config([*overrides, f"cluster.gpus_per_node={nproc}"]).config
     init_process_group_from_env()
     try:
-        engine = TorchEngine(cfg, seed=cfg.train.seed)
+        engine = build_engine(cfg)  # backend=torch unless the overrides say deepspeed
         if load_dir is not None:
             engine.load(Path(load_dir))
         lay = derive_layout(cfg)
