@@ -21,11 +21,26 @@ from launcher.validate.rules import check
 def deepspeed_capabilities(cfg: LLMTrainConfig) -> list[str]:
     """Why llmtrain's DeepSpeed engine cannot run `cfg`, each with what would; [] if it can."""
     p, out = cfg.parallel, []
-    for key, value in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep)):
+    for key, value in (("tp", p.tp), ("cp", p.cp), ("ep", p.ep)):
         if value > 1:
             out.append(
-                f"parallel.{key}={value}: llmtrain's DeepSpeed engine is data parallel with ZeRO "
-                f"only; use backend=torch for tensor/pipeline parallel, or parallel.{key}=1"
+                f"parallel.{key}={value}: llmtrain's DeepSpeed engine runs data parallel (ZeRO) "
+                f"and pipeline parallel only; use backend=torch, or parallel.{key}=1"
+            )
+    if p.pp > 1:
+        # DeepSpeed's PipelineModule: one chunk per stage, its own 1F1B schedule
+        # (deepspeed.ai/tutorials/pipeline); the embedding and head are separate layers.
+        if p.vpp > 1 or p.pp_schedule != "1f1b":
+            out.append(
+                f"parallel.pp_schedule={p.pp_schedule}, parallel.vpp={p.vpp}: DeepSpeed's "
+                "pipeline engine runs its own 1F1B schedule without virtual stages; use "
+                "parallel.pp_schedule=1f1b and parallel.vpp=1, or backend=torch"
+            )
+        if cfg.model.tie_embeddings:
+            out.append(
+                "model.tie_embeddings=true with parallel.pp>1: llmtrain's DeepSpeed pipeline "
+                "keeps the embedding and the head on different stages, unshared; set "
+                "model.tie_embeddings=false, or parallel.pp=1"
             )
     if cfg.cluster.gpu == "cpu" and cfg.precision.compute_dtype == "fp16":
         out.append("DeepSpeed has no fp16 on CPU; use precision=fp32 or precision=bf16")

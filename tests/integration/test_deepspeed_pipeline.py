@@ -33,8 +33,9 @@ def test_pipeline_trains_and_matches_single_process() -> None:
 
 
 def test_pipeline_resume_reproduces_losses(tmp_path: Path) -> None:
-    """pp=2 with ZeRO-1: save after 3 steps, resume in fresh processes, same losses bit for bit."""
-    overrides = [*PIPE[:2], "zero.stage=1", UNTIED, *B4]
+    """pp=2 with ZeRO-1 in bf16: save after 3 steps, resume in fresh processes, same losses bit
+    for bit."""
+    overrides = [*PIPE[:2], "zero.stage=1", "precision=bf16", UNTIED, *B4]
     ckpt = tmp_path / "ckpt"
     whole = launch(2, overrides, steps=6, save_at=3, save_dir=str(ckpt))
     assert whole[0]["losses"][-1] < whole[0]["losses"][0] - 0.3, whole[0]["losses"]

@@ -153,3 +153,24 @@ def test_fp16_with_fsdp_on_gpu_points_to_deepspeed() -> None:
     assert reasons("precision=fp16", "cluster=h100-80gb") == []
     (found,) = reasons("precision=fp16", "zero.stage=3", "cluster=h100-80gb")
     assert "backend=deepspeed" in found and "zero.stage=0 or 1" in found
+
+
+def ds_reasons(*overrides: str) -> list[str]:
+    from launcher.launch.preflight import deepspeed_capabilities
+
+    cfg = compose_config(
+        ["recipe=tiny", "backend=deepspeed", "cluster.gpus_per_node=2", *overrides]
+    ).config
+    return deepspeed_capabilities(cfg)
+
+
+def test_deepspeed_pipeline_accepted_and_its_limits() -> None:
+    untied = ("parallel.pp=2", "model.tie_embeddings=false", "precision=bf16")
+    assert ds_reasons(*untied) == []
+    assert ds_reasons(*untied, "zero.stage=1") == []
+    (tied,) = ds_reasons("parallel.pp=2")
+    assert "tie_embeddings=false" in tied
+    (schedule,) = ds_reasons(*untied, "parallel.pp_schedule=gpipe")
+    assert "parallel.pp_schedule=1f1b" in schedule
+    (tp,) = ds_reasons("parallel.tp=2")
+    assert "backend=torch" in tp and "parallel.tp=1" in tp
