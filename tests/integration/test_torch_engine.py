@@ -163,6 +163,9 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "cp2-llama-gqa": (2, ["parallel.cp=2", *LLAMA, "model.num_kv_heads=2", *B4]),
     # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler.
     "dp2xcp2-zero1-fp16": (4, ["parallel.cp=2", "zero.stage=1", "precision=fp16", *B4]),
+    # fp16 parameters under FSDP2 (shard-aware scaler), and with DTensor tensor parallel.
+    "fp16-fsdp-zero2": (2, ["precision=fp16", "zero.stage=2", *B4]),
+    "fp16-dp2xtp2-zero3": (4, ["precision=fp16", "zero.stage=3", "parallel.tp=2", *B4]),
     # Two experts per rank, tokens by all-to-all; with 4 ranks each expert has an edp peer.
     "moe-ep2": (2, ["parallel.ep=2", *MOE, *B4]),
     "moe-dp4-ep2-shared": (

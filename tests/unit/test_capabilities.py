@@ -59,6 +59,8 @@ def test_module_does_not_import_torch() -> None:
         ["zero.stage=1"],
         ["precision=fp16", "zero.stage=1"],
         ["precision=fp16", "zero.stage=0"],
+        ["precision=fp16", "zero.stage=3", "parallel.tp=2"],
+        ["precision=fp16", "parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2"],
         ["parallel.cp=2", "model.position=rope", "model.num_kv_heads=2"],
         ["parallel.cp=2", "zero.stage=1", "precision=fp16", "cluster.gpus_per_node=4"],
         ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2"],
@@ -86,16 +88,14 @@ def test_accepted(overrides: list[str]) -> None:
             "zero.stage=3",
             "zero.stage=0",
         ),
-        (
-            ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2", "precision=fp16"],
-            "GradScaler",
-            "ep=1",
-        ),
         (["parallel.cp=2", "model.kv_lora_rank=16"], "latent", "parallel.cp=1"),
         (["parallel.cp=2", "backend.compile=true"], "compile", "backend.compile=false"),
         (["parallel.pp=2", "train.grad_accum=2"], "tie_embeddings", "tie_embeddings=false"),
-        (["precision=fp16", "zero.stage=3"], "fp16", "precision=bf16"),
-        (["precision=fp16", "parallel.tp=2"], "GradScaler", "zero.stage=0 or 1"),
+        (
+            ["precision=fp16", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"],
+            "pipeline schedules",
+            "precision=bf16",
+        ),
         (["precision=fp8"], "fp8", "precision=bf16"),
         (["optim.name=lion"], "lion", "optim.name=adamw"),
         (
@@ -149,10 +149,11 @@ def test_moe_with_tp_and_ep_refused() -> None:
     assert any("mixture-of-experts" in r and "parallel.tp=1" in r for r in found), found
 
 
-def test_fp16_with_fsdp_on_gpu_points_to_deepspeed() -> None:
-    assert reasons("precision=fp16", "cluster=h100-80gb") == []
-    (found,) = reasons("precision=fp16", "zero.stage=3", "cluster=h100-80gb")
-    assert "backend=deepspeed" in found and "zero.stage=0 or 1" in found
+def test_fp16_with_pipeline_on_gpu_points_to_deepspeed() -> None:
+    assert reasons("precision=fp16", "zero.stage=3", "cluster=h100-80gb") == []
+    pipeline = ("parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2")
+    (found,) = reasons("precision=fp16", *pipeline, "cluster=h100-80gb")
+    assert "backend=deepspeed" in found and "parallel.pp=1" in found
 
 
 def ds_reasons(*overrides: str) -> list[str]:

@@ -129,19 +129,19 @@ def torch_capabilities(cfg: LLMTrainConfig) -> list[str]:
                     f"of pp={p.pp} (or fewer than {2 * p.pp})"
                 )
     if prec.fp8 or prec.name == "fp8":
+        # No "or backend=megatron": that backend is render-only in llmtrain (advice that loops).
         out.append(
-            "precision=fp8 is not implemented by the torch backend; use precision=bf16, "
-            "or backend=megatron"
+            "precision=fp8 needs fp8 tensor cores (Hopper or newer GPUs); on CPU use "
+            "precision=bf16 or precision=fp32"
+            if on_cpu
+            else "precision=fp8 is not implemented by the torch backend (torchao float8 "
+            "training is not wired in); use precision=bf16"
         )
-    elif (prec.compute_dtype == "fp16" or prec.loss_scaling == "dynamic") and (
-        z.stage not in (0, 1) or p.tp > 1 or p.pp > 1 or p.ep > 1
-    ):
+    elif (prec.compute_dtype == "fp16" or prec.loss_scaling == "dynamic") and p.pp > 1:
         out.append(
-            f"precision={prec.name} (loss_scaling={prec.loss_scaling}) with zero.stage={z.stage}, "
-            f"parallel.tp={p.tp}, parallel.pp={p.pp}, parallel.ep={p.ep}: the torch backend's "
-            "loss scaler (torch.amp.GradScaler) runs with DDP only; use zero.stage=0 or 1 with "
-            "parallel.tp=1, pp=1 and ep=1, or precision=bf16"
-            + ("" if on_cpu else ", or backend=deepspeed")
+            f"precision={prec.name} (loss_scaling={prec.loss_scaling}) with parallel.pp={p.pp}: "
+            "the torch backend does not scale the loss inside the pipeline schedules; use "
+            "parallel.pp=1, or precision=bf16" + ("" if on_cpu else ", or backend=deepspeed")
         )
     if cfg.optim.name not in SUPPORTED_OPTIMIZERS:
         out.append(

@@ -33,7 +33,7 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
    Mixed precision: FSDP2's MixedPrecisionPolicy (compute dtype for params, grad dtype for the
    reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32.
-   precision.loss_scaling=dynamic (precision=fp16): ``torch.amp.GradScaler`` (Micikevicius et al.
+   precision.loss_scaling=dynamic (precision=fp16): ``ShardedGradScaler`` (Micikevicius et al.
    2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
    2000 clean steps); its state is saved with the checkpoint.
 
@@ -68,6 +68,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -269,7 +270,9 @@ class TorchEngine(Engine):
         self.fsdp = self.zero in (2, 3)
         self.scaler: torch.amp.GradScaler | None = None
         if cfg.precision.loss_scaling == "dynamic":
-            self.scaler = torch.amp.GradScaler(self.device.type)
+            # Shard-aware (FSDP2, DTensor, expert shards): inf/NaN found on any rank is
+            # all-reduced over the world, so every rank skips the same steps.
+            self.scaler = ShardedGradScaler(self.device.type)
         # zero 0 with tp or pp: the engine all-reduces the gradients over dp itself, after the
         # last micro-batch (DDP would turn DTensor parameters into local tensors, and its reducer
         # does not follow the pipeline schedules' interleaved forwards and backwards).
@@ -552,7 +555,6 @@ class TorchEngine(Engine):
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
         if self.scaler is not None:
-            # Gradients are all-reduced, so every rank sees the same inf/NaN and skips together.
             self.scaler.unscale_(self.optimizer)
         grad_norm = self._clip()
         if self.scaler is not None:
