@@ -1,8 +1,11 @@
 """``backend=torch``: what llmtrain's PyTorch-native engine (launcher/train/engines/torch_engine.py)
-runs: DDP (zero.stage=0), FSDP2 ``fully_shard`` (2: reshard_after_forward=False, 3: full shard, with
-CPUOffloadPolicy for parameter offload), DTensor tensor and sequence parallel, and
-``torch.distributed.pipelining`` (GPipe, 1F1B, interleaved 1F1B) on one DeviceMesh. Every accepted
-combination is exercised on CPU with gloo by tests/integration/test_torch_engine.py."""
+runs: DDP (zero.stage=0), DDP + ZeroRedundancyOptimizer (1, data parallel only), FSDP2
+``fully_shard`` (2: reshard_after_forward=False, 3: full shard, with CPUOffloadPolicy for parameter
+offload), DTensor tensor and sequence parallel, ``torch.distributed.pipelining`` (GPipe, 1F1B,
+interleaved 1F1B), context parallel by ring attention (with data parallel only), expert parallel by
+all-to-all dispatch (with plain data parallel only), fp16 with dynamic loss scaling (not with
+pipelining), on one DeviceMesh. Every accepted combination is exercised on CPU with gloo by
+tests/integration/test_torch_engine.py."""
 
 from __future__ import annotations
 
@@ -39,6 +42,78 @@ def _interleaved_rounds(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     )
 
 
+def _zero1_with_tp_or_pp(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    p = cfg.parallel
+    if cfg.zero.stage != 1 or (p.tp == 1 and p.pp == 1):
+        return None
+    return Refusal(
+        ("zero.stage", "parallel.tp", "parallel.pp"),
+        f"zero.stage=1 (DDP + ZeroRedundancyOptimizer) with parallel.tp={p.tp}, "
+        f"parallel.pp={p.pp}: the torch backend shards optimizer states over plain data parallel "
+        "only; use zero.stage=0, 2 or 3 with tp/pp, or parallel.tp=1 and parallel.pp=1",
+    )
+
+
+def _cp_with_tp_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    p = cfg.parallel
+    if p.cp <= 1:
+        return None
+    if p.tp > 1 or p.pp > 1:
+        return Refusal(
+            ("parallel.cp", "parallel.tp", "parallel.pp"),
+            f"parallel.cp={p.cp} with parallel.tp={p.tp}, parallel.pp={p.pp}: the torch "
+            "backend's ring attention runs with data parallel only; use parallel.tp=1 and "
+            "parallel.pp=1 with cp, or parallel.cp=1",
+        )
+    if cfg.model.kv_lora_rank is not None:
+        return Refusal(
+            ("parallel.cp", "model.kv_lora_rank"),
+            f"parallel.cp={p.cp} with multi-head latent attention: the torch backend's ring "
+            "attention covers standard attention only; use parallel.cp=1",
+        )
+    if cfg.backend.compile:
+        return Refusal(
+            ("parallel.cp", "backend.compile"),
+            f"parallel.cp={p.cp} with backend.compile=true: ring attention is not compiled by "
+            "the torch backend; set backend.compile=false, or parallel.cp=1",
+        )
+    return None
+
+
+def _ep_beyond_plain_dp(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    p, z = cfg.parallel, cfg.zero
+    if p.ep <= 1:
+        return None
+    experts = cfg.model.num_experts or 0
+    if experts < 2 or experts % p.ep:
+        return Refusal(
+            ("parallel.ep", "model.num_experts"),
+            f"parallel.ep={p.ep} needs a mixture-of-experts model whose model.num_experts "
+            f"({cfg.model.num_experts}) divides by ep; use parallel.ep=1",
+        )
+    if p.tp > 1 or p.pp > 1 or p.cp > 1 or z.stage != 0:
+        return Refusal(
+            ("parallel.ep", "zero.stage"),
+            f"parallel.ep={p.ep} with parallel.tp={p.tp}, pp={p.pp}, cp={p.cp}, "
+            f"zero.stage={z.stage}: the torch backend's expert parallel runs over plain data "
+            "parallel (zero.stage=0) only; use parallel.tp=1, pp=1, cp=1 and zero.stage=0 with "
+            "ep, or parallel.ep=1 (experts then sharded by FSDP or replicated by DDP over dp)",
+        )
+    return None
+
+
+def _loss_scaling_with_pipeline(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    p, prec = cfg.parallel, cfg.precision
+    if p.pp <= 1 or not (prec.compute_dtype == "fp16" or prec.loss_scaling == "dynamic"):
+        return None
+    return Refusal(
+        ("precision", "parallel.pp"),
+        f"precision={prec.name} (loss_scaling={prec.loss_scaling}) with parallel.pp={p.pp}: the "
+        "torch backend does not scale the loss inside the pipeline schedules; use parallel.pp=1, "
+        "or precision=bf16",
+    )
+
+
 BACKEND = Backend(
     name="torch",
     summary="PyTorch-native: DDP, FSDP2, DTensor TP/SP, torch.distributed.pipelining",
@@ -46,25 +121,27 @@ BACKEND = Backend(
     not_launchable="",
     needs="",
     devices=("cpu", "cuda"),
-    degrees=frozenset({"tp", "pp"}),
-    degree_notes={
-        "cp": "context parallelism is not implemented by the torch backend (fold the ranks into dp "
-        "or tp)",
-        "ep": "expert parallelism is not implemented by the torch backend (experts are sharded by "
-        "FSDP or replicated by DDP over dp)",
-    },
-    zero_stages=(0, 2, 3),
+    degrees=frozenset({"tp", "pp", "cp", "ep"}),
+    degree_notes={},
+    zero_stages=(0, 1, 2, 3),
     zero_notes={
         0: "DDP",
-        1: "sharded optimizer states alone have no PyTorch-native equivalent here",
+        1: "DDP + ZeroRedundancyOptimizer (data parallel only)",
         2: "FSDP2, parameters kept after forward",
         3: "FSDP2 full shard",
     },
-    precisions=("bf16", "fp32"),
+    precisions=("bf16", "fp16", "fp32"),
     optimizers=("adamw", "adam"),
     offload_optimizer_stages=(3,),
     offload_params_stages=(3,),
     schedules=("1f1b", "gpipe", "interleaved"),
     features=frozenset({"moe", "mla", "kv-replication", "sequence-parallel"}),
-    combos=(_optimizer_offload_alone, _interleaved_rounds),
+    combos=(
+        _optimizer_offload_alone,
+        _interleaved_rounds,
+        _zero1_with_tp_or_pp,
+        _cp_with_tp_pp_mla_or_compile,
+        _ep_beyond_plain_dp,
+        _loss_scaling_with_pipeline,
+    ),
 )

@@ -25,10 +25,14 @@ Choices worth knowing:
   kv_heads < tp is the engine's job.
 - RoPE: rotate-half form (GPT-NeoX / Llama), theta 10000, tables computed per forward (no buffers,
   so a model built on the meta device needs nothing re-initialised after ``to_empty``).
-- MoE: token-choice top-k; the gate weights are a softmax over the k selected router logits
+- MoE: token-choice top-k, dropless; gate weights: a softmax over the k selected router logits
   (Mixtral style; DeepSeek-V3's sigmoid gating and its router bias are not modelled); no auxiliary
   loss; experts run in a plain loop and every expert runs even on zero tokens, so all parameters
-  get a gradient (DDP needs no ``find_unused_parameters``).
+  get a gradient (DDP needs no ``find_unused_parameters``). Under expert parallel
+  (``apply_expert_parallel``) each rank keeps E/ep experts and tokens travel by all-to-all
+  (``launcher.train.expert_parallel``).
+- Context parallel (``apply_context_parallel``): positions and attention follow the rank's
+  load-balanced chunks; attention is ring attention (``launcher.train.ring_attention``).
 - Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,
   w2) at 0.02/sqrt(2L) (GPT-2), biases zero, norms one/zero. Each parameter draws from its own CPU
   generator seeded by (seed, parameter name), so a pipeline stage that holds only some layers gets
@@ -51,6 +55,8 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.train.expert_parallel import ExpertParallel, dispatch_combine
+from launcher.train.ring_attention import ContextParallel
 
 ROPE_THETA = 10_000.0
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -73,13 +79,17 @@ def _norm(kind: str, dim: int) -> nn.Module:
 
 
 # --- rotary position embedding -------------------------------------------------------------------
-def rope_tables(seq_len: int, dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE."""
+def rope_tables(
+    seq_len: int, dim: int, device: torch.device, positions: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE, at positions 0..seq_len-1
+    or at the given `positions` (a context-parallel rank's tokens)."""
     inv_freq = 1.0 / (
         ROPE_THETA ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
     )
-    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
-    freqs = torch.outer(positions, inv_freq)
+    if positions is None:
+        positions = torch.arange(seq_len, device=device)
+    freqs = torch.outer(positions.to(torch.float32), inv_freq)
     angles = torch.cat([freqs, freqs], dim=-1)
     return angles.cos(), angles.sin()
 
@@ -103,12 +113,20 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str)
 
 
 class _CoreMixin:
-    """Runs the attention core, checkpointed when selective recompute is on."""
+    """Runs the attention core, checkpointed when selective recompute is on, or as ring
+    attention over the context-parallel group when ``context_parallel`` is set."""
 
     recompute_core: bool
     kind: str
+    context_parallel: ContextParallel | None = None
+
+    def _positions(self, device: torch.device) -> torch.Tensor | None:
+        cp = self.context_parallel
+        return None if cp is None else cp.positions(device)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.context_parallel is not None:
+            return self.context_parallel.attention(q, k, v)
         if self.recompute_core and torch.is_grad_enabled():
             out = checkpoint(attention_core, q, k, v, self.kind, use_reentrant=False)
             return cast(torch.Tensor, out)
@@ -138,7 +156,7 @@ class Attention(_CoreMixin, nn.Module):
         k = _call(self.wk, x).view(b, s, -1, self.head_dim)
         v = _call(self.wv, x).view(b, s, -1, self.head_dim)
         if self.use_rope:
-            cos, sin = rope_tables(s, self.head_dim, x.device)
+            cos, sin = rope_tables(s, self.head_dim, x.device, self._positions(x.device))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return _call(self.wo, out.transpose(1, 2).reshape(b, s, -1))
@@ -244,9 +262,13 @@ class MoE(nn.Module):
         h, experts = cfg.hidden_size, cfg.num_experts or 0
         ffn = cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size
         self.top_k = cfg.moe_top_k or 1
+        self.num_experts = experts
+        self.expert_parallel: ExpertParallel | None = None
         self.router = nn.Linear(h, experts, bias=False)
-        self.experts = nn.ModuleList(
-            MLP(h, ffn, cfg.activation, cfg.linear_bias) for _ in range(experts)
+        # Keyed by the global expert index (names as a ModuleList's); expert parallel ranks
+        # delete the experts they do not hold.
+        self.experts = nn.ModuleDict(
+            {str(e): MLP(h, ffn, cfg.activation, cfg.linear_bias) for e in range(experts)}
         )
         self.shared_experts = nn.ModuleList(
             MLP(h, ffn, cfg.activation, cfg.linear_bias) for _ in range(cfg.moe_shared_experts)
@@ -257,12 +279,22 @@ class MoE(nn.Module):
         logits = _call(self.router, flat)
         top_logits, top_index = logits.topk(self.top_k, dim=-1)
         gates = top_logits.float().softmax(dim=-1).to(flat.dtype)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            token, slot = torch.where(top_index == e)
-            # Runs on zero tokens too: the expert's parameters still join the graph (zero grads).
-            y = _call(expert, flat[token]) * gates[token, slot, None]
-            out = out.index_add(0, token, y)
+        if self.expert_parallel is not None:
+            out = dispatch_combine(
+                flat,
+                top_index,
+                gates,
+                lambda e, tokens: _call(self.experts[str(e)], tokens),
+                self.num_experts,
+                self.expert_parallel,
+            )
+        else:
+            out = torch.zeros_like(flat)
+            for key, expert in self.experts.items():
+                token, slot = torch.where(top_index == int(key))
+                # Runs on zero tokens too: the expert's parameters join the graph (zero grads).
+                y = _call(expert, flat[token]) * gates[token, slot, None]
+                out = out.index_add(0, token, y)
         for shared in self.shared_experts:
             out = out + _call(shared, flat)
         return out.view_as(x)
@@ -316,6 +348,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
+        self.context_parallel: ContextParallel | None = None
         h = cfg.hidden_size
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, h)
         self.pos_embeddings: nn.Embedding | None = (
@@ -333,7 +366,12 @@ class Transformer(nn.Module):
         if self.tok_embeddings is not None and not tokens.is_floating_point():
             h = _call(self.tok_embeddings, tokens)
             if self.pos_embeddings is not None:
-                positions = torch.arange(tokens.shape[1], device=tokens.device)
+                cp = self.context_parallel
+                positions = (
+                    torch.arange(tokens.shape[1], device=tokens.device)
+                    if cp is None
+                    else cp.positions(tokens.device)
+                )
                 h = h + _call(self.pos_embeddings, positions)
         else:
             h = tokens
@@ -422,6 +460,29 @@ def build_model(
         model = Transformer(cfg)
     if device.type != "meta":
         init_weights(model, seed)
+    return model
+
+
+def apply_context_parallel(model: Transformer, cp: ContextParallel) -> Transformer:
+    """Make `model` run on this cp rank's load-balanced chunks: learned positions and RoPE at the
+    rank's token positions, attention as ring attention over ``cp.group``. Returns `model`."""
+    model.context_parallel = cp
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.context_parallel = cp
+    return model
+
+
+def apply_expert_parallel(model: nn.Module, ep: ExpertParallel) -> nn.Module:
+    """Keep only this ep rank's routed experts in every MoE layer (call before materialising, on
+    the meta device, so the others never take memory); their tokens travel by all-to-all."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            mine = {str(e) for e in ep.local_experts(module.num_experts)}
+            for key in list(module.experts.keys()):
+                if key not in mine:
+                    del module.experts[key]
+            module.expert_parallel = ep
     return model
 
 

@@ -12,26 +12,40 @@ from torch import nn
 from launcher.config.schema import OptimConfig
 
 
-def build_optimizer(params: Iterable[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW (or Adam) with GPT-style weight decay: on matrices (dim >= 2: linear and embedding
-    weights), not on norms and biases (nanoGPT's configure_optimizers makes the same split).
-    The learning rate is set by the loop on every step (``learning_rate``)."""
+def param_groups(params: Iterable[nn.Parameter], optim: OptimConfig) -> list[dict[str, Any]]:
+    """GPT-style weight decay: on matrices (dim >= 2: linear and embedding weights), not on norms
+    and biases (nanoGPT's configure_optimizers makes the same split)."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for param in params:
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
-    groups: list[dict[str, Any]] = [
+    return [
         {"params": decay, "weight_decay": optim.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    betas = (float(optim.betas[0]), float(optim.betas[1]))
+
+
+def optimizer_class(optim: OptimConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The torch optimizer class for ``optim.name`` and its constructor options (lr, betas, eps)."""
+    options: dict[str, Any] = {
+        "lr": optim.lr,
+        "betas": (float(optim.betas[0]), float(optim.betas[1])),
+        "eps": optim.eps,
+    }
     if optim.name == "adam":
-        return torch.optim.Adam(groups, lr=optim.lr, betas=betas, eps=optim.eps)
+        return torch.optim.Adam, options
     if optim.name == "adamw":
-        return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.eps)
+        return torch.optim.AdamW, options
     # Refused before launch by the engines' capability checks; this guards direct callers.
     raise ValueError(f"optim.name={optim.name!r}: the training runtime has adamw and adam")
+
+
+def build_optimizer(params: Iterable[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW (or Adam) over ``param_groups``. The learning rate is set by the loop on every step
+    (``learning_rate``)."""
+    cls, options = optimizer_class(optim)
+    return cls(param_groups(params, optim), **options)
 
 
 def learning_rate(optim: OptimConfig, step: int, total_steps: int) -> float:

@@ -702,14 +702,6 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 "precision.loss_scaling=dynamic",
             )
         )
-    if gpu.arch == "cpu" and prec.compute_dtype == "fp16":
-        out.append(
-            _error(
-                "precision-hardware",
-                ("precision", "cluster.gpu"),
-                "fp16 is not supported on CPU devices; use precision=fp32 or precision=bf16",
-            )
-        )
     return out
 
 

@@ -89,6 +89,14 @@ def test_resume_reproduces_losses_torch_ddp(tmp_path: Path) -> None:
     resume_matches(tmp_path, ["cluster.gpus_per_node=2"])
 
 
+def test_resume_reproduces_losses_torch_cp2_zero1_fp16(tmp_path: Path) -> None:
+    """Ring attention, ZeRO-1 optimizer shards and the loss scaler through the real loop."""
+    resume_matches(
+        tmp_path,
+        ["cluster.gpus_per_node=2", "parallel.cp=2", "zero.stage=1", "precision=fp16"],
+    )
+
+
 def test_resume_reproduces_losses_deepspeed_zero2(tmp_path: Path) -> None:
     resume_matches(tmp_path, ["backend=deepspeed", "zero.stage=2", "cluster.gpus_per_node=2"])
 

@@ -51,16 +51,17 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
     from launcher.config.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
-    from launcher.train.engines.torch_engine import TorchEngine
+    from launcher.train.trainer import build_engine
 
     first_step = opts.get("first_step", 0)
     save_at, save_dir, load_dir = opts.get("save_at"), opts.get("save_dir"), opts.get("load_dir")
     torch.set_num_threads(1)
     os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    os.environ["DS_ACCELERATOR"] = "cpu"
     cfg = compose_config([*overrides, f"cluster.gpus_per_node={nproc}"]).config
     init_process_group_from_env()
     try:
-        engine = TorchEngine(cfg, seed=cfg.train.seed)
+        engine = build_engine(cfg)  # backend=torch unless the overrides say deepspeed
         if load_dir is not None:
             engine.load(Path(load_dir))
         lay = derive_layout(cfg)
@@ -75,14 +76,16 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
             if save_at is not None and step + 1 == save_at:
                 assert save_dir is not None
                 files = [str(p) for p in engine.save(Path(save_dir))]
-        info = engine.info
+        info, extra = engine.info, engine.extra_state()
         engine.close()
-        return {"losses": losses, "norms": norms, "files": files, "info": info}
+        return {"losses": losses, "norms": norms, "files": files, "info": info, "extra": extra}
     finally:
         dist.destroy_process_group()
 
 
-def launch(nproc: int, overrides: list[str], steps: int, **kw: Any) -> list[dict[str, Any]]:
+def launch(
+    nproc: int, overrides: list[str], steps: int, entrypoint: Any = None, **kw: Any
+) -> list[dict[str, Any]]:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -95,7 +98,8 @@ def launch(nproc: int, overrides: list[str], steps: int, **kw: Any) -> list[dict
         max_restarts=0,
         monitor_interval=0.1,
     )
-    out = elastic_launch(config, entrypoint=_train)([*TINY, *overrides], nproc, steps, kw)
+    run = elastic_launch(config, entrypoint=entrypoint or _train)
+    out = run([*TINY, *overrides], nproc, steps, kw)
     return [out[r] for r in range(nproc)]
 
 
@@ -112,6 +116,7 @@ def assert_trains(results: list[dict[str, Any]]) -> list[float]:
 B4 = ["train.micro_batch_size=2", "train.global_batch_size=4"]
 UNTIED = "model.tie_embeddings=false"
 LLAMA = ["model.norm=rmsnorm", "model.position=rope", "model.activation=swiglu"]
+MOE = ["model.num_experts=4", "model.moe_top_k=2", "model.moe_ffn_hidden_size=64"]
 
 # name: (processes, overrides). The tiny recipe ties embeddings, uses LayerNorm, GELU and learned
 # positions; pipeline cases untie (refused otherwise), some cases switch to the Llama block.
@@ -152,6 +157,21 @@ CASES: dict[str, tuple[int, list[str]]] = {
         4,
         ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true", UNTIED, *B4],
     ),
+    "zero1": (2, ["zero.stage=1", "train.micro_batch_size=2", "train.global_batch_size=8"]),
+    "fp16-dynamic-scaling": (2, ["precision=fp16", "zero.stage=0", *B4]),
+    # Ring attention with RoPE at the rank's positions, grouped-query attention.
+    "cp2-llama-gqa": (2, ["parallel.cp=2", *LLAMA, "model.num_kv_heads=2", *B4]),
+    # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler.
+    "dp2xcp2-zero1-fp16": (4, ["parallel.cp=2", "zero.stage=1", "precision=fp16", *B4]),
+    # fp16 parameters under FSDP2 (shard-aware scaler), and with DTensor tensor parallel.
+    "fp16-fsdp-zero2": (2, ["precision=fp16", "zero.stage=2", *B4]),
+    "fp16-dp2xtp2-zero3": (4, ["precision=fp16", "zero.stage=3", "parallel.tp=2", *B4]),
+    # Two experts per rank, tokens by all-to-all; with 4 ranks each expert has an edp peer.
+    "moe-ep2": (2, ["parallel.ep=2", *MOE, *B4]),
+    "moe-dp4-ep2-shared": (
+        4,
+        ["parallel.ep=2", *MOE, "model.moe_shared_experts=1", "train.micro_batch_size=1", *LLAMA],
+    ),
 }
 
 
@@ -172,8 +192,16 @@ def test_layout_trains(name: str) -> None:
         (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], ["model.num_kv_heads=1"], 1e-4),
         # Stages built from one seed equal the unsplit model; the pipeline's loss is the mean.
         (2, ["parallel.pp=2"], [UNTIED], 1e-4),
+        # Sharded optimizer states: each rank updates its share, then broadcasts it.
+        (2, ["zero.stage=1"], [], 1e-5),
+        # fp16 activations: the reduction order differs, and fp16 rounds the difference up.
+        (2, ["zero.stage=0"], ["precision=fp16"], 2e-3),
+        # Ring attention over load-balanced chunks, learned positions at the rank's tokens.
+        (2, ["parallel.cp=2"], [], 1e-4),
+        # Experts split over ep, dispatched by all-to-all, gradients reduced per expert.
+        (2, ["parallel.ep=2"], MOE, 1e-4),
     ],
-    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b"],
+    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b", "zero1", "fp16", "cp2", "moe-ep2"],
 )
 def test_matches_single_process(
     nproc: int, layout: list[str], model: list[str], tolerance: float
@@ -192,6 +220,10 @@ def test_matches_single_process(
     ("name", "nproc", "overrides"),
     [
         ("ddp", 2, ["zero.stage=0", "train.micro_batch_size=2", "train.global_batch_size=8"]),
+        ("zero1", 2, ["zero.stage=1", *B4]),
+        ("fp16-scaler", 2, ["precision=fp16", *B4]),
+        ("cp2-rope", 2, ["parallel.cp=2", *LLAMA, *B4]),
+        ("moe-ep2", 2, ["parallel.ep=2", *MOE, *B4]),
         (
             "pp2-1f1b-zero3",
             2,
@@ -216,3 +248,53 @@ def test_resume_reproduces_losses(
     resumed = launch(nproc, overrides, steps=3, first_step=3, load_dir=str(ckpt))
     assert resumed[0]["losses"] == whole[0]["losses"][3:], (whole[0], resumed[0])
     assert resumed[-1]["losses"] == whole[-1]["losses"][3:]
+
+
+def _overflow(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -> dict[str, Any]:
+    """One rank: a loss scale so large that the fp16 gradients overflow, one step, save, reload."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.config.compose import compose_config
+    from launcher.config.layout import derive_layout
+    from launcher.train.engines.dist import init_process_group_from_env
+    from launcher.train.engines.torch_engine import TorchEngine
+
+    torch.set_num_threads(1)
+    os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    cfg = compose_config([*overrides, f"cluster.gpus_per_node={nproc}"]).config
+    init_process_group_from_env()
+    try:
+        engine = TorchEngine(cfg, seed=cfg.train.seed)
+        assert engine.scaler is not None
+        state = engine.scaler.state_dict()
+        engine.scaler.load_state_dict({**state, "scale": 2.0**60})
+        lay = derive_layout(cfg)
+        per_dp = lay.grad_accum * lay.micro_batch_size
+        rows = _rows(0, lay.global_batch_size, lay.seq_length, cfg.model.vocab_size)
+        mine = rows[engine.info.dp_rank * per_dp : (engine.info.dp_rank + 1) * per_dp]
+        before = engine.weights_digest()
+        result = engine.step(mine, lr=cfg.optim.lr)
+        after = engine.weights_digest()
+        engine.save(Path(opts["save_dir"]))
+        fresh = TorchEngine(cfg, seed=cfg.train.seed)
+        fresh.load(Path(opts["save_dir"]))
+        return {
+            "skipped": before == after,
+            "grad_norm": result.grad_norm,
+            "scale": engine.extra_state()["loss_scale"],
+            "reloaded_scale": fresh.extra_state()["loss_scale"],
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fp16_overflow_skips_the_step_on_every_rank(tmp_path: Path) -> None:
+    """Dynamic loss scaling: an inf gradient skips the step everywhere and halves the scale, and
+    the scale is restored from the checkpoint."""
+    results = launch(
+        2, ["precision=fp16", "zero.stage=1", *B4], 1, _overflow, save_dir=str(tmp_path)
+    )
+    for r in results:
+        assert r["skipped"] and not math.isfinite(r["grad_norm"]), r
+        assert r["scale"] == 2.0**59 and r["reloaded_scale"] == 2.0**59, r

@@ -57,6 +57,14 @@ def test_module_does_not_import_torch() -> None:
         ["parallel.tp=2", "model.num_kv_heads=1"],
         ["parallel.tp=2", "model.num_kv_heads=2"],
         ["precision=fp32", "train.recompute=full"],
+        ["zero.stage=1"],
+        ["precision=fp16", "zero.stage=1"],
+        ["precision=fp16", "zero.stage=0"],
+        ["precision=fp16", "zero.stage=3", "parallel.tp=2"],
+        ["precision=fp16", "parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2"],
+        ["parallel.cp=2", "model.position=rope", "model.num_kv_heads=2"],
+        ["parallel.cp=2", "zero.stage=1", "precision=fp16", "cluster.gpus_per_node=4"],
+        ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2"],
     ],
 )
 def test_accepted(overrides: list[str]) -> None:
@@ -66,12 +74,29 @@ def test_accepted(overrides: list[str]) -> None:
 @pytest.mark.parametrize(
     ("overrides", "needle", "instead"),
     [
-        (["zero.stage=1"], "zero.stage=1", "backend=deepspeed"),
+        (["zero.stage=1", "parallel.tp=2"], "zero.stage=1", "parallel.tp=1"),
+        (
+            ["zero.stage=1", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"],
+            "zero.stage=1",
+            "parallel.pp=1",
+        ),
         (["zero.stage=2", "zero.offload_params=cpu"], "offload_params", "zero.stage=3"),
         (["zero.stage=3", "zero.offload_optimizer=cpu"], "offload_optimizer", "offload_params=cpu"),
-        (["parallel.cp=2"], "parallel.cp=2", "parallel.cp=1"),
+        (["parallel.cp=2", "parallel.tp=2"], "parallel.cp=2", "parallel.cp=1"),
+        (["parallel.ep=2"], "mixture-of-experts", "parallel.ep=1"),
+        (
+            ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2", "zero.stage=3"],
+            "zero.stage=3",
+            "zero.stage=0",
+        ),
+        (["parallel.cp=2", "model.kv_lora_rank=16"], "latent", "parallel.cp=1"),
+        (["parallel.cp=2", "backend.compile=true"], "compile", "backend.compile=false"),
         (["parallel.pp=2", "train.grad_accum=2"], "tie_embeddings", "tie_embeddings=false"),
-        (["precision=fp16"], "fp16", "precision=bf16"),
+        (
+            ["precision=fp16", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"],
+            "pipeline schedules",
+            "precision=bf16",
+        ),
         (["precision=fp8"], "fp8", "precision=bf16"),
         (["optim.name=lion"], "lion", "optim.name=adamw"),
         (
@@ -101,13 +126,15 @@ def test_moe_with_tp_and_ep_refused() -> None:
         "parallel.ep=2",
         gpus=4,
     )
-    assert any("expert parallelism" in r and "parallel.ep=1" in r for r in found), found
+    assert any("expert parallel" in r and "parallel.ep=1" in r for r in found), found
     assert any("mixture-of-experts" in r and "parallel.tp=1" in r for r in found), found
 
 
-def test_fp16_on_gpu_points_to_deepspeed() -> None:
-    (found,) = reasons("precision=fp16", "cluster=h100-80gb")
-    assert "backend=deepspeed" in found and "on CPU" not in found
+def test_fp16_with_pipeline_on_gpu_points_to_deepspeed() -> None:
+    assert reasons("precision=fp16", "zero.stage=3", "cluster=h100-80gb") == []
+    pipeline = ("parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2")
+    (found,) = reasons("precision=fp16", *pipeline, "cluster=h100-80gb")
+    assert "backend=deepspeed" in found and "parallel.pp=1" in found
 
 
 def ds(*overrides: str, gpus: int = 2) -> list[str]:
@@ -124,24 +151,40 @@ def test_every_backend_is_found_and_only_megatron_is_plan_only() -> None:
     assert [n for n, b in backends.items() if not b.launchable] == ["megatron"]
 
 
-def test_deepspeed_is_data_parallel_with_zero() -> None:
+def test_deepspeed_is_data_parallel_with_zero_and_pipeline() -> None:
     for stage in range(4):
         assert ds(f"zero.stage={stage}") == []
     assert ds("zero.stage=2", "zero.offload_optimizer=cpu") == []
     assert ds("zero.stage=3", "zero.offload_params=cpu", "zero.offload_optimizer=cpu") == []
+    untied = ("parallel.pp=2", "model.tie_embeddings=false", "precision=bf16")
+    assert ds(*untied) == []
+    assert ds(*untied, "zero.stage=1") == []
+    (tied,) = ds("parallel.pp=2", "precision=bf16")
+    assert "tie_embeddings=false" in tied
+    (schedule,) = ds(*untied, "parallel.pp_schedule=gpipe")
+    assert "parallel.pp_schedule=1f1b" in schedule
+    (zero2,) = ds(*untied, "zero.stage=2")
+    assert "ZeRO stage 0 or 1" in zero2 and "zero.stage=1" in zero2
+    (fp16,) = ds("precision=fp16")
+    assert "fp16" in fp16 and "precision=bf16" in fp16
     (found,) = ds("parallel.tp=2")
-    assert "data parallel with ZeRO only" in found and "parallel.tp=1" in found
+    assert "data parallel (ZeRO) and pipeline parallel only" in found and "parallel.tp=1" in found
     assert "backend=torch" in found  # torch runs tp=2 on this config
     (found,) = ds("zero.stage=0", "zero.offload_optimizer=cpu")
     assert "zero.stage=1 or 2 or 3" in found
 
 
 def test_alternatives_are_backends_that_run_the_whole_configuration() -> None:
-    # cp=2 on CPU: torch and deepspeed have no cp, megatron needs CUDA: nobody to advise.
-    (found,) = reasons("parallel.cp=2", "model.seq_length=64")
-    assert "backend=" not in found.split(";", 1)[1], found
-    # zero.stage=1 with torch: deepspeed runs it as is.
-    (found,) = reasons("zero.stage=1")
+    # cp=2 with tp=2 on CPU: deepspeed has no cp, megatron needs CUDA: nobody to advise.
+    found = reasons("parallel.cp=2", "parallel.tp=2", "model.seq_length=64", gpus=4)
+    assert found and all("backend=" not in f.split(";", 1)[1] for f in found), found
+    # zero.stage=1 with tp=2 on torch: nobody runs it (deepspeed has no tp) ...
+    found = reasons("zero.stage=1", "parallel.tp=2")
+    assert found and all("backend=deepspeed" not in f for f in found), found
+    # ... but zero.stage=1 with pp=2 is run by deepspeed as is.
+    (found,) = reasons(
+        "zero.stage=1", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"
+    )
     assert "backend=deepspeed" in found and "backend=megatron" not in found
 
 

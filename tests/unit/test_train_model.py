@@ -263,7 +263,9 @@ def test_moe_routes_top_k() -> None:
                 v = x[b, t]
                 top, idx = moe.router(v).topk(2)
                 gates = top.softmax(-1)
-                ref[b, t] = sum(g * moe.experts[int(i)](v) for g, i in zip(gates, idx, strict=True))
+                ref[b, t] = sum(
+                    g * moe.experts[str(int(i))](v) for g, i in zip(gates, idx, strict=True)
+                )
                 ref[b, t] += moe.shared_experts[0](v)
     torch.testing.assert_close(out, ref)
 

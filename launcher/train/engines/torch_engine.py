@@ -1,9 +1,10 @@
 """The PyTorch-native engine (``backend=torch``): DDP, FSDP2, DTensor tensor/sequence parallel and
 ``torch.distributed.pipelining`` on one DeviceMesh.
 
-Mesh and rank order: dims ("pp", "dp", "tp"), tp innermost and pp outermost, so global rank =
-(pp_rank * dp + dp_rank) * tp + tp_rank, the order ``plan`` and ``launcher.validate.rules`` assume.
-Context and expert parallel are not implemented (launcher/backends/torch.py refuses them).
+Mesh and rank order: dims ("pp", "dp", "cp", "tp"), tp innermost and pp outermost, so global
+rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, the order ``plan`` and
+``launcher.validate.rules`` assume. Expert parallel (data parallel only: tp = pp = cp = 1) splits
+the dp ranks into groups of ep consecutive ranks, a second mesh ("edp", "ep").
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
 1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
@@ -15,14 +16,26 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
    of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
    (the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
-3. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
-4. Data parallel over the "dp" mesh dim: zero.stage=0 -> DDP (with tp > 1 or pp > 1: gradients
-   all-reduced over dp by the engine after the last micro-batch, since DDP would turn DTensor
-   parameters into local tensors, breaking clipping and checkpoints, and its reducer asserts under
-   the pipeline schedules); zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``;
-   zero.stage=3 -> ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
+   Expert parallel (ep > 1): each rank keeps E/ep routed experts of every MoE layer (deleted on
+   the meta device, before materialising) and exchanges tokens by all-to-all over "ep"
+   (``launcher.train.expert_parallel``).
+3. Context parallel (cp > 1): each cp rank takes its two load-balanced chunks of the rows and the
+   attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``).
+   Gradients are averaged over dp x cp together (the "dp_cp" mesh), as Megatron-LM does.
+4. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
+5. Data parallel over the "dp" mesh dim (dp x cp with context parallel): zero.stage=0 -> DDP
+   (with tp > 1 or pp > 1: gradients all-reduced over dp by the engine after the last
+   micro-batch, since DDP would turn DTensor parameters into local tensors, breaking clipping
+   and checkpoints, and its reducer asserts under the pipeline schedules); zero.stage=1 -> DDP
+   with ``ZeroRedundancyOptimizer`` (each dp rank keeps and updates the optimizer states of its
+   share of the parameters, then broadcasts them: ZeRO stage 1, Rajbhandari et al. 2020);
+   zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``; zero.stage=3 ->
+   ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
    Mixed precision: FSDP2's MixedPrecisionPolicy (compute dtype for params, grad dtype for the
    reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32.
+   precision.loss_scaling=dynamic (precision=fp16): ``ShardedGradScaler`` (Micikevicius et al.
+   2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
+   2000 clean steps); its state is saved with the checkpoint.
 
 Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
 weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
@@ -33,6 +46,7 @@ stages all-reduced over the "pp" group.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,13 +59,17 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -85,11 +103,25 @@ from launcher.train.engines.dcp_safe import (
     write_non_tensor_state,
 )
 from launcher.train.engines.dist import engine_device
-from launcher.train.model import Transformer, apply_recompute, build_model, init_weights, loss_fn
-from launcher.train.optim import build_optimizer
+from launcher.train.expert_parallel import ExpertParallel
+from launcher.train.model import (
+    Transformer,
+    apply_context_parallel,
+    apply_expert_parallel,
+    apply_recompute,
+    build_model,
+    init_weights,
+    loss_fn,
+)
+from launcher.train.optim import build_optimizer, optimizer_class, param_groups
+from launcher.train.ring_attention import ContextParallel, shard_sequence
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# In a checkpoint's engine folder, next to the DCP files: the dynamic loss scaler's state (rank 0)
+# and, with zero.stage=1, each rank's shard of the optimizer states.
+SCALER_FILE = "loss_scaler.json"
+ZERO1_OPTIM_FILE = "zero1_optim_rank{rank}.pt"
 
 
 class TorchEngineError(ValueError):
@@ -176,15 +208,21 @@ class TorchEngine(Engine):
         self.layout: Layout = derive_layout(cfg)
         lay = self.layout
         world = dist.get_world_size()
-        if lay.pp * lay.dp * lay.tp != world:
+        ranks = lay.pp * lay.dp * lay.cp * lay.tp
+        if ranks != world:
             raise TorchEngineError(
-                f"pp={lay.pp} x dp={lay.dp} x tp={lay.tp} = {lay.pp * lay.dp * lay.tp} ranks, "
+                f"pp={lay.pp} x dp={lay.dp} x cp={lay.cp} x tp={lay.tp} = {ranks} ranks, "
                 f"but the process group has {world}"
             )
         self.device = engine_device()
         self.mesh = init_device_mesh(
-            self.device.type, (lay.pp, lay.dp, lay.tp), mesh_dim_names=("pp", "dp", "tp")
+            self.device.type,
+            (lay.pp, lay.dp, lay.cp, lay.tp),
+            mesh_dim_names=("pp", "dp", "cp", "tp"),
         )
+        # Gradients are averaged over dp and cp together (cp ranks see different tokens).
+        self.dp_mesh = self.mesh["dp"] if lay.cp == 1 else self.mesh["dp", "cp"]._flatten("dp_cp")
+        self.cp_rank = self.mesh.get_local_rank("cp")
         self.pp_rank = self.mesh.get_local_rank("pp")
         self.info = RankInfo(
             rank=dist.get_rank(),
@@ -194,15 +232,30 @@ class TorchEngine(Engine):
             dp_size=lay.dp,
             tp_rank=self.mesh.get_local_rank("tp"),
             pp_rank=self.pp_rank,
+            cp_rank=self.cp_rank,
         )
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.grad_dtype = DTYPES[cfg.precision.grad_dtype]
         self.zero = cfg.zero.stage
         self.fsdp = self.zero in (2, 3)
+        self.scaler: torch.amp.GradScaler | None = None
+        if cfg.precision.loss_scaling == "dynamic":
+            # Shard-aware (FSDP2, DTensor, expert shards): inf/NaN found on any rank is
+            # all-reduced over the world, so every rank skips the same steps.
+            self.scaler = ShardedGradScaler(self.device.type)
         # zero 0 with tp or pp: the engine all-reduces the gradients over dp itself, after the
         # last micro-batch (DDP would turn DTensor parameters into local tensors, and its reducer
         # does not follow the pipeline schedules' interleaved forwards and backwards).
-        self.manual_dp_sync = not self.fsdp and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1)
+        # With expert parallel too: each rank holds other experts, so DDP's all-reduce of every
+        # parameter over dp does not apply; expert gradients are reduced over "edp" instead.
+        self.manual_dp_sync = (
+            not self.fsdp and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
+        )
+        self.ep_mesh: DeviceMesh | None = None
+        if lay.ep > 1:
+            self.ep_mesh = init_device_mesh(
+                self.device.type, (lay.dp // lay.ep, lay.ep), mesh_dim_names=("edp", "ep")
+            )
 
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -215,6 +268,11 @@ class TorchEngine(Engine):
     def _build_part(self, chunk: int, seed: int) -> nn.Module:
         lay, cfg = self.layout, self.cfg
         model = build_model(cfg.model, "meta")
+        if self.ep_mesh is not None:
+            ep = ExpertParallel(
+                self.ep_mesh["ep"].get_group(), lay.ep, self.ep_mesh.get_local_rank("ep")
+            )
+            apply_expert_parallel(model, ep)
         first, last = chunk == 0, chunk == lay.pp * lay.vpp - 1
         if lay.pp > 1:
             start = sum(lay.chunk_layers[:chunk])
@@ -230,6 +288,9 @@ class TorchEngine(Engine):
                 model.output = None
         model.to_empty(device=self.device)
         init_weights(model, seed)
+        if lay.cp > 1:
+            cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
+            apply_context_parallel(model, cp)
         if lay.tp > 1:
             self._apply_tp(model, first_chunk=first)
         apply_recompute(model, cfg.train.recompute)
@@ -301,7 +362,7 @@ class TorchEngine(Engine):
 
     def _apply_dp(self, model: nn.Module) -> nn.Module:
         lay, z = self.layout, self.cfg.zero
-        dp_mesh = self.mesh["dp"]
+        dp_mesh = self.dp_mesh
         if self.fsdp:
             mixed = self.compute_dtype != torch.float32
             mp = MixedPrecisionPolicy(
@@ -317,7 +378,7 @@ class TorchEngine(Engine):
                 fully_shard(block, reshard_after_forward=reshard, **kwargs)
             fully_shard(model, reshard_after_forward=reshard, **kwargs)
             return model
-        if lay.dp > 1 and not self.manual_dp_sync:
+        if lay.dp * lay.cp > 1 and not self.manual_dp_sync:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             return DistributedDataParallel(
                 model, device_ids=device_ids, process_group=dp_mesh.get_group()
@@ -331,6 +392,14 @@ class TorchEngine(Engine):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         params = [param for part in self.parts for param in part.parameters()]
+        if self.zero == 1:
+            cls, options = optimizer_class(self.cfg.optim)
+            return ZeroRedundancyOptimizer(
+                cast(Any, param_groups(params, self.cfg.optim)),
+                optimizer_class=cls,
+                process_group=self.dp_mesh.get_group(),
+                **options,
+            )
         return build_optimizer(params, self.cfg.optim)
 
     def _build_schedule(self) -> Any:
@@ -367,19 +436,39 @@ class TorchEngine(Engine):
                 part.set_requires_gradient_sync(enabled)
         return stack
 
+    def _expert_params(self) -> list[nn.Parameter]:
+        """This rank's routed-expert parameters under expert parallel (else none)."""
+        if self.ep_mesh is None:
+            return []
+        return [p for part in self.parts for n, p in part.named_parameters() if ".experts." in n]
+
     def _allreduce_grads_over_dp(self) -> None:
-        group = self.mesh["dp"].get_group()
-        grads = [
-            p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            for p in self._params()
-            if p.grad is not None
-        ]
+        experts = {id(p) for p in self._expert_params()}
+
+        def local_grads(expert: bool) -> list[torch.Tensor]:
+            return [
+                p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                for p in self._params()
+                if p.grad is not None and (id(p) in experts) == expert
+            ]
+
+        self._average(local_grads(False), self.mesh["dp"].get_group())
+        if experts:
+            # An expert's gradient already sums its ep group's tokens (the all-to-all's
+            # backward); add the other ep groups' (edp) and divide by dp for the batch mean.
+            assert self.ep_mesh is not None
+            edp = self.ep_mesh["edp"]
+            self._average(local_grads(True), edp.get_group() if edp.size() > 1 else None)
+
+    def _average(self, grads: list[torch.Tensor], group: Any) -> None:
+        """Sum `grads` over `group` (None: this rank alone) and divide by dp."""
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
         for same in by_dtype.values():
             flat = torch.cat([g.reshape(-1) for g in same])
-            dist.all_reduce(flat, group=group)
+            if group is not None:
+                dist.all_reduce(flat, group=group)
             flat /= self.layout.dp
             offset = 0
             for g in same:
@@ -389,6 +478,18 @@ class TorchEngine(Engine):
     def _clip(self) -> float:
         max_norm = self.cfg.optim.grad_clip
         params = [p for p in self._params() if p.grad is not None]
+        if self.ep_mesh is not None:
+            # Replicated parameters count once, each rank's own experts once: their squared
+            # norms are summed over the ep group.
+            experts = {id(p) for p in self._expert_params()}
+            shared = [cast(torch.Tensor, p.grad) for p in params if id(p) not in experts]
+            mine = [cast(torch.Tensor, p.grad) for p in params if id(p) in experts]
+            expert_sq = torch.nn.utils.get_total_norm(mine, 2.0).float() ** 2
+            dist.all_reduce(expert_sq, group=self.ep_mesh["ep"].get_group())
+            total = (torch.nn.utils.get_total_norm(shared, 2.0).float() ** 2 + expert_sq).sqrt()
+            if max_norm > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+            return float(total)
         if self.layout.pp == 1:
             total = torch.nn.utils.clip_grad_norm_(
                 params, max_norm if max_norm > 0 else float("inf")
@@ -412,6 +513,9 @@ class TorchEngine(Engine):
             )
         rows = rows.to(self.device, non_blocking=True)
         inputs, targets = rows[:, :-1], rows[:, 1:]
+        if lay.cp > 1:
+            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
+            targets = shard_sequence(targets, lay.cp, self.cp_rank)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if lay.pp > 1:
@@ -420,12 +524,19 @@ class TorchEngine(Engine):
             loss = self._forward_backward(inputs, targets)
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         grad_norm = self._clip()
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
-        # every tp peer holds the same value, so sum over the world and divide by dp * tp.
-        total = loss.detach().float().reshape(1) / (lay.dp * lay.tp)
+        # every tp peer holds the same value and each cp rank the mean over an equal share of the
+        # tokens, so sum over the world and divide by dp * cp * tp.
+        total = loss.detach().float().reshape(1) / (lay.dp * lay.cp * lay.tp)
         dist.all_reduce(total)
         return StepResult(loss=float(total), grad_norm=grad_norm)
 
@@ -439,7 +550,10 @@ class TorchEngine(Engine):
             with self._grad_sync(i == accum - 1):
                 with self._autocast():
                     loss = _loss(model(inputs[chunk]), targets[chunk])
-                torch.autograd.backward(loss / accum)
+                scaled = loss / accum
+                torch.autograd.backward(
+                    self.scaler.scale(scaled) if self.scaler is not None else scaled
+                )
             loss_sum += loss.detach()
         return loss_sum / accum
 
@@ -464,10 +578,27 @@ class TorchEngine(Engine):
         return self.parts[0] if len(self.parts) == 1 else self.parts
 
     def _state(self) -> dict[str, Any]:
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            # DCP does not know ZeroRedundancyOptimizer: the model goes through DCP, each rank's
+            # optimizer shard into its own file (_save_extra).
+            return {"model": get_model_state_dict(self._model_arg(), options=STATE_OPTIONS)}
         model_sd, optim_sd = get_state_dict(
             self._model_arg(), self.optimizer, options=STATE_OPTIONS
         )
         return {"model": model_sd, "optim": optim_sd}
+
+    def _save_extra(self, directory: Path, rank: int) -> list[Path]:
+        """The optimizer shard of ZeRO-1 (every rank) and the loss scaler's state (rank 0)."""
+        written: list[Path] = []
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            path = directory / ZERO1_OPTIM_FILE.format(rank=rank)
+            torch.save(self.optimizer.optim.state_dict(), path)
+            written.append(path)
+        if self.scaler is not None and rank == 0:
+            path = directory / SCALER_FILE
+            path.write_text(json.dumps(self.scaler.state_dict(), sort_keys=True) + "\n")
+            written.append(path)
+        return written
 
     def save(self, directory: Path) -> list[Path]:
         directory = Path(directory)
@@ -481,7 +612,7 @@ class TorchEngine(Engine):
             if isinstance(inner, OSError):  # disk full, read-only: the writer says so plainly
                 raise inner from None
             raise RuntimeError(f"{directory}: {checkpoint_failure(exc)}") from None
-        mine = [write_non_tensor_state(directory, rank, others)]
+        mine = [write_non_tensor_state(directory, rank, others), *self._save_extra(directory, rank)]
         dist.barrier()
         mine += list(directory.glob(f"__{rank}_*.distcp"))
         if rank == 0:
@@ -489,7 +620,8 @@ class TorchEngine(Engine):
         return sorted(mine)
 
     def load(self, directory: Path) -> None:
-        """Restore from `directory`; never unpickles code (see ``dcp_safe``)."""
+        """Restore from `directory`; never unpickles code (see ``dcp_safe``; the ZeRO-1 shard
+        and the scaler are read weights-only and as JSON)."""
         directory = Path(directory)
         state = self._state()
         tensors, others = split_non_tensor_state(state)
@@ -502,27 +634,37 @@ class TorchEngine(Engine):
             )
         except CheckpointException as exc:  # a BaseException: make it an ordinary error
             raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
-        for part in ("model", "optim"):
+        for part in state:
             for key in others.get(part, {}):
                 if key not in saved.get(part, {}):
                     raise TorchEngineError(f"{directory}: checkpoint lacks {part} entry {key!r}")
                 state[part][key] = saved[part][key]
             for key, value in tensors[part].items():
                 state[part][key] = value
-        set_state_dict(
-            self._model_arg(),
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=STATE_OPTIONS,
-        )
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            set_model_state_dict(self._model_arg(), state["model"], options=STATE_OPTIONS)
+            shard = directory / ZERO1_OPTIM_FILE.format(rank=dist.get_rank())
+            self.optimizer.optim.load_state_dict(torch.load(shard, weights_only=True))
+        else:
+            set_state_dict(
+                self._model_arg(),
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=STATE_OPTIONS,
+            )
+        if self.scaler is not None:
+            self.scaler.load_state_dict(json.loads((directory / SCALER_FILE).read_text()))
 
     def extra_state(self) -> dict[str, Any]:
         lay = self.layout
         return {
             "engine": "torch",
-            "mesh": {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp},
-            "data_parallel": "fsdp2" if self.fsdp else ("ddp" if lay.dp > 1 else "none"),
+            "mesh": {"pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "tp": lay.tp, "ep": lay.ep},
+            "data_parallel": "fsdp2"
+            if self.fsdp
+            else ("ddp" if lay.dp * lay.cp > 1 else "none") + ("+zero1" if self.zero == 1 else ""),
+            "loss_scale": self.scaler.get_scale() if self.scaler is not None else None,
             "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
             "chunks": self.chunk_ids,
             "params_local": sum(

@@ -1,0 +1,92 @@
+"""Expert parallelism: the routed experts of each MoE layer split over the ep group, tokens sent
+to their experts' ranks and back by all-to-all (GShard, Lepikhin et al. 2020; Switch Transformer,
+Fedus et al. 2021).
+
+Dropless: every (token, expert) assignment is computed, whatever the load (the config has no
+capacity factor). Each ep rank holds experts [rank * E/ep, (rank + 1) * E/ep). Per MoE forward:
+1. sort this rank's assignments by expert (stable, so token order is kept within an expert);
+2. exchange the per-expert counts (one ``all_to_all_single`` of E integers);
+3. send the tokens (``all_to_all_single`` with the counts as split sizes, differentiable: its
+   backward is the reverse exchange), run each local expert on what it received;
+4. send the outputs back the same way, weight them by their gates and add them up per token.
+gloo has ``all_to_all_single`` on CPU, so this runs on the same collectives as NCCL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class ExpertParallel:
+    """The ep group this rank belongs to and its place in it."""
+
+    group: Any
+    size: int
+    rank: int
+
+    def local_experts(self, num_experts: int) -> range:
+        per = num_experts // self.size
+        return range(self.rank * per, (self.rank + 1) * per)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, send: list[int], recv: list[int], group: Any
+    ) -> torch.Tensor:
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
+        return back, None, None, None
+
+
+def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
+    out: torch.Tensor = _AllToAll.apply(x, send, recv, group)  # type: ignore[no-untyped-call]
+    return out
+
+
+def dispatch_combine(
+    flat: torch.Tensor,
+    top_index: torch.Tensor,
+    gates: torch.Tensor,
+    experts: Callable[[int, torch.Tensor], torch.Tensor],
+    num_experts: int,
+    ep: ExpertParallel,
+) -> torch.Tensor:
+    """The routed experts' output [T, h] for tokens `flat` [T, h] routed to `top_index` [T, k]
+    with weights `gates` [T, k]; ``experts(e, x)`` runs local expert `e` (a global index)."""
+    top_k = top_index.shape[1]
+    per = num_experts // ep.size
+    expert_of = top_index.reshape(-1)
+    order = torch.argsort(expert_of, stable=True)
+    token_of = order // top_k
+    counts = torch.bincount(expert_of, minlength=num_experts)
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts, group=ep.group)
+    send = counts.view(ep.size, per).sum(1).tolist()
+    recv = recv_counts.view(ep.size, per).sum(1).tolist()
+    received = _all_to_all(flat[token_of], send, recv, ep.group)
+    # Received tokens come by source rank, then by expert: label each with its local expert.
+    local_id = torch.repeat_interleave(
+        torch.arange(per, device=flat.device).repeat(ep.size), recv_counts.to(flat.device)
+    )
+    out = torch.zeros_like(received)
+    first = ep.rank * per
+    for e in range(per):
+        rows = torch.nonzero(local_id == e).squeeze(1)
+        out = out.index_copy(0, rows, experts(first + e, received[rows]))
+    back = _all_to_all(out, recv, send, ep.group)
+    weighted = back * gates.reshape(-1)[order, None]
+    return torch.zeros_like(flat).index_add(0, token_of, weighted)
