@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
@@ -139,7 +140,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "#!/bin/bash",
         f"# llmtrain: {cfg.model.name} on {n} node(s) x {g} process(es), {steps} steps.",
         f"# Submit with `llmtrain submit` (or: sbatch {q(run_dir + '/job.sbatch')}).",
-        _directive("--job-name", s.job_name, key="slurm.job_name"),
+        _directive("--job-name", s.job_name or PurePosixPath(run_dir).name, key="slurm.job_name"),
         f"#SBATCH --nodes={n}",
         "#SBATCH --ntasks-per-node=1",
     ]

@@ -34,6 +34,7 @@ from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, de
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
 from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
+from launcher.train.model import seed_step
 from launcher.train.optim import learning_rate
 from launcher.train.sampler import ShardedSampler
 
@@ -233,6 +234,10 @@ def train(run_dir: Path) -> int:
                     time.sleep(60)
             raise RuntimeError(f"injected failure at step {fail_at} (LLMTRAIN_FAIL_AT_STEP)")
         lr = learning_rate(cfg.optim, step, total)
+        if cfg.model.attention_dropout or cfg.model.hidden_dropout:
+            # By data-parallel rank: tensor-parallel peers must draw the same masks for the
+            # activations they hold replicated.
+            seed_step(cfg.train.seed, step, info.dp_rank)
         rows = torch.from_numpy(shards.batch(sampler.next_batch_indices(), seq))
         began = time.perf_counter()
         result = engine.step(rows, lr)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.render.ds_config import ds_config
+from launcher.render.ds_config import runtime_ds_config
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.model import apply_recompute, build_model, loss_fn
@@ -79,7 +79,7 @@ class DeepSpeedEngine(Engine):
         model = build_model(cfg.model, device=engine_device(), seed=seed)
         apply_recompute(model, cfg.train.recompute)
         optimizer = build_optimizer(model.parameters(), cfg.optim)
-        config: dict[str, Any] = ds_config(cfg)
+        config: dict[str, Any] = runtime_ds_config(cfg)
         if cfg.zero.offload_optimizer != "none":
             # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.
             config["zero_force_ds_cpu_optimizer"] = False

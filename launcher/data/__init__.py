@@ -1,0 +1,1 @@
+"""Token data on disk: formats that llmtrain writes and reads."""
