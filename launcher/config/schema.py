@@ -194,8 +194,12 @@ class SlurmConfig:
     chain: int = 0
     extra_sbatch_args: list[str] = field(default_factory=list)
     extra_srun_args: list[str] = field(default_factory=list)
+    # pyxis/enroot container for the training step. The job then runs the image's own Python
+    # (container_python, which must have llmtrain installed), mounts the run directory, the data
+    # and the working directory at the same paths, and starts in the working directory.
     container_image: str | None = None
     container_mounts: str | None = None
+    container_python: str = "python3"
 
 
 @dataclass
