@@ -53,6 +53,16 @@ class ModelConfig:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # Rotary base frequency (theta). 10000 is RoFormer's and Llama 1/2's; Llama 3 uses 500000
+    # (Meta's Llama 3 model card / params.json "rope_theta").
+    rope_theta: float = 10000.0
+    # Epsilon of every normalization layer; None: the norm's usual default (LayerNorm 1e-5,
+    # RMSNorm 1e-6). Llama 2 and 3 use 1e-5 (their params.json "norm_eps").
+    norm_eps: float | None = None
+    # Dropout on attention probabilities and on the residual branches (0 for modern pre-training;
+    # Megatron-LM defaults both to 0.1, so rendered jobs pass them explicitly).
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
 
 
 @dataclass
@@ -123,7 +133,12 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1.0e-8
     warmup_steps: int = 10
-    schedule: str = "cosine"  # cosine | linear | constant
+    schedule: str = "cosine"  # cosine | linear | constant | wsd
+    # Warmup-stable-decay (Hu et al. 2024, MiniCPM; Hägele et al. 2024): after warmup the rate stays
+    # at lr, then decays to min_lr over the last wsd_decay_fraction of the steps, in the shape
+    # wsd_decay_style (linear | cosine | minus_sqrt, the last from Hägele et al.).
+    wsd_decay_fraction: float = 0.2
+    wsd_decay_style: str = "minus_sqrt"
     min_lr: float = 3.0e-5
     grad_clip: float = 1.0
 
@@ -178,7 +193,8 @@ class BackendConfig:
 
 @dataclass
 class SlurmConfig:
-    job_name: str = "llmtrain"
+    # None: the run's name (its directory's name), so jobs of different runs tell apart in squeue.
+    job_name: str | None = None
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -191,8 +207,12 @@ class SlurmConfig:
     chain: int = 0
     extra_sbatch_args: list[str] = field(default_factory=list)
     extra_srun_args: list[str] = field(default_factory=list)
+    # pyxis/enroot container for the training step. The job then runs the image's own Python
+    # (container_python, which must have llmtrain installed), mounts the run directory, the data
+    # and the working directory at the same paths, and starts in the working directory.
     container_image: str | None = None
     container_mounts: str | None = None
+    container_python: str = "python3"
 
 
 @dataclass
@@ -259,7 +279,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision.loss_scaling": ("none", "dynamic"),
     "train.recompute": ("none", "selective", "full"),
     "optim.name": ("adamw", "adam", "sgd", "lion"),
-    "optim.schedule": ("cosine", "linear", "constant"),
+    "optim.schedule": ("cosine", "linear", "constant", "wsd"),
+    "optim.wsd_decay_style": ("linear", "cosine", "minus_sqrt"),
     "data.tokenizer": ("byte", "bpe"),
     "cluster.gpu_request": ("gpus-per-node", "gres"),
     "backend.name": ("deepspeed", "torch", "megatron"),

@@ -3,8 +3,12 @@
 Keys follow DeepSpeed's config reference (deepspeed.ai/docs/config-json): train_batch_size =
 train_micro_batch_size_per_gpu * gradient_accumulation_steps * data-parallel size; zero_optimization
 stage/offload/bucket sizes; bf16 / fp16 (dynamic loss scaling when loss_scale is 0).
-The optimizer is not in the file: the runtime hands DeepSpeed a torch AdamW (so no FusedAdam JIT
-build on CPU), and the learning rate comes from llmtrain's own schedule each step.
+The file also carries "optimizer" and "scheduler", so a stock DeepSpeed training script runs from
+it as is: the optimizer with "torch_adam": true (no FusedAdam JIT build on CPU), the schedule as
+DeepSpeed's nearest built-in (WarmupCosineLR for cosine, WarmupDecayLR for linear — which decays
+to 0, not min_lr —, WarmupLR for constant; DeepSpeed has no warmup-stable-decay scheduler, so a
+wsd schedule leaves "scheduler" out). llmtrain's own runtime drops both keys, hands DeepSpeed a
+torch optimizer and sets the learning rate from its own schedule each step (`runtime_ds_config`).
 """
 
 from __future__ import annotations
@@ -53,7 +57,55 @@ def ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
             "loss_scale": 0 if dynamic else 1,
             "initial_scale_power": 16,
         }
+    config["optimizer"] = _optimizer(cfg)
+    scheduler = _scheduler(cfg)
+    if scheduler is not None:
+        config["scheduler"] = scheduler
     return config
+
+
+def runtime_ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
+    """What llmtrain's DeepSpeed engine passes: ds_config without the optimizer and scheduler,
+    which it supplies itself (DeepSpeed refuses a config optimizer beside a client optimizer)."""
+    config = ds_config(cfg)
+    config.pop("optimizer", None)
+    config.pop("scheduler", None)
+    return config
+
+
+def _optimizer(cfg: LLMTrainConfig) -> dict[str, Any]:
+    o = cfg.optim
+    if o.name == "sgd":
+        return {"type": "SGD", "params": {"lr": o.lr, "weight_decay": o.weight_decay}}
+    params: dict[str, Any] = {
+        "lr": o.lr,
+        "betas": list(o.betas),
+        "eps": o.eps,
+        "weight_decay": o.weight_decay,
+        "torch_adam": True,
+    }
+    return {"type": {"adamw": "AdamW", "adam": "Adam", "lion": "Lion"}[o.name], "params": params}
+
+
+def _scheduler(cfg: LLMTrainConfig) -> dict[str, Any] | None:
+    o = cfg.optim
+    steps = derive_layout(cfg).steps
+    warmup = {"warmup_num_steps": o.warmup_steps, "warmup_type": "linear"}
+    if o.schedule == "cosine":
+        params = {
+            "total_num_steps": steps,
+            "warmup_min_ratio": 0.0,
+            "cos_min_ratio": o.min_lr / o.lr,
+            **warmup,
+        }
+        return {"type": "WarmupCosineLR", "params": params}
+    if o.schedule == "linear":
+        params = {"total_num_steps": steps, "warmup_min_lr": 0.0, "warmup_max_lr": o.lr, **warmup}
+        return {"type": "WarmupDecayLR", "params": params}
+    if o.schedule == "constant":
+        params = {"warmup_min_lr": 0.0, "warmup_max_lr": o.lr, **warmup}
+        return {"type": "WarmupLR", "params": params}
+    return None
 
 
 def render_ds_config(cfg: LLMTrainConfig) -> str:

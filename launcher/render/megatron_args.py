@@ -48,6 +48,20 @@ def _split_args(cfg: LLMTrainConfig) -> list[str]:
     return args
 
 
+def _schedule_args(cfg: LLMTrainConfig, steps: int) -> list[str]:
+    """--lr-decay-style and, for warmup-stable-decay, Megatron-LM's WSD flags."""
+    o = cfg.optim
+    if o.schedule != "wsd":
+        return ["--lr-decay-style", o.schedule]
+    decay_iters = max(1, round(o.wsd_decay_fraction * steps))
+    # llmtrain's decay style names are Megatron-LM's (--lr-wsd-decay-style).
+    return [
+        "--lr-decay-style", "WSD",
+        "--lr-wsd-decay-style", o.wsd_decay_style,
+        "--lr-wsd-decay-iters", str(decay_iters),
+    ]  # fmt: skip
+
+
 def megatron_args(cfg: LLMTrainConfig) -> list[str]:
     """The argument list (unquoted words). Raises MegatronUnsupported with every reason."""
     m, p, z, prec, t, o = cfg.model, cfg.parallel, cfg.zero, cfg.precision, cfg.train, cfg.optim
@@ -85,6 +99,15 @@ def megatron_args(cfg: LLMTrainConfig) -> list[str]:
         args.append("--swiglu")
     args += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
     args += ["--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"]
+    if m.position == "rope":
+        args += ["--rotary-base", f"{m.rope_theta:g}"]
+    norm_eps = m.norm_eps if m.norm_eps is not None else (1e-6 if m.norm == "rmsnorm" else 1e-5)
+    # Megatron-LM's own defaults are 0.1 dropout and 1e-5 epsilon: always say what llmtrain means.
+    args += [
+        "--norm-epsilon", repr(norm_eps),
+        "--attention-dropout", repr(m.attention_dropout),
+        "--hidden-dropout", repr(m.hidden_dropout),
+    ]  # fmt: skip
     if not m.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not m.linear_bias:
@@ -132,7 +155,7 @@ def megatron_args(cfg: LLMTrainConfig) -> list[str]:
         "--lr", repr(o.lr),
         "--min-lr", repr(o.min_lr),
         "--lr-warmup-iters", str(o.warmup_steps),
-        "--lr-decay-style", o.schedule,
+        *_schedule_args(cfg, layout.steps),
         "--weight-decay", repr(o.weight_decay),
         "--clip-grad", repr(o.grad_clip),
         "--seed", str(t.seed),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
@@ -128,6 +129,28 @@ def render_launch_sh(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir:
     return "\n".join(lines) + "\n"
 
 
+def container_mounts(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> str:
+    """pyxis --container-mounts: the user's mounts, then the run directory, the working directory
+    and the data folders at their own paths (a folder already under a mount is not repeated)."""
+    mounts = [m for m in (cfg.slurm.container_mounts or "").split(",") if m]
+    targets = [m.split(":")[1] if ":" in m else m for m in mounts]
+    wanted = [run_dir, workdir, *([cfg.data.path] if cfg.data.path else [])]
+    for path in wanted:
+        if not PurePosixPath(path).is_absolute():
+            continue  # relative to the working directory, which is mounted
+        if "," in path or ":" in path:
+            raise RenderError(
+                f"{path!r}: pyxis separates mounts with ',' and ':'; a path holding either cannot "
+                "be mounted into slurm.container_image (rename it, or mount it yourself with "
+                "slurm.container_mounts)"
+            )
+        if any(path == t or path.startswith(t.rstrip("/") + "/") for t in targets):
+            continue
+        mounts.append(f"{path}:{path}")
+        targets.append(path)
+    return _check_line("slurm.container_mounts", ",".join(mounts))
+
+
 def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str) -> str:
     """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues."""
     s, c = cfg.slurm, cfg.cluster
@@ -139,7 +162,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "#!/bin/bash",
         f"# llmtrain: {cfg.model.name} on {n} node(s) x {g} process(es), {steps} steps.",
         f"# Submit with `llmtrain submit` (or: sbatch {q(run_dir + '/job.sbatch')}).",
-        _directive("--job-name", s.job_name, key="slurm.job_name"),
+        _directive("--job-name", s.job_name or PurePosixPath(run_dir).name, key="slurm.job_name"),
         f"#SBATCH --nodes={n}",
         "#SBATCH --ntasks-per-node=1",
     ]
@@ -182,13 +205,12 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "--kill-on-bad-exit=1",
     ]
     if s.container_image is not None:
-        srun.append(
-            f"--container-image={q(_check_line('slurm.container_image', s.container_image))}"
-        )
-    if s.container_mounts is not None:
-        srun.append(
-            f"--container-mounts={q(_check_line('slurm.container_mounts', s.container_mounts))}"
-        )
+        python = _check_line("slurm.container_python", s.container_python)
+        srun += [
+            f"--container-image={q(_check_line('slurm.container_image', s.container_image))}",
+            f"--container-mounts={q(container_mounts(cfg, run_dir, workdir))}",
+            f"--container-workdir={q(workdir)}",
+        ]
     srun += [q(_check_line("slurm.extra_srun_args", a)) for a in s.extra_srun_args]
     # torchrun must not die of USR1; the trainers it starts install their own handler.
     node_wrapper = q('trap "" USR1; exec "$@"')

@@ -23,8 +23,14 @@ Choices worth knowing:
   tensor-parallel Colwise/Rowwise sharding of wq/wk/wv/wo needs no change here (DTensor weights
   report their global shape, so the weights are not consulted). Replicating kv heads when
   kv_heads < tp is the engine's job.
-- RoPE: rotate-half form (GPT-NeoX / Llama), theta 10000, tables computed per forward (no buffers,
-  so a model built on the meta device needs nothing re-initialised after ``to_empty``).
+- RoPE: rotate-half form (GPT-NeoX / Llama), base ``model.rope_theta`` (10000; Llama 3: 500000),
+  tables computed per forward (no buffers, so a model built on the meta device needs nothing
+  re-initialised after ``to_empty``). Norm epsilon: ``model.norm_eps`` (None: LayerNorm 1e-5,
+  RMSNorm 1e-6).
+- Dropout (``model.attention_dropout`` on the attention probabilities, ``model.hidden_dropout`` on
+  each residual branch) is active in training mode only. Its masks come from torch's global
+  generator, which the trainer reseeds every step from (seed, step, rank) (``seed_step``), so a
+  resumed run draws the same masks as an uninterrupted one.
 - MoE: token-choice top-k, dropless; gate weights: a softmax over the k selected router logits
   (Mixtral style; DeepSeek-V3's sigmoid gating and its router bias are not modelled); no auxiliary
   loss; experts run in a plain loop and every expert runs even on zero tokens, so all parameters
@@ -70,23 +76,25 @@ def _call(module: nn.Module, *args: Any) -> torch.Tensor:
     return cast(torch.Tensor, module(*args))
 
 
-def _norm(kind: str, dim: int) -> nn.Module:
+def _norm(kind: str, dim: int, eps: float | None = None) -> nn.Module:
     if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=1e-5, bias=True)
+        return nn.LayerNorm(dim, eps=1e-5 if eps is None else eps, bias=True)
     if kind == "rmsnorm":
-        return nn.RMSNorm(dim, eps=1e-6)
+        return nn.RMSNorm(dim, eps=1e-6 if eps is None else eps)
     raise ValueError(f"model.norm={kind!r}: expected layernorm or rmsnorm")
 
 
 # --- rotary position embedding -------------------------------------------------------------------
 def rope_tables(
-    seq_len: int, dim: int, device: torch.device, positions: torch.Tensor | None = None
+    seq_len: int,
+    dim: int,
+    device: torch.device,
+    positions: torch.Tensor | None = None,
+    theta: float = ROPE_THETA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE, at positions 0..seq_len-1
-    or at the given `positions` (a context-parallel rank's tokens)."""
-    inv_freq = 1.0 / (
-        ROPE_THETA ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
-    )
+    """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE with base `theta`, at
+    positions 0..seq_len-1 or at the given `positions` (a context-parallel rank's tokens)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
     if positions is None:
         positions = torch.arange(seq_len, device=device)
     freqs = torch.outer(positions.to(torch.float32), inv_freq)
@@ -102,14 +110,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str) -> torch.Tensor:
-    """Causal attention of q [b, hq, s, d] over k, v [b, hkv, s, d] (hq a multiple of hkv)."""
+def attention_core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str, dropout: float = 0.0
+) -> torch.Tensor:
+    """Causal attention of q [b, hq, s, d] over k, v [b, hkv, s, d] (hq a multiple of hkv), with
+    dropout probability `dropout` on the attention weights."""
     gqa = q.shape[1] != k.shape[1]
     if kind == "flash":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=dropout, enable_gqa=gqa
+        )
     s = q.shape[2]
     mask = torch.ones(s, k.shape[2], dtype=torch.bool, device=q.device).tril()
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa
+    )
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """Reseed torch's global generator for optimizer step `step` on `rank`.
+
+    Dropout masks then depend on (seed, step, rank) only: a resumed run draws what an
+    uninterrupted one does."""
+    torch.manual_seed(zlib.crc32(f"{seed}/{step}/{rank}".encode()))
 
 
 class _CoreMixin:
@@ -119,18 +142,23 @@ class _CoreMixin:
     recompute_core: bool
     kind: str
     context_parallel: ContextParallel | None = None
+    dropout: float
+    training: bool
 
     def _positions(self, device: torch.device) -> torch.Tensor | None:
         cp = self.context_parallel
         return None if cp is None else cp.positions(device)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.context_parallel is not None:
+        if self.context_parallel is not None:  # no attention dropout here (backends/torch.py)
             return self.context_parallel.attention(q, k, v)
+        p = self.dropout if self.training else 0.0
         if self.recompute_core and torch.is_grad_enabled():
-            out = checkpoint(attention_core, q, k, v, self.kind, use_reentrant=False)
+            # use_reentrant=False replays the forward with the same RNG state (preserve_rng_state),
+            # so recomputed dropout masks equal the original ones.
+            out = checkpoint(attention_core, q, k, v, self.kind, p, use_reentrant=False)
             return cast(torch.Tensor, out)
-        return attention_core(q, k, v, self.kind)
+        return attention_core(q, k, v, self.kind, p)
 
 
 class Attention(_CoreMixin, nn.Module):
@@ -142,7 +170,9 @@ class Attention(_CoreMixin, nn.Module):
         h, d, bias = cfg.hidden_size, shape.head_dim, cfg.linear_bias
         self.head_dim = d
         self.kind = cfg.attention
+        self.dropout = cfg.attention_dropout
         self.use_rope = cfg.position == "rope"
+        self.rope_theta = cfg.rope_theta
         self.recompute_core = False
         self.wq = nn.Linear(h, cfg.num_attention_heads * d, bias=bias)
         self.wk = nn.Linear(h, shape.kv_heads * d, bias=bias)
@@ -156,7 +186,8 @@ class Attention(_CoreMixin, nn.Module):
         k = _call(self.wk, x).view(b, s, -1, self.head_dim)
         v = _call(self.wv, x).view(b, s, -1, self.head_dim)
         if self.use_rope:
-            cos, sin = rope_tables(s, self.head_dim, x.device, self._positions(x.device))
+            positions = self._positions(x.device)
+            cos, sin = rope_tables(s, self.head_dim, x.device, positions, self.rope_theta)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return _call(self.wo, out.transpose(1, 2).reshape(b, s, -1))
@@ -180,6 +211,8 @@ class MLAttention(_CoreMixin, nn.Module):
         kv_rank = cfg.kv_lora_rank or 0
         self.nope_dim, self.rope_dim, self.v_dim, self.kv_lora_rank = d, r, v, kv_rank
         self.kind = cfg.attention
+        self.dropout = cfg.attention_dropout
+        self.rope_theta = cfg.rope_theta
         self.recompute_core = False
         self.wq: nn.Linear | None = None
         self.wq_a: nn.Linear | None = None
@@ -208,7 +241,7 @@ class MLAttention(_CoreMixin, nn.Module):
         latent, k_pe = torch.split(_call(self.wkv_a, x), [self.kv_lora_rank, r], dim=-1)
         k_pe = k_pe.unsqueeze(2)  # [b, s, 1, r]: one rope key shared by every head
         if r:
-            cos, sin = rope_tables(s, r, x.device)
+            cos, sin = rope_tables(s, r, x.device, theta=self.rope_theta)
             q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
         kv = _call(self.wkv_b, _call(self.kv_norm, latent)).view(b, s, -1, d + self.v_dim)
         k_nope, v = torch.split(kv, [d, self.v_dim], dim=-1)
@@ -309,9 +342,10 @@ class TransformerBlock(nn.Module):
         shape = ModelShape(cfg)
         self.layer_id = layer_id
         self.recompute_full = False
-        self.attention_norm = _norm(cfg.norm, cfg.hidden_size)
+        self.attention_norm = _norm(cfg.norm, cfg.hidden_size, cfg.norm_eps)
         self.attention: nn.Module = MLAttention(cfg) if shape.is_mla else Attention(cfg)
-        self.ffn_norm = _norm(cfg.norm, cfg.hidden_size)
+        self.ffn_norm = _norm(cfg.norm, cfg.hidden_size, cfg.norm_eps)
+        self.residual_dropout = nn.Dropout(cfg.hidden_dropout)
         self.feed_forward: MLP | None = None
         self.moe: MoE | None = None
         if shape.is_moe and layer_id >= cfg.moe_dense_layers:
@@ -322,10 +356,11 @@ class TransformerBlock(nn.Module):
             )
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + _call(self.attention, _call(self.attention_norm, x))
+        drop = self.residual_dropout
+        h = x + _call(drop, _call(self.attention, _call(self.attention_norm, x)))
         ffn = self.moe if self.moe is not None else self.feed_forward
         assert ffn is not None
-        return h + _call(ffn, _call(self.ffn_norm, h))
+        return h + _call(drop, _call(ffn, _call(self.ffn_norm, h)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
@@ -357,7 +392,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(cfg, i) for i in range(cfg.num_layers)}
         )
-        self.norm: nn.Module | None = _norm(cfg.norm, h)
+        self.norm: nn.Module | None = _norm(cfg.norm, h, cfg.norm_eps)
         self.output: nn.Linear | None = (
             None if cfg.tie_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
         )

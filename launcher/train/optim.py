@@ -52,15 +52,33 @@ def learning_rate(optim: OptimConfig, step: int, total_steps: int) -> float:
     """The learning rate of optimizer step `step` (0-based).
 
     Linear warmup from lr/warmup_steps to lr over warmup_steps, then `schedule` from lr down to
-    min_lr at the last step: cosine (half a cosine period), linear, or constant (stays at lr).
+    min_lr at the last step: cosine (half a cosine period), linear, constant (stays at lr), or wsd
+    (warmup-stable-decay: lr until the last wsd_decay_fraction of the steps, then down to min_lr in
+    the shape wsd_decay_style; Hu et al. 2024 "MiniCPM", Hägele et al. 2024 for 1-sqrt).
     """
     lr, floor, warmup = optim.lr, optim.min_lr, optim.warmup_steps
     if warmup > 0 and step < warmup:
         return lr * (step + 1) / warmup
     if optim.schedule == "constant":
         return lr
+    if optim.schedule == "wsd":
+        decay_steps = max(1, round(optim.wsd_decay_fraction * total_steps))
+        decay_start = max(warmup, total_steps - decay_steps)
+        if step < decay_start:
+            return lr
+        progress = min(1.0, (step - decay_start + 1) / max(1, total_steps - decay_start))
+        return floor + (lr - floor) * _decay_shape(optim.wsd_decay_style, progress)
     decay_steps = max(1, total_steps - warmup - 1)
     progress = min(1.0, max(0.0, (step - warmup) / decay_steps))
     if optim.schedule == "linear":
         return lr - (lr - floor) * progress
     return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def _decay_shape(style: str, progress: float) -> float:
+    """Fraction of the way from min_lr (0) to lr (1) left at `progress` in [0, 1] of the decay."""
+    if style == "linear":
+        return 1.0 - progress
+    if style == "minus_sqrt":
+        return 1.0 - math.sqrt(progress)
+    return 0.5 * (1 + math.cos(math.pi * progress))  # cosine

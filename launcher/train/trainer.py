@@ -42,6 +42,7 @@ from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, de
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
 from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
+from launcher.train.model import seed_step
 from launcher.train.optim import learning_rate
 from launcher.train.policy import CheckpointPolicy
 from launcher.train.sampler import ShardedSampler
@@ -337,6 +338,11 @@ class Trainer:
                     time.sleep(60)
             raise RuntimeError(f"injected failure at step {self.fail_at} (LLMTRAIN_FAIL_AT_STEP)")
         lr = learning_rate(self.cfg.optim, step, self.total)
+        m = self.cfg.model
+        if m.attention_dropout or m.hidden_dropout:
+            # By data-parallel rank: tensor-parallel peers must draw the same masks for the
+            # activations they hold replicated.
+            seed_step(self.cfg.train.seed, step, self.engine.info.dp_rank)
         indices = self.sampler.next_batch_indices()
         rows = torch.from_numpy(self.shards.batch(indices, self.cfg.model.seq_length))
         began = time.perf_counter()

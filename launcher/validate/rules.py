@@ -182,6 +182,8 @@ _POSITIVE_NUMBER = (
     "cluster.intra_node_bandwidth_gbps",
     "cluster.inter_node_bandwidth_gbps",
     "checkpoint.every_minutes",
+    "model.rope_theta",
+    "model.norm_eps",
 )
 _NON_NEGATIVE_NUMBER = ("cluster.price_per_gpu_hour", "train.hang_timeout_s")
 # Values past these are typos, not plans (the largest published runs are far below them).
@@ -271,6 +273,15 @@ def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     ):
         if not value >= 0:  # also NaN
             out.append(_error("positive-values", (key,), f"{key}={value}: must be >= 0"))
+    # Fractions: a dropout probability of 1 would zero every activation.
+    for key, value, high_ok in (
+        ("model.attention_dropout", cfg.model.attention_dropout, False),
+        ("model.hidden_dropout", cfg.model.hidden_dropout, False),
+        ("optim.wsd_decay_fraction", o.wsd_decay_fraction, True),
+    ):
+        if not (0 <= value < 1 or (high_ok and value == 1)):
+            bound = "in [0, 1]" if high_ok else "in [0, 1)"
+            out.append(_error("positive-values", (key,), f"{key}={value}: must be {bound}"))
     return out
 
 

@@ -274,3 +274,29 @@ def test_a_corrupt_slurm_record_is_a_clear_error(
     assert done.returncode == 2, done.stderr
     assert "slurm.json: not a readable SLURM record" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_container_jobs_run_the_images_python_with_run_dir_and_data_mounted() -> None:
+    composed = compose_config(
+        [
+            *TWO_NODES,
+            "slurm.container_image='nvcr.io#nvidia/pytorch:24.05-py3'",
+            "slurm.container_mounts=/scratch:/scratch",
+            "data.path=/datasets/web",
+        ]
+    )
+    script = render_sbatch(
+        composed.config, python="/venv/bin/python", run_dir="/runs/r1", workdir="/home/u/p"
+    )
+    assert "--container-mounts=/scratch:/scratch,/runs/r1:/runs/r1,/home/u/p:/home/u/p," in script
+    assert "/datasets/web:/datasets/web" in script
+    assert "--container-workdir=/home/u/p" in script
+    # The submit host's venv does not exist inside the image.
+    assert "/venv/bin/python" not in script and "python3 -m torch.distributed.run" in script
+    # A run directory under a user's mount is not mounted twice.
+    again = render_sbatch(
+        composed.config, python="p", run_dir="/scratch/runs/r1", workdir="/scratch/p"
+    )
+    assert "/scratch/runs/r1:" not in again and "/scratch/p:" not in again
+    with pytest.raises(RenderError, match="pyxis separates mounts"):
+        render_sbatch(composed.config, python="p", run_dir="/runs/a,b", workdir="/w")

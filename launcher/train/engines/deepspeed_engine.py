@@ -37,7 +37,7 @@ from torch import nn
 from launcher.backends import raw_refusals
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.render.ds_config import ds_config
+from launcher.render.ds_config import runtime_ds_config
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.model import Transformer, apply_recompute, build_model, loss_fn
@@ -174,7 +174,7 @@ class DeepSpeedEngine(Engine):
             for param in module.parameters():
                 param.model_parallel = True  # type: ignore[attr-defined]
         optimizer = build_optimizer(module.parameters(), cfg.optim)
-        config: dict[str, Any] = ds_config(cfg)
+        config: dict[str, Any] = runtime_ds_config(cfg)
         if cfg.zero.offload_optimizer != "none":
             # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.
             config["zero_force_ds_cpu_optimizer"] = False

@@ -1,0 +1,71 @@
+"""A user's own Hugging Face ``tokenizer.json``, as llmtrain's data preparation uses it.
+
+Loaded with the ``tokenizers`` library (no ``transformers``, nothing downloaded). The
+end-of-document token appended after every document is ``eod_token`` when given, else the first of
+``EOD_CANDIDATES`` the vocabulary holds (GPT-2 / Llama 3 / Llama 2 / Gemma conventions); a
+tokenizer with none of them needs ``--eod-token``. ``encode_batch`` runs the library's own thread
+pool, so a batch of documents uses every core.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launcher.errors import UserError
+
+EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+
+
+class HFTokenizerFile:
+    """tokenizer.json: vocabulary size (added tokens included), EOD id, batch encoding."""
+
+    name = "hf"
+
+    def __init__(self, path: Path, eod_token: str | None = None):
+        # Rust-side threads; the library turns them off after a fork unless told otherwise.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+        from tokenizers import Tokenizer
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise UserError(f"--tokenizer {path}: no such file (a Hugging Face tokenizer.json)")
+        try:
+            self._tok: Any = Tokenizer.from_file(str(self.path))
+        except Exception as exc:  # the library raises a bare Exception on a malformed file
+            raise UserError(
+                f"--tokenizer {path}: not a tokenizer.json the library reads ({exc})"
+            ) from None
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self.eod_id = self._find_eod(eod_token)
+
+    def _find_eod(self, eod_token: str | None) -> int:
+        candidates = (eod_token,) if eod_token else EOD_CANDIDATES
+        for token in candidates:
+            token_id = self._tok.token_to_id(token)
+            if token_id is not None:
+                return int(token_id)
+        if eod_token:
+            raise UserError(f"--eod-token {eod_token!r}: not in {self.path}'s vocabulary")
+        raise UserError(
+            f"{self.path}: none of {', '.join(EOD_CANDIDATES)} is in the vocabulary; "
+            "name the end-of-document token with --eod-token TOKEN"
+        )
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text (no special tokens added; the caller appends the EOD)."""
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))
+
+    def save(self, path: Path) -> None:
+        self._tok.save(str(path))

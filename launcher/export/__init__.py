@@ -1,0 +1,1 @@
+"""Trained weights out of llmtrain (and back in): Hugging Face layouts and files."""

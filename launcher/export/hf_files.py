@@ -1,0 +1,111 @@
+"""Hugging Face model folders on disk: safetensors shards, their index, config.json, tokenizer.
+
+``write_hf_folder`` writes into a temporary sibling folder and renames it into place, so a reader
+never sees half an export; ``read_hf_folder`` reads one back (one ``model.safetensors`` or the
+shards its ``model.safetensors.index.json`` lists). safetensors files hold raw tensors and a JSON
+header only: reading them executes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+# transformers' default max_shard_size for save_pretrained.
+DEFAULT_SHARD_BYTES = 5 * 10**9
+
+
+def _shards(tensors: Mapping[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+def write_hf_folder(
+    out: Path,
+    tensors: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    tokenizer: Path | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    metadata: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """Write the folder `out` (which must not exist, or be empty); return the files written."""
+    out = Path(out)
+    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+        raise FileExistsError(f"{out}: exists and is not an empty folder; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        shards = _shards(tensors, max_shard_bytes)
+        meta = {"format": "pt", **(metadata or {})}
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SINGLE_FILE), metadata=meta)
+        else:
+            weight_map: dict[str, str] = {}
+            total = 0
+            for i, shard in enumerate(shards, start=1):
+                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / name), metadata=meta)
+                for key, tensor in shard.items():
+                    weight_map[key] = name
+                    total += tensor.numel() * tensor.element_size()
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
+        for path in tmp.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(out.iterdir())
+
+
+def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, config.json) of a Hugging Face model folder."""
+    folder = Path(folder)
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: missing; is {folder} a Hugging Face model folder?")
+    config = json.loads(config_path.read_text())
+    if (folder / SINGLE_FILE).is_file():
+        return load_file(str(folder / SINGLE_FILE)), config
+    index_path = folder / INDEX_FILE
+    if not index_path.is_file():
+        raise FileNotFoundError(f"{folder}: neither {SINGLE_FILE} nor {INDEX_FILE}")
+    weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(set(weight_map.values())):
+        shard = (folder / name).resolve()
+        if shard.parent != folder.resolve():
+            raise ValueError(f"{index_path}: shard {name!r} lies outside the folder")
+        tensors.update(load_file(str(shard)))
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise ValueError(f"{index_path}: tensors listed but absent: {', '.join(missing[:4])}")
+    return tensors, config

@@ -1,0 +1,252 @@
+"""Hugging Face checkpoint layouts for llmtrain's model: tensor names, orientation, config.json.
+
+Three layouts, chosen by the model's shape (``hf_architecture``):
+
+- ``LlamaForCausalLM``: RMSNorm, SwiGLU, RoPE (rotate-half, as llmtrain's model, so q/k need no
+  permutation), optional grouped-query attention, tied or untied head, optional linear biases
+  (``attention_bias`` / ``mlp_bias``). Names from transformers' ``modeling_llama.py``.
+- ``MixtralForCausalLM``: the same with every layer a top-k softmax-gated mixture of SwiGLU experts
+  (``block_sparse_moe.gate`` and ``experts.{j}.w1/w2/w3``, Mixtral's own names).
+- ``GPT2LMHeadModel``: LayerNorm, tanh-GELU (``gelu_new``), learned positions, tied head, multi-head
+  attention. GPT-2's ``Conv1D`` stores weights as [in, out] (the transpose of ``nn.Linear``) and
+  fuses q, k, v into one ``c_attn``. A model without linear biases exports zero biases.
+
+Anything else (MLA, shared experts, dense-then-MoE layers, ...) has no layout here and is refused
+with the keys that make it so. Pure functions over ``{name: array}`` mappings: the arrays may be
+torch tensors or numpy arrays (only ``.T``, slicing and concatenation are used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from launcher.config.schema import ModelConfig
+from launcher.plan.model_shape import ModelShape
+
+
+class LayoutError(ValueError):
+    """The model has no Hugging Face layout here; the message names the keys."""
+
+
+def hf_architecture(m: ModelConfig) -> str:
+    """The transformers architecture that holds this model exactly, or LayoutError."""
+    shape = ModelShape(m)
+    problems: list[str] = []
+    if shape.is_mla:
+        problems.append("model.kv_lora_rank (multi-head latent attention)")
+    if shape.is_moe and (m.moe_shared_experts or m.moe_dense_layers):
+        problems.append("model.moe_shared_experts / model.moe_dense_layers (DeepSeek-style MoE)")
+    if problems:
+        raise LayoutError("no Hugging Face layout here for " + "; ".join(problems))
+    llama_like = m.norm == "rmsnorm" and m.activation == "swiglu" and m.position == "rope"
+    gpt2_like = m.norm == "layernorm" and m.activation == "gelu" and m.position == "learned"
+    if llama_like:
+        return "MixtralForCausalLM" if shape.is_moe else "LlamaForCausalLM"
+    if (
+        gpt2_like
+        and not shape.is_moe
+        and m.tie_embeddings
+        and shape.kv_heads == m.num_attention_heads
+    ):
+        return "GPT2LMHeadModel"
+    raise LayoutError(
+        "no Hugging Face layout here for model.norm="
+        f"{m.norm}, model.activation={m.activation}, model.position={m.position}, "
+        f"model.tie_embeddings={m.tie_embeddings}, kv heads {shape.kv_heads}: use "
+        "rmsnorm+swiglu+rope (Llama / Mixtral) or layernorm+gelu+learned, tied, multi-head (GPT-2)"
+    )
+
+
+def hf_config(m: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]:
+    """config.json for the architecture `hf_architecture(m)` names."""
+    arch = hf_architecture(m)
+    shape = ModelShape(m)
+    if arch == "GPT2LMHeadModel":
+        return {
+            "architectures": [arch],
+            "model_type": "gpt2",
+            "vocab_size": m.vocab_size,
+            "n_positions": m.seq_length,
+            "n_embd": m.hidden_size,
+            "n_layer": m.num_layers,
+            "n_head": m.num_attention_heads,
+            "n_inner": m.ffn_hidden_size,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-5 if m.norm_eps is None else m.norm_eps,
+            "resid_pdrop": m.hidden_dropout,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": m.attention_dropout,
+            "tie_word_embeddings": True,
+            "torch_dtype": torch_dtype,
+        }
+    config: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": "mixtral" if arch == "MixtralForCausalLM" else "llama",
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "intermediate_size": (m.moe_ffn_hidden_size or m.ffn_hidden_size)
+        if shape.is_moe
+        else m.ffn_hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": m.seq_length,
+        "rms_norm_eps": 1e-6 if m.norm_eps is None else m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "attention_dropout": m.attention_dropout,
+        "tie_word_embeddings": m.tie_embeddings,
+        "torch_dtype": torch_dtype,
+    }
+    if arch == "MixtralForCausalLM":
+        config["num_local_experts"] = m.num_experts
+        config["num_experts_per_tok"] = m.moe_top_k or 1
+    else:
+        config["attention_bias"] = m.linear_bias
+        config["mlp_bias"] = m.linear_bias
+    return config
+
+
+# --- names ---------------------------------------------------------------------------------------
+def _llama_names(m: ModelConfig) -> dict[str, str]:
+    """llmtrain name -> HF name for the Llama and Mixtral layouts (weights kept as nn.Linear)."""
+    names = {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+    }
+    if not m.tie_embeddings:
+        names["output.weight"] = "lm_head.weight"
+    kinds = ("weight", "bias") if m.linear_bias else ("weight",)
+    for i in range(m.num_layers):
+        ours, theirs = f"layers.{i}", f"model.layers.{i}"
+        names[f"{ours}.attention_norm.weight"] = f"{theirs}.input_layernorm.weight"
+        names[f"{ours}.ffn_norm.weight"] = f"{theirs}.post_attention_layernorm.weight"
+        for w, proj in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+            for kind in kinds:
+                names[f"{ours}.attention.{w}.{kind}"] = f"{theirs}.self_attn.{proj}.{kind}"
+        if m.num_experts:
+            names[f"{ours}.moe.router.weight"] = f"{theirs}.block_sparse_moe.gate.weight"
+            for j in range(m.num_experts):
+                for w in ("w1", "w2", "w3"):
+                    for kind in kinds:
+                        names[f"{ours}.moe.experts.{j}.{w}.{kind}"] = (
+                            f"{theirs}.block_sparse_moe.experts.{j}.{w}.{kind}"
+                        )
+        else:
+            for w, proj in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                for kind in kinds:
+                    names[f"{ours}.feed_forward.{w}.{kind}"] = f"{theirs}.mlp.{proj}.{kind}"
+    return names
+
+
+Array = Any
+Transform = Callable[[Mapping[str, Array]], dict[str, Array]]
+
+
+def to_hf(state: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
+    """llmtrain's full (unsharded) state dict -> HF tensors of `hf_architecture(m)`."""
+    if hf_architecture(m) == "GPT2LMHeadModel":
+        return _gpt2_from_ours(state, m)
+    names = _llama_names(m)
+    _check_names(state, names.keys(), "llmtrain checkpoint")
+    return {names[k]: state[k] for k in names}
+
+
+def from_hf(tensors: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
+    """HF tensors of `hf_architecture(m)` -> llmtrain's state dict (for train.init_from)."""
+    if hf_architecture(m) == "GPT2LMHeadModel":
+        return _gpt2_to_ours(tensors, m)
+    names = _llama_names(m)
+    _check_names(tensors, names.values(), "Hugging Face checkpoint")
+    return {ours: tensors[theirs] for ours, theirs in names.items()}
+
+
+def _check_names(have: Mapping[str, Array], want: Any, what: str) -> None:
+    missing = sorted(set(want) - set(have))
+    if missing:
+        shown = ", ".join(missing[:4]) + (
+            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        )
+        raise LayoutError(f"{what} lacks {shown}: does it hold this model.* shape?")
+
+
+def _zeros_like_rows(weight: Array, rows: int) -> Array:
+    return weight[:rows, 0] * 0
+
+
+def _gpt2_from_ours(state: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
+    out = {
+        "transformer.wte.weight": state["tok_embeddings.weight"],
+        "transformer.wpe.weight": state["pos_embeddings.weight"],
+        "transformer.ln_f.weight": state["norm.weight"],
+        "transformer.ln_f.bias": state["norm.bias"],
+    }
+
+    def bias(name: str, weight: Array) -> Array:
+        return state[name] if name in state else _zeros_like_rows(weight, weight.shape[0])
+
+    for i in range(m.num_layers):
+        ours, theirs = f"layers.{i}", f"transformer.h.{i}"
+        for ln, hf_ln in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            out[f"{theirs}.{hf_ln}.weight"] = state[f"{ours}.{ln}.weight"]
+            out[f"{theirs}.{hf_ln}.bias"] = state[f"{ours}.{ln}.bias"]
+        q, k, v = (state[f"{ours}.attention.{w}.weight"] for w in ("wq", "wk", "wv"))
+        out[f"{theirs}.attn.c_attn.weight"] = _cat([q, k, v], 0).T
+        out[f"{theirs}.attn.c_attn.bias"] = _cat(
+            [bias(f"{ours}.attention.{w}.bias", x) for w, x in (("wq", q), ("wk", k), ("wv", v))],
+            0,
+        )
+        for ours_w, theirs_w in (
+            ("attention.wo", "attn.c_proj"),
+            ("feed_forward.w1", "mlp.c_fc"),
+            ("feed_forward.w2", "mlp.c_proj"),
+        ):
+            weight = state[f"{ours}.{ours_w}.weight"]
+            out[f"{theirs}.{theirs_w}.weight"] = weight.T
+            out[f"{theirs}.{theirs_w}.bias"] = bias(f"{ours}.{ours_w}.bias", weight)
+    return out
+
+
+def _gpt2_to_ours(tensors: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
+    h = m.hidden_size
+    need = ["transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight"]
+    _check_names(tensors, need, "Hugging Face checkpoint")
+    out = {
+        "tok_embeddings.weight": tensors["transformer.wte.weight"],
+        "pos_embeddings.weight": tensors["transformer.wpe.weight"],
+        "norm.weight": tensors["transformer.ln_f.weight"],
+        "norm.bias": tensors["transformer.ln_f.bias"],
+    }
+    for i in range(m.num_layers):
+        ours, theirs = f"layers.{i}", f"transformer.h.{i}"
+        for ln, hf_ln in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            out[f"{ours}.{ln}.weight"] = tensors[f"{theirs}.{hf_ln}.weight"]
+            out[f"{ours}.{ln}.bias"] = tensors[f"{theirs}.{hf_ln}.bias"]
+        qkv = tensors[f"{theirs}.attn.c_attn.weight"].T
+        qkv_bias = tensors[f"{theirs}.attn.c_attn.bias"]
+        for j, w in enumerate(("wq", "wk", "wv")):
+            out[f"{ours}.attention.{w}.weight"] = qkv[j * h : (j + 1) * h]
+            if m.linear_bias:
+                out[f"{ours}.attention.{w}.bias"] = qkv_bias[j * h : (j + 1) * h]
+        for ours_w, theirs_w in (
+            ("attention.wo", "attn.c_proj"),
+            ("feed_forward.w1", "mlp.c_fc"),
+            ("feed_forward.w2", "mlp.c_proj"),
+        ):
+            out[f"{ours}.{ours_w}.weight"] = tensors[f"{theirs}.{theirs_w}.weight"].T
+            if m.linear_bias:
+                out[f"{ours}.{ours_w}.bias"] = tensors[f"{theirs}.{theirs_w}.bias"]
+    return out
+
+
+def _cat(parts: list[Array], dim: int) -> Array:
+    first = parts[0]
+    if hasattr(first, "new_empty"):  # torch
+        import torch
+
+        return torch.cat(parts, dim)
+    import numpy as np
+
+    return np.concatenate(parts, axis=dim)
