@@ -18,7 +18,7 @@ from launcher.plan.error_bands import BANDS
 
 MIN_ROWS = 3
 LONG_CONTEXT = 32768
-FAMILY_LABEL = {"ampere": "A100", "hopper": "H100", "blackwell": "B200", "cdna3": "MI300X"}
+FAMILY_LABEL = {"ampere": "A100", "hopper": "H100", "blackwell": "B200/GB200", "cdna3": "MI300X"}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,9 @@ One place per formula; the fitted constants (``fitted.py``) are dimensionless an
   is memory-bound: the bytes each op reads and writes (per token: multiples of h, f/tp, V/tp),
   times bytes_factor (achieved vs peak HBM bandwidth and the small ops not listed), over the HBM
   bandwidth. It scales with b*s*h per layer, not with FLOPs. torch.compile fuses elementwise ops:
-  compile_bytes of the traffic remains. Backward moves twice the forward's bytes.
+  compile_bytes of the traffic remains; Megatron fuses them by hand (bias-GeLU, bias-dropout-add,
+  scale-mask-softmax, fused norms and RoPE: Narayanan et al. 2021 section 4.2, Transformer Engine),
+  priced the same. Backward moves twice the forward's bytes.
 - Recompute: full = one more forward of every layer (GEMMs, attention, bytes); op-level selective
   (flash attention) = half of the layer GEMMs and all the elementwise ops once more; selective with
   eager attention = the attention core and its softmax once more (Korthikanti et al. 2022).
@@ -263,7 +265,8 @@ def stage_parts(
         moe_layers=moe_layers,
         head=head,
         recompute=cfg.train.recompute,
-        compile=cfg.backend.compile,
+        # Megatron's hand-fused element-wise kernels count as compiled (module docstring).
+        compile=cfg.backend.compile or cfg.backend.name == "megatron",
         m_limit=m_limit,
     )
     return _parts(key)
