@@ -48,6 +48,7 @@ def _fp16_on_cpu(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
         "precision=fp32",
     )
 
+
 BACKEND = Backend(
     name="deepspeed",
     summary="DeepSpeed: ZeRO 0-3 data parallel, CPU offload, PipelineModule 1F1B (ds_config.json)",

@@ -35,9 +35,6 @@ class ModelConfig:
     position: str = "learned"  # learned | rope
     tie_embeddings: bool = True
     attention: str = "flash"  # flash | eager
-    # Dropout in the layers (planner: masks and their traffic). None: on for LayerNorm (GPT-style)
-    # models, off for RMSNorm (Llama-style) ones.
-    dropout: bool | None = None
     # Bias terms on the linear layers (GPT-2/3 style) and on the norms (LayerNorm has one).
     linear_bias: bool = False
     # Mixture of experts: num_experts routed experts, moe_top_k of them active per token, each with

@@ -78,6 +78,9 @@ def _gpt(
             "tie_embeddings": True,
             "attention": "eager",
             "linear_bias": True,
+            # Megatron-LM's defaults (--attention-dropout / --hidden-dropout 0.1).
+            "attention_dropout": 0.1,
+            "hidden_dropout": 0.1,
             **kw,
         }
     )
@@ -119,13 +122,22 @@ def _nemotron(layers: int, hidden: int, heads: int, kv: int, ffn: int, seq: int)
         seq,
         activation="gelu",
         norm="layernorm",
-        dropout=False,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
     )
 
 
 def _mpt(layers: int, hidden: int, heads: int, seq: int) -> ModelConfig:
     return _gpt(
-        layers, hidden, heads, 50368, seq, attention="flash", linear_bias=False, dropout=False
+        layers,
+        hidden,
+        heads,
+        50368,
+        seq,
+        attention="flash",
+        linear_bias=False,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
     )
 
 
@@ -409,7 +421,7 @@ def _time_points() -> list[CalibrationPoint]:
     nb_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
         (
             "NB1",
-            _gpt(96, 12288, 96, attention="flash", dropout=False),
+            _gpt(96, 12288, 96, attention="flash", attention_dropout=0.0, hidden_dropout=0.0),
             512,
             {"tp": 4, "pp": 4, "vpp": 6, "mbs": 2, "gbs": 2048},
             1600,

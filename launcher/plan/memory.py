@@ -83,9 +83,8 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
 
 
 def uses_dropout(cfg: LLMTrainConfig) -> bool:
-    if cfg.model.dropout is not None:
-        return cfg.model.dropout
-    return cfg.model.norm == "layernorm"
+    """Dropout masks are kept (1 byte each) and traffic paid when either dropout is on."""
+    return cfg.model.attention_dropout > 0 or cfg.model.hidden_dropout > 0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ GPT = ModelConfig(
     position="learned",
     attention="eager",
     linear_bias=True,
+    attention_dropout=0.1,
+    hidden_dropout=0.1,
 )
 LLAMA = ModelConfig(
     name="llama",
