@@ -246,11 +246,6 @@ def run(
     if dry_run:
         _verdict("run", overrides or [], force=force, as_json=as_json)
         return
-    if as_json:
-        raise UserError(
-            "run --json needs --dry-run: a real run prints rank 0's progress on stdout; its result "
-            "is RUN_DIR/summary.json (JSON), and `llmtrain run --dry-run --json` gives the verdict"
-        )
     from launcher.config.compose import compose_config
     from launcher.launch.local import (
         RunFailed,
@@ -271,16 +266,30 @@ def run(
         if prepared.lock is not None and prepared.lock.note:
             err.print(Text(f"note: {prepared.lock.note}", style="yellow"))
         err.print(Text(describe(prepared), style="dim"))
-        launch(prepared)
+        # With --json, rank 0's progress goes to stderr and stdout gets one document at the end.
+        launch(prepared, progress_to_stderr=as_json)
     except (RunFailed, RunPreempted, RunInterrupted) as exc:
-        label = "error: " if isinstance(exc, RunFailed) else ""
-        err.print(Text(label, style="bold red") + Text(str(exc)))
+        if as_json:
+            _print_json(
+                {"run_dir": str(prepared.run_dir), "error": str(exc), "exit_code": exc.exit_code}
+            )
+        else:
+            label = "error: " if isinstance(exc, RunFailed) else ""
+            err.print(Text(label, style="bold red") + Text(str(exc)))
         raise typer.Exit(exc.exit_code) from None
     finally:
         prepared.release()
+    if as_json:
+        from launcher.rundir import RunDir
+
+        summary_path = RunDir(prepared.run_dir).summary
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        _print_json({"run_dir": str(prepared.run_dir), "exit_code": 0, "summary": summary})
 
 
-data_app = typer.Typer(help="Prepare training data: tokenize text into memory-mapped shards.")
+data_app = typer.Typer(
+    help="Prepare training data: tokenize text, JSON Lines, parquet or saved datasets into shards."
+)
 app.add_typer(data_app, name="data")
 
 
@@ -290,8 +299,20 @@ def data_prepare(
         list[str], typer.Option("--input", "-i", help="Text file or folder (repeatable).")
     ],
     output: Annotated[str, typer.Option("--output", "-o", help="Folder to write shards into.")],
-    tokenizer: Annotated[str, typer.Option(help="byte (default) or bpe (trained here).")] = "byte",
+    tokenizer: Annotated[
+        str,
+        typer.Option(
+            help="byte (default), bpe (trained here), or the path of a Hugging Face tokenizer.json."
+        ),
+    ] = "byte",
     vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size.")] = 4096,
+    text_key: Annotated[
+        str, typer.Option("--text-key", help="Field of .jsonl/.json/parquet records to read.")
+    ] = "text",
+    eod_token: Annotated[
+        str | None,
+        typer.Option("--eod-token", help="End-of-document token of a tokenizer.json."),
+    ] = None,
     overwrite: Annotated[
         bool,
         typer.Option("--overwrite", help="Replace an earlier prepared dataset at --output."),
@@ -304,8 +325,10 @@ def data_prepare(
     """Tokenize text into token shards with an index (then set data.path=OUTPUT)."""
     from pathlib import Path
 
-    if tokenizer not in ("byte", "bpe"):
-        raise UserError(f"--tokenizer={tokenizer}: must be byte or bpe")
+    if tokenizer not in ("byte", "bpe") and not Path(tokenizer).expanduser().is_file():
+        raise UserError(
+            f"--tokenizer={tokenizer}: must be byte, bpe, or the path of a tokenizer.json file"
+        )
     if vocab_size < 256 + 1 and tokenizer == "bpe":
         raise UserError(f"--vocab-size={vocab_size}: a BPE vocabulary needs more than 256 entries")
     from launcher.data.prepare import prepare
@@ -317,6 +340,9 @@ def data_prepare(
         vocab_size=vocab_size,
         overwrite=overwrite,
         allow_binary=allow_binary,
+        text_key=text_key,
+        eod_token=eod_token,
+        report=lambda line: err.print(Text(line, style="dim")),
     )
     document = index.to_json()
     if as_json:

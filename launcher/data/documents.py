@@ -63,7 +63,7 @@ def find_inputs(inputs: Sequence[Path]) -> list[Path]:
             files = sorted(p for p in path.rglob("*") if p.suffix in wanted and p.is_file())
             if not files:
                 raise UserError(
-                    f"{path}: no readable files ({', '.join('*' + s for s in wanted)}) in this "
+                    f"{path}: no text files or records ({', '.join('*' + s for s in wanted)}) in this "
                     "directory"
                 )
             found.update(dict.fromkeys(files))
@@ -88,21 +88,30 @@ def iter_documents(
             yield read_text_file(path, allow_binary)
 
 
+def looks_binary(path: Path, probe: int = 1 << 16) -> str | None:
+    """Why `path` does not look like text (NUL bytes, not UTF-8), or None."""
+    import codecs
+
+    with open(path, "rb") as f:
+        head = f.read(probe)
+    if b"\0" in head:
+        return "it holds NUL bytes"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < probe)
+    except UnicodeDecodeError as exc:
+        return f"it is not UTF-8 text (byte {exc.start})"
+    return None
+
+
 def read_text_file(path: Path, allow_binary: bool = False) -> str:
-    data = path.read_bytes()
     if not allow_binary:
-        if b"\x00" in data:
+        why = looks_binary(path)
+        if why:
             raise UserError(
-                f"{path}: holds NUL bytes (a binary file?); remove it from --input, or pass "
-                "--allow-binary to tokenize its bytes anyway"
+                f"--input {path}: does not look like text ({why}); pass --allow-binary to "
+                "tokenize it anyway (undecodable bytes become U+FFFD)"
             )
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UserError(
-                f"{path}: not UTF-8 text (byte {exc.start}); convert it, or pass --allow-binary"
-            ) from None
-    return data.decode("utf-8", errors="replace")
+    return path.read_bytes().decode("utf-8", errors="replace")
 
 
 def _text_of(record: Any, text_key: str, where: str) -> str:

@@ -41,7 +41,7 @@ class HFTokenizerFile:
                 f"--tokenizer {path}: not a tokenizer.json the library reads ({exc})"
             ) from None
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
-        self.eod_id = self._find_eod(eod_token)
+        self.eod_id: int | None = self._find_eod(eod_token)
 
     def _find_eod(self, eod_token: str | None) -> int:
         candidates = (eod_token,) if eod_token else EOD_CANDIDATES

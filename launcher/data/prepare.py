@@ -4,13 +4,17 @@ A prepared data directory holds memory-mappable token shards and an index::
 
     DIR/index.json          format, dtype, vocab_size, tokenizer, shards (file, tokens, sha256), ...
     DIR/shard_00000.bin     raw tokens, little-endian, uint8 (vocab <= 256) / uint16 / uint32
-    DIR/tokenizer.json      the trained BPE (tokenizer=bpe only)
+    DIR/tokenizer.json      the trained BPE, or a copy of the user's tokenizer.json
 
-Documents (input files) are concatenated in sorted path order. The BPE tokenizer appends its
-end-of-document token ``<|endoftext|>`` (id 0) after each file; the byte tokenizer has no spare id,
-so its documents are simply concatenated. Training windows are non-overlapping runs of
-seq_length + 1 tokens over the concatenation of all shards (``launcher.train.data.TokenShards``,
-the runtime reader); the tail is dropped.
+Documents come from ``launcher.data.documents``: a whole text file each, or one record each of
+JSON Lines / JSON / parquet / saved Hugging Face datasets (``--text-key``), in input order. The
+tokenizer is the byte tokenizer, a byte-level BPE trained here (``<|endoftext|>``, id 0, is its
+end-of-document token), or the user's own ``tokenizer.json`` (``launcher.data.hf_tokenizer``: its
+end-of-document token found or named with ``--eod-token``); the EOD is appended after every
+document (the byte tokenizer has no spare id, so its documents are simply concatenated). BPE and
+tokenizer.json encode documents in batches on the library's thread pool (every core). Training
+windows are non-overlapping runs of seq_length + 1 tokens over the concatenation of all shards
+(``launcher.train.data.TokenShards``, the runtime reader); the tail is dropped.
 
 Nothing here imports torch, and nothing is ever downloaded: a BPE is trained locally with the
 `tokenizers` library, and the built-in corpus is the Python standard library's own source files.
@@ -35,12 +39,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from launcher import fsio
+from launcher.data.documents import find_inputs, is_saved_dataset, iter_documents, looks_binary
+from launcher.data.hf_tokenizer import HFTokenizerFile
 from launcher.errors import UserError
 
 INDEX_FORMAT = "llmtrain-tokens-v1"
 INDEX_FILE = "index.json"
 TOKENIZER_FILE = "tokenizer.json"
-TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 EOD_TOKEN = "<|endoftext|>"
 
 BUILTIN_CORPUS = "corpus-stdlib-v1"
@@ -91,6 +96,8 @@ class BPETokenizer:
 
     @classmethod
     def train(cls, texts: Iterator[str], vocab_size: int) -> BPETokenizer:
+        """Train on `texts`. A corpus with fewer distinct pairs to merge than `vocab_size` asks
+        for gives a smaller vocabulary: that is said on stderr (``vocab_shortfall``)."""
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -123,8 +130,22 @@ class BPETokenizer:
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text).ids, dtype=np.int64)
 
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, dtype=np.int64) for e in self._tok.encode_batch(list(texts))]
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return str(self._tok.decode([int(i) for i in ids]))
+
+
+def vocab_shortfall(asked: int, got: int) -> str | None:
+    """Why a trained BPE is smaller than asked (None when it is not)."""
+    if got >= asked:
+        return None
+    return (
+        f"--vocab-size={asked}: the BPE stopped at {got} tokens because the corpus has no more "
+        "pairs of tokens to merge (too little or too repetitive text); give more text, or set "
+        f"model.vocab_size={got} or more"
+    )
 
 
 def load_tokenizer(data_dir: Path) -> Tokenizer:
@@ -132,7 +153,10 @@ def load_tokenizer(data_dir: Path) -> Tokenizer:
     index = PreparedIndex.load(data_dir)
     if index.tokenizer == "byte":
         return ByteTokenizer()
-    return BPETokenizer.from_file(data_dir / (index.tokenizer_file or TOKENIZER_FILE))
+    path = data_dir / (index.tokenizer_file or TOKENIZER_FILE)
+    if index.tokenizer == "hf":
+        return HFTokenizerFile(path)
+    return BPETokenizer.from_file(path)
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -207,43 +231,6 @@ def check_vocab(index: PreparedIndex, model_vocab: int) -> None:
 
 
 # --- prepare -------------------------------------------------------------------------------------
-def find_text_files(inputs: Sequence[Path]) -> list[Path]:
-    """Files named directly, plus *.txt *.md *.py *.rst under directories; sorted, no duplicates."""
-    if not inputs:
-        raise UserError("no input given: pass --input PATH (a text file or a directory)")
-    found: dict[Path, None] = {}
-    for raw in inputs:
-        path = Path(raw)
-        if path.is_file():
-            found[path] = None
-        elif path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
-            if not files:
-                raise UserError(
-                    f"{path}: no text files ({', '.join('*' + s for s in TEXT_SUFFIXES)}) "
-                    "found in this directory"
-                )
-            found.update(dict.fromkeys(files))
-        else:
-            raise UserError(f"{path}: no such file or directory")
-    return list(found)
-
-
-def looks_binary(path: Path, probe: int = 1 << 16) -> str | None:
-    """Why `path` does not look like text (NUL bytes, not UTF-8), or None."""
-    import codecs
-
-    with open(path, "rb") as f:
-        head = f.read(probe)
-    if b"\0" in head:
-        return "it holds NUL bytes"
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < probe)
-    except UnicodeDecodeError as exc:
-        return f"it is not UTF-8 text (byte {exc.start})"
-    return None
-
-
 def check_output(
     output: Path, inputs: Sequence[Path], files: Sequence[Path], overwrite: bool
 ) -> None:
@@ -277,10 +264,6 @@ def check_output(
             )
 
 
-def _read_text(path: Path) -> str:
-    return path.read_bytes().decode("utf-8", errors="replace")
-
-
 def prepare(
     inputs: Sequence[Path],
     output: Path,
@@ -290,36 +273,62 @@ def prepare(
     overwrite: bool = False,
     source: dict[str, Any] | None = None,
     allow_binary: bool = False,
+    text_key: str = "text",
+    eod_token: str | None = None,
+    report: Any = None,
 ) -> PreparedIndex:
-    """Tokenize text files into token shards + index.json under `output` (written atomically).
+    """Tokenize documents into token shards + index.json under `output` (written atomically).
 
-    `vocab_size` applies to tokenizer="bpe" only. Raises UserError for missing inputs, inputs with
-    no text, binary inputs (unless `allow_binary`), and an output that overlaps an input or is an
-    existing non-empty folder (with `overwrite`: unless it is a prepared dataset)."""
+    `tokenizer`: "byte", "bpe" (trained here with `vocab_size`) or the path of a Hugging Face
+    tokenizer.json. `report(line)` receives a progress line now and then. Raises UserError for
+    missing inputs, inputs with no text, binary inputs (unless `allow_binary`), and an output that
+    overlaps an input or is an existing non-empty folder (with `overwrite`: unless it is a prepared
+    dataset)."""
     output = Path(output)
+    user_tokenizer = None
     if tokenizer not in ("byte", "bpe"):
-        raise UserError(f"data.tokenizer={tokenizer!r}: expected byte or bpe")
+        user_tokenizer = HFTokenizerFile(Path(tokenizer).expanduser(), eod_token)
     if shard_tokens < 1:
         raise UserError(f"shard_tokens={shard_tokens}: must be positive")
-    files = find_text_files(inputs)
+    files = find_inputs(inputs)
     check_output(output, inputs, files, overwrite)
     output = output.expanduser().resolve()
     if not allow_binary:
         for f in files:
-            why = looks_binary(f)
+            why = None if is_saved_dataset(f) or f.suffix in _STRUCTURED else looks_binary(f)
             if why:
                 raise UserError(
                     f"--input {f}: does not look like text ({why}); pass --allow-binary to "
                     "tokenize it anyway (undecodable bytes become U+FFFD)"
                 )
-    total_chars = sum(f.stat().st_size for f in files)
-    if total_chars == 0:
+    if not any(is_saved_dataset(f) or f.stat().st_size for f in files):
         raise UserError(f"no text in {', '.join(str(p) for p in inputs)}: every file is empty")
+
+    def documents() -> Iterator[str]:
+        # Binary inputs were refused above, or are allowed: decode what is there.
+        return iter_documents(files, text_key=text_key, allow_binary=True)
 
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
-        _write_shards(files, tmp, tokenizer, vocab_size, shard_tokens, source or {})
+        tok: Any
+        tokenizer_file = None
+        if user_tokenizer is not None:
+            tok = user_tokenizer
+            tok.save(tmp / TOKENIZER_FILE)
+            tokenizer_file = TOKENIZER_FILE
+        elif tokenizer == "bpe":
+            tok = BPETokenizer.train(documents(), vocab_size)
+            shortfall = vocab_shortfall(vocab_size, tok.vocab_size)
+            if shortfall and report is not None:
+                report(f"note: {shortfall}")
+            tok.save(tmp / TOKENIZER_FILE)
+            tokenizer_file = TOKENIZER_FILE
+        else:
+            tok = ByteTokenizer()
+        _write_shards(
+            documents(), len(files), tmp, tok, tokenizer_file, shard_tokens, source or {}, report
+        )
         _install(tmp, output)
     finally:
         if tmp.exists():
@@ -327,47 +336,77 @@ def prepare(
     return PreparedIndex.load(output)
 
 
+_STRUCTURED = (".jsonl", ".json", ".parquet")
+_BATCH_DOCS = 512
+
+
+def _batches(docs: Iterator[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def _write_shards(
-    files: list[Path],
+    docs: Iterator[str],
+    source_files: int,
     directory: Path,
-    tokenizer_name: str,
-    vocab_size: int,
+    tok: Any,
+    tokenizer_file: str | None,
     shard_tokens: int,
     source: dict[str, Any],
+    report: Any = None,
 ) -> PreparedIndex:
-    tok: Tokenizer
-    tokenizer_file = None
-    if tokenizer_name == "bpe":
-        bpe = BPETokenizer.train((_read_text(f) for f in files), vocab_size)
-        bpe.save(directory / TOKENIZER_FILE)
-        tokenizer_file = TOKENIZER_FILE
-        tok = bpe
-    else:
-        tok = ByteTokenizer()
     dtype = token_dtype(tok.vocab_size)
     writer = _ShardWriter(directory, np.dtype(dtype), shard_tokens)
-    for f in files:
-        ids = tok.encode(_read_text(f))
-        if tok.eod_id is not None:
-            ids = np.append(ids, tok.eod_id)
-        writer.add(ids)
+    started = last = time.monotonic()
+    chars = documents = tokens = 0
+    for batch in _batches(docs, _BATCH_DOCS):
+        encoded = (
+            tok.encode_batch(batch) if hasattr(tok, "encode_batch") else map(tok.encode, batch)
+        )
+        for ids in encoded:
+            if tok.eod_id is not None:
+                ids = np.append(ids, tok.eod_id)
+            writer.add(ids)
+            tokens += int(ids.size)
+        documents += len(batch)
+        chars += sum(len(d) for d in batch)
+        now = time.monotonic()
+        if report is not None and now - last >= 2.0:
+            last = now
+            report(_progress(documents, chars, tokens, now - started))
     shards = writer.close()
     total = sum(s.tokens for s in shards)
     if total == 0:
-        raise UserError(f"no tokens from {len(files)} input file(s): every file is empty")
+        raise UserError(f"no tokens from {source_files} input(s): every document is empty")
+    if report is not None:
+        report(_progress(documents, chars, tokens, time.monotonic() - started))
     index = PreparedIndex(
         dtype=dtype,
         vocab_size=tok.vocab_size,
         tokenizer=tok.name,
         shards=tuple(shards),
         total_tokens=total,
-        source_files=len(files),
+        source_files=source_files,
         eod_id=tok.eod_id,
         tokenizer_file=tokenizer_file,
-        source=source,
+        source={**source, "documents": documents},
     )
     fsio.write_json_atomic(directory / INDEX_FILE, index.to_json())
     return index
+
+
+def _progress(documents: int, chars: int, tokens: int, seconds: float) -> str:
+    rate = max(seconds, 1e-9)
+    return (
+        f"{documents:,} documents, {chars / 1e6:,.1f} M characters, {tokens:,} tokens "
+        f"({chars / 1e6 / rate:,.1f} M chars/s, {tokens / rate:,.0f} tokens/s)"
+    )
 
 
 class _ShardWriter:

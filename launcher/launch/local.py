@@ -190,7 +190,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
-def launch(prepared: Prepared) -> None:
+def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
     """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
     RunInterrupted. The run's lock stays open in torchrun for its whole life."""
     keep_fds = (prepared.lock.fd,) if prepared.lock is not None else ()
@@ -204,6 +204,8 @@ def launch(prepared: Prepared) -> None:
     process = subprocess.Popen(
         prepared.command,
         env=env,
+        # `run --json`: stdout carries only the result document, so progress goes to stderr.
+        stdout=sys.stderr if progress_to_stderr else None,
         stderr=log,
         start_new_session=True,
         pass_fds=keep_fds,

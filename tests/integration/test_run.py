@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -242,6 +243,84 @@ def test_data_prepare_then_train_on_it(tmp_path: Path) -> None:
     assert prepared.returncode == 0, prepared.stderr
     assert (tmp_path / "data" / "index.json").is_file()
     done = llmtrain(tmp_path, "run", *SHORT, f"data.path={tmp_path / 'data'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = losses(only_run_dir(tmp_path))
+    assert seen[-1] < seen[0] - 1.0
+
+
+def test_run_json_prints_one_document_and_progress_on_stderr(tmp_path: Path) -> None:
+    done = llmtrain(tmp_path, "run", *SHORT, "--json", timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)  # stdout holds the document and nothing else
+    assert doc["exit_code"] == 0 and Path(doc["run_dir"]) == only_run_dir(tmp_path).resolve()
+    assert (
+        doc["summary"]["steps"] == 12 and doc["summary"]["last_loss"] < doc["summary"]["first_loss"]
+    )
+    assert "step" in done.stderr  # rank 0's progress went to stderr
+    failed = llmtrain(
+        tmp_path,
+        "run",
+        *SHORT,
+        "--fresh",
+        "--json",
+        env={"LLMTRAIN_FAIL_AT_STEP": "2", "LLMTRAIN_FAIL_RANK": "0"},
+        timeout=300,
+    )
+    assert failed.returncode == 1
+    error = json.loads(failed.stdout)
+    assert error["exit_code"] == 1 and "injected failure" in error["error"]
+
+
+def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None:
+    """Bring your own data and tokenizer: JSON Lines records + a Hugging Face tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    records = [
+        {"id": i, "text": f"record {i}: the quick brown fox jumps over the lazy dog {i % 7}."}
+        for i in range(2500)
+    ]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    # The user's tokenizer, made elsewhere (here: a small byte-level BPE with Llama 3's EOD name).
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|end_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((r["text"] for r in records), trainer=trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    prepared = llmtrain(
+        tmp_path,
+        "data",
+        "prepare",
+        "--input",
+        str(corpus),
+        "--output",
+        "data",
+        "--tokenizer",
+        str(tmp_path / "tokenizer.json"),
+        "--json",
+    )
+    assert prepared.returncode == 0, prepared.stderr
+    index = json.loads(prepared.stdout)
+    assert index["tokenizer"] == "hf" and index["eod_id"] == 0
+    assert index["source"]["documents"] == 2500
+    from launcher.data.prepare import load_tokenizer
+    from launcher.train.data import TokenShards
+
+    shards = TokenShards(tmp_path / "data")
+    stream = shards.tokens(0, len(shards))
+    assert int((stream == 0).sum()) == 2500  # one end-of-document token per record
+    first = load_tokenizer(tmp_path / "data").decode(stream[: int(np.argmax(stream == 0))])
+    assert first == records[0]["text"]  # the text field only: no braces, no "id"
+    vocab = index["vocab_size"]
+    done = llmtrain(
+        tmp_path, "run", *SHORT, f"data.path={tmp_path / 'data'}", f"model.vocab_size={vocab}"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = losses(only_run_dir(tmp_path))
     assert seen[-1] < seen[0] - 1.0

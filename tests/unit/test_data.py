@@ -170,7 +170,7 @@ def test_bad_inputs_name_the_path(tmp_path: Path) -> None:
     no_text = tmp_path / "binaries"
     no_text.mkdir()
     (no_text / "x.bin").write_bytes(b"\0\1")
-    with pytest.raises(UserError, match="binaries: no text files"):
+    with pytest.raises(UserError, match="binaries: no text files or records"):
         prepare([no_text], tmp_path / "out")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -330,3 +330,13 @@ def test_prelaunch_checks_vocabulary_and_size(text_dir: Path, tmp_path: Path) ->
     assert "fewer than one global batch" in size and "model.seq_length" in size
     (out / "shard_00000.bin").unlink()
     assert any("missing" in p for p in problems("model.seq_length=16"))
+
+
+def test_a_bpe_smaller_than_asked_says_why(text_dir: Path, tmp_path: Path) -> None:
+    notes: list[str] = []
+    index = prepare(
+        [text_dir], tmp_path / "bpe", tokenizer="bpe", vocab_size=60_000, report=notes.append
+    )
+    assert index.vocab_size < 60_000
+    (note,) = [n for n in notes if n.startswith("note:")]
+    assert f"stopped at {index.vocab_size} tokens" in note and "--vocab-size=60000" in note

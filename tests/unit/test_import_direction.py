@@ -13,15 +13,6 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2] / "launcher"
 
-# Edges that exist today and are removed by other work of issue 12 (item 5: rundir.py names the
-# run directory's files, so the sbatch renderer stops importing train/ for them). The test fails
-# when one of them disappears, so that it is taken off this list.
-KNOWN = {("launcher/render/sbatch.py", "launcher.train.checkpoint")}
-
-
-def known(edge: tuple[str, str]) -> bool:
-    return any(edge[0] == f and (edge[1] + ".").startswith(m + ".") for f, m in KNOWN)
-
 
 def imports() -> list[tuple[str, str]]:
     """(file relative to the repository, imported launcher module) for every import."""
@@ -62,13 +53,13 @@ def test_plan_never_imports_validate_or_search() -> None:
 
 
 def test_render_never_imports_train() -> None:
+    # The run directory's file names come from launcher/rundir.py, not from train/.
     found = {
         (f, m)
         for f, m in imports()
         if f.startswith("launcher/render/") and m.startswith("launcher.train")
     }
-    assert {e for e in found if not known(e)} == set()
-    assert found >= KNOWN, "a known exception is gone: remove it from KNOWN"
+    assert found == set()
 
 
 def test_backends_import_nothing_above_config() -> None:
@@ -83,8 +74,6 @@ def test_backends_import_nothing_above_config() -> None:
 def test_no_cycle_between_subpackages() -> None:
     graph: dict[str, set[str]] = {}
     for f, m in imports():
-        if known((f, m)):
-            continue
         a, b = subpackage(f), subpackage(m)
         if a and b and a != b:
             graph.setdefault(a, set()).add(b)
