@@ -196,6 +196,24 @@ def _cfg(
     )
 
 
+def _torchtitan_long_context(rid: str, l8: ModelConfig, seq: int, cp: int) -> LLMTrainConfig:
+    """T2 rows: torchtitan Llama 3.1 8B on 8 H100 96GB, FSDP + cp, full AC, fp8, compile, one
+    global batch of 8 sequences' worth of tokens at every length."""
+    return _cfg(
+        rid,
+        replace(l8, seq_length=seq),
+        "h100-96gb",
+        8,
+        cp=cp,
+        gbs=8 // cp,
+        recompute="full",
+        precision="fp8",
+        backend="torch",
+        zero=3,
+        compile=True,
+    )
+
+
 def _step_from_tps(cfg: LLMTrainConfig, tps: float, gpus: int) -> float:
     gbs = cfg.train.global_batch_size or 1
     return gbs * cfg.model.seq_length / (tps * gpus)
@@ -295,19 +313,7 @@ def _time_points() -> list[CalibrationPoint]:
         ("T2cp4", 131072, 4, 1071),
         ("T2cp8", 262144, 8, 548),
     ):
-        cfg = _cfg(
-            rid,
-            replace(l8, seq_length=seq),
-            "h100-96gb",
-            8,
-            cp=cp,
-            gbs=8 // cp,
-            recompute="full",
-            precision="fp8",
-            backend="torch",
-            zero=3,
-            compile=True,
-        )
+        cfg = _torchtitan_long_context(rid, l8, seq, cp)
         out.append(_tps(rid, "T", cfg, 8, tps))
     l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
     for rid, tpo, tps in (("T4", False, 829), ("T4a", True, 876)):
@@ -550,19 +556,7 @@ def _memory_points() -> list[CalibrationPoint]:
         ("T2cp4", 131072, 4, 84.0),
         ("T2cp8", 262144, 8, 84.5),
     ):
-        cfg = _cfg(
-            rid,
-            replace(l8, seq_length=seq),
-            "h100-96gb",
-            8,
-            cp=cp,
-            gbs=8 // cp,
-            recompute="full",
-            precision="fp8",
-            backend="torch",
-            zero=3,
-            compile=True,
-        )
+        cfg = _torchtitan_long_context(rid, l8, seq, cp)
         out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
     for rid, tpo, gib in (("T4", False, 71.9), ("T4a", True, 67.6)):
         cfg = _cfg(
