@@ -218,7 +218,10 @@ def test_a_hung_rank_is_detected_and_the_run_stopped(tmp_path: Path) -> None:
     [
         (["parallel.tp=3"], "parallel.tp=3 does not divide model.num_attention_heads=4"),
         (["backend=megatron"], "backend=megatron"),
-        (["zero.stage=1"], "zero.stage=1: sharded optimizer states alone"),
+        (
+            ["zero.stage=1", "parallel.tp=2", "cluster.gpus_per_node=2"],
+            "shards optimizer states over plain data parallel only",
+        ),
         (["recipe=gpt-7b", "cluster=cpu", "cluster.gpus_per_node=1"], "does not fit"),
         (["cluster=h100-80gb", "train.global_batch_size=64"], "needs 8 CUDA GPUs"),
         (["data.path=/nonexistent/data"], "no prepared data there"),
