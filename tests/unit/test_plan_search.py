@@ -160,8 +160,11 @@ def test_fixed_keys_and_max_tp_are_respected() -> None:
         assert cand.overrides[0] == "backend=torch"
     unfixed = search(compose(*overrides), top=5)
     assert {c.choice.zero_stage for c in unfixed.candidates} != {3}
-    # A fixed value the backend refuses (torch has no ZeRO-1): nothing is proposed.
-    refused = search(compose(*overrides[:3], "zero.stage=1"), fixed={"zero.stage"}, top=5)
+    # Fixed values the backend refuses together (torch's ZeRO-1 is data parallel only, no tp):
+    # nothing is proposed.
+    refused = search(
+        compose(*overrides[:3], "zero.stage=1"), fixed={"zero.stage", "parallel.tp"}, top=5
+    )
     assert not refused.candidates and refused.rejected.get("backend-capabilities")
     capped = search(compose("recipe=llama3-8b", "cluster.num_nodes=2"), max_tp=2, top=10)
     assert capped.candidates
