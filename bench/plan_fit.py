@@ -40,7 +40,9 @@ TIME_PARAMS = (
     "overlap_cost",
 )
 # Constants held at their committed value instead of fitted (experiments: PLAN_FIT_FIXED=a,b).
-FIXED = tuple(x for x in os.environ.get("PLAN_FIT_FIXED", "overlap_cost,gemm_half_dim").split(",") if x)
+FIXED = tuple(
+    x for x in os.environ.get("PLAN_FIT_FIXED", "overlap_cost,gemm_half_dim").split(",") if x
+)
 # Where every fit starts (not the committed values, so that a re-fit and every cross-validation
 # fold do not depend on what was pasted last).
 START = {

@@ -63,8 +63,8 @@ def find_inputs(inputs: Sequence[Path]) -> list[Path]:
             files = sorted(p for p in path.rglob("*") if p.suffix in wanted and p.is_file())
             if not files:
                 raise UserError(
-                    f"{path}: no text files or records ({', '.join('*' + s for s in wanted)}) in this "
-                    "directory"
+                    f"{path}: no text files or records "
+                    f"({', '.join('*' + s for s in wanted)}) in this directory"
                 )
             found.update(dict.fromkeys(files))
         else:
