@@ -196,6 +196,26 @@ def _cfg(
     )
 
 
+def _torchtitan_70b(rid: str, l70: ModelConfig, tp_overlap: bool) -> LLMTrainConfig:
+    """T4 rows: torchtitan Llama 3 70B on 256 H100 96GB, FSDP + tp8, full AC, fp8, compile,
+    with or without async TP."""
+    return _cfg(
+        rid,
+        l70,
+        "h100-96gb",
+        256,
+        tp=8,
+        mbs=16,
+        gbs=512,
+        recompute="full",
+        precision="fp8",
+        backend="torch",
+        zero=3,
+        compile=True,
+        tp_overlap=tp_overlap,
+    )
+
+
 def _torchtitan_long_context(rid: str, l8: ModelConfig, seq: int, cp: int) -> LLMTrainConfig:
     """T2 rows: torchtitan Llama 3.1 8B on 8 H100 96GB, FSDP + cp, full AC, fp8, compile, one
     global batch of 8 sequences' worth of tokens at every length."""
@@ -317,21 +337,7 @@ def _time_points() -> list[CalibrationPoint]:
         out.append(_tps(rid, "T", cfg, 8, tps))
     l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
     for rid, tpo, tps in (("T4", False, 829), ("T4a", True, 876)):
-        cfg = _cfg(
-            rid,
-            l70,
-            "h100-96gb",
-            256,
-            tp=8,
-            mbs=16,
-            gbs=512,
-            recompute="full",
-            precision="fp8",
-            backend="torch",
-            zero=3,
-            compile=True,
-            tp_overlap=tpo,
-        )
+        cfg = _torchtitan_70b(rid, l70, tpo)
         out.append(_tps(rid, "T", cfg, 256, tps))
     # NeMo 24.07, DGX-H100, fp8.
     h = "h100-sxm"
@@ -559,21 +565,7 @@ def _memory_points() -> list[CalibrationPoint]:
         cfg = _torchtitan_long_context(rid, l8, seq, cp)
         out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
     for rid, tpo, gib in (("T4", False, 71.9), ("T4a", True, 67.6)):
-        cfg = _cfg(
-            rid,
-            l70,
-            "h100-96gb",
-            256,
-            tp=8,
-            mbs=16,
-            gbs=512,
-            recompute="full",
-            precision="fp8",
-            backend="torch",
-            zero=3,
-            compile=True,
-            tp_overlap=tpo,
-        )
+        cfg = _torchtitan_70b(rid, l70, tpo)
         out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
     for rid, tp, pp, mbs, gbs, gib, note in (
         ("P482", 1, 1, 2, 2048, 69.1, "DP8 MBS2"),
