@@ -67,7 +67,7 @@ from launcher.plan.memory import (
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import Plan, hardware_view, make_plan
 from launcher.plan.schedule import bubble_overhead
-from launcher.plan.timing import estimate_time, microbatch_compute_s, microbatch_time
+from launcher.plan.timing import TimePlan, estimate_time, microbatch_compute_s, microbatch_time
 from launcher.validate.rules import check, divisors
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -856,24 +856,7 @@ class _Search:
             self.better_than_given += 1
         if timing.tokens_per_s < self.threshold:
             return
-        self.best.append(
-            Candidate(
-                choice=choice,
-                overrides=self.space.overrides(choice),
-                dp=dp,
-                grad_accum=m,
-                memory_bytes=memory.heaviest.device_total,
-                capacity_bytes=memory.capacity,
-                step_s=timing.step_s,
-                tokens_per_s=timing.tokens_per_s,
-                mfu=timing.mfu,
-                bubble_fraction=timing.bubble_fraction,
-                compute_s=timing.compute_s,
-                bubble_s=timing.bubble_s,
-                exposed_comm_s=timing.exposed_comm_s,
-                optimizer_s=timing.optimizer_s,
-            )
-        )
+        self.best.append(_candidate(choice, self.space.overrides(choice), dp, m, memory, timing))
 
     def build(self, choice: Choice) -> tuple[LLMTrainConfig, Layout]:
         cfg = self.space.apply(choice)
@@ -904,8 +887,8 @@ class _Search:
 def candidate_from_plan(plan: Plan, choice: Choice | None, overrides: tuple[str, ...]) -> Candidate:
     """A Candidate with make_plan's numbers (the configuration as given, or a check of a result)."""
     t, mem, lay = plan.time, plan.memory, plan.layout
-    return Candidate(
-        choice=choice
+    return _candidate(
+        choice
         or Choice(
             lay.tp,
             lay.cp,
@@ -919,19 +902,38 @@ def candidate_from_plan(plan: Plan, choice: Choice | None, overrides: tuple[str,
             plan.config.zero.offload_optimizer,
             plan.config.parallel.sequence_parallel,
         ),
+        overrides,
+        lay.dp,
+        lay.grad_accum,
+        mem,
+        t,
+    )
+
+
+def _candidate(
+    choice: Choice,
+    overrides: tuple[str, ...],
+    dp: int,
+    grad_accum: int,
+    memory: MemoryPlan,
+    timing: TimePlan,
+) -> Candidate:
+    """A Candidate from a layout's memory and time predictions."""
+    return Candidate(
+        choice=choice,
         overrides=overrides,
-        dp=lay.dp,
-        grad_accum=lay.grad_accum,
-        memory_bytes=mem.heaviest.device_total,
-        capacity_bytes=mem.capacity,
-        step_s=t.step_s,
-        tokens_per_s=t.tokens_per_s,
-        mfu=t.mfu,
-        bubble_fraction=t.bubble_fraction,
-        compute_s=t.compute_s,
-        bubble_s=t.bubble_s,
-        exposed_comm_s=t.exposed_comm_s,
-        optimizer_s=t.optimizer_s,
+        dp=dp,
+        grad_accum=grad_accum,
+        memory_bytes=memory.heaviest.device_total,
+        capacity_bytes=memory.capacity,
+        step_s=timing.step_s,
+        tokens_per_s=timing.tokens_per_s,
+        mfu=timing.mfu,
+        bubble_fraction=timing.bubble_fraction,
+        compute_s=timing.compute_s,
+        bubble_s=timing.bubble_s,
+        exposed_comm_s=timing.exposed_comm_s,
+        optimizer_s=timing.optimizer_s,
     )
 
 
