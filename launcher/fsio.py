@@ -71,6 +71,14 @@ def check_inside(path: Path, root: Path | None) -> None:
             )
 
 
+def remove_tree(path: Path) -> None:
+    """Remove a folder (or a link or file in its place) without following links."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        Path(path).unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | _CLOEXEC)
     try:

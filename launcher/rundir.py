@@ -112,8 +112,19 @@ class RunDir:
 
 
 CHECKPOINT_PREFIX = "step_"
+# A checkpoint being written; such a folder is never read, and is removed by the next save or by
+# the launcher when a run ends in failure.
+UNFINISHED_PREFIX = ".tmp-"
 
 
 def step_dir_name(step: int) -> str:
     """The folder of the checkpoint taken after `step` optimizer steps."""
     return f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def unfinished_checkpoints(checkpoints: Path) -> list[Path]:
+    """Checkpoint folders left half-written (a full disk, a killed rank) under `checkpoints`."""
+    try:
+        return sorted(checkpoints.glob(f"{UNFINISHED_PREFIX}*"))
+    except OSError:
+        return []

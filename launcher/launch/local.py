@@ -40,7 +40,7 @@ from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
 from launcher.launch import runlock
 from launcher.render.torchrun import launch_script, torchrun_command
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, unfinished_checkpoints
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
 _NOT_IN_NAME = (
@@ -235,6 +235,10 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         log.close()
     if code == 0:
         return
+    # Every rank has stopped; a checkpoint they left half-written (a full disk, a rank killed
+    # mid-save) is never read again, so it goes now rather than fill the disk until the next save.
+    for unfinished in unfinished_checkpoints(run.checkpoints):
+        fsio.remove_tree(unfinished)
     marker = run.preempted
     checkpointed = marker.is_file() and marker.stat().st_mtime >= started
     if interrupted:

@@ -30,7 +30,6 @@ import hashlib
 import hmac
 import json
 import os
-import shutil
 import stat
 import time
 import warnings
@@ -40,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from launcher import fsio
-from launcher.rundir import CHECKPOINT_PREFIX, step_dir_name
+from launcher.rundir import CHECKPOINT_PREFIX, UNFINISHED_PREFIX, step_dir_name
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 ENGINE_DIR = "engine"
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = UNFINISHED_PREFIX
 FORMAT = "llmtrain-checkpoint-v2"
 # HMAC-SHA256 key for signing and verifying manifests (any non-empty string; keep it secret).
 KEY_ENV = "LLMTRAIN_CHECKPOINT_KEY"
@@ -216,16 +215,20 @@ class CheckpointWriter:
                 fsio.check_inside(self.root, self.root.parent)
                 self.root.mkdir(parents=True, exist_ok=True)
                 if os.path.lexists(tmp):
-                    _remove(tmp)
+                    fsio.remove_tree(tmp)
                 (tmp / ENGINE_DIR).mkdir(parents=True)
             self.barrier()
             write_engine(tmp / ENGINE_DIR)
             self.barrier()
             if self.rank == 0:
                 self._finish(step, tmp, final, trainer_state)
-        except OSError as exc:
+        except BaseException as exc:
+            # Any failure (a full disk here, a peer that died at the barrier, Ctrl-C): the
+            # half-written folder goes; the previous checkpoints were never touched.
             if self.rank == 0 and os.path.lexists(tmp):
-                _remove(tmp)
+                fsio.remove_tree(tmp)
+            if not isinstance(exc, OSError):
+                raise
             reason = fsio.describe_write_error(exc, tmp)
             if reason is None:
                 raise
@@ -260,12 +263,12 @@ class CheckpointWriter:
         if os.path.lexists(final):  # the same step saved again (a resumed run's final save)
             old = self.root / f"{TMP_PREFIX}old-{final.name}"
             if os.path.lexists(old):
-                _remove(old)
+                fsio.remove_tree(old)
             os.replace(final, old)
         os.replace(tmp, final)
         fsio.fsync_dir(self.root)
         if old is not None:
-            _remove(old)
+            fsio.remove_tree(old)
         self._verified[(final, (final / MANIFEST).stat().st_mtime_ns)] = True
         self._prune(keep=final)
 
@@ -285,14 +288,6 @@ class CheckpointWriter:
         kept = [keep, *[p for p in verified if p != keep]][: self.keep_last]
         for path in verified:
             if path not in kept:
-                _remove(path)
+                fsio.remove_tree(path)
         for stale in self.root.glob(f"{TMP_PREFIX}*"):
-            _remove(stale)
-
-
-def _remove(path: Path) -> None:
-    """Remove a folder (or a link/file in its place) without following links."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        Path(path).unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+            fsio.remove_tree(stale)
