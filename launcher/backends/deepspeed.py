@@ -66,7 +66,7 @@ BACKEND = Backend(
         3: "everything sharded",
     },
     precisions=("bf16", "fp16", "fp32"),
-    optimizers=("adamw", "adam"),
+    optimizers=("adamw", "adam", "sgd", "lion"),
     # DeepSpeed docs: ZeRO-Offload of optimizer states with stage 1-3, parameters with stage 3.
     offload_optimizer_stages=(1, 2, 3),
     offload_params_stages=(3,),

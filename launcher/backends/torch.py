@@ -131,7 +131,7 @@ BACKEND = Backend(
         3: "FSDP2 full shard",
     },
     precisions=("bf16", "fp16", "fp32"),
-    optimizers=("adamw", "adam"),
+    optimizers=("adamw", "adam", "sgd", "lion"),
     offload_optimizer_stages=(3,),
     offload_params_stages=(3,),
     schedules=("1f1b", "gpipe", "interleaved"),

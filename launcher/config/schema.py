@@ -127,6 +127,7 @@ class OptimConfig:
     name: str = "adamw"  # adamw | adam | sgd | lion
     lr: float = 3.0e-4
     weight_decay: float = 0.1
+    # adam/adamw/lion: (beta1, beta2); sgd: betas[0] is the momentum (Lion paper: 0.9, 0.99).
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1.0e-8
     warmup_steps: int = 10

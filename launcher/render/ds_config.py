@@ -76,7 +76,11 @@ def runtime_ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
 def _optimizer(cfg: LLMTrainConfig) -> dict[str, Any]:
     o = cfg.optim
     if o.name == "sgd":
-        return {"type": "SGD", "params": {"lr": o.lr, "weight_decay": o.weight_decay}}
+        sgd = {"lr": o.lr, "momentum": o.betas[0], "weight_decay": o.weight_decay}
+        return {"type": "SGD", "params": sgd}
+    if o.name == "lion":
+        lion = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay}
+        return {"type": "Lion", "params": lion}
     params: dict[str, Any] = {
         "lr": o.lr,
         "betas": list(o.betas),
@@ -84,7 +88,7 @@ def _optimizer(cfg: LLMTrainConfig) -> dict[str, Any]:
         "weight_decay": o.weight_decay,
         "torch_adam": True,
     }
-    return {"type": {"adamw": "AdamW", "adam": "Adam", "lion": "Lion"}[o.name], "params": params}
+    return {"type": {"adamw": "AdamW", "adam": "Adam"}[o.name], "params": params}
 
 
 def _scheduler(cfg: LLMTrainConfig) -> dict[str, Any] | None:

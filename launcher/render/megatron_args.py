@@ -160,7 +160,9 @@ def megatron_args(cfg: LLMTrainConfig) -> list[str]:
         "--clip-grad", repr(o.grad_clip),
         "--seed", str(t.seed),
     ]  # fmt: skip
-    if o.name != "sgd":
+    if o.name == "sgd":
+        args += ["--sgd-momentum", repr(o.betas[0])]
+    else:
         args += [
             "--adam-beta1", repr(o.betas[0]),
             "--adam-beta2", repr(o.betas[1]),

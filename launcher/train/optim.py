@@ -26,24 +26,69 @@ def param_groups(params: Iterable[nn.Parameter], optim: OptimConfig) -> list[dic
     ]
 
 
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2, with
+    decoupled weight decay): with the gradient g and one momentum m per parameter,
+
+        update = sign(beta1 * m + (1 - beta1) * g)
+        p     <- p - lr * (update + weight_decay * p)
+        m     <- beta2 * m + (1 - beta2) * g
+
+    One state tensor per parameter (plan/memory.py counts 4 bytes), no epsilon."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, decay = group["lr"], group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                state = self.state[param]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(param)
+                momentum = state["exp_avg"]
+                update = (momentum * beta1 + grad * (1 - beta1)).sign_()
+                if decay != 0:
+                    param.mul_(1 - lr * decay)
+                param.add_(update, alpha=-lr)
+                momentum.mul_(beta2).add_(grad, alpha=1 - beta2)
+        return loss
+
+
 def optimizer_class(optim: OptimConfig) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """The torch optimizer class for ``optim.name`` and its constructor options (lr, betas, eps)."""
-    options: dict[str, Any] = {
-        "lr": optim.lr,
-        "betas": (float(optim.betas[0]), float(optim.betas[1])),
-        "eps": optim.eps,
-    }
+    """The optimizer class for ``optim.name`` and its constructor options. SGD takes its momentum
+    from ``optim.betas[0]`` (as Megatron's --sgd-momentum and DeepSpeed's SGD params do in the
+    rendered jobs); Lion takes both betas and no epsilon."""
+    betas = (float(optim.betas[0]), float(optim.betas[1]))
     if optim.name == "adam":
-        return torch.optim.Adam, options
+        return torch.optim.Adam, {"lr": optim.lr, "betas": betas, "eps": optim.eps}
     if optim.name == "adamw":
-        return torch.optim.AdamW, options
-    # Refused before launch by the engines' capability checks; this guards direct callers.
-    raise ValueError(f"optim.name={optim.name!r}: the training runtime has adamw and adam")
+        return torch.optim.AdamW, {"lr": optim.lr, "betas": betas, "eps": optim.eps}
+    if optim.name == "sgd":
+        return torch.optim.SGD, {"lr": optim.lr, "momentum": betas[0]}
+    if optim.name == "lion":
+        return Lion, {"lr": optim.lr, "betas": betas}
+    raise ValueError(f"optim.name={optim.name!r}: the runtime has adamw, adam, sgd and lion")
 
 
 def build_optimizer(params: Iterable[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW (or Adam) over ``param_groups``. The learning rate is set by the loop on every step
-    (``learning_rate``)."""
+    """The configured optimizer over ``param_groups``. The learning rate is set by the loop on
+    every step (``learning_rate``)."""
     cls, options = optimizer_class(optim)
     return cls(param_groups(params, optim), **options)
 

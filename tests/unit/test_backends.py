@@ -98,7 +98,6 @@ def test_accepted(overrides: list[str]) -> None:
             "precision=bf16",
         ),
         (["precision=fp8"], "fp8", "precision=bf16"),
-        (["optim.name=lion"], "lion", "optim.name=adamw"),
         (
             [
                 "parallel.pp=2",

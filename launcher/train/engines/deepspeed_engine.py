@@ -178,6 +178,10 @@ class DeepSpeedEngine(Engine):
         if cfg.zero.offload_optimizer != "none":
             # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.
             config["zero_force_ds_cpu_optimizer"] = False
+        if cfg.zero.stage > 0 and cfg.optim.name not in ("adam", "adamw"):
+            # ZeRO partitions any element-wise optimizer correctly (SGD's and Lion's updates are
+            # per element), but DeepSpeed asks for this flag for classes outside its own list.
+            config["zero_allow_untested_optimizer"] = True
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=config, dist_init_required=False
         )

@@ -1,0 +1,57 @@
+"""The runtime's optimizers beyond Adam: Lion (written here) and SGD with momentum (torch's)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from launcher.config.schema import OptimConfig  # noqa: E402
+from launcher.train.optim import Lion, build_optimizer, optimizer_class  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def test_lion_matches_the_update_rule_by_hand() -> None:
+    # p = [1.0, -2.0], g = [0.5, -0.25], m = 0, beta1 = 0.9, beta2 = 0.99, lr = 0.1, wd = 0.5.
+    # Step 1: c = 0.1 * g = [0.05, -0.025] -> sign = [1, -1]
+    #         p <- p * (1 - 0.1 * 0.5) - 0.1 * sign = [0.95 - 0.1, -1.9 + 0.1] = [0.85, -1.8]
+    #         m <- 0.01 * g = [0.005, -0.0025]
+    # Step 2 with g = [-0.01, -0.25]: c = 0.9 m + 0.1 g = [0.0045 - 0.001, -0.00225 - 0.025]
+    #         = [0.0035, -0.02725] -> sign = [1, -1]
+    #         p <- p * 0.95 - 0.1 * sign = [0.8075 - 0.1, -1.71 + 0.1] = [0.7075, -1.61]
+    #         m <- 0.99 m + 0.01 g = [0.00495 - 0.0001, -0.002475 - 0.0025] = [0.00485, -0.004975]
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = Lion([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.5)
+    for grad, want_p in (([0.5, -0.25], [0.85, -1.8]), ([-0.01, -0.25], [0.7075, -1.61])):
+        p.grad = torch.tensor(grad, dtype=torch.float64)
+        opt.step()
+        assert torch.allclose(p.detach(), torch.tensor(want_p, dtype=torch.float64)), p
+    want_m = torch.tensor([0.00485, -0.004975], dtype=torch.float64)
+    assert torch.allclose(opt.state[p]["exp_avg"], want_m)
+
+
+def test_lion_sign_ignores_the_gradient_scale() -> None:
+    """Lion's step has the same size whatever the gradient's magnitude (the update is a sign)."""
+    a = torch.nn.Parameter(torch.zeros(3))
+    b = torch.nn.Parameter(torch.zeros(3))
+    for param, scale in ((a, 1e-6), (b, 1e3)):
+        param.grad = torch.tensor([1.0, -2.0, 3.0]) * scale
+        Lion([param], lr=0.01).step()
+    assert torch.equal(a.detach(), b.detach())
+    assert torch.equal(a.detach(), torch.tensor([-0.01, 0.01, -0.01]))
+
+
+def test_optimizer_for_each_name() -> None:
+    params = [torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))]
+    kinds = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+    kinds["lion"] = Lion
+    for name, cls in kinds.items():
+        optim = OptimConfig(name=name, betas=[0.8, 0.99])
+        built = build_optimizer(params, optim)
+        assert type(built) is cls
+        # matrices decay, vectors do not (one split for every optimizer)
+        assert [g["weight_decay"] for g in built.param_groups] == [optim.weight_decay, 0.0]
+    assert optimizer_class(OptimConfig(name="sgd", betas=[0.8, 0.99]))[1]["momentum"] == 0.8
+    with pytest.raises(ValueError, match=r"optim\.name='rmsprop'"):
+        optimizer_class(OptimConfig(name="rmsprop"))
