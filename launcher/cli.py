@@ -207,26 +207,49 @@ def plan(
 
     from launcher.plan.planner import make_plan
     from launcher.validate.rules import check
+    from launcher.verdict import substitute_backend
     from launcher.views.config import show_violations
     from launcher.views.plan import plan_to_json, render_plan
 
     violations = check(composed.config)
+    substitute = None
     if any(v.is_error for v in violations):
-        if as_json:
-            from launcher.views.config import validation_document
+        found = substitute_backend(composed.config, violations, headroom=headroom)
+        if found is None:
+            if as_json:
+                from launcher.views.config import validation_document
 
-            _print_json(validation_document(composed, violations))
-        else:
-            show_violations(err, composed, violations)
-        raise typer.Exit(2)
-    result_plan = make_plan(composed.config, headroom=headroom)
+                _print_json(validation_document(composed, violations))
+            else:
+                show_violations(err, composed, violations)
+            raise typer.Exit(2)
+        substitute, result_plan = found
+        violations = [v for v in violations if not v.is_error]
+    else:
+        result_plan = make_plan(composed.config, headroom=headroom)
     if as_json:
         document = plan_to_json(result_plan)
         document["warnings"] = [v.message for v in violations]
+        if substitute is not None:
+            document["backend_substituted"] = {
+                "requested": substitute.requested,
+                "planned": substitute.planned,
+                "reasons": list(substitute.reasons),
+            }
         _print_json(document)
     else:
         for v in violations:
             err.print(Text(f"warning [{v.rule}] ", style="yellow") + Text(v.message))
+        if substitute is not None:
+            err.print(
+                Text("note ", style="yellow")
+                + Text(
+                    f"backend={substitute.requested} does not run this layout "
+                    f"({'; '.join(substitute.reasons)}); planned with "
+                    f"backend={substitute.planned}, which runs it as it is. validate, run "
+                    f"and submit refuse it until backend={substitute.planned} is set."
+                )
+            )
         render_plan(result_plan, out)
 
 

@@ -16,10 +16,11 @@ The three commands print this same verdict. ``exit_code(command)``: 2 when the l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from launcher.backends import launch_refusal, planning_preset_needs
+from launcher.backends import launch_refusal, planning_preset_needs, runnable_by
 from launcher.config.compose import Composed, compose_config
+from launcher.config.schema import LLMTrainConfig
 from launcher.errors import ConfigError
 from launcher.plan.planner import Plan, make_plan
 from launcher.validate.rules import ERROR, Violation, check
@@ -109,3 +110,38 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     for command, problems in refusals.items():
         notes += [f"`llmtrain {command}` would refuse: {p}" for p in problems if p != preset]
     return Verdict(overrides, composed, tuple(violations), tuple(notes), refusals, plan)
+
+
+BACKEND_RULE = "backend-capabilities"
+
+
+@dataclass(frozen=True)
+class Substitute:
+    """`plan` on a layout the configured backend does not run, predicted with one that does."""
+
+    requested: str
+    planned: str
+    reasons: tuple[str, ...]  # the configured backend's refusals, as validate prints them
+    config: LLMTrainConfig  # the configuration with backend.name = planned
+
+
+def substitute_backend(
+    cfg: LLMTrainConfig, violations: Sequence[Violation], headroom: float = 0.10
+) -> tuple[Substitute, Plan] | None:
+    """When the only errors are the configured backend's refusals and other backends run the
+    configuration as it is, the fastest of them (by the planner) with its plan; else None.
+    `plan` answers "how would this layout run"; validate/run/submit still refuse it as
+    configured (the substitute is named in `plan`'s output, never silently used)."""
+    errors = [v for v in violations if v.is_error]
+    if not errors or any(v.rule != BACKEND_RULE for v in errors):
+        return None
+    best: tuple[Substitute, Plan] | None = None
+    for name in runnable_by(cfg, exclude=cfg.backend.name):
+        other = replace(cfg, backend=replace(cfg.backend, name=name))
+        if any(v.is_error for v in check(other)):
+            continue
+        plan = make_plan(other, headroom=headroom)
+        if best is None or plan.time.step_s < best[1].time.step_s:
+            reasons = tuple(v.message for v in errors)
+            best = (Substitute(cfg.backend.name, name, reasons, other), plan)
+    return best

@@ -53,6 +53,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "active_params": plan.active_params,
         },
         "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
+        "backend": plan.config.backend.name,
         "layout": {
             "world_size": plan.layout.world_size,
             "tp": plan.layout.tp,
@@ -226,7 +227,8 @@ def render_plan(plan: Plan, console: Console) -> None:
             f"heaviest rank: stage {h.stage} -> {_gib(h.device_total)} of "
             f"{_gib(mem.capacity)} ({mem.headroom:.0%} headroom): {verdict}\n"
             f"memory {band_text(plan.memory_band)}\n"
-            f"step time {_dur(plan.time.step_s)}, {band_text(plan.time_band)}",
+            f"step time {_dur(plan.time.step_s)} with backend={plan.config.backend.name}, "
+            f"{band_text(plan.time_band)}",
             title="llmtrain plan",
         )
     )

@@ -159,3 +159,24 @@ def test_validate_and_dry_runs_agree_on_every_case(monkeypatch: pytest.MonkeyPat
     # The sample exercises invalid, valid-and-launchable and valid-but-refused cases.
     assert (False, 2, 2, 2) in outcomes and (True, 0, 2, 0) in outcomes
     assert (True, 0, 2, 2) in outcomes
+
+
+def test_plan_predicts_a_layout_the_backend_refuses_with_one_that_runs_it() -> None:
+    """BLOOM's layout (tp4 x pp12, ZeRO-1, tied embeddings) with backend=torch: torch refuses it,
+    Megatron runs it as is. `plan` predicts it with Megatron and says so; validate and the dry
+    runs still refuse it as configured (exit 2)."""
+    base = ("recipe=bloom-176b", "backend=torch")
+    code, doc = invoke(["plan"], base)
+    assert code == 0
+    assert doc["backend"] == "megatron"
+    swap = doc["backend_substituted"]
+    assert (swap["requested"], swap["planned"]) == ("torch", "megatron")
+    assert any("tied input/output embeddings" in r for r in swap["reasons"])
+    _, as_megatron = invoke(["plan"], ("recipe=bloom-176b", "backend=megatron"))
+    assert doc["time"]["step_s"] == as_megatron["time"]["step_s"]
+    assert "backend_substituted" not in as_megatron
+    for command in (["validate"], ["run", "--dry-run"], ["submit", "--dry-run"]):
+        assert invoke(command, base)[0] == 2
+    # Arithmetic errors are never planned around, whatever another backend runs.
+    code, doc = invoke(["plan"], (*base, "train.global_batch_size=2047"))
+    assert code == 2 and "time" not in doc
