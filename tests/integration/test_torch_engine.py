@@ -83,6 +83,52 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
         dist.destroy_process_group()
 
 
+def _train_and_resume(
+    overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]
+) -> dict[str, Any]:
+    """One rank, one launch for three checks: train `steps` steps saving after opts["save_at"],
+    then a fresh engine loads that checkpoint and runs the remaining steps again."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.config.compose import compose_config
+    from launcher.config.layout import derive_layout
+    from launcher.train.engines.dist import init_process_group_from_env
+    from launcher.train.trainer import build_engine
+
+    save_at, save_dir = opts["save_at"], Path(opts["save_dir"])
+    torch.set_num_threads(1)
+    os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    cfg = compose_config([*overrides, f"cluster.gpus_per_node={nproc}"]).config
+    lay = derive_layout(cfg)
+    per_dp = lay.grad_accum * lay.micro_batch_size
+    init_process_group_from_env()
+
+    def run(engine: Any, first: int) -> tuple[list[float], list[float]]:
+        losses, norms = [], []
+        for step in range(first, steps):
+            rows = _rows(step, lay.global_batch_size, lay.seq_length, cfg.model.vocab_size)
+            mine = rows[engine.info.dp_rank * per_dp : (engine.info.dp_rank + 1) * per_dp]
+            result = engine.step(mine, lr=cfg.optim.lr)
+            losses.append(result.loss)
+            norms.append(result.grad_norm)
+            if step + 1 == save_at and first == 0:
+                engine.save(save_dir)
+        return losses, norms
+
+    try:
+        engine = build_engine(cfg)
+        losses, norms = run(engine, 0)
+        engine.close()
+        fresh = build_engine(cfg)
+        fresh.load(save_dir)
+        resumed, _ = run(fresh, save_at)
+        fresh.close()
+        return {"losses": losses, "norms": norms, "resumed": resumed, "info": engine.info}
+    finally:
+        dist.destroy_process_group()
+
+
 def launch(
     nproc: int, overrides: list[str], steps: int, entrypoint: Any = None, **kw: Any
 ) -> list[dict[str, Any]]:
@@ -298,3 +344,55 @@ def test_fp16_overflow_skips_the_step_on_every_rank(tmp_path: Path) -> None:
     for r in results:
         assert r["skipped"] and not math.isfinite(r["grad_norm"]), r
         assert r["scale"] == 2.0**59 and r["reloaded_scale"] == 2.0**59, r
+
+
+MLA = ["model.kv_lora_rank=16", "model.qk_rope_head_dim=8", "model.v_head_dim=16"]
+# name: (processes, parallel overrides, model overrides, tolerance on |loss - single process|).
+# Tolerance: fp32 rounding (eps 1.2e-7) of the reordered tp/ep sums moves a loss of ~4 by ~1e-6
+# per step, and six Adam steps (updates of size lr whatever the gradient's scale) carry it to
+# ~1e-5 at most (measured: see the README); 1e-4 is ten times that, while a missing gradient
+# reduction, a wrong head or expert shard, or a token routed differently on one tp rank moves
+# the loss by 1e-3 or more.
+MOE_MLA_TP_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
+    # DeepSeek-style: a dense first layer, then MoE with a shared expert; MLA with a q bottleneck;
+    # sequence parallel gathers the sequence before the router and the heads.
+    "moe-mla-tp2-sp": (
+        2,
+        ["parallel.tp=2", "parallel.sequence_parallel=true"],
+        [
+            *LLAMA,
+            *MOE,
+            *MLA,
+            "model.q_lora_rank=32",
+            "model.moe_shared_experts=1",
+            "model.moe_dense_layers=1",
+            UNTIED,
+        ],
+        1e-4,
+    ),
+    # Expert groups of 2 dp ranks (tp peers exchange identical tokens), experts tensor-parallel
+    # inside each; MLA without the q bottleneck.
+    "moe-ep2xtp2-mla": (4, ["parallel.tp=2", "parallel.ep=2"], [*LLAMA, *MOE, *MLA], 1e-4),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE_MLA_TP_CASES))
+def test_moe_mla_tensor_parallel(tmp_path: Path, name: str) -> None:
+    """Falls, resumes bitwise and matches one process: MoE and MLA under tp, ep x tp."""
+    nproc, layout, model, tolerance = MOE_MLA_TP_CASES[name]
+    steps, save_at = 6, 3
+    results = launch(
+        nproc,
+        [*layout, *model, *B4],
+        steps,
+        _train_and_resume,
+        save_at=save_at,
+        save_dir=str(tmp_path / "ckpt"),
+    )
+    losses = assert_trains(results)
+    for r in results:
+        assert r["resumed"] == r["losses"][save_at:], (r["losses"], r["resumed"])
+    single = launch(1, [*model, *B4], steps)[0]["losses"]
+    diff = max(abs(x - y) for x, y in zip(losses, single, strict=True))
+    print(f"{name}: first {losses[0]:.4f} last {losses[-1]:.4f}; max |loss - single| {diff:.2e}")
+    assert diff < tolerance, (losses, single)

@@ -117,17 +117,13 @@ def test_refused_with_alternative(overrides: list[str], needle: str, instead: st
     assert needle in found[0] and instead in found[0], found[0]
 
 
-def test_moe_with_tp_and_ep_refused() -> None:
-    found = reasons(
-        "model.num_experts=4",
-        "model.moe_top_k=2",
-        "model.moe_ffn_hidden_size=128",
-        "parallel.tp=2",
-        "parallel.ep=2",
-        gpus=4,
-    )
-    assert any("expert parallel" in r and "parallel.ep=1" in r for r in found), found
-    assert any("mixture-of-experts" in r and "parallel.tp=1" in r for r in found), found
+def test_moe_and_mla_with_tp_and_ep_run_but_not_with_zero_sharding() -> None:
+    moe = ("model.num_experts=4", "model.moe_top_k=2", "model.moe_ffn_hidden_size=128")
+    mla = ("model.kv_lora_rank=16", "model.qk_rope_head_dim=8", "model.position=rope")
+    assert reasons(*moe, *mla, "parallel.tp=2", "parallel.ep=2", gpus=4) == []
+    found = reasons(*moe, "parallel.tp=2", "parallel.ep=2", "zero.stage=2", gpus=4)
+    assert len(found) == 1, found
+    assert "expert parallel" in found[0] and "zero.stage=0" in found[0], found
 
 
 def test_fp16_with_pipeline_on_gpu_points_to_deepspeed() -> None:

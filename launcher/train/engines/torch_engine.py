@@ -76,11 +76,19 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -105,7 +113,11 @@ from launcher.train.engines.dcp_safe import (
 from launcher.train.engines.dist import engine_device
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.model import (
+    MLP,
+    MLAttention,
+    MoE,
     Transformer,
+    TransformerBlock,
     apply_context_parallel,
     apply_expert_parallel,
     apply_recompute,
@@ -186,6 +198,17 @@ class ReplicatedKVHeads(ParallelStyle):
         return distribute_module(module, device_mesh, None, to_dtensor, own_head)
 
 
+def _mlp_plan(prefix: str, mlp: MLP, output: Placement) -> dict[str, ParallelStyle]:
+    """An MLP under tp: w1 (and w3) column-parallel, w2 row-parallel with output `output`."""
+    plan: dict[str, ParallelStyle] = {
+        f"{prefix}.w1": ColwiseParallel(),
+        f"{prefix}.w2": RowwiseParallel(output_layouts=output),
+    }
+    if mlp.w3 is not None:
+        plan[f"{prefix}.w3"] = ColwiseParallel()
+    return plan
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -253,8 +276,11 @@ class TorchEngine(Engine):
         )
         self.ep_mesh: DeviceMesh | None = None
         if lay.ep > 1:
-            self.ep_mesh = init_device_mesh(
-                self.device.type, (lay.dp // lay.ep, lay.ep), mesh_dim_names=("edp", "ep")
+            # The dp dim split in two, ep consecutive dp ranks per expert group; the other dims
+            # (and so each rank's place) as in the main mesh.
+            grid = torch.arange(world).view(lay.pp, lay.dp // lay.ep, lay.ep, lay.cp, lay.tp)
+            self.ep_mesh = DeviceMesh(
+                self.device.type, grid, mesh_dim_names=("pp", "edp", "ep", "cp", "tp")
             )
 
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
@@ -323,30 +349,33 @@ class TorchEngine(Engine):
         parallelize_module(model, tp_mesh, plan)
         layer_names = list(model.layers.keys())
         for name in layer_names:
-            block = model.layers[name]
+            block = cast(TransformerBlock, model.layers[name])
             block_plan: dict[str, ParallelStyle] = {
                 "attention_norm": SequenceParallel() if sp else Replicated(),
                 "ffn_norm": SequenceParallel() if sp else Replicated(),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
                 "attention.wo": RowwiseParallel(output_layouts=residual),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=residual),
             }
             if sp:
                 block_plan["attention"] = PrepareModuleInput(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
                 )
-                block_plan["feed_forward"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                )
-            if kv_heads < lay.tp:
-                kv_style = ReplicatedKVHeads(head_dim)
-                block_plan["attention.wk"] = kv_style
-                block_plan["attention.wv"] = kv_style
-            if getattr(block.feed_forward, "w3", None) is not None:
-                block_plan["feed_forward.w3"] = ColwiseParallel()
+            if isinstance(block.attention, MLAttention):
+                block_plan.update(self._mla_plan(block.attention, tp_mesh))
+            else:
+                block_plan.update({f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
+                if kv_heads < lay.tp:
+                    kv_style = ReplicatedKVHeads(head_dim)
+                    block_plan["attention.wk"] = kv_style
+                    block_plan["attention.wv"] = kv_style
+            if block.moe is not None:
+                block_plan.update(self._moe_plan(block.moe, sp))
+            else:
+                assert block.feed_forward is not None
+                block_plan.update(_mlp_plan("feed_forward", block.feed_forward, residual))
+                if sp:
+                    block_plan["feed_forward"] = PrepareModuleInput(
+                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                    )
             if first_chunk and sp and name == layer_names[0]:
                 # The embeddings produce the whole sequence; the residual stream is sharded on it.
                 parallelize_module(
@@ -359,6 +388,54 @@ class TorchEngine(Engine):
                     ),
                 )
             parallelize_module(block, tp_mesh, block_plan)
+
+    @staticmethod
+    def _mla_plan(attention: MLAttention, tp_mesh: DeviceMesh) -> dict[str, ParallelStyle]:
+        """Multi-head latent attention under tp: the down-projections (wq_a, wkv_a) and their
+        norms replicated, the per-head up-projections (wq or wq_b, wkv_b) column-parallel, so
+        each rank computes its heads, and wo row-parallel (see the module docstring)."""
+        plan: dict[str, ParallelStyle] = {
+            "attention.wkv_a": Replicated(),
+            "attention.kv_norm": Replicated(),
+            "attention.wkv_b": ColwiseParallel(),
+        }
+        if attention.wq is not None:
+            plan["attention.wq"] = ColwiseParallel()
+        else:
+            plan["attention.wq_a"] = Replicated()
+            plan["attention.q_norm"] = Replicated()
+            plan["attention.wq_b"] = ColwiseParallel()
+
+        def sum_grad_over_tp(t: torch.Tensor) -> torch.Tensor:
+            # Identity forward; the gradient, marked Partial, is all-reduced over tp backward.
+            replica = DTensor.from_local(t, tp_mesh, [Replicate()], run_check=False)
+            return replica.to_local(grad_placements=[Partial()])
+
+        attention.shared_key_grad = sum_grad_over_tp
+        return plan
+
+    @staticmethod
+    def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
+        """MoE under tp (Megatron-LM's default expert tensor parallel = tp): the router
+        replicated, so every tp rank picks the same top-k for the same (replicated) tokens;
+        each routed and shared expert column-parallel w1/w3, row-parallel w2 with its output
+        all-reduced. Under sequence parallel the layer gathers the sequence on entry and keeps
+        this rank's shard of its output."""
+        plan: dict[str, ParallelStyle] = {"moe.router": Replicated()}
+        for key, expert in moe.experts.items():
+            plan.update(_mlp_plan(f"moe.experts.{key}", cast(MLP, expert), Replicate()))
+        for i, shared in enumerate(moe.shared_experts):
+            plan.update(_mlp_plan(f"moe.shared_experts.{i}", cast(MLP, shared), Replicate()))
+        if sp:
+            plan["moe"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),),
+                use_local_output=True,
+            )
+        return plan
 
     def _apply_dp(self, model: nn.Module) -> nn.Module:
         lay, z = self.layout, self.cfg.zero
@@ -484,9 +561,11 @@ class TorchEngine(Engine):
             experts = {id(p) for p in self._expert_params()}
             shared = [cast(torch.Tensor, p.grad) for p in params if id(p) not in experts]
             mine = [cast(torch.Tensor, p.grad) for p in params if id(p) in experts]
-            expert_sq = torch.nn.utils.get_total_norm(mine, 2.0).float() ** 2
+            # Under tp the norms of sharded gradients are summed over tp first (_full).
+            expert_sq = _full(torch.nn.utils.get_total_norm(mine, 2.0)).float() ** 2
             dist.all_reduce(expert_sq, group=self.ep_mesh["ep"].get_group())
-            total = (torch.nn.utils.get_total_norm(shared, 2.0).float() ** 2 + expert_sq).sqrt()
+            shared_sq = _full(torch.nn.utils.get_total_norm(shared, 2.0)).float() ** 2
+            total = (shared_sq + expert_sq).sqrt()
             if max_norm > 0:
                 torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
             return float(total)
