@@ -55,16 +55,16 @@ def _zero1_with_tp_or_pp(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     )
 
 
-def _cp_with_tp_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+def _cp_with_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     p = cfg.parallel
     if p.cp <= 1:
         return None
-    if p.tp > 1 or p.pp > 1:
+    if p.pp > 1:
         return Refusal(
-            ("parallel.cp", "parallel.tp", "parallel.pp"),
-            f"parallel.cp={p.cp} with parallel.tp={p.tp}, parallel.pp={p.pp}: the torch "
-            "backend's ring attention runs with data parallel only; use parallel.tp=1 and "
-            "parallel.pp=1 with cp, or parallel.cp=1",
+            ("parallel.cp", "parallel.pp"),
+            f"parallel.cp={p.cp} with parallel.pp={p.pp}: the torch backend's ring attention "
+            "runs with data and tensor parallel only; use parallel.pp=1 with cp, or "
+            "parallel.cp=1",
         )
     if cfg.model.kv_lora_rank is not None:
         return Refusal(
@@ -141,7 +141,7 @@ BACKEND = Backend(
         _optimizer_offload_alone,
         _interleaved_rounds,
         _zero1_with_tp_or_pp,
-        _cp_with_tp_pp_mla_or_compile,
+        _cp_with_pp_mla_or_compile,
         _ep_beyond_plain_dp,
         _loss_scaling_with_pipeline,
     ),

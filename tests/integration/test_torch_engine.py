@@ -353,7 +353,7 @@ MLA = ["model.kv_lora_rank=16", "model.qk_rope_head_dim=8", "model.v_head_dim=16
 # ~1e-5 at most (measured: see the README); 1e-4 is ten times that, while a missing gradient
 # reduction, a wrong head or expert shard, or a token routed differently on one tp rank moves
 # the loss by 1e-3 or more.
-MOE_MLA_TP_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
+TP_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
     # DeepSeek-style: a dense first layer, then MoE with a shared expert; MLA with a q bottleneck;
     # sequence parallel gathers the sequence before the router and the heads.
     "moe-mla-tp2-sp": (
@@ -373,13 +373,21 @@ MOE_MLA_TP_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
     # Expert groups of 2 dp ranks (tp peers exchange identical tokens), experts tensor-parallel
     # inside each; MLA without the q bottleneck.
     "moe-ep2xtp2-mla": (4, ["parallel.tp=2", "parallel.ep=2"], [*LLAMA, *MOE, *MLA], 1e-4),
+    # Ring attention over the local heads, the cp-local sequence sharded again by sequence
+    # parallel; gradients averaged over cp by the engine (tp parameters are DTensors).
+    "cp2xtp2-sp-gqa": (
+        4,
+        ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
+        [*LLAMA, "model.num_kv_heads=2"],
+        1e-4,
+    ),
 }
 
 
-@pytest.mark.parametrize("name", list(MOE_MLA_TP_CASES))
-def test_moe_mla_tensor_parallel(tmp_path: Path, name: str) -> None:
-    """Falls, resumes bitwise and matches one process: MoE and MLA under tp, ep x tp."""
-    nproc, layout, model, tolerance = MOE_MLA_TP_CASES[name]
+@pytest.mark.parametrize("name", list(TP_CASES))
+def test_tensor_parallel_with(tmp_path: Path, name: str) -> None:
+    """Falls, resumes bitwise and matches one process: MoE and MLA under tp, ep x tp, cp x tp."""
+    nproc, layout, model, tolerance = TP_CASES[name]
     steps, save_at = 6, 3
     results = launch(
         nproc,
@@ -392,7 +400,15 @@ def test_moe_mla_tensor_parallel(tmp_path: Path, name: str) -> None:
     losses = assert_trains(results)
     for r in results:
         assert r["resumed"] == r["losses"][save_at:], (r["losses"], r["resumed"])
-    single = launch(1, [*model, *B4], steps)[0]["losses"]
+    one = launch(1, [*model, *B4], steps)[0]
+    single, single_norms = one["losses"], one["norms"]
     diff = max(abs(x - y) for x, y in zip(losses, single, strict=True))
-    print(f"{name}: first {losses[0]:.4f} last {losses[-1]:.4f}; max |loss - single| {diff:.2e}")
+    # The gradient norm too (relative): Adam and clipping hide a gradient scaled by a constant
+    # factor from the loss, not from the norm.
+    norm_diff = max(abs(x - y) / y for x, y in zip(results[0]["norms"], single_norms, strict=True))
+    print(
+        f"{name}: first {losses[0]:.4f} last {losses[-1]:.4f}; max |loss - single| {diff:.2e}, "
+        f"max relative |grad norm - single| {norm_diff:.2e}"
+    )
     assert diff < tolerance, (losses, single)
+    assert norm_diff < tolerance, (results[0]["norms"], single_norms)

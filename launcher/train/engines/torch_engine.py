@@ -272,7 +272,7 @@ class TorchEngine(Engine):
         # With expert parallel too: each rank holds other experts, so DDP's all-reduce of every
         # parameter over dp does not apply; expert gradients are reduced over "edp" instead.
         self.manual_dp_sync = (
-            not self.fsdp and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
+            not self.fsdp and lay.dp * lay.cp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
         )
         self.ep_mesh: DeviceMesh | None = None
         if lay.ep > 1:
@@ -529,7 +529,8 @@ class TorchEngine(Engine):
                 if p.grad is not None and (id(p) in experts) == expert
             ]
 
-        self._average(local_grads(False), self.mesh["dp"].get_group())
+        # Over dp x cp together with context parallel (the "dp_cp" mesh), as DDP does.
+        self._average(local_grads(False), self.dp_mesh.get_group())
         if experts:
             # An expert's gradient already sums its ep group's tokens (the all-to-all's
             # backward); add the other ep groups' (edp) and divide by dp for the batch mean.
@@ -538,7 +539,8 @@ class TorchEngine(Engine):
             self._average(local_grads(True), edp.get_group() if edp.size() > 1 else None)
 
     def _average(self, grads: list[torch.Tensor], group: Any) -> None:
-        """Sum `grads` over `group` (None: this rank alone) and divide by dp."""
+        """Sum `grads` over `group` (None: this rank alone) and divide by dp x cp (the ranks
+        whose losses the global-batch mean averages; expert parallel runs with cp = 1)."""
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
@@ -546,7 +548,7 @@ class TorchEngine(Engine):
             flat = torch.cat([g.reshape(-1) for g in same])
             if group is not None:
                 dist.all_reduce(flat, group=group)
-            flat /= self.layout.dp
+            flat /= self.layout.dp * self.layout.cp
             offset = 0
             for g in same:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
