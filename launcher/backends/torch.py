@@ -81,7 +81,7 @@ def _cp_with_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusal |
     return None
 
 
-def _ep_beyond_plain_dp(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+def _ep_with_pp_cp_or_sharding(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     p, z = cfg.parallel, cfg.zero
     if p.ep <= 1:
         return None
@@ -142,7 +142,7 @@ BACKEND = Backend(
         _interleaved_rounds,
         _zero1_with_tp_or_pp,
         _cp_with_pp_mla_or_compile,
-        _ep_beyond_plain_dp,
+        _ep_with_pp_cp_or_sharding,
         _loss_scaling_with_pipeline,
     ),
 )

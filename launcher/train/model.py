@@ -36,7 +36,8 @@ Choices worth knowing:
   loss; experts run in a plain loop and every expert runs even on zero tokens, so all parameters
   get a gradient (DDP needs no ``find_unused_parameters``). Under expert parallel
   (``apply_expert_parallel``) each rank keeps E/ep experts and tokens travel by all-to-all
-  (``launcher.train.expert_parallel``).
+  (``launcher.train.expert_parallel``). Under tensor parallel the engine shards each expert like
+  an MLP and replicates the router; the code here is unchanged (it sees local tensors).
 - Context parallel (``apply_context_parallel``): positions and attention follow the rank's
   load-balanced chunks; attention is ring attention (``launcher.train.ring_attention``).
 - Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,

@@ -205,15 +205,12 @@ CASES: dict[str, tuple[int, list[str]]] = {
     ),
     "zero1": (2, ["zero.stage=1", "train.micro_batch_size=2", "train.global_batch_size=8"]),
     "fp16-dynamic-scaling": (2, ["precision=fp16", "zero.stage=0", *B4]),
-    # Ring attention with RoPE at the rank's positions, grouped-query attention.
-    "cp2-llama-gqa": (2, ["parallel.cp=2", *LLAMA, "model.num_kv_heads=2", *B4]),
     # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler.
     "dp2xcp2-zero1-fp16": (4, ["parallel.cp=2", "zero.stage=1", "precision=fp16", *B4]),
     # fp16 parameters under FSDP2 (shard-aware scaler), and with DTensor tensor parallel.
     "fp16-fsdp-zero2": (2, ["precision=fp16", "zero.stage=2", *B4]),
     "fp16-dp2xtp2-zero3": (4, ["precision=fp16", "zero.stage=3", "parallel.tp=2", *B4]),
     # Two experts per rank, tokens by all-to-all; with 4 ranks each expert has an edp peer.
-    "moe-ep2": (2, ["parallel.ep=2", *MOE, *B4]),
     "moe-dp4-ep2-shared": (
         4,
         ["parallel.ep=2", *MOE, "model.moe_shared_experts=1", "train.micro_batch_size=1", *LLAMA],
@@ -242,12 +239,8 @@ def test_layout_trains(name: str) -> None:
         (2, ["zero.stage=1"], [], 1e-5),
         # fp16 activations: the reduction order differs, and fp16 rounds the difference up.
         (2, ["zero.stage=0"], ["precision=fp16"], 2e-3),
-        # Ring attention over load-balanced chunks, learned positions at the rank's tokens.
-        (2, ["parallel.cp=2"], [], 1e-4),
-        # Experts split over ep, dispatched by all-to-all, gradients reduced per expert.
-        (2, ["parallel.ep=2"], MOE, 1e-4),
     ],
-    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b", "zero1", "fp16", "cp2", "moe-ep2"],
+    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b", "zero1", "fp16"],
 )
 def test_matches_single_process(
     nproc: int, layout: list[str], model: list[str], tolerance: float
@@ -268,8 +261,6 @@ def test_matches_single_process(
         ("ddp", 2, ["zero.stage=0", "train.micro_batch_size=2", "train.global_batch_size=8"]),
         ("zero1", 2, ["zero.stage=1", *B4]),
         ("fp16-scaler", 2, ["precision=fp16", *B4]),
-        ("cp2-rope", 2, ["parallel.cp=2", *LLAMA, *B4]),
-        ("moe-ep2", 2, ["parallel.ep=2", *MOE, *B4]),
         (
             "pp2-1f1b-zero3",
             2,
@@ -347,13 +338,19 @@ def test_fp16_overflow_skips_the_step_on_every_rank(tmp_path: Path) -> None:
 
 
 MLA = ["model.kv_lora_rank=16", "model.qk_rope_head_dim=8", "model.v_head_dim=16"]
-# name: (processes, parallel overrides, model overrides, tolerance on |loss - single process|).
-# Tolerance: fp32 rounding (eps 1.2e-7) of the reordered tp/ep sums moves a loss of ~4 by ~1e-6
-# per step, and six Adam steps (updates of size lr whatever the gradient's scale) carry it to
-# ~1e-5 at most (measured: see the README); 1e-4 is ten times that, while a missing gradient
-# reduction, a wrong head or expert shard, or a token routed differently on one tp rank moves
-# the loss by 1e-3 or more.
-TP_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
+# name: (processes, parallel overrides, model overrides, tolerance). The tolerance bounds both
+# |loss - single process| and the relative gradient-norm difference. Derivation: the parallel run
+# sums the same fp32 terms in another order (tp all-reduces, all-to-all, ring merges), each sum
+# off by a few ulps (eps 1.2e-7) of values ~1-5, so ~1e-6 per step; Adam's update has size ~lr
+# whatever the gradient's scale, so five steps keep it near that (measured at most 9.5e-7 on the
+# loss, 6e-6 on the norm). 1e-4 leaves room for other CPUs' kernels, while a missing or doubled
+# gradient reduction, a wrong head or expert shard, or a token routed to another expert on one tp
+# rank moves the loss or the norm by 1e-3 or more (the doubled cp reduction: norms x2).
+ONE_LAUNCH_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
+    # Ring attention over load-balanced chunks, learned positions at the rank's tokens, GQA.
+    "cp2-gqa": (2, ["parallel.cp=2"], ["model.num_kv_heads=2"], 1e-4),
+    # Experts split over ep, dispatched by all-to-all, gradients reduced per expert.
+    "moe-ep2": (2, ["parallel.ep=2"], MOE, 1e-4),
     # DeepSeek-style: a dense first layer, then MoE with a shared expert; MLA with a q bottleneck;
     # sequence parallel gathers the sequence before the router and the heads.
     "moe-mla-tp2-sp": (
@@ -384,11 +381,12 @@ TP_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(TP_CASES))
-def test_tensor_parallel_with(tmp_path: Path, name: str) -> None:
-    """Falls, resumes bitwise and matches one process: MoE and MLA under tp, ep x tp, cp x tp."""
-    nproc, layout, model, tolerance = TP_CASES[name]
-    steps, save_at = 6, 3
+@pytest.mark.parametrize("name", list(ONE_LAUNCH_CASES))
+def test_trains_resumes_matches_one_process(tmp_path: Path, name: str) -> None:
+    """In one launch the loss falls and a fresh engine resumes bitwise from the mid-run
+    checkpoint; a second launch of one process gives the loss and gradient norm to match."""
+    nproc, layout, model, tolerance = ONE_LAUNCH_CASES[name]
+    steps, save_at = 5, 3
     results = launch(
         nproc,
         [*layout, *model, *B4],

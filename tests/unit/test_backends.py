@@ -65,6 +65,7 @@ def test_module_does_not_import_torch() -> None:
         ["parallel.cp=2", "model.position=rope", "model.num_kv_heads=2"],
         ["parallel.cp=2", "zero.stage=1", "precision=fp16", "cluster.gpus_per_node=4"],
         ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2"],
+        ["parallel.cp=2", "parallel.tp=2", "cluster.gpus_per_node=4"],
     ],
 )
 def test_accepted(overrides: list[str]) -> None:
@@ -82,7 +83,11 @@ def test_accepted(overrides: list[str]) -> None:
         ),
         (["zero.stage=2", "zero.offload_params=cpu"], "offload_params", "zero.stage=3"),
         (["zero.stage=3", "zero.offload_optimizer=cpu"], "offload_optimizer", "offload_params=cpu"),
-        (["parallel.cp=2", "parallel.tp=2"], "parallel.cp=2", "parallel.cp=1"),
+        (
+            ["parallel.cp=2", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"],
+            "parallel.cp=2",
+            "parallel.cp=1",
+        ),
         (["parallel.ep=2"], "mixture-of-experts", "parallel.ep=1"),
         (
             ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2", "zero.stage=3"],
@@ -171,8 +176,10 @@ def test_deepspeed_is_data_parallel_with_zero_and_pipeline() -> None:
 
 
 def test_alternatives_are_backends_that_run_the_whole_configuration() -> None:
-    # cp=2 with tp=2 on CPU: deepspeed has no cp, megatron needs CUDA: nobody to advise.
-    found = reasons("parallel.cp=2", "parallel.tp=2", "model.seq_length=64", gpus=4)
+    # cp=2 with pp=2 on CPU: deepspeed has no cp, megatron needs CUDA: nobody to advise.
+    found = reasons(
+        "parallel.cp=2", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"
+    )
     assert found and all("backend=" not in f.split(";", 1)[1] for f in found), found
     # zero.stage=1 with tp=2 on torch: nobody runs it (deepspeed has no tp) ...
     found = reasons("zero.stage=1", "parallel.tp=2")

@@ -3,8 +3,9 @@
 
 Mesh and rank order: dims ("pp", "dp", "cp", "tp"), tp innermost and pp outermost, so global
 rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, the order ``plan`` and
-``launcher.validate.rules`` assume. Expert parallel (data parallel only: tp = pp = cp = 1) splits
-the dp ranks into groups of ep consecutive ranks, a second mesh ("edp", "ep").
+``launcher.validate.rules`` assume. Expert parallel (with dp and tp; pp = cp = 1) splits the dp
+ranks of each tp rank into groups of ep consecutive dp ranks: a second mesh ("pp", "edp", "ep",
+"cp", "tp") over the same ranks, the expert groups drawn from dp x cp (``backends.expert_span``).
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
 1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
@@ -16,11 +17,24 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
    of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
    (the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
+   MoE layers (Megatron-LM's default expert tensor parallel = tp): the router replicated, each
+   routed and shared expert Colwise w1/w3, Rowwise w2 (output all-reduced); the tp ranks hold
+   identical tokens (all-gathered under sequence parallel), so their replicated routers pick the
+   same top-k and every expert runs the same tokens on all tp ranks. The planner counts expert
+   weights / (ep x tp), as this does. Replicating the experts instead would need no collective
+   per expert but tp times their memory.
+   Multi-head latent attention: the down-projections wq_a, wkv_a and their RMSNorms replicated
+   (their outputs, a low-rank latent and the rope key shared by all heads, are needed whole by
+   every head; replicas cost kv_lora_rank + r + q_lora_rank columns, small next to h), the
+   per-head up-projections wq or wq_b and wkv_b Colwise (whole heads per rank), wo Rowwise. The
+   latent's gradient is summed over tp by wkv_b's Colwise input; the rope key bypasses it, so its
+   gradient is summed by ``MLAttention.shared_key_grad`` (identity forward, Partial gradient).
    Expert parallel (ep > 1): each rank keeps E/ep routed experts of every MoE layer (deleted on
    the meta device, before materialising) and exchanges tokens by all-to-all over "ep"
    (``launcher.train.expert_parallel``).
 3. Context parallel (cp > 1): each cp rank takes its two load-balanced chunks of the rows and the
-   attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``).
+   attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``), on
+   the rank's heads under tp (sequence parallel then shards the cp-local sequence).
    Gradients are averaged over dp x cp together (the "dp_cp" mesh), as Megatron-LM does.
 4. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
 5. Data parallel over the "dp" mesh dim (dp x cp with context parallel): zero.stage=0 -> DDP
