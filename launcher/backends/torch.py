@@ -3,8 +3,9 @@ runs: DDP (zero.stage=0), DDP + ZeroRedundancyOptimizer (1, data parallel only),
 ``fully_shard`` (2: reshard_after_forward=False, 3: full shard, with CPUOffloadPolicy for parameter
 offload), DTensor tensor and sequence parallel, ``torch.distributed.pipelining`` (GPipe, 1F1B,
 interleaved 1F1B), context parallel by ring attention (with data parallel only), expert parallel by
-all-to-all dispatch (with plain data parallel only), fp16 with dynamic loss scaling (not with
-pipelining), on one DeviceMesh. Every accepted combination is exercised on CPU with gloo by
+all-to-all dispatch (with plain data parallel, and tp), MoE and multi-head latent attention under
+tp (experts and heads tensor-parallel), fp16 with dynamic loss scaling (not with pipelining), on
+one DeviceMesh. Every accepted combination is exercised on CPU with gloo by
 tests/integration/test_torch_engine.py."""
 
 from __future__ import annotations
@@ -54,16 +55,16 @@ def _zero1_with_tp_or_pp(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     )
 
 
-def _cp_with_tp_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+def _cp_with_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     p = cfg.parallel
     if p.cp <= 1:
         return None
-    if p.tp > 1 or p.pp > 1:
+    if p.pp > 1:
         return Refusal(
-            ("parallel.cp", "parallel.tp", "parallel.pp"),
-            f"parallel.cp={p.cp} with parallel.tp={p.tp}, parallel.pp={p.pp}: the torch "
-            "backend's ring attention runs with data parallel only; use parallel.tp=1 and "
-            "parallel.pp=1 with cp, or parallel.cp=1",
+            ("parallel.cp", "parallel.pp"),
+            f"parallel.cp={p.cp} with parallel.pp={p.pp}: the torch backend's ring attention "
+            "runs with data and tensor parallel only; use parallel.pp=1 with cp, or "
+            "parallel.cp=1",
         )
     if cfg.model.kv_lora_rank is not None:
         return Refusal(
@@ -80,7 +81,7 @@ def _cp_with_tp_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusa
     return None
 
 
-def _ep_beyond_plain_dp(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+def _ep_with_pp_cp_or_sharding(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     p, z = cfg.parallel, cfg.zero
     if p.ep <= 1:
         return None
@@ -91,13 +92,13 @@ def _ep_beyond_plain_dp(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
             f"parallel.ep={p.ep} needs a mixture-of-experts model whose model.num_experts "
             f"({cfg.model.num_experts}) divides by ep; use parallel.ep=1",
         )
-    if p.tp > 1 or p.pp > 1 or p.cp > 1 or z.stage != 0:
+    if p.pp > 1 or p.cp > 1 or z.stage != 0:
         return Refusal(
             ("parallel.ep", "zero.stage"),
-            f"parallel.ep={p.ep} with parallel.tp={p.tp}, pp={p.pp}, cp={p.cp}, "
-            f"zero.stage={z.stage}: the torch backend's expert parallel runs over plain data "
-            "parallel (zero.stage=0) only; use parallel.tp=1, pp=1, cp=1 and zero.stage=0 with "
-            "ep, or parallel.ep=1 (experts then sharded by FSDP or replicated by DDP over dp)",
+            f"parallel.ep={p.ep} with parallel.pp={p.pp}, cp={p.cp}, zero.stage={z.stage}: the "
+            "torch backend's expert parallel runs over plain data parallel (zero.stage=0), with "
+            "or without tp; use parallel.pp=1, cp=1 and zero.stage=0 with ep, or parallel.ep=1 "
+            "(experts then sharded by FSDP or replicated by DDP over dp)",
         )
     return None
 
@@ -135,13 +136,13 @@ BACKEND = Backend(
     offload_optimizer_stages=(3,),
     offload_params_stages=(3,),
     schedules=("1f1b", "gpipe", "interleaved"),
-    features=frozenset({"moe", "mla", "kv-replication", "sequence-parallel"}),
+    features=frozenset({"moe", "moe+tp", "mla", "mla+tp", "kv-replication", "sequence-parallel"}),
     combos=(
         _optimizer_offload_alone,
         _interleaved_rounds,
         _zero1_with_tp_or_pp,
-        _cp_with_tp_pp_mla_or_compile,
-        _ep_beyond_plain_dp,
+        _cp_with_pp_mla_or_compile,
+        _ep_with_pp_cp_or_sharding,
         _loss_scaling_with_pipeline,
     ),
 )

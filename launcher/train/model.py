@@ -36,7 +36,8 @@ Choices worth knowing:
   loss; experts run in a plain loop and every expert runs even on zero tokens, so all parameters
   get a gradient (DDP needs no ``find_unused_parameters``). Under expert parallel
   (``apply_expert_parallel``) each rank keeps E/ep experts and tokens travel by all-to-all
-  (``launcher.train.expert_parallel``).
+  (``launcher.train.expert_parallel``). Under tensor parallel the engine shards each expert like
+  an MLP and replicates the router; the code here is unchanged (it sees local tensors).
 - Context parallel (``apply_context_parallel``): positions and attention follow the rank's
   load-balanced chunks; attention is ring attention (``launcher.train.ring_attention``).
 - Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,
@@ -51,7 +52,7 @@ import contextlib
 import math
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -201,7 +202,14 @@ class MLAttention(_CoreMixin, nn.Module):
     by all heads, kv_norm (RMSNorm), wkv_b [kv_lora_rank -> heads*(d+v)]; wo [heads*v -> h].
     d = head_dim (the "nope" part of q/k), r = qk_rope_head_dim, v = v_head_dim. Softmax scale
     1/sqrt(d+r).
+
+    ``shared_key_grad`` (set by the torch engine under tensor parallel, where each rank holds some
+    of the heads): applied to the shared rope key, identity forward; its backward sums the key's
+    gradient over the tensor-parallel ranks, since each rank's heads contribute only their part
+    (Megatron-LM's "copy to tensor-parallel region" operator, Shoeybi et al. 2019).
     """
+
+    shared_key_grad: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -239,6 +247,8 @@ class MLAttention(_CoreMixin, nn.Module):
             q = _call(self.wq_b, _call(self.q_norm, _call(self.wq_a, x)))
         q_nope, q_pe = torch.split(q.view(b, s, -1, d + r), [d, r], dim=-1)
         latent, k_pe = torch.split(_call(self.wkv_a, x), [self.kv_lora_rank, r], dim=-1)
+        if self.shared_key_grad is not None:
+            k_pe = self.shared_key_grad(k_pe)
         k_pe = k_pe.unsqueeze(2)  # [b, s, 1, r]: one rope key shared by every head
         if r:
             cos, sin = rope_tables(s, r, x.device, theta=self.rope_theta)

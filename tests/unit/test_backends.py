@@ -65,6 +65,7 @@ def test_module_does_not_import_torch() -> None:
         ["parallel.cp=2", "model.position=rope", "model.num_kv_heads=2"],
         ["parallel.cp=2", "zero.stage=1", "precision=fp16", "cluster.gpus_per_node=4"],
         ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2"],
+        ["parallel.cp=2", "parallel.tp=2", "cluster.gpus_per_node=4"],
     ],
 )
 def test_accepted(overrides: list[str]) -> None:
@@ -82,7 +83,11 @@ def test_accepted(overrides: list[str]) -> None:
         ),
         (["zero.stage=2", "zero.offload_params=cpu"], "offload_params", "zero.stage=3"),
         (["zero.stage=3", "zero.offload_optimizer=cpu"], "offload_optimizer", "offload_params=cpu"),
-        (["parallel.cp=2", "parallel.tp=2"], "parallel.cp=2", "parallel.cp=1"),
+        (
+            ["parallel.cp=2", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"],
+            "parallel.cp=2",
+            "parallel.cp=1",
+        ),
         (["parallel.ep=2"], "mixture-of-experts", "parallel.ep=1"),
         (
             ["parallel.ep=2", "model.num_experts=4", "model.moe_top_k=2", "zero.stage=3"],
@@ -116,17 +121,13 @@ def test_refused_with_alternative(overrides: list[str], needle: str, instead: st
     assert needle in found[0] and instead in found[0], found[0]
 
 
-def test_moe_with_tp_and_ep_refused() -> None:
-    found = reasons(
-        "model.num_experts=4",
-        "model.moe_top_k=2",
-        "model.moe_ffn_hidden_size=128",
-        "parallel.tp=2",
-        "parallel.ep=2",
-        gpus=4,
-    )
-    assert any("expert parallel" in r and "parallel.ep=1" in r for r in found), found
-    assert any("mixture-of-experts" in r and "parallel.tp=1" in r for r in found), found
+def test_moe_and_mla_with_tp_and_ep_run_but_not_with_zero_sharding() -> None:
+    moe = ("model.num_experts=4", "model.moe_top_k=2", "model.moe_ffn_hidden_size=128")
+    mla = ("model.kv_lora_rank=16", "model.qk_rope_head_dim=8", "model.position=rope")
+    assert reasons(*moe, *mla, "parallel.tp=2", "parallel.ep=2", gpus=4) == []
+    found = reasons(*moe, "parallel.tp=2", "parallel.ep=2", "zero.stage=2", gpus=4)
+    assert len(found) == 1, found
+    assert "expert parallel" in found[0] and "zero.stage=0" in found[0], found
 
 
 def test_fp16_with_pipeline_on_gpu_points_to_deepspeed() -> None:
@@ -174,8 +175,10 @@ def test_deepspeed_is_data_parallel_with_zero_and_pipeline() -> None:
 
 
 def test_alternatives_are_backends_that_run_the_whole_configuration() -> None:
-    # cp=2 with tp=2 on CPU: deepspeed has no cp, megatron needs CUDA: nobody to advise.
-    found = reasons("parallel.cp=2", "parallel.tp=2", "model.seq_length=64", gpus=4)
+    # cp=2 with pp=2 on CPU: deepspeed has no cp, megatron needs CUDA: nobody to advise.
+    found = reasons(
+        "parallel.cp=2", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"
+    )
     assert found and all("backend=" not in f.split(";", 1)[1] for f in found), found
     # zero.stage=1 with tp=2 on torch: nobody runs it (deepspeed has no tp) ...
     found = reasons("zero.stage=1", "parallel.tp=2")

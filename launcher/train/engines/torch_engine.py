@@ -3,8 +3,9 @@
 
 Mesh and rank order: dims ("pp", "dp", "cp", "tp"), tp innermost and pp outermost, so global
 rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, the order ``plan`` and
-``launcher.validate.rules`` assume. Expert parallel (data parallel only: tp = pp = cp = 1) splits
-the dp ranks into groups of ep consecutive ranks, a second mesh ("edp", "ep").
+``launcher.validate.rules`` assume. Expert parallel (with dp and tp; pp = cp = 1) splits the dp
+ranks of each tp rank into groups of ep consecutive dp ranks: a second mesh ("pp", "edp", "ep",
+"cp", "tp") over the same ranks, the expert groups drawn from dp x cp (``backends.expert_span``).
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
 1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
@@ -16,11 +17,24 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
    of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
    (the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
+   MoE layers (Megatron-LM's default expert tensor parallel = tp): the router replicated, each
+   routed and shared expert Colwise w1/w3, Rowwise w2 (output all-reduced); the tp ranks hold
+   identical tokens (all-gathered under sequence parallel), so their replicated routers pick the
+   same top-k and every expert runs the same tokens on all tp ranks. The planner counts expert
+   weights / (ep x tp), as this does. Replicating the experts instead would need no collective
+   per expert but tp times their memory.
+   Multi-head latent attention: the down-projections wq_a, wkv_a and their RMSNorms replicated
+   (their outputs, a low-rank latent and the rope key shared by all heads, are needed whole by
+   every head; replicas cost kv_lora_rank + r + q_lora_rank columns, small next to h), the
+   per-head up-projections wq or wq_b and wkv_b Colwise (whole heads per rank), wo Rowwise. The
+   latent's gradient is summed over tp by wkv_b's Colwise input; the rope key bypasses it, so its
+   gradient is summed by ``MLAttention.shared_key_grad`` (identity forward, Partial gradient).
    Expert parallel (ep > 1): each rank keeps E/ep routed experts of every MoE layer (deleted on
    the meta device, before materialising) and exchanges tokens by all-to-all over "ep"
    (``launcher.train.expert_parallel``).
 3. Context parallel (cp > 1): each cp rank takes its two load-balanced chunks of the rows and the
-   attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``).
+   attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``), on
+   the rank's heads under tp (sequence parallel then shards the cp-local sequence).
    Gradients are averaged over dp x cp together (the "dp_cp" mesh), as Megatron-LM does.
 4. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
 5. Data parallel over the "dp" mesh dim (dp x cp with context parallel): zero.stage=0 -> DDP
@@ -76,11 +90,19 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -105,7 +127,11 @@ from launcher.train.engines.dcp_safe import (
 from launcher.train.engines.dist import engine_device
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.model import (
+    MLP,
+    MLAttention,
+    MoE,
     Transformer,
+    TransformerBlock,
     apply_context_parallel,
     apply_expert_parallel,
     apply_recompute,
@@ -186,6 +212,17 @@ class ReplicatedKVHeads(ParallelStyle):
         return distribute_module(module, device_mesh, None, to_dtensor, own_head)
 
 
+def _mlp_plan(prefix: str, mlp: MLP, output: Placement) -> dict[str, ParallelStyle]:
+    """An MLP under tp: w1 (and w3) column-parallel, w2 row-parallel with output `output`."""
+    plan: dict[str, ParallelStyle] = {
+        f"{prefix}.w1": ColwiseParallel(),
+        f"{prefix}.w2": RowwiseParallel(output_layouts=output),
+    }
+    if mlp.w3 is not None:
+        plan[f"{prefix}.w3"] = ColwiseParallel()
+    return plan
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -249,12 +286,15 @@ class TorchEngine(Engine):
         # With expert parallel too: each rank holds other experts, so DDP's all-reduce of every
         # parameter over dp does not apply; expert gradients are reduced over "edp" instead.
         self.manual_dp_sync = (
-            not self.fsdp and lay.dp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
+            not self.fsdp and lay.dp * lay.cp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
         )
         self.ep_mesh: DeviceMesh | None = None
         if lay.ep > 1:
-            self.ep_mesh = init_device_mesh(
-                self.device.type, (lay.dp // lay.ep, lay.ep), mesh_dim_names=("edp", "ep")
+            # The dp dim split in two, ep consecutive dp ranks per expert group; the other dims
+            # (and so each rank's place) as in the main mesh.
+            grid = torch.arange(world).view(lay.pp, lay.dp // lay.ep, lay.ep, lay.cp, lay.tp)
+            self.ep_mesh = DeviceMesh(
+                self.device.type, grid, mesh_dim_names=("pp", "edp", "ep", "cp", "tp")
             )
 
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
@@ -323,30 +363,33 @@ class TorchEngine(Engine):
         parallelize_module(model, tp_mesh, plan)
         layer_names = list(model.layers.keys())
         for name in layer_names:
-            block = model.layers[name]
+            block = cast(TransformerBlock, model.layers[name])
             block_plan: dict[str, ParallelStyle] = {
                 "attention_norm": SequenceParallel() if sp else Replicated(),
                 "ffn_norm": SequenceParallel() if sp else Replicated(),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
                 "attention.wo": RowwiseParallel(output_layouts=residual),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=residual),
             }
             if sp:
                 block_plan["attention"] = PrepareModuleInput(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
                 )
-                block_plan["feed_forward"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                )
-            if kv_heads < lay.tp:
-                kv_style = ReplicatedKVHeads(head_dim)
-                block_plan["attention.wk"] = kv_style
-                block_plan["attention.wv"] = kv_style
-            if getattr(block.feed_forward, "w3", None) is not None:
-                block_plan["feed_forward.w3"] = ColwiseParallel()
+            if isinstance(block.attention, MLAttention):
+                block_plan.update(self._mla_plan(block.attention, tp_mesh))
+            else:
+                block_plan.update({f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
+                if kv_heads < lay.tp:
+                    kv_style = ReplicatedKVHeads(head_dim)
+                    block_plan["attention.wk"] = kv_style
+                    block_plan["attention.wv"] = kv_style
+            if block.moe is not None:
+                block_plan.update(self._moe_plan(block.moe, sp))
+            else:
+                assert block.feed_forward is not None
+                block_plan.update(_mlp_plan("feed_forward", block.feed_forward, residual))
+                if sp:
+                    block_plan["feed_forward"] = PrepareModuleInput(
+                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                    )
             if first_chunk and sp and name == layer_names[0]:
                 # The embeddings produce the whole sequence; the residual stream is sharded on it.
                 parallelize_module(
@@ -359,6 +402,54 @@ class TorchEngine(Engine):
                     ),
                 )
             parallelize_module(block, tp_mesh, block_plan)
+
+    @staticmethod
+    def _mla_plan(attention: MLAttention, tp_mesh: DeviceMesh) -> dict[str, ParallelStyle]:
+        """Multi-head latent attention under tp: the down-projections (wq_a, wkv_a) and their
+        norms replicated, the per-head up-projections (wq or wq_b, wkv_b) column-parallel, so
+        each rank computes its heads, and wo row-parallel (see the module docstring)."""
+        plan: dict[str, ParallelStyle] = {
+            "attention.wkv_a": Replicated(),
+            "attention.kv_norm": Replicated(),
+            "attention.wkv_b": ColwiseParallel(),
+        }
+        if attention.wq is not None:
+            plan["attention.wq"] = ColwiseParallel()
+        else:
+            plan["attention.wq_a"] = Replicated()
+            plan["attention.q_norm"] = Replicated()
+            plan["attention.wq_b"] = ColwiseParallel()
+
+        def sum_grad_over_tp(t: torch.Tensor) -> torch.Tensor:
+            # Identity forward; the gradient, marked Partial, is all-reduced over tp backward.
+            replica = DTensor.from_local(t, tp_mesh, [Replicate()], run_check=False)
+            return replica.to_local(grad_placements=[Partial()])
+
+        attention.shared_key_grad = sum_grad_over_tp
+        return plan
+
+    @staticmethod
+    def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
+        """MoE under tp (Megatron-LM's default expert tensor parallel = tp): the router
+        replicated, so every tp rank picks the same top-k for the same (replicated) tokens;
+        each routed and shared expert column-parallel w1/w3, row-parallel w2 with its output
+        all-reduced. Under sequence parallel the layer gathers the sequence on entry and keeps
+        this rank's shard of its output."""
+        plan: dict[str, ParallelStyle] = {"moe.router": Replicated()}
+        for key, expert in moe.experts.items():
+            plan.update(_mlp_plan(f"moe.experts.{key}", cast(MLP, expert), Replicate()))
+        for i, shared in enumerate(moe.shared_experts):
+            plan.update(_mlp_plan(f"moe.shared_experts.{i}", cast(MLP, shared), Replicate()))
+        if sp:
+            plan["moe"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),),
+                use_local_output=True,
+            )
+        return plan
 
     def _apply_dp(self, model: nn.Module) -> nn.Module:
         lay, z = self.layout, self.cfg.zero
@@ -452,7 +543,8 @@ class TorchEngine(Engine):
                 if p.grad is not None and (id(p) in experts) == expert
             ]
 
-        self._average(local_grads(False), self.mesh["dp"].get_group())
+        # Over dp x cp together with context parallel (the "dp_cp" mesh), as DDP does.
+        self._average(local_grads(False), self.dp_mesh.get_group())
         if experts:
             # An expert's gradient already sums its ep group's tokens (the all-to-all's
             # backward); add the other ep groups' (edp) and divide by dp for the batch mean.
@@ -461,7 +553,8 @@ class TorchEngine(Engine):
             self._average(local_grads(True), edp.get_group() if edp.size() > 1 else None)
 
     def _average(self, grads: list[torch.Tensor], group: Any) -> None:
-        """Sum `grads` over `group` (None: this rank alone) and divide by dp."""
+        """Sum `grads` over `group` (None: this rank alone) and divide by dp x cp (the ranks
+        whose losses the global-batch mean averages; expert parallel runs with cp = 1)."""
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
@@ -469,7 +562,7 @@ class TorchEngine(Engine):
             flat = torch.cat([g.reshape(-1) for g in same])
             if group is not None:
                 dist.all_reduce(flat, group=group)
-            flat /= self.layout.dp
+            flat /= self.layout.dp * self.layout.cp
             offset = 0
             for g in same:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -484,9 +577,11 @@ class TorchEngine(Engine):
             experts = {id(p) for p in self._expert_params()}
             shared = [cast(torch.Tensor, p.grad) for p in params if id(p) not in experts]
             mine = [cast(torch.Tensor, p.grad) for p in params if id(p) in experts]
-            expert_sq = torch.nn.utils.get_total_norm(mine, 2.0).float() ** 2
+            # Under tp the norms of sharded gradients are summed over tp first (_full).
+            expert_sq = _full(torch.nn.utils.get_total_norm(mine, 2.0)).float() ** 2
             dist.all_reduce(expert_sq, group=self.ep_mesh["ep"].get_group())
-            total = (torch.nn.utils.get_total_norm(shared, 2.0).float() ** 2 + expert_sq).sqrt()
+            shared_sq = _full(torch.nn.utils.get_total_norm(shared, 2.0)).float() ** 2
+            total = (shared_sq + expert_sq).sqrt()
             if max_norm > 0:
                 torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
             return float(total)
