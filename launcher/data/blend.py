@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -66,6 +67,14 @@ def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, n
     return dataset, ordinal
 
 
+class Windows(Protocol):
+    """A dataset's training windows: non-overlapping runs of seq_len + 1 tokens."""
+
+    def num_windows(self, seq_len: int) -> int: ...
+
+    def window(self, i: int, seq_len: int) -> np.ndarray: ...
+
+
 class WindowedDataset:
     """Non-overlapping windows of seq_length + 1 tokens over one Megatron dataset's stream."""
 
@@ -84,16 +93,35 @@ class WindowedDataset:
         width = seq_len + 1
         return np.asarray(self.stream[i * width : (i + 1) * width], dtype=np.int64)
 
+    # The engines' data contract, for a dataset read on its own (no blend).
+    def num_sequences(self, seq_len: int) -> int:
+        return self.num_windows(seq_len)
+
+    def batch(self, indices: Sequence[int] | np.ndarray, seq_len: int) -> np.ndarray:
+        rows = np.empty((len(indices), seq_len + 1), dtype=np.int64)
+        for r, i in enumerate(indices):
+            rows[r] = self.window(int(i), seq_len)
+        return rows
+
 
 class BlendedTokens:
     """The engines' data contract (``num_sequences``, ``batch``) over a weighted blend."""
 
     def __init__(
-        self, entries: Sequence[BlendEntry], seq_len: int, seed: int, size: int | None = None
+        self,
+        entries: Sequence[BlendEntry],
+        seq_len: int,
+        seed: int,
+        size: int | None = None,
+        datasets: Sequence[Windows] | None = None,
     ):
+        """`datasets`: the window source of each entry (default: its prefix as a Megatron
+        dataset); anything with ``num_windows(seq_len)`` and ``window(i, seq_len)``."""
         self.entries = list(entries)
         self.seq_len, self.seed = seq_len, seed
-        self.datasets = [WindowedDataset(e.prefix) for e in self.entries]
+        self.datasets: list[Windows] = (
+            list(datasets) if datasets is not None else [WindowedDataset(e.prefix) for e in entries]
+        )
         self.windows = [d.num_windows(seq_len) for d in self.datasets]
         for entry, count in zip(self.entries, self.windows, strict=True):
             if count == 0:

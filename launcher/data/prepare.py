@@ -41,6 +41,7 @@ import numpy as np
 from launcher import fsio
 from launcher.data.documents import find_inputs, is_saved_dataset, iter_documents, looks_binary
 from launcher.data.hf_tokenizer import HFTokenizerFile
+from launcher.data.megatron_indexed import optimal_dtype
 from launcher.errors import UserError
 
 INDEX_FORMAT = "llmtrain-tokens-v1"
@@ -189,6 +190,15 @@ class PreparedIndex:
     eod_id: int | None = None
     tokenizer_file: str | None = None
     source: dict[str, Any] = field(default_factory=dict)
+    # The validation split: whole documents held out (see ``is_valid_document``).
+    valid_fraction: float = 0.0
+    valid_shards: tuple[ShardInfo, ...] = ()
+    valid_tokens: int = 0
+    valid_documents: int = 0
+    # "shards": llmtrain's shard files above; "megatron": one PREFIX.bin/.idx pair per split, named
+    # in megatron_prefixes ({"train": ..., "valid": ...}), and `shards` is empty.
+    layout: str = "shards"
+    megatron_prefixes: dict[str, str] = field(default_factory=dict)
     format: str = INDEX_FORMAT
     path: Path | None = field(default=None, compare=False)
 
@@ -196,6 +206,7 @@ class PreparedIndex:
         data = asdict(self)
         data.pop("path")
         data["shards"] = [asdict(s) for s in self.shards]
+        data["valid_shards"] = [asdict(s) for s in self.valid_shards]
         return data
 
     @classmethod
@@ -215,7 +226,10 @@ class PreparedIndex:
             if data.get("format") != INDEX_FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, expected {INDEX_FORMAT!r}")
             shards = tuple(ShardInfo(**s) for s in data.pop("shards"))
-            return cls(**data, shards=shards, path=directory)
+            valid = tuple(ShardInfo(**s) for s in data.pop("valid_shards", []))
+            if data.get("layout", "shards") not in ("shards", "megatron"):
+                raise ValueError(f"layout {data.get('layout')!r}, expected shards or megatron")
+            return cls(**data, shards=shards, valid_shards=valid, path=directory)
         except (ValueError, TypeError, KeyError) as exc:
             raise UserError(f"{file} is not a valid llmtrain token index: {exc}") from None
 
@@ -276,8 +290,15 @@ def prepare(
     text_key: str = "text",
     eod_token: str | None = None,
     report: Any = None,
+    valid_fraction: float = 0.0,
+    fmt: str = "shards",
 ) -> PreparedIndex:
     """Tokenize documents into token shards + index.json under `output` (written atomically).
+
+    `fmt`: "shards" (llmtrain's shard files) or "megatron" (``train_text_document.bin/.idx`` and
+    ``valid_text_document.bin/.idx``, Megatron-LM's indexed format, which llmtrain reads too).
+    `valid_fraction`: the share of whole documents held out as the validation split
+    (``is_valid_document``).
 
     `tokenizer`: "byte", "bpe" (trained here with `vocab_size`) or the path of a Hugging Face
     tokenizer.json. `report(line)` receives a progress line now and then. Raises UserError for
@@ -290,6 +311,12 @@ def prepare(
         user_tokenizer = HFTokenizerFile(Path(tokenizer).expanduser(), eod_token)
     if shard_tokens < 1:
         raise UserError(f"shard_tokens={shard_tokens}: must be positive")
+    if not 0.0 <= valid_fraction < 1.0:
+        raise UserError(
+            f"--valid-fraction={valid_fraction}: must lie in [0, 1), e.g. --valid-fraction 0.01"
+        )
+    if fmt not in FORMATS:
+        raise UserError(f"--format={fmt}: must be one of {', '.join(FORMATS)}")
     files = find_inputs(inputs)
     check_output(output, inputs, files, overwrite)
     output = output.expanduser().resolve()
@@ -326,8 +353,9 @@ def prepare(
             tokenizer_file = TOKENIZER_FILE
         else:
             tok = ByteTokenizer()
-        _write_shards(
-            documents(), len(files), tmp, tok, tokenizer_file, shard_tokens, source or {}, report
+        split = SplitSpec(valid_fraction, fmt, shard_tokens)
+        _write_splits(
+            documents(), len(files), tmp, tok, tokenizer_file, split, source or {}, report
         )
         _install(tmp, output)
     finally:
@@ -351,18 +379,66 @@ def _batches(docs: Iterator[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def _write_shards(
+FORMATS = ("megatron", "shards")
+MEGATRON_PREFIXES = {"train": "train_text_document", "valid": "valid_text_document"}
+
+
+def is_valid_document(i: int, fraction: float) -> bool:
+    """Document i (0-based, input order) belongs to the validation split: every document where
+    floor(n * fraction) steps up, so the first n documents hold floor(n * fraction) of them,
+    spread evenly through the corpus, and the split depends only on the document order."""
+    return fraction > 0 and int((i + 1) * fraction) > int(i * fraction)
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    valid_fraction: float
+    fmt: str
+    shard_tokens: int
+
+
+class _MegatronSplit:
+    """One split as a Megatron PREFIX.bin/.idx pair (one document per sequence)."""
+
+    def __init__(self, directory: Path, name: str, vocab_size: int):
+        from launcher.data.megatron_indexed import IndexedDatasetWriter
+
+        self.writer = IndexedDatasetWriter(directory / name, vocab_size)
+        self.tokens = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self.writer.add_document(ids)
+        self.tokens += int(ids.size)
+
+    def close(self) -> list[ShardInfo]:
+        self.writer.finish()
+        return []
+
+
+def _write_splits(
     docs: Iterator[str],
     source_files: int,
     directory: Path,
     tok: Any,
     tokenizer_file: str | None,
-    shard_tokens: int,
+    split: SplitSpec,
     source: dict[str, Any],
     report: Any = None,
 ) -> PreparedIndex:
     dtype = token_dtype(tok.vocab_size)
-    writer = _ShardWriter(directory, np.dtype(dtype), shard_tokens)
+    writers: dict[str, Any]
+    if split.fmt == "megatron":
+        writers = {
+            name: _MegatronSplit(directory, prefix, tok.vocab_size)
+            for name, prefix in MEGATRON_PREFIXES.items()
+        }
+    else:
+        writers = {
+            name: _ShardWriter(directory, np.dtype(dtype), split.shard_tokens, stem)
+            for name, stem in (("train", "shard"), ("valid", "valid"))
+        }
+    counts = {"train": 0, "valid": 0}
+    tokens_of = {"train": 0, "valid": 0}
     started = last = time.monotonic()
     chars = documents = tokens = 0
     for batch in _batches(docs, _BATCH_DOCS):
@@ -372,22 +448,36 @@ def _write_shards(
         for ids in encoded:
             if tok.eod_id is not None:
                 ids = np.append(ids, tok.eod_id)
-            writer.add(ids)
+            name = "valid" if is_valid_document(documents, split.valid_fraction) else "train"
+            writers[name].add(ids)
+            counts[name] += 1
+            tokens_of[name] += int(ids.size)
             tokens += int(ids.size)
-        documents += len(batch)
+            documents += 1
         chars += sum(len(d) for d in batch)
         now = time.monotonic()
         if report is not None and now - last >= 2.0:
             last = now
             report(_progress(documents, chars, tokens, now - started))
-    shards = writer.close()
-    total = sum(s.tokens for s in shards)
+    shards = writers["train"].close()
+    valid_shards = writers["valid"].close()
+    total = tokens_of["train"]
     if total == 0:
         raise UserError(f"no tokens from {source_files} input(s): every document is empty")
     if report is not None:
         report(_progress(documents, chars, tokens, time.monotonic() - started))
+        if split.valid_fraction > 0 and counts["valid"] == 0:
+            report(
+                f"note: --valid-fraction={split.valid_fraction} of {documents} documents holds "
+                "none; no validation split (use a larger fraction for evaluation)"
+            )
+    prefixes = dict(MEGATRON_PREFIXES) if split.fmt == "megatron" else {}
+    if split.fmt == "megatron" and counts["valid"] == 0:
+        for suffix in (".bin", ".idx"):
+            (directory / (MEGATRON_PREFIXES["valid"] + suffix)).unlink()
+        del prefixes["valid"]
     index = PreparedIndex(
-        dtype=dtype,
+        dtype=str(np.dtype(optimal_dtype(tok.vocab_size))) if split.fmt == "megatron" else dtype,
         vocab_size=tok.vocab_size,
         tokenizer=tok.name,
         shards=tuple(shards),
@@ -396,6 +486,12 @@ def _write_shards(
         eod_id=tok.eod_id,
         tokenizer_file=tokenizer_file,
         source={**source, "documents": documents},
+        valid_fraction=split.valid_fraction,
+        valid_shards=tuple(valid_shards),
+        valid_tokens=tokens_of["valid"],
+        valid_documents=counts["valid"],
+        layout=split.fmt,
+        megatron_prefixes=prefixes,
     )
     fsio.write_json_atomic(directory / INDEX_FILE, index.to_json())
     return index
@@ -410,8 +506,11 @@ def _progress(documents: int, chars: int, tokens: int, seconds: float) -> str:
 
 
 class _ShardWriter:
-    def __init__(self, directory: Path, dtype: np.dtype[Any], shard_tokens: int):
+    def __init__(
+        self, directory: Path, dtype: np.dtype[Any], shard_tokens: int, stem: str = "shard"
+    ):
         self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
+        self.stem = stem
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
         self.shards: list[ShardInfo] = []
@@ -430,7 +529,7 @@ class _ShardWriter:
         if not self.pending_tokens:
             return
         data = np.concatenate(self.pending).astype(self.dtype.newbyteorder("<"), copy=False)
-        name = f"shard_{len(self.shards):05d}.bin"
+        name = f"{self.stem}_{len(self.shards):05d}.bin"
         raw = data.tobytes()
         with open(self.directory / name, "wb") as f:
             f.write(raw)
