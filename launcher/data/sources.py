@@ -232,3 +232,53 @@ def source_problems(
                     "larger --valid-fraction, or set data.valid_path=DIR_OR_PREFIX"
                 )
     return problems
+
+
+@dataclass(frozen=True)
+class MegatronData:
+    """Data and tokenizer facts the rendered Megatron-LM job needs (``megatron_data``)."""
+
+    train: tuple[tuple[float, str], ...]  # (weight, prefix) of each training dataset
+    valid: tuple[tuple[float, str], ...]  # empty: no separate validation data
+    tokenizer_dir: str | None  # a folder holding tokenizer.json (HuggingFaceTokenizer)
+    notes: tuple[str, ...]  # what Megatron-LM cannot read as given
+
+
+def megatron_data(path: str | None, blend: list[object], valid_path: str | None) -> MegatronData:
+    """Resolve data.path / data.blend / data.valid_path to Megatron prefixes, reading only
+    metadata. A path that is not there (data on the cluster only) is taken as a Megatron prefix."""
+    try:
+        spec = data_spec(path, blend or None)
+    except UserError:
+        spec = None
+    if spec is None:
+        return MegatronData((), (), None, ())
+    train: list[tuple[float, str]] = []
+    valid: list[tuple[float, str]] = []
+    notes: list[str] = []
+    tokenizer_dir = None
+    for entry, key in zip(spec.entries, spec.keys, strict=True):
+        try:
+            info = describe(str(entry.prefix), key)
+        except UserError:
+            train.append((entry.weight, str(entry.prefix)))
+            continue
+        if info.tokenizer_file is not None and tokenizer_dir is None:
+            tokenizer_dir = str(info.tokenizer_file.parent)
+        if info.train_prefix is None:
+            notes.append(
+                f"{key}={info.path} is in llmtrain's shard format, which Megatron-LM does not "
+                f"read: prepare it again with `llmtrain data prepare ... --format megatron`"
+            )
+            continue
+        train.append((entry.weight, str(info.train_prefix)))
+        if info.valid_prefix is not None:
+            valid.append((entry.weight, str(info.valid_prefix)))
+    if valid_path is not None:
+        try:
+            vinfo = describe(valid_path, "data.valid_path")
+            prefix = vinfo.valid_prefix or vinfo.train_prefix
+            valid = [(1.0, str(prefix))] if prefix is not None else []
+        except UserError:
+            valid = [(1.0, valid_path)]
+    return MegatronData(tuple(train), tuple(valid), tokenizer_dir, tuple(notes))
