@@ -12,7 +12,10 @@ tokenizer is the byte tokenizer, a byte-level BPE trained here (``<|endoftext|>`
 end-of-document token), or the user's own ``tokenizer.json`` (``launcher.data.hf_tokenizer``: its
 end-of-document token found or named with ``--eod-token``); the EOD is appended after every
 document (the byte tokenizer has no spare id, so its documents are simply concatenated). BPE and
-tokenizer.json encode documents in batches on the library's thread pool (every core). Training
+tokenizer.json encode documents in batches on the library's thread pool (every core), while a
+reader thread parses the next batch (``bench/data_prepare.py`` measures it). Whole documents
+are held out as the validation split (``--valid-fraction``, ``is_valid_document``); with
+``fmt="megatron"`` each split is a Megatron-LM ``.bin/.idx`` pair instead of shards. Training
 windows are non-overlapping runs of seq_length + 1 tokens over the concatenation of all shards
 (``launcher.train.data.TokenShards``, the runtime reader); the tail is dropped.
 
@@ -368,6 +371,47 @@ _STRUCTURED = (".jsonl", ".json", ".parquet")
 _BATCH_DOCS = 512
 
 
+def _prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """`items`, produced on a background thread up to `depth` ahead: reading and parsing the next
+    batch of documents overlaps the tokenizer's encoding of this one (it releases the GIL). The
+    order is unchanged; an exception of the producer is raised here, where it would have been."""
+    import queue
+    import threading
+
+    done = object()
+    box: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        box.put((None, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            box.put((None, done))
+        except BaseException as exc:  # handed to the consumer, raised there
+            box.put((exc, None))
+
+    thread = threading.Thread(target=produce, name="llmtrain-prepare-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            error, item = box.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
 def _batches(docs: Iterator[str], size: int) -> Iterator[list[str]]:
     batch: list[str] = []
     for doc in docs:
@@ -441,7 +485,7 @@ def _write_splits(
     tokens_of = {"train": 0, "valid": 0}
     started = last = time.monotonic()
     chars = documents = tokens = 0
-    for batch in _batches(docs, _BATCH_DOCS):
+    for batch in _prefetched(_batches(docs, _BATCH_DOCS)):
         encoded = (
             tok.encode_batch(batch) if hasattr(tok, "encode_batch") else map(tok.encode, batch)
         )
