@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,9 @@ def digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def prepare_once(corpus: Path, tokenizer: Path, out: Path, parallel: bool) -> tuple[float, dict]:
+def prepare_once(
+    corpus: Path, tokenizer: Path, out: Path, parallel: bool
+) -> tuple[float, dict[str, Any]]:
     env = dict(os.environ)
     env.pop("RAYON_NUM_THREADS", None)
     env["TOKENIZERS_PARALLELISM"] = "true" if parallel else "false"

@@ -103,10 +103,10 @@ def describe(spec: str, key: str) -> SourceInfo:
             key, path, "megatron", tokens, 0, None, None, None,
             beside if beside.is_file() else None, path, None,
         )  # fmt: skip
-    missing = idx_file if bin_file.is_file() else bin_file
+    absent = idx_file if bin_file.is_file() else bin_file
     raise UserError(
         f"{key}={spec}: no dataset there (neither a folder with {INDEX_FILE} nor a Megatron "
-        f"prefix: {missing} is missing); prepare one with `llmtrain data prepare --input TEXT "
+        f"prefix: {absent} is missing); prepare one with `llmtrain data prepare --input TEXT "
         f"--output {spec}`, or give the prefix of PREFIX.bin/PREFIX.idx, e.g. "
         "/data/web_text_document"
     )
