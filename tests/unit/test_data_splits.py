@@ -202,3 +202,13 @@ def test_index_written_by_an_older_llmtrain_still_loads(corpus: Path, tmp_path: 
     (out / "index.json").write_text(json.dumps(data))
     index = PreparedIndex.load(out)
     assert index.layout == "shards" and index.valid_tokens == 0
+
+
+def test_a_bad_record_is_reported_through_the_reader_thread(tmp_path: Path) -> None:
+    corpus = tmp_path / "bad.jsonl"
+    good = [json.dumps({"text": f"doc {i}"}) for i in range(2000)]
+    corpus.write_text("\n".join([*good, "{not json", *good]) + "\n")
+    with pytest.raises(UserError, match="bad.jsonl"):
+        prepare([corpus], tmp_path / "out", fmt="megatron")
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    assert not list(tmp_path.glob(".out.tmp-*"))
