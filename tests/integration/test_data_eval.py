@@ -85,14 +85,14 @@ def test_jsonl_and_tokenizer_json_to_training_with_falling_val_loss(tmp_path: Pa
     assert index["layout"] == "megatron" and index["valid_documents"] == 100
     assert index["eod_id"] == 0 and (tmp_path / "data" / "tokenizer.json").is_file()
     done = llmtrain(
-        tmp_path, "run", *SMALL, "train.steps=120", "train.log_every=40",
+        tmp_path, "run", *SMALL, "train.steps=80", "train.log_every=40",
         f"data.path={tmp_path / 'data'}", f"model.vocab_size={index['vocab_size']}",
-        "train.eval_every=30", "train.eval_steps=4",
+        "train.eval_every=20", "train.eval_steps=2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     evals = [m for m in metrics(run_dir) if "val_loss" in m]
-    assert [m["step"] for m in evals] == [30, 60, 90, 120]
+    assert [m["step"] for m in evals] == [20, 40, 60, 80]
     val = [m["val_loss"] for m in evals]
     assert val[-1] < val[0] - 0.2, val
     assert all(abs(m["val_ppl"] - np.exp(m["val_loss"])) < 1e-6 * m["val_ppl"] for m in evals)
