@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -121,6 +122,7 @@ def prepare_once(
         if not parallel:
             os.sched_setaffinity(0, {first_cpu})
 
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "launcher", "data", "prepare", "--input", str(corpus),
@@ -129,9 +131,16 @@ def prepare_once(
         capture_output=True, text=True, env=env, preexec_fn=pin,
     )  # fmt: skip
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"llmtrain data prepare failed:\n{done.stderr[-3000:]}")
-    return wall, json.loads(done.stdout)
+    index = json.loads(done.stdout)
+    # CPU seconds per wall second: how many cores the run kept busy (other load on the machine
+    # lowers the wall-clock figures, not this one).
+    index["busy_cores"] = (
+        after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    ) / wall
+    return wall, index
 
 
 def main() -> None:
@@ -155,6 +164,7 @@ def main() -> None:
             train_tokenizer(corpus, tokenizer)
         size = corpus.stat().st_size
         times: dict[bool, list[float]] = {True: [], False: []}
+        busy: dict[bool, list[float]] = {True: [], False: []}
         digests: dict[bool, str] = {}
         tokens = 0
         for _ in range(args.runs):
@@ -162,14 +172,17 @@ def main() -> None:
                 out = root / ("out-all" if parallel else "out-one")
                 wall, index = prepare_once(corpus, tokenizer, out, parallel)
                 times[parallel].append(wall)
+                busy[parallel].append(index["busy_cores"])
                 digests[parallel] = digest(out)
                 tokens = index["total_tokens"] + index["valid_tokens"]
         rows = {}
         for parallel, label in ((True, f"all cores ({cores})"), (False, "one core")):
             median = statistics.median(times[parallel])
             rows[parallel] = median
+            cores_busy = statistics.median(busy[parallel])
             print(f"{label:>18}: {median:7.2f} s  {size / 1e6 / median:7.2f} MB/s  "
-                  f"{tokens / median:12,.0f} tokens/s  (median of {args.runs})")  # fmt: skip
+                  f"{tokens / median:12,.0f} tokens/s  {cores_busy:.2f} cores busy  "
+                  f"(median of {args.runs})")  # fmt: skip
         speedup = rows[False] / rows[True]
         print(f"corpus {size / 1e6:.0f} MB, {tokens:,} tokens; speed-up {speedup:.2f}x")
         failed = False
