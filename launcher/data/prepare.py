@@ -357,6 +357,8 @@ def prepare(
         else:
             tok = ByteTokenizer()
         split = SplitSpec(valid_fraction, fmt, shard_tokens)
+        if tokenizer_file is not None:
+            _write_tokenizer_config(tmp, tok)
         _write_splits(
             documents(), len(files), tmp, tok, tokenizer_file, split, source or {}, report
         )
@@ -365,6 +367,19 @@ def prepare(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return PreparedIndex.load(output)
+
+
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+def _write_tokenizer_config(directory: Path, tok: Any) -> None:
+    """tokenizer_config.json beside tokenizer.json, so that Hugging Face's
+    ``AutoTokenizer.from_pretrained(DIR)`` (Megatron-LM's HuggingFaceTokenizer) loads the folder
+    as a fast tokenizer with its end-of-document token, without a model config.json."""
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if tok.eod_id is not None:
+        config["eos_token"] = str(tok._tok.id_to_token(tok.eod_id))
+    fsio.write_json_atomic(directory / TOKENIZER_CONFIG_FILE, config)
 
 
 _STRUCTURED = (".jsonl", ".json", ".parquet")

@@ -173,6 +173,9 @@ def test_megatron_job_reads_the_prepared_data_and_tokenizer(corpus: Path, tmp_pa
             valid_fraction=0.05, fmt="megatron")  # fmt: skip
     (tmp_path / "raw").mkdir()
     raw = _megatron_prefix(tmp_path / "raw" / "raw_text_document", 1000)
+    # What AutoTokenizer.from_pretrained(prepared) needs besides tokenizer.json.
+    config = json.loads((prepared / "tokenizer_config.json").read_text())
+    assert config == {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
     overrides = [f"data.blend=[0.25,{raw},0.75,{prepared}]", "train.eval_every=50",
                  "train.eval_steps=7", "recipe=llama3-8b", "backend=megatron"]  # fmt: skip
     cfg = compose_config(overrides).config
@@ -208,7 +211,7 @@ def test_a_bad_record_is_reported_through_the_reader_thread(tmp_path: Path) -> N
     corpus = tmp_path / "bad.jsonl"
     good = [json.dumps({"text": f"doc {i}"}) for i in range(2000)]
     corpus.write_text("\n".join([*good, "{not json", *good]) + "\n")
-    with pytest.raises(UserError, match="bad.jsonl"):
+    with pytest.raises(UserError, match=r"bad\.jsonl"):
         prepare([corpus], tmp_path / "out", fmt="megatron")
     assert not (tmp_path / "out").exists()  # nothing half-written
     assert not list(tmp_path.glob(".out.tmp-*"))
