@@ -17,10 +17,15 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from launcher.data.blend import BlendEntry, parse_blend
-from launcher.data.megatron_indexed import DTYPE_CODES, MAGIC
 from launcher.errors import UserError
+
+if TYPE_CHECKING:
+    from launcher.data.blend import BlendEntry
+
+# numpy (through launcher.data.blend and megatron_indexed) is imported only where it is used:
+# `llmtrain render` reads this module and answers without it.
 
 INDEX_FILE = "index.json"
 
@@ -45,7 +50,11 @@ class SourceInfo:
 
 def megatron_tokens(prefix: Path) -> int:
     """Tokens in PREFIX.idx (from its header and lengths; the .bin is not read)."""
-    idx = prefix.with_suffix(".idx")
+    import numpy as np
+
+    from launcher.data.megatron_indexed import DTYPE_CODES, MAGIC
+
+    idx = Path(f"{prefix}.idx")  # not with_suffix: a prefix may hold dots (web.en_text_document)
     with open(idx, "rb") as f:
         header = f.read(34)
         if len(header) < 34 or header[:9] != MAGIC:
@@ -54,8 +63,6 @@ def megatron_tokens(prefix: Path) -> int:
         if code not in DTYPE_CODES:
             raise ValueError(f"{idx}: unknown token dtype code {code}")
         (count,) = struct.unpack("<Q", header[18:26])
-        import numpy as np
-
         sizes = np.frombuffer(f.read(4 * count), dtype=np.int32)
         if sizes.size != count:
             raise ValueError(f"{idx}: truncated ({count} sequence lengths promised)")
@@ -122,6 +129,10 @@ class DataSpec:
 
 def data_spec(path: str | None, blend: list[object] | None) -> DataSpec | None:
     """data.path / data.blend as weighted entries; None for the built-in corpus."""
+    if not blend and path is None:
+        return None
+    from launcher.data.blend import BlendEntry, parse_blend
+
     if blend:
         if path is not None:
             raise UserError(

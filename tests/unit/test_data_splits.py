@@ -215,3 +215,10 @@ def test_a_bad_record_is_reported_through_the_reader_thread(tmp_path: Path) -> N
         prepare([corpus], tmp_path / "out", fmt="megatron")
     assert not (tmp_path / "out").exists()  # nothing half-written
     assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_a_prefix_with_dots_in_its_name(tmp_path: Path) -> None:
+    prefix = _megatron_prefix(tmp_path / "web.en_text_document", 1000)
+    assert (tmp_path / "web.en_text_document.idx").is_file()
+    assert IndexedDataset.open(prefix).num_tokens == 1000
+    assert describe(str(prefix), "data.path").train_tokens == 1000
