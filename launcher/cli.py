@@ -343,9 +343,24 @@ def data_prepare(
     allow_binary: Annotated[
         bool, typer.Option("--allow-binary", help="Tokenize inputs that do not look like text.")
     ] = False,
+    valid_fraction: Annotated[
+        float,
+        typer.Option(
+            "--valid-fraction",
+            help="Share of whole documents held out for validation (evenly spread, by order).",
+        ),
+    ] = 0.01,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="megatron: train/valid PREFIX.bin/.idx (Megatron-LM reads them too); "
+            "shards: llmtrain's own shard files.",
+        ),
+    ] = "megatron",
     as_json: JsonFlag = False,
 ) -> None:
-    """Tokenize text into token shards with an index (then set data.path=OUTPUT)."""
+    """Tokenize text into a train and a validation split with an index (then data.path=OUTPUT)."""
     from pathlib import Path
 
     if tokenizer not in ("byte", "bpe") and not Path(tokenizer).expanduser().is_file():
@@ -366,15 +381,23 @@ def data_prepare(
         text_key=text_key,
         eod_token=eod_token,
         report=lambda line: err.print(Text(line, style="dim")),
+        valid_fraction=valid_fraction,
+        fmt=fmt,
     )
     document = index.to_json()
     if as_json:
         _print_json(document)
     else:
+        files = (
+            ", ".join(f"{p}.bin/.idx" for p in document["megatron_prefixes"].values())
+            if document["layout"] == "megatron"
+            else f"{len(document['shards'])} shard(s)"
+        )
         out.print(
-            f"wrote {document['total_tokens']:,} tokens in {len(document['shards'])} shard(s) "
-            f"to {output} (vocab {document['vocab_size']}, {document['tokenizer']}); "
-            f"train on it with data.path={output}"
+            f"wrote {document['total_tokens']:,} training and {document['valid_tokens']:,} "
+            f"validation tokens ({files}) to {output} (vocab {document['vocab_size']}, "
+            f"{document['tokenizer']}, end of document id {document['eod_id']}); train on it "
+            f"with data.path={output}"
         )
 
 

@@ -120,6 +120,10 @@ class TrainConfig:
     # A rank that makes no progress (a step or checkpoint) for this long is declared hung and the
     # whole run is stopped with a message instead of waiting forever; 0 disables the watchdog.
     hang_timeout_s: float = 1800.0
+    # Validation loss every N optimizer steps (and after the last), over eval_steps global batches
+    # of the validation data (launcher.train.evaluation); None or 0: no evaluation.
+    eval_every: int | None = None
+    eval_steps: int = 10
 
 
 @dataclass
@@ -143,8 +147,15 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    # None: the built-in offline corpus (prepared on first use, never downloaded).
+    # None: the built-in offline corpus (prepared on first use, never downloaded). Else a folder
+    # `llmtrain data prepare` wrote, or a Megatron-LM PREFIX of PREFIX.bin/PREFIX.idx.
     path: str | None = None
+    # Several datasets with weights, Megatron-LM's --data-path convention:
+    # [0.7, /data/web_text_document, 0.3, /data/code] (weights normalised); instead of path.
+    blend: list[Any] = field(default_factory=list)
+    # Validation data: a prepared folder (its valid split, else all of it) or a Megatron prefix.
+    # None: the valid splits of the training datasets (with the blend's weights).
+    valid_path: str | None = None
     tokenizer: str = "byte"  # byte | bpe
     bpe_vocab_size: int = 4096
     num_workers: int = 0

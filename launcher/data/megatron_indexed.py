@@ -74,7 +74,7 @@ class IndexedDatasetWriter:
     def __init__(self, prefix: Path, vocab_size: int):
         self.prefix = Path(prefix)
         self.dtype = np.dtype(optimal_dtype(vocab_size))
-        self._bin = open(self.prefix.with_suffix(".bin"), "wb")  # noqa: SIM115 (closed in finish)
+        self._bin = open(Path(f"{self.prefix}.bin"), "wb")  # noqa: SIM115 (closed in finish)
         self._lengths: list[int] = []
 
     def add_document(self, tokens: np.ndarray | Iterable[int]) -> None:
@@ -88,7 +88,7 @@ class IndexedDatasetWriter:
         self._bin.flush()
         os.fsync(self._bin.fileno())
         self._bin.close()
-        write_index(self.prefix.with_suffix(".idx"), self.dtype.type, self._lengths)
+        write_index(Path(f"{self.prefix}.idx"), self.dtype.type, self._lengths)
 
 
 def write_index(path: Path, dtype: type[np.generic], lengths: list[int]) -> None:
@@ -122,7 +122,8 @@ class IndexedDataset:
     @classmethod
     def open(cls, prefix: Path) -> IndexedDataset:
         prefix = Path(prefix)
-        idx_path, bin_path = prefix.with_suffix(".idx"), prefix.with_suffix(".bin")
+        # Not with_suffix: a prefix may hold dots of its own (web.en_text_document).
+        idx_path, bin_path = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
         for path in (idx_path, bin_path):
             if not path.is_file():
                 raise FileNotFoundError(

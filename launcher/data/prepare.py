@@ -12,7 +12,10 @@ tokenizer is the byte tokenizer, a byte-level BPE trained here (``<|endoftext|>`
 end-of-document token), or the user's own ``tokenizer.json`` (``launcher.data.hf_tokenizer``: its
 end-of-document token found or named with ``--eod-token``); the EOD is appended after every
 document (the byte tokenizer has no spare id, so its documents are simply concatenated). BPE and
-tokenizer.json encode documents in batches on the library's thread pool (every core). Training
+tokenizer.json encode documents in batches on the library's thread pool (every core), while a
+reader thread parses the next batch (``bench/data_prepare.py`` measures it). Whole documents
+are held out as the validation split (``--valid-fraction``, ``is_valid_document``); with
+``fmt="megatron"`` each split is a Megatron-LM ``.bin/.idx`` pair instead of shards. Training
 windows are non-overlapping runs of seq_length + 1 tokens over the concatenation of all shards
 (``launcher.train.data.TokenShards``, the runtime reader); the tail is dropped.
 
@@ -41,6 +44,7 @@ import numpy as np
 from launcher import fsio
 from launcher.data.documents import find_inputs, is_saved_dataset, iter_documents, looks_binary
 from launcher.data.hf_tokenizer import HFTokenizerFile
+from launcher.data.megatron_indexed import optimal_dtype
 from launcher.errors import UserError
 
 INDEX_FORMAT = "llmtrain-tokens-v1"
@@ -189,6 +193,15 @@ class PreparedIndex:
     eod_id: int | None = None
     tokenizer_file: str | None = None
     source: dict[str, Any] = field(default_factory=dict)
+    # The validation split: whole documents held out (see ``is_valid_document``).
+    valid_fraction: float = 0.0
+    valid_shards: tuple[ShardInfo, ...] = ()
+    valid_tokens: int = 0
+    valid_documents: int = 0
+    # "shards": llmtrain's shard files above; "megatron": one PREFIX.bin/.idx pair per split, named
+    # in megatron_prefixes ({"train": ..., "valid": ...}), and `shards` is empty.
+    layout: str = "shards"
+    megatron_prefixes: dict[str, str] = field(default_factory=dict)
     format: str = INDEX_FORMAT
     path: Path | None = field(default=None, compare=False)
 
@@ -196,6 +209,7 @@ class PreparedIndex:
         data = asdict(self)
         data.pop("path")
         data["shards"] = [asdict(s) for s in self.shards]
+        data["valid_shards"] = [asdict(s) for s in self.valid_shards]
         return data
 
     @classmethod
@@ -215,7 +229,10 @@ class PreparedIndex:
             if data.get("format") != INDEX_FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, expected {INDEX_FORMAT!r}")
             shards = tuple(ShardInfo(**s) for s in data.pop("shards"))
-            return cls(**data, shards=shards, path=directory)
+            valid = tuple(ShardInfo(**s) for s in data.pop("valid_shards", []))
+            if data.get("layout", "shards") not in ("shards", "megatron"):
+                raise ValueError(f"layout {data.get('layout')!r}, expected shards or megatron")
+            return cls(**data, shards=shards, valid_shards=valid, path=directory)
         except (ValueError, TypeError, KeyError) as exc:
             raise UserError(f"{file} is not a valid llmtrain token index: {exc}") from None
 
@@ -276,8 +293,15 @@ def prepare(
     text_key: str = "text",
     eod_token: str | None = None,
     report: Any = None,
+    valid_fraction: float = 0.0,
+    fmt: str = "shards",
 ) -> PreparedIndex:
     """Tokenize documents into token shards + index.json under `output` (written atomically).
+
+    `fmt`: "shards" (llmtrain's shard files) or "megatron" (``train_text_document.bin/.idx`` and
+    ``valid_text_document.bin/.idx``, Megatron-LM's indexed format, which llmtrain reads too).
+    `valid_fraction`: the share of whole documents held out as the validation split
+    (``is_valid_document``).
 
     `tokenizer`: "byte", "bpe" (trained here with `vocab_size`) or the path of a Hugging Face
     tokenizer.json. `report(line)` receives a progress line now and then. Raises UserError for
@@ -290,6 +314,12 @@ def prepare(
         user_tokenizer = HFTokenizerFile(Path(tokenizer).expanduser(), eod_token)
     if shard_tokens < 1:
         raise UserError(f"shard_tokens={shard_tokens}: must be positive")
+    if not 0.0 <= valid_fraction < 1.0:
+        raise UserError(
+            f"--valid-fraction={valid_fraction}: must lie in [0, 1), e.g. --valid-fraction 0.01"
+        )
+    if fmt not in FORMATS:
+        raise UserError(f"--format={fmt}: must be one of {', '.join(FORMATS)}")
     files = find_inputs(inputs)
     check_output(output, inputs, files, overwrite)
     output = output.expanduser().resolve()
@@ -326,8 +356,11 @@ def prepare(
             tokenizer_file = TOKENIZER_FILE
         else:
             tok = ByteTokenizer()
-        _write_shards(
-            documents(), len(files), tmp, tok, tokenizer_file, shard_tokens, source or {}, report
+        split = SplitSpec(valid_fraction, fmt, shard_tokens)
+        if tokenizer_file is not None:
+            _write_tokenizer_config(tmp, tok)
+        _write_splits(
+            documents(), len(files), tmp, tok, tokenizer_file, split, source or {}, report
         )
         _install(tmp, output)
     finally:
@@ -336,8 +369,62 @@ def prepare(
     return PreparedIndex.load(output)
 
 
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+def _write_tokenizer_config(directory: Path, tok: Any) -> None:
+    """tokenizer_config.json beside tokenizer.json, so that Hugging Face's
+    ``AutoTokenizer.from_pretrained(DIR)`` (Megatron-LM's HuggingFaceTokenizer) loads the folder
+    as a fast tokenizer with its end-of-document token, without a model config.json."""
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if tok.eod_id is not None:
+        config["eos_token"] = str(tok._tok.id_to_token(tok.eod_id))
+    fsio.write_json_atomic(directory / TOKENIZER_CONFIG_FILE, config)
+
+
 _STRUCTURED = (".jsonl", ".json", ".parquet")
 _BATCH_DOCS = 512
+
+
+def _prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """`items`, produced on a background thread up to `depth` ahead: reading and parsing the next
+    batch of documents overlaps the tokenizer's encoding of this one (it releases the GIL). The
+    order is unchanged; an exception of the producer is raised here, where it would have been."""
+    import queue
+    import threading
+
+    done = object()
+    box: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        box.put((None, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            box.put((None, done))
+        except BaseException as exc:  # handed to the consumer, raised there
+            box.put((exc, None))
+
+    thread = threading.Thread(target=produce, name="llmtrain-prepare-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            error, item = box.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def _batches(docs: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -351,43 +438,105 @@ def _batches(docs: Iterator[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def _write_shards(
+FORMATS = ("megatron", "shards")
+MEGATRON_PREFIXES = {"train": "train_text_document", "valid": "valid_text_document"}
+
+
+def is_valid_document(i: int, fraction: float) -> bool:
+    """Document i (0-based, input order) belongs to the validation split: every document where
+    floor(n * fraction) steps up, so the first n documents hold floor(n * fraction) of them,
+    spread evenly through the corpus, and the split depends only on the document order."""
+    return fraction > 0 and int((i + 1) * fraction) > int(i * fraction)
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    valid_fraction: float
+    fmt: str
+    shard_tokens: int
+
+
+class _MegatronSplit:
+    """One split as a Megatron PREFIX.bin/.idx pair (one document per sequence)."""
+
+    def __init__(self, directory: Path, name: str, vocab_size: int):
+        from launcher.data.megatron_indexed import IndexedDatasetWriter
+
+        self.writer = IndexedDatasetWriter(directory / name, vocab_size)
+        self.tokens = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self.writer.add_document(ids)
+        self.tokens += int(ids.size)
+
+    def close(self) -> list[ShardInfo]:
+        self.writer.finish()
+        return []
+
+
+def _write_splits(
     docs: Iterator[str],
     source_files: int,
     directory: Path,
     tok: Any,
     tokenizer_file: str | None,
-    shard_tokens: int,
+    split: SplitSpec,
     source: dict[str, Any],
     report: Any = None,
 ) -> PreparedIndex:
     dtype = token_dtype(tok.vocab_size)
-    writer = _ShardWriter(directory, np.dtype(dtype), shard_tokens)
+    writers: dict[str, Any]
+    if split.fmt == "megatron":
+        writers = {
+            name: _MegatronSplit(directory, prefix, tok.vocab_size)
+            for name, prefix in MEGATRON_PREFIXES.items()
+        }
+    else:
+        writers = {
+            name: _ShardWriter(directory, np.dtype(dtype), split.shard_tokens, stem)
+            for name, stem in (("train", "shard"), ("valid", "valid"))
+        }
+    counts = {"train": 0, "valid": 0}
+    tokens_of = {"train": 0, "valid": 0}
     started = last = time.monotonic()
     chars = documents = tokens = 0
-    for batch in _batches(docs, _BATCH_DOCS):
+    for batch in _prefetched(_batches(docs, _BATCH_DOCS)):
         encoded = (
             tok.encode_batch(batch) if hasattr(tok, "encode_batch") else map(tok.encode, batch)
         )
         for ids in encoded:
             if tok.eod_id is not None:
                 ids = np.append(ids, tok.eod_id)
-            writer.add(ids)
+            name = "valid" if is_valid_document(documents, split.valid_fraction) else "train"
+            writers[name].add(ids)
+            counts[name] += 1
+            tokens_of[name] += int(ids.size)
             tokens += int(ids.size)
-        documents += len(batch)
+            documents += 1
         chars += sum(len(d) for d in batch)
         now = time.monotonic()
         if report is not None and now - last >= 2.0:
             last = now
             report(_progress(documents, chars, tokens, now - started))
-    shards = writer.close()
-    total = sum(s.tokens for s in shards)
+    shards = writers["train"].close()
+    valid_shards = writers["valid"].close()
+    total = tokens_of["train"]
     if total == 0:
         raise UserError(f"no tokens from {source_files} input(s): every document is empty")
     if report is not None:
         report(_progress(documents, chars, tokens, time.monotonic() - started))
+        if split.valid_fraction > 0 and counts["valid"] == 0:
+            report(
+                f"note: --valid-fraction={split.valid_fraction} of {documents} documents holds "
+                "none; no validation split (use a larger fraction for evaluation)"
+            )
+    prefixes = dict(MEGATRON_PREFIXES) if split.fmt == "megatron" else {}
+    if split.fmt == "megatron" and counts["valid"] == 0:
+        for suffix in (".bin", ".idx"):
+            (directory / (MEGATRON_PREFIXES["valid"] + suffix)).unlink()
+        del prefixes["valid"]
     index = PreparedIndex(
-        dtype=dtype,
+        dtype=str(np.dtype(optimal_dtype(tok.vocab_size))) if split.fmt == "megatron" else dtype,
         vocab_size=tok.vocab_size,
         tokenizer=tok.name,
         shards=tuple(shards),
@@ -396,6 +545,12 @@ def _write_shards(
         eod_id=tok.eod_id,
         tokenizer_file=tokenizer_file,
         source={**source, "documents": documents},
+        valid_fraction=split.valid_fraction,
+        valid_shards=tuple(valid_shards),
+        valid_tokens=tokens_of["valid"],
+        valid_documents=counts["valid"],
+        layout=split.fmt,
+        megatron_prefixes=prefixes,
     )
     fsio.write_json_atomic(directory / INDEX_FILE, index.to_json())
     return index
@@ -410,8 +565,11 @@ def _progress(documents: int, chars: int, tokens: int, seconds: float) -> str:
 
 
 class _ShardWriter:
-    def __init__(self, directory: Path, dtype: np.dtype[Any], shard_tokens: int):
+    def __init__(
+        self, directory: Path, dtype: np.dtype[Any], shard_tokens: int, stem: str = "shard"
+    ):
         self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
+        self.stem = stem
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
         self.shards: list[ShardInfo] = []
@@ -430,7 +588,7 @@ class _ShardWriter:
         if not self.pending_tokens:
             return
         data = np.concatenate(self.pending).astype(self.dtype.newbyteorder("<"), copy=False)
-        name = f"shard_{len(self.shards):05d}.bin"
+        name = f"{self.stem}_{len(self.shards):05d}.bin"
         raw = data.tobytes()
         with open(self.directory / name, "wb") as f:
             f.write(raw)

@@ -62,7 +62,7 @@ def _cuda_device_count() -> int:
 
 
 def data_problems(cfg: LLMTrainConfig) -> list[str]:
-    if cfg.data.path is None:
+    if cfg.data.path is None and not cfg.data.blend:
         if cfg.data.tokenizer != "byte":
             return [
                 "data.tokenizer=bpe needs prepared data: run `llmtrain data prepare --input TEXT "
@@ -73,42 +73,21 @@ def data_problems(cfg: LLMTrainConfig) -> list[str]:
                 f"model.vocab_size={cfg.model.vocab_size}: the built-in corpus is byte-level "
                 "(256 symbols); use model.vocab_size=256 or more"
             ]
-        return []
-    from launcher.data.prepare import INDEX_FILE, PreparedIndex
+    from launcher.data.sources import source_problems
 
-    directory = Path(cfg.data.path).expanduser()
-    if not (directory / INDEX_FILE).is_file():
-        return [
-            f"data.path={cfg.data.path}: no prepared data there ({directory / INDEX_FILE} is "
-            f"missing); run `llmtrain data prepare --input TEXT... --output {cfg.data.path}`"
-        ]
+    d = cfg.data
     try:
-        index = PreparedIndex.load(directory)
+        return source_problems(
+            d.path,
+            list(d.blend),
+            d.valid_path,
+            cfg.model.vocab_size,
+            cfg.model.seq_length,
+            derive_layout(cfg).global_batch_size,
+            cfg.train.eval_every,
+        )
     except UserError as exc:
-        return [f"data.path={cfg.data.path}: {exc}"]
-    problems = []
-    if index.vocab_size > cfg.model.vocab_size:
-        problems.append(
-            f"model.vocab_size={cfg.model.vocab_size} is smaller than the data's vocabulary "
-            f"({index.vocab_size}, {index.tokenizer} tokenizer in {directory}); set "
-            f"model.vocab_size={index.vocab_size} or more"
-        )
-    missing = [s.file for s in index.shards if not (directory / s.file).is_file()]
-    if missing:
-        problems.append(
-            f"data.path={cfg.data.path}: shard {missing[0]} listed in {INDEX_FILE} is missing; "
-            "prepare the data again"
-        )
-    layout = derive_layout(cfg)
-    sequences = index.total_tokens // (cfg.model.seq_length + 1)
-    if sequences < layout.global_batch_size:
-        problems.append(
-            f"data.path={cfg.data.path}: {index.total_tokens:,} tokens make {sequences} "
-            f"sequences of model.seq_length={cfg.model.seq_length} + 1, fewer than one global "
-            f"batch ({layout.global_batch_size}); add text, or lower train.global_batch_size "
-            "or model.seq_length"
-        )
-    return problems
+        return [str(exc)]
 
 
 def launch_problems(cfg: LLMTrainConfig, plan: Plan, *, local: bool, force: bool) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from launcher.config.compose import Composed
+from launcher.data.sources import megatron_data
 from launcher.errors import UserError
 from launcher.render.ds_config import render_ds_config
 from launcher.render.hostfile import static_hostfile
@@ -46,7 +47,9 @@ def render_artifacts(
         files[HOSTFILE] = static_hostfile(cfg)
     except RenderError as exc:
         raise UserError(str(exc)) from None
-    files[MEGATRON_ARGS] = render_megatron_args(cfg)
+    # Reads only dataset metadata (index.json, .idx headers) when the data is on this machine.
+    data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
+    files[MEGATRON_ARGS] = render_megatron_args(cfg, data, run_dir)
     return files
 
 

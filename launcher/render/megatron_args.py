@@ -6,7 +6,11 @@ For users who train with their own Megatron-LM checkout. Flag names follow Megat
 launcher/backends/megatron.py (zero.stage=1 is ``--use-distributed-optimizer``, zero.stage=3 is
 Megatron-FSDP; no ZeRO-2, no parameter offload, no Lion, no GPipe schedule, no kv-head
 replication, pipeline splits where only the first and last stage differ).
-Data and tokenizer arguments are the user's (a NullTokenizer with the vocabulary size stands in).
+Data, tokenizer, checkpoints and evaluation come from the config (``_data_args``): data.path /
+data.blend as --data-path (Megatron-LM's weight, prefix order) or, when there is validation data,
+--train-data-path / --valid-data-path; the tokenizer.json folder of a prepared dataset as
+HuggingFaceTokenizer, else NullTokenizer with model.vocab_size; --save/--load in the run
+directory; train.eval_every/eval_steps as --eval-interval/--eval-iters.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import shlex
 from launcher.backends import raw_refusals
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.data.sources import MegatronData
 
 
 class MegatronUnsupported(ValueError):
@@ -62,8 +67,53 @@ def _schedule_args(cfg: LLMTrainConfig, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def megatron_args(cfg: LLMTrainConfig) -> list[str]:
-    """The argument list (unquoted words). Raises MegatronUnsupported with every reason."""
+def _weighted(pairs: tuple[tuple[float, str], ...]) -> list[str]:
+    """One prefix alone; several as weight, prefix pairs (Megatron-LM's --data-path order)."""
+    if len(pairs) == 1:
+        return [pairs[0][1]]
+    return [word for weight, prefix in pairs for word in (f"{weight:.6g}", prefix)]
+
+
+def _data_args(cfg: LLMTrainConfig, data: MegatronData | None, run_dir: str | None) -> list[str]:
+    data = data or MegatronData((), (), None, ())
+    t = cfg.train
+    args: list[str] = []
+    if data.tokenizer_dir is not None:
+        args += [
+            "--tokenizer-type",
+            "HuggingFaceTokenizer",
+            "--tokenizer-model",
+            data.tokenizer_dir,
+        ]
+    else:
+        args += ["--tokenizer-type", "NullTokenizer"]
+    if not data.train:
+        # The built-in corpus is llmtrain's own byte shards: Megatron-LM gets its synthetic data.
+        args.append("--mock-data")
+    elif data.valid:
+        args += ["--train-data-path", *_weighted(data.train)]
+        args += ["--valid-data-path", *_weighted(data.valid)]
+    else:
+        # No held-out documents: all for training, or 1% for validation when evaluating.
+        split = "99,1,0" if t.eval_every else "100,0,0"
+        args += ["--data-path", *_weighted(data.train), "--split", split]
+    if run_dir is not None:
+        checkpoints = f"{run_dir.rstrip('/')}/checkpoints"
+        args += ["--save", checkpoints, "--load", checkpoints]
+    if t.eval_every:
+        args += ["--eval-interval", str(t.eval_every), "--eval-iters", str(t.eval_steps)]
+    else:
+        args += ["--eval-iters", "0"]
+    return args
+
+
+def megatron_args(
+    cfg: LLMTrainConfig, data: MegatronData | None = None, run_dir: str | None = None
+) -> list[str]:
+    """The argument list (unquoted words). Raises MegatronUnsupported with every reason.
+
+    `data`: the resolved datasets (``launcher.data.sources.megatron_data``); `run_dir`: where
+    --save/--load point."""
     m, p, z, prec, t, o = cfg.model, cfg.parallel, cfg.zero, cfg.precision, cfg.train, cfg.optim
     layout = derive_layout(cfg)
     problems = [r.message for r in raw_refusals("megatron", cfg, device=False)]
@@ -93,7 +143,7 @@ def megatron_args(cfg: LLMTrainConfig) -> list[str]:
         "--seq-length", str(m.seq_length),
         "--max-position-embeddings", str(m.seq_length),
         "--vocab-size", str(m.vocab_size),
-        "--tokenizer-type", "NullTokenizer",
+        *_data_args(cfg, data, run_dir),
     ]  # fmt: skip
     if m.activation == "swiglu":
         args.append("--swiglu")
@@ -187,25 +237,28 @@ def megatron_args(cfg: LLMTrainConfig) -> list[str]:
     return args
 
 
-def render_megatron_args(cfg: LLMTrainConfig) -> str:
+def render_megatron_args(
+    cfg: LLMTrainConfig, data: MegatronData | None = None, run_dir: str | None = None
+) -> str:
     """megatron_args.txt: one argument (with its value) per line, shell-quoted, or a note saying
     why there is none."""
     try:
-        args = megatron_args(cfg)
+        args = megatron_args(cfg, data, run_dir)
     except MegatronUnsupported as exc:
         return "# Megatron-LM cannot express this configuration:\n" + "".join(
             f"#   - {reason}\n" for reason in exc.reasons
         )
     lines = [
-        "# Megatron-LM pretrain_gpt.py arguments equivalent to this llmtrain config.",
-        "# Add your data and tokenizer arguments (--data-path, --tokenizer-type ...). In bash:",
+        "# Megatron-LM pretrain_gpt.py arguments equivalent to this llmtrain config. In bash:",
         "#   eval \"args=($(grep -v '^#' megatron_args.txt))\"; torchrun ... pretrain_gpt.py "
-        '"${args[@]}" --data-path ...',
+        '"${args[@]}"',
+        *(f"# NOTE: {note}" for note in (data.notes if data else ())),
     ]
     i = 0
     while i < len(args):
+        # A flag with its values (several for weighted data paths) on one line.
         words = [args[i]]
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+        while i + 1 < len(args) and not args[i + 1].startswith("--"):
             words.append(args[i + 1])
             i += 1
         lines.append(shlex.join(words))

@@ -135,6 +135,10 @@ def container_mounts(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> str:
     mounts = [m for m in (cfg.slurm.container_mounts or "").split(",") if m]
     targets = [m.split(":")[1] if ":" in m else m for m in mounts]
     wanted = [run_dir, workdir, *([cfg.data.path] if cfg.data.path else [])]
+    # Blend entries and validation data may be Megatron prefixes (PREFIX.bin/.idx, no folder of
+    # that name): their parent folder is mounted.
+    others = [str(p) for p in cfg.data.blend[1::2]] + [cfg.data.valid_path or ""]
+    wanted += [str(PurePosixPath(p).parent) for p in others if p]
     for path in wanted:
         if not PurePosixPath(path).is_absolute():
             continue  # relative to the working directory, which is mounted

@@ -3,7 +3,8 @@
 metrics.jsonl holds one JSON object per optimizer step: step, loss, lr, grad_norm, tokens (seen so
 far), step_time_s, tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
 ``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU), elapsed_s
-(the sum of step times) and time (wall clock at the end of the step). The progress display is a
+(the sum of step times) and time (wall clock at the end of the step), plus val_loss and val_ppl
+on the steps that evaluated (``train.eval_every``). The progress display is a
 Rich bar on a terminal and a plain line per log interval otherwise (logs, CI).
 """
 
@@ -77,6 +78,9 @@ class MetricsWriter:
             for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
                 if record.get(key) is not None:
                     self.tb.add_scalar(f"train/{key}", record[key], record["step"])
+            for key in ("val_loss", "val_ppl"):
+                if record.get(key) is not None:
+                    self.tb.add_scalar(f"val/{key[4:]}", record[key], record["step"])
         self.display.update(record)
 
     def close(self) -> None:
@@ -116,13 +120,16 @@ class Display:
             f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s"
             f"  mem {record['memory_bytes'] / 2**30:.2f} GiB"
         )
-        return text + (f"  MFU {mfu:.1%}" if mfu is not None else "")
+        text += f"  MFU {mfu:.1%}" if mfu is not None else ""
+        if record.get("val_loss") is not None:
+            text += f"  val_loss {record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
+        return text
 
     def update(self, record: dict[str, Any]) -> None:
         step = record["step"]
         if self.progress is not None:
             self.progress.update(self.task, completed=step, stats=self.stats(record))
-        elif step % self.log_every == 0 or step == self.total:
+        elif step % self.log_every == 0 or step == self.total or "val_loss" in record:
             done = step - self.start_step
             rate = (time.monotonic() - self.started) / max(1, done)
             eta = rate * (self.total - step)

@@ -65,9 +65,10 @@ def format_summary(s: dict[str, Any]) -> str:
             f"memory per process: peak RSS {memory.get('max_rss', 0) / gib:.2f} GiB; predicted "
             f"{predicted('allocated')} GiB allocated"
         )
+    val = f", last val_loss {s['last_val_loss']:.4f}" if "last_val_loss" in s else ""
     return (
         f"done: {s['steps']} steps, loss {num(s['first_loss'], '.4f')} -> "
-        f"{num(s['last_loss'], '.4f')}\n"
+        f"{num(s['last_loss'], '.4f')}{val}\n"
         f"step time: measured {num(s['measured_step_s'], '.4f')} s (median), predicted "
         f"{num(s['predicted_step_s'], '.4f')} s\n{mem_line}"
     )

@@ -31,6 +31,7 @@ from launcher.config.compose import config_from_values
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
+from launcher.errors import UserError
 from launcher.rundir import RunDir
 from launcher.train.checkpoint import (
     CheckpointWriter,
@@ -38,9 +39,10 @@ from launcher.train.checkpoint import (
     complete_checkpoints,
     valid_checkpoints,
 )
-from launcher.train.data import TokenShards, builtin_corpus_dir, check_vocab, default_cache_root
+from launcher.train.data import training_data, validation_data
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
+from launcher.train.evaluation import Evaluator, eval_due
 from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
 from launcher.train.model import seed_step
 from launcher.train.optim import learning_rate
@@ -182,12 +184,6 @@ def fault_injection(rank: int) -> int | None:
     return None
 
 
-def data_dir(cfg: LLMTrainConfig) -> Path:
-    if cfg.data.path is not None:
-        return Path(cfg.data.path).expanduser()
-    return builtin_corpus_dir(default_cache_root())
-
-
 def plan_peak_flops(plan: dict[str, Any]) -> float | None:
     """Peak FLOP/s per device exactly as `plan` divided by for its MFU (plan.json's time section:
     mfu = tflops_per_gpu / peak), so measured and predicted MFU share one denominator."""
@@ -231,8 +227,7 @@ class Trainer:
             self.log(secret_status(secret_names(cfg), os.environ))
         self.interrupt = Interrupt()
         torch.manual_seed(cfg.train.seed)
-        self.shards = TokenShards(data_dir(cfg))
-        check_vocab(self.shards.index, cfg.model.vocab_size)
+        self.shards = training_data(cfg)
         self.runtime_rss = current_rss()  # Python, torch, process group: before the model exists
         self.engine = build_engine(cfg)
         info = self.engine.info
@@ -243,6 +238,15 @@ class Trainer:
             self.layout.micro_batch_size * self.layout.grad_accum,
             cfg.train.seed,
         )
+        self.evaluator: Evaluator | None = None
+        self.val: dict[str, float] = {}
+        if cfg.train.eval_every:
+            per_rank = self.layout.micro_batch_size * self.layout.grad_accum
+            valid = validation_data(cfg, cfg.train.eval_steps * per_rank * info.dp_size)
+            if valid is None:
+                raise UserError(f"train.eval_every={cfg.train.eval_every}: no validation data")
+            steps = cfg.train.eval_steps
+            self.evaluator = Evaluator(valid, steps, per_rank, info.dp_rank, info.dp_size)
         self.writer = CheckpointWriter(
             run.checkpoints, self.rank, cfg.checkpoint.keep_last, dist.barrier
         )
@@ -351,7 +355,10 @@ class Trainer:
         self.step_times.append(elapsed)
         self.losses.append(result.loss)
         self.done = done = step + 1
-        self._report(done, lr, result.loss, result.grad_norm, elapsed)
+        val = None
+        if self.evaluator is not None and eval_due(done, self.total, self.cfg.train.eval_every):
+            self.val = val = self.evaluator.run(self.engine, self.cfg.model.seq_length)
+        self._report(done, lr, result.loss, result.grad_norm, elapsed, val)
         if self.interrupt.agreed(self.device):
             self.save(done)
             if self.rank == 0:
@@ -376,7 +383,15 @@ class Trainer:
             due = bool(flag.item() > 0)
         return due
 
-    def _report(self, done: int, lr: float, loss: float, grad_norm: float, elapsed: float) -> None:
+    def _report(
+        self,
+        done: int,
+        lr: float,
+        loss: float,
+        grad_norm: float,
+        elapsed: float,
+        val: dict[str, float] | None = None,
+    ) -> None:
         if self.metrics is None:
             return
         tokens_per_s = self.tokens_per_step / elapsed
@@ -396,6 +411,7 @@ class Trainer:
                 "memory_bytes": memory_bytes(peak_memory()),
                 "elapsed_s": sum(self.step_times),
                 "time": time.time(),
+                **(val or {}),
             }
         )
 
@@ -415,6 +431,8 @@ class Trainer:
             self.runtime_rss,
         )
         summary["weights_sha256"] = self.engine.weights_digest()
+        if self.val:
+            summary["last_val_loss"] = self.val["val_loss"]
         if self.rank == 0:
             text = json.dumps(summary, indent=2) + "\n"
             fsio.write_text_atomic(self.run.summary, text, root=self.run.root)

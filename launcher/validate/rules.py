@@ -144,6 +144,7 @@ _POSITIVE = (
     "cluster.num_nodes",
     "cluster.gpus_per_node",
     "train.log_every",
+    "train.eval_steps",
     "checkpoint.keep_last",
     "data.bpe_vocab_size",
     "backend.reduce_bucket_size",
@@ -721,3 +722,58 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
 @rule("backend-capabilities")
 def backend_capabilities(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return [_error("backend-capabilities", ("backend", *r.keys), r.message) for r in refusals(cfg)]
+
+
+# Files are checked before launch (launcher.launch.preflight.data_problems); here only the shape.
+@rule("data-sources")
+def data_sources(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    d, t = cfg.data, cfg.train
+    out = []
+    example = "[0.7,/data/a_text_document,0.3,/data/b_text_document]"
+    if d.blend and d.path is not None:
+        out.append(
+            _error(
+                "data-sources",
+                ("data.path", "data.blend"),
+                f"data.path={d.path} and data.blend are both set: give one (data.path=null)",
+            )
+        )
+    if d.blend and len(d.blend) % 2:
+        out.append(
+            _error(
+                "data-sources",
+                ("data.blend",),
+                f"data.blend has {len(d.blend)} values: expected weight, path pairs, e.g. "
+                f"data.blend={example}",
+            )
+        )
+    for i in range(0, len(d.blend) - 1, 2):
+        weight, path = d.blend[i], d.blend[i + 1]
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            out.append(
+                _error(
+                    "data-sources",
+                    ("data.blend",),
+                    f"data.blend[{i}]={weight!r}: a weight must be a number > 0, e.g. "
+                    f"data.blend={example}",
+                )
+            )
+        if not isinstance(path, str) or not path:
+            out.append(
+                _error(
+                    "data-sources",
+                    ("data.blend",),
+                    f"data.blend[{i + 1}]={path!r}: expected a dataset path (a prepared folder "
+                    "or a Megatron PREFIX)",
+                )
+            )
+    if t.eval_every is not None and t.eval_every < 0:
+        out.append(
+            _error(
+                "data-sources",
+                ("train.eval_every",),
+                f"train.eval_every={t.eval_every}: must be >= 0 (0 or null: no evaluation), "
+                "e.g. train.eval_every=100",
+            )
+        )
+    return out

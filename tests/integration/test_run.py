@@ -311,13 +311,14 @@ def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None
     assert prepared.returncode == 0, prepared.stderr
     index = json.loads(prepared.stdout)
     assert index["tokenizer"] == "hf" and index["eod_id"] == 0
-    assert index["source"]["documents"] == 2500
+    assert index["source"]["documents"] == 2500 and index["valid_documents"] == 25
+    from launcher.data.megatron_indexed import IndexedDataset
     from launcher.data.prepare import load_tokenizer
-    from launcher.train.data import TokenShards
 
-    shards = TokenShards(tmp_path / "data")
-    stream = shards.tokens(0, len(shards))
-    assert int((stream == 0).sum()) == 2500  # one end-of-document token per record
+    stream = IndexedDataset.open(tmp_path / "data" / "train_text_document").tokens
+    valid = IndexedDataset.open(tmp_path / "data" / "valid_text_document").tokens
+    # One end-of-document token per record; 1% of the records (--valid-fraction) held out.
+    assert int((stream == 0).sum()) == 2475 and int((valid == 0).sum()) == 25
     first = load_tokenizer(tmp_path / "data").decode(stream[: int(np.argmax(stream == 0))])
     assert first == records[0]["text"]  # the text field only: no braces, no "id"
     vocab = index["vocab_size"]

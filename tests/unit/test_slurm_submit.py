@@ -300,3 +300,9 @@ def test_container_jobs_run_the_images_python_with_run_dir_and_data_mounted() ->
     assert "/scratch/runs/r1:" not in again and "/scratch/p:" not in again
     with pytest.raises(RenderError, match="pyxis separates mounts"):
         render_sbatch(composed.config, python="p", run_dir="/runs/a,b", workdir="/w")
+    # A blend's Megatron prefixes: their folders are mounted.
+    blend = compose_config(
+        [*TWO_NODES, "slurm.container_image=img", "data.blend=[1,/mnt/a/web_text_document,1,/b/c]"]
+    )
+    script = render_sbatch(blend.config, python="p", run_dir="/runs/r1", workdir="/w")
+    assert "/mnt/a:/mnt/a" in script and "/b:/b" in script

@@ -23,6 +23,9 @@ class Fixed(Engine):
     def step(self, rows: torch.Tensor, lr: float) -> StepResult:
         raise NotImplementedError
 
+    def evaluate(self, rows: torch.Tensor) -> float:
+        raise NotImplementedError
+
     def save(self, directory: Path) -> list[Path]:
         raise NotImplementedError
 

@@ -53,6 +53,12 @@ class Engine(ABC):
         """One optimizer step over this dp shard's rows (see the module docstring)."""
 
     @abstractmethod
+    def evaluate(self, rows: torch.Tensor) -> float:
+        """Mean token loss over the global batch of `rows` (same contract as ``step``), with the
+        model in eval mode (no dropout) and no gradients; the model is back in train mode after.
+        Identical on every rank (a collective)."""
+
+    @abstractmethod
     def save(self, directory: Path) -> list[Path]:
         """Write this engine's state into `directory` (a collective: every rank calls it).
 

@@ -231,6 +231,28 @@ class DeepSpeedEngine(Engine):
             grad_norm=float(norm) if norm is not None else float("nan"),
         )
 
+    def evaluate(self, rows: torch.Tensor) -> float:
+        device = self.engine.device
+        micro = [m.to(device) for m in torch.split(rows, self.micro_batch_size)]
+        if self.pipeline:
+            # PipelineEngine.eval_batch runs the forward schedule in eval mode, no grad, and
+            # broadcasts its pipeline's loss (mean over micro-batches) from the last stage to the
+            # other stages, not over dp: the mean over the world is the mean over dp.
+            batches = iter([(m[:, :-1], m[:, 1:]) for m in micro])
+            loss = self.engine.eval_batch(data_iter=batches, num_micro_batches=len(micro))
+            total = loss.detach().float().reshape(1).to(device)
+            dist.all_reduce(total)
+            return float(total) / dist.get_world_size()
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                losses = [loss_fn(self.engine(m[:, :-1]), m[:, 1:]).float() for m in micro]
+        finally:
+            self.engine.train()
+        mean = torch.stack(losses).mean().to(device)
+        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+        return float(mean) / self.info.dp_size
+
     def save(self, directory: Path) -> list[Path]:
         before = set(directory.rglob("*")) if directory.exists() else set()
         self.engine.save_checkpoint(str(directory), tag=TAG)

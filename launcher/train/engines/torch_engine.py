@@ -635,6 +635,41 @@ class TorchEngine(Engine):
         dist.all_reduce(total)
         return StepResult(loss=float(total), grad_norm=grad_norm)
 
+    def evaluate(self, rows: torch.Tensor) -> float:
+        lay = self.layout
+        rows = rows.to(self.device, non_blocking=True)
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        if lay.cp > 1:
+            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
+            targets = shard_sequence(targets, lay.cp, self.cp_rank)
+        for part in self.parts:
+            part.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                if lay.pp > 1:
+                    losses: list[torch.Tensor] = []
+                    if self.pp_rank == lay.pp - 1:
+                        args = (inputs,) if self.pp_rank == 0 else ()
+                        self.schedule.eval(*args, target=targets, losses=losses)
+                        loss = torch.stack([x.float() for x in losses]).mean()
+                    else:
+                        self.schedule.eval(*((inputs,) if self.pp_rank == 0 else ()))
+                        loss = torch.zeros((), device=self.device)
+                else:
+                    mbs = lay.micro_batch_size
+                    parts = [
+                        _loss(self.parts[0](inputs[i : i + mbs]), targets[i : i + mbs]).float()
+                        for i in range(0, inputs.shape[0], mbs)
+                    ]
+                    loss = torch.stack(parts).mean()
+        finally:
+            for part in self.parts:
+                part.train()
+        # The same reduction as step(): the loss lives on the last stage, tp peers agree.
+        total = loss.detach().float().reshape(1) / (lay.dp * lay.cp * lay.tp)
+        dist.all_reduce(total)
+        return float(total)
+
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         lay = self.layout
         model = self.parts[0]
