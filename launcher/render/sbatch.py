@@ -131,13 +131,16 @@ def render_launch_sh(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir:
 
 def container_mounts(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> str:
     """pyxis --container-mounts: the user's mounts, then the run directory, the working directory
-    and the data folders at their own paths (a folder already under a mount is not repeated)."""
+    and the folders holding the data at their own paths (a folder already under a mount is not
+    repeated)."""
     mounts = [m for m in (cfg.slurm.container_mounts or "").split(",") if m]
     targets = [m.split(":")[1] if ":" in m else m for m in mounts]
-    wanted = [run_dir, workdir, *([cfg.data.path] if cfg.data.path else [])]
-    # Blend entries and validation data may be Megatron prefixes (PREFIX.bin/.idx, no folder of
-    # that name): their parent folder is mounted.
-    others = [str(p) for p in cfg.data.blend[1::2]] + [cfg.data.valid_path or ""]
+    wanted = [run_dir, workdir]
+    # Data (data.path, blend entries, validation data) may be a Megatron prefix (PREFIX.bin/.idx,
+    # no folder of that name) or a prepared folder: the parent folder is mounted, which holds
+    # either (rendering does not look at the disk of the submit host).
+    others = [cfg.data.path or ""] + [str(p) for p in cfg.data.blend[1::2]]
+    others += [cfg.data.valid_path or ""]
     wanted += [str(PurePosixPath(p).parent) for p in others if p]
     for path in wanted:
         if not PurePosixPath(path).is_absolute():

@@ -282,14 +282,15 @@ def test_container_jobs_run_the_images_python_with_run_dir_and_data_mounted() ->
             *TWO_NODES,
             "slurm.container_image='nvcr.io#nvidia/pytorch:24.05-py3'",
             "slurm.container_mounts=/scratch:/scratch",
-            "data.path=/datasets/web",
+            "data.path=/datasets/web/train_text_document",  # a Megatron prefix
         ]
     )
     script = render_sbatch(
         composed.config, python="/venv/bin/python", run_dir="/runs/r1", workdir="/home/u/p"
     )
     assert "--container-mounts=/scratch:/scratch,/runs/r1:/runs/r1,/home/u/p:/home/u/p," in script
-    assert "/datasets/web:/datasets/web" in script
+    # The folder holding the prefix's .bin/.idx is mounted (the prefix itself is no folder).
+    assert "/datasets/web:/datasets/web" in script and "train_text_document:" not in script
     assert "--container-workdir=/home/u/p" in script
     # The submit host's venv does not exist inside the image.
     assert "/venv/bin/python" not in script and "python3 -m torch.distributed.run" in script
