@@ -356,6 +356,36 @@ def data_prepare(
 
 
 @app.command()
+def export(
+    run_dir: Annotated[str, typer.Argument(help="The run directory (runs/NAME-HASH).")],
+    out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write the model into.")],
+    fmt: Annotated[str, typer.Option("--format", help="Output format: hf (Hugging Face).")] = "hf",
+    step: Annotated[
+        int | None, typer.Option("--step", help="Checkpoint step (default: newest valid).")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a non-empty --out folder.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Export a run's checkpoint as a Hugging Face model folder (safetensors, config, tokenizer)."""
+    from pathlib import Path
+
+    if fmt != "hf":
+        raise UserError(f"--format={fmt}: the only export format is hf (Hugging Face)")
+    from launcher.export.run_export import export_hf
+
+    result = export_hf(Path(run_dir), Path(out_dir), step=step, overwrite=overwrite)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        out.print(
+            f"exported step {result.step} of {run_dir} as {result.architecture} "
+            f"({result.parameters:,} parameters) to {result.out}; tokenizer: {result.tokenizer}"
+        )
+
+
+@app.command()
 def recipes(as_json: JsonFlag = False) -> None:
     """List the shipped recipes: parameters, layout, GPUs."""
     from launcher.views.config import recipe_rows, show_recipes
