@@ -373,7 +373,7 @@ def export(
 
     if fmt != "hf":
         raise UserError(f"--format={fmt}: the only export format is hf (Hugging Face)")
-    from launcher.export.run_export import export_hf
+    from launcher.train.hf_export import export_hf
 
     result = export_hf(Path(run_dir), Path(out_dir), step=step, overwrite=overwrite)
     if as_json:

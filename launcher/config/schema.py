@@ -120,6 +120,9 @@ class TrainConfig:
     # A rank that makes no progress (a step or checkpoint) for this long is declared hung and the
     # whole run is stopped with a message instead of waiting forever; 0 disables the watchdog.
     hang_timeout_s: float = 1800.0
+    # Start from these weights (step 0, fresh optimizer): a Hugging Face folder (llmtrain export),
+    # a run directory or a checkpoint folder. A run with checkpoints of its own resumes instead.
+    init_from: str | None = None
 
 
 @dataclass

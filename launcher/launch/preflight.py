@@ -130,6 +130,10 @@ def launch_problems(cfg: LLMTrainConfig, plan: Plan, *, local: bool, force: bool
         )
     if derive_layout(cfg).steps < 1:
         problems.append("train.steps (or train.tokens) gives no optimizer step; set train.steps")
+    if cfg.train.init_from is not None:  # reads the weights' shapes (imports torch)
+        from launcher.train.init_from import problems as init_from_problems
+
+        problems += init_from_problems(cfg)
     return problems
 
 

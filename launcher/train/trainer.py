@@ -70,14 +70,14 @@ class CheckpointLoadError(RuntimeError):
     """Checkpoints exist but none of them could be loaded (refused or unreadable)."""
 
 
-def build_engine(cfg: LLMTrainConfig) -> Engine:
+def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None = None) -> Engine:
     if cfg.backend.name == "deepspeed":
         from launcher.train.engines.deepspeed_engine import DeepSpeedEngine
 
-        return DeepSpeedEngine(cfg, seed=cfg.train.seed)
+        return DeepSpeedEngine(cfg, seed=cfg.train.seed, init_state=init_state)
     from launcher.train.engines.torch_engine import TorchEngine
 
-    return TorchEngine(cfg, seed=cfg.train.seed)
+    return TorchEngine(cfg, seed=cfg.train.seed, init_state=init_state)
 
 
 class Log:
@@ -234,7 +234,7 @@ class Trainer:
         self.shards = TokenShards(data_dir(cfg))
         check_vocab(self.shards.index, cfg.model.vocab_size)
         self.runtime_rss = current_rss()  # Python, torch, process group: before the model exists
-        self.engine = build_engine(cfg)
+        self.engine = build_engine(cfg, self._init_state())
         info = self.engine.info
         self.sampler = ShardedSampler(
             self.shards.num_sequences(cfg.model.seq_length),
@@ -269,6 +269,20 @@ class Trainer:
                 f"{info.world_size} process(es): {self.layout.global_batch_size} x "
                 f"{cfg.model.seq_length} tokens per step; {self.policy.describe()}"
             )
+
+    def _init_state(self) -> dict[str, torch.Tensor] | None:
+        """train.init_from's weights, unless this run has checkpoints to resume (resume wins)."""
+        source = self.cfg.train.init_from
+        if source is None:
+            return None
+        if self.cfg.checkpoint.resume and complete_checkpoints(self.run.checkpoints):
+            self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
+            return None
+        from launcher.train.init_from import load_state
+
+        state = load_state(self.cfg)
+        self.log(f"initialised from {source} ({len(state)} tensors; step 0, fresh optimizer)")
+        return state
 
     def _candidates(self) -> tuple[list[Found], int]:
         """(valid checkpoints newest first, number of checkpoint folders), as rank 0 sees them

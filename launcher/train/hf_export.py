@@ -1,4 +1,4 @@
-"""`llmtrain export RUN_DIR --format hf --out DIR`: a run's checkpoint as a Hugging Face model folder.
+"""`llmtrain export RUN_DIR --format hf --out DIR`: a checkpoint as a Hugging Face model folder.
 
 Steps: the run's own config.yaml gives the model; the newest checkpoint that verifies (or the one
 of ``--step``, refused with the reason when it does not verify: damaged, or unsigned while
@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -55,13 +55,30 @@ class ExportResult:
         }
 
 
+def _merged(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merged(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def run_config(run_dir: Path) -> LLMTrainConfig:
+    """The run's config.yaml; keys added to llmtrain since the run was made take defaults."""
+    from omegaconf import OmegaConf
+
     path = RunDir(run_dir).config
     if not path.is_file():
         raise UserError(f"{run_dir}: no config.yaml; is it a run directory (runs/NAME-HASH)?")
     try:
         values = yaml.safe_load(fsio.read_bytes(path).decode("utf-8"))
-        return config_from_values(values)
+        if not isinstance(values, dict):
+            raise ValueError("not a mapping")
+        defaults = OmegaConf.to_container(OmegaConf.structured(LLMTrainConfig))
+        assert isinstance(defaults, dict)
+        return config_from_values(_merged(cast(dict[str, Any], defaults), values))
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
         raise UserError(f"{path}: not a config.yaml this llmtrain reads ({exc})") from None
 
@@ -129,9 +146,9 @@ def export_hf(
     max_shard_bytes: int | None = None,
 ) -> ExportResult:
     """Export `run_dir`'s checkpoint to the Hugging Face folder `out` (see the module docstring)."""
-    from launcher.export.consolidate import ConsolidateError, full_state
     from launcher.export.hf_files import DEFAULT_SHARD_BYTES, write_hf_folder
     from launcher.export.hf_layout import LayoutError, hf_architecture, hf_config, to_hf
+    from launcher.train.consolidate import ConsolidateError, full_state
     from launcher.train.engines.dcp_safe import UnsafeCheckpointError
 
     run_dir, out = Path(run_dir), Path(out)

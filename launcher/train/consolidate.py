@@ -2,9 +2,9 @@
 
 Whatever layout wrote it:
 
-- torch engine (DCP; DDP, FSDP2 ZeRO-2/3, tensor/pipeline/expert parallel, ZeRO-1): the ``.metadata``
-  lists every model tensor with its global shape; each is allocated whole and DCP's own resharding
-  fills it from the shards (``dcp_load(no_dist=True)``). The metadata goes through
+- torch engine (DCP; DDP, FSDP2 ZeRO-2/3, tensor/pipeline/expert parallel, ZeRO-1): the
+  ``.metadata`` lists every model tensor with its global shape; each is allocated whole and DCP's
+  own resharding fills it from the shards (``dcp_load(no_dist=True)``). The metadata goes through
   ``dcp_safe.SafeFileSystemReader`` and the ``TensorOnlyLoadPlanner``: nothing is unpickled but
   the allow-listed metadata classes, and the optimizer entries are never read.
 - DeepSpeed engine: ZeRO 0-2 keep the whole module in ``mp_rank_00_model_states.pt``; ZeRO-3
@@ -120,7 +120,9 @@ def _deepspeed_state(engine_dir: Path, num_layers: int) -> dict[str, torch.Tenso
         return {_clean(k): v for k, v in merged.items()}
     states = tag_dir / "mp_rank_00_model_states.pt"
     if not states.is_file():
-        raise ConsolidateError(f"{tag_dir}: no mp_rank_00_model_states.pt (a DeepSpeed checkpoint?)")
+        raise ConsolidateError(
+            f"{tag_dir}: no mp_rank_00_model_states.pt (a DeepSpeed checkpoint?)"
+        )
     saved = weights_only_load(states, map_location="cpu")
     if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
         raise ConsolidateError(f"{states}: not a DeepSpeed model-states file")
@@ -152,8 +154,7 @@ def full_state(engine_dir: Path, num_layers: int) -> dict[str, torch.Tensor]:
     if is_deepspeed(engine_dir):
         return _deepspeed_state(engine_dir, num_layers)
     raise ConsolidateError(
-        f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) "
-        "checkpoint"
+        f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) checkpoint"
     )
 
 
@@ -161,7 +162,5 @@ def shapes(engine_dir: Path, num_layers: int) -> dict[str, tuple[int, ...]]:
     """{llmtrain parameter name: shape}; DCP from its metadata alone, DeepSpeed by reading."""
     engine_dir = Path(engine_dir)
     if is_dcp(engine_dir):
-        return {
-            _clean(k): tuple(size) for k, (size, _) in _dcp_model_entries(engine_dir).items()
-        }
+        return {_clean(k): tuple(size) for k, (size, _) in _dcp_model_entries(engine_dir).items()}
     return {k: tuple(v.shape) for k, v in full_state(engine_dir, num_layers).items()}
