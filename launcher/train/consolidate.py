@@ -19,9 +19,11 @@ Whatever layout wrote it:
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -114,7 +116,6 @@ def _deepspeed_state(engine_dir: Path, num_layers: int) -> dict[str, torch.Tenso
         with (
             forced_weights_only(),
             torch.serialization.safe_globals(safe_globals()),
-            contextlib.redirect_stdout(sys.stderr),  # its progress lines; stdout may be --json
         ):
             merged = get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag=DS_TAG)
         return {_clean(k): v for k, v in merged.items()}
@@ -146,13 +147,29 @@ def _pipeline_state(files: list[Path], num_layers: int, load: object) -> dict[st
     return state
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """DeepSpeed logs to stdout (its handler holds the stream): send file descriptor 1 to 2 while
+    it runs, so that `export --json` prints nothing but its document on stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def full_state(engine_dir: Path, num_layers: int) -> dict[str, torch.Tensor]:
     """{llmtrain parameter name: full tensor} of the checkpoint engine folder `engine_dir`."""
     engine_dir = Path(engine_dir)
     if is_dcp(engine_dir):
         return _dcp_state(engine_dir)
     if is_deepspeed(engine_dir):
-        return _deepspeed_state(engine_dir, num_layers)
+        with _stdout_to_stderr():
+            return _deepspeed_state(engine_dir, num_layers)
     raise ConsolidateError(
         f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) checkpoint"
     )
