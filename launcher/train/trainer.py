@@ -47,6 +47,7 @@ from launcher.train.optim import learning_rate
 from launcher.train.policy import CheckpointPolicy
 from launcher.train.sampler import ShardedSampler
 from launcher.train.summary import format_summary, summarize
+from launcher.train.trackers import Trackers
 
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
@@ -220,6 +221,7 @@ class Trainer:
         run = self.run
         values = yaml.safe_load(fsio.read_bytes(run.config).decode("utf-8"))
         self.cfg = cfg = config_from_values(values)
+        self.values = values
         self.plan: dict[str, Any] = (
             json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
         )
@@ -256,6 +258,9 @@ class Trainer:
             MetricsWriter(run.root, self.total, self.start, cfg.train.log_every)
             if self.rank == 0 and self.start < self.total
             else None
+        )
+        self.trackers = (  # W&B / MLflow (logging.*), rank 0
+            Trackers(cfg, run.root, self.values, self.log) if self.metrics is not None else None
         )
         self.flops_per_token = (self.plan.get("flops") or {}).get("per_token_model")
         peak = plan_peak_flops(self.plan)
@@ -397,21 +402,22 @@ class Trainer:
         mfu = None
         if self.flops_per_token and self.peak_total:
             mfu = tokens_per_s * self.flops_per_token / self.peak_total
-        self.metrics.write(
-            {
-                "step": done,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens": done * self.tokens_per_step,
-                "step_time_s": elapsed,
-                "tokens_per_s": tokens_per_s,
-                "mfu": mfu,
-                "memory_bytes": memory_bytes(peak_memory()),
-                "elapsed_s": sum(self.step_times),
-                "time": time.time(),
-            }
-        )
+        record = {
+            "step": done,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": done * self.tokens_per_step,
+            "step_time_s": elapsed,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "memory_bytes": memory_bytes(peak_memory()),
+            "elapsed_s": sum(self.step_times),
+            "time": time.time(),
+        }
+        self.metrics.write(record)
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     # --- close ---------------------------------------------------------------------------------
     def close(self) -> dict[str, Any]:
@@ -419,6 +425,8 @@ class Trainer:
         self.save(self.total)
         if self.metrics is not None:
             self.metrics.close()
+        if self.trackers is not None:
+            self.trackers.close()
         summary = summarize(
             self.cfg,
             self.plan,

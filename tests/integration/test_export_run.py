@@ -188,7 +188,9 @@ def test_init_from_an_export_or_a_run_starts_from_those_weights(
 
     # The exporting run's own directory (its DCP checkpoint) gives the same start.
     (tmp_path / "run").mkdir()
-    from_run, _ = first_losses(tmp_path / "run", f"train.init_from={single.parent}", "run.name=b")
+    from_run, _ = first_losses(
+        tmp_path / "run", f"train.init_from={only_run_dir(single.parent)}", "run.name=b"
+    )
     assert abs(from_run[0] - losses[0]) < 1e-5
 
     # A fresh run's first loss is far from it: the weights were really used.
