@@ -211,7 +211,8 @@ def test_init_from_an_export_or_a_run_starts_from_those_weights(
     assert more.returncode == 0, more.stderr[-3000:]
     assert "ignored: resuming" in more.stdout + more.stderr
     steps = [
-        json.loads(x)["step"] for x in (tmp_path / "hf/runs/b/metrics.jsonl").read_text().split()
+        json.loads(x)["step"]
+        for x in (tmp_path / "hf/runs/b/metrics.jsonl").read_text().splitlines()
     ]
     assert steps[-1] == 4
 

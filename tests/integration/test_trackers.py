@@ -3,6 +3,7 @@ with their own formats and client; a resumed run continues the same tracker run.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,10 +93,8 @@ def test_wandb_offline_and_mlflow_follow_a_run_across_a_resume(tmp_path: Path) -
     (id1, h1), (id2, h2) = wandb_history(runs[0]), wandb_history(runs[1])
     assert id1 == id2 and len(id1) == 16
     assert sorted(h1) == [1, 2, 3, 4] and sorted(h2) == [5, 6]
-    metrics = [line for line in (tmp_path / "runs/tracked/metrics.jsonl").read_text().split("\n")]
-    import json
-
-    jsonl = {json.loads(x)["step"]: json.loads(x)["loss"] for x in metrics if x}
+    lines = (tmp_path / "runs/tracked/metrics.jsonl").read_text().splitlines()
+    jsonl = {json.loads(x)["step"]: json.loads(x)["loss"] for x in lines}
     assert {**h1, **h2} == pytest.approx(jsonl)
 
     # MLflow: one run, found again by its tag, with every step's loss, finished.
