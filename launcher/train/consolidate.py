@@ -9,7 +9,7 @@ Whatever layout wrote it:
   the allow-listed metadata classes, and the optimizer entries are never read.
 - DeepSpeed engine: ZeRO 0-2 keep the whole module in ``mp_rank_00_model_states.pt``; ZeRO-3
   keeps only fp32 partitions in the optimizer files, merged by DeepSpeed's ``zero_to_fp32``;
-  pipeline stages write one ``layer_XX-model_00-model_states.pt`` per layer (the embedding, each
+  pipeline stages write one ``layer_XX-model_states.pt`` per layer (the embedding, each
   block, the head), mapped back to the model's names. Every file is read weights-only (tensors,
   builtins and DeepSpeed's few allow-listed classes; see ``deepspeed_engine.weights_only_load``).
 
@@ -32,7 +32,7 @@ DCP_METADATA = ".metadata"
 DS_TAG = "engine"  # DeepSpeedEngine's checkpoint tag (launcher.train.engines.deepspeed_engine.TAG)
 MODEL_PREFIX = "model."
 _COMPILED = "_orig_mod."
-_LAYER_FILE = re.compile(r"layer_(\d+)-model_00-model_states\.pt$")
+_LAYER_FILE = re.compile(r"layer_(\d+)-(?:model_00-)?model_states\.pt$")
 
 
 class ConsolidateError(ValueError):
@@ -106,7 +106,7 @@ def _deepspeed_state(engine_dir: Path, num_layers: int) -> dict[str, torch.Tenso
 
     tag_dir = engine_dir / DS_TAG
     verify_weights_only(engine_dir)  # every *.pt weights-only, before DeepSpeed opens any
-    layer_files = sorted(tag_dir.glob("layer_*-model_00-model_states.pt"))
+    layer_files = sorted(p for p in tag_dir.glob("layer_*.pt") if _LAYER_FILE.search(p.name))
     if layer_files:
         return _pipeline_state(layer_files, num_layers, weights_only_load)
     if list(tag_dir.glob("zero_pp_rank_*_mp_rank_00_model_states.pt")):

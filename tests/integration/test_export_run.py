@@ -1,13 +1,13 @@
 """`llmtrain export` on real checkpoints of every layout, read back by an independent reference.
 
 Each layout trains the same Llama-shaped model with the same seed for 3 steps on CPU processes:
-one process (torch), tensor parallel 2 and FSDP ZeRO-3 (torch, DCP shards), and DeepSpeed ZeRO-3
-(fp32 partitions in its optimizer files). Every run is exported with the CLI and the exported
-folder is run through the numpy reference forward of tests/unit/test_export_hf.py (transformers'
-documented semantics, HF names and config.json only). The layouts compute the same training to
-float rounding, so their exported logits must agree: a shard put back in the wrong place, a
-missing tensor or a wrong name would not (measured: <= 6e-7 apart for logits of magnitude ~0.8;
-the bar is 1e-4).
+one process (torch), tensor parallel 2 and FSDP ZeRO-3 (torch, DCP shards), DeepSpeed ZeRO-3
+(fp32 partitions in its optimizer files) and DeepSpeed pipeline parallel 2 (one file per layer).
+Every run is exported with the CLI and the exported folder is run through the numpy reference
+forward of tests/unit/test_export_hf.py (transformers' documented semantics, HF names and
+config.json only). The layouts compute the same training to float rounding, so their exported
+logits must agree: a shard put back in the wrong place, a missing tensor or a wrong name would
+not (measured: <= 6e-7 apart for logits of magnitude ~0.8; the bar is 1e-4).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ LAYOUTS = {
     "tp2": ["cluster.gpus_per_node=2", "parallel.tp=2"],
     "fsdp-zero3": ["cluster.gpus_per_node=2", "zero.stage=3"],
     "deepspeed-zero3": ["backend=deepspeed", "cluster.gpus_per_node=2", "zero.stage=3"],
+    "deepspeed-pp2": ["backend=deepspeed", "cluster.gpus_per_node=2", "parallel.pp=2"],
 }
 TOKENS = np.random.default_rng(0).integers(0, 256, (32,))
 
