@@ -33,6 +33,24 @@ Overrides = Annotated[
     typer.Argument(help="Hydra overrides, e.g. recipe=llama3-70b parallel.tp=8 zero.stage=3"),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print a JSON document for scripts.")]
+ConfigFile = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="Your own YAML config file (keys as `show` prints them); overrides win over it.",
+    ),
+]
+
+
+def _with_config(config: str | None, overrides: list[str] | None) -> list[str]:
+    """--config FILE as the overrides it stands for, before the command line's (which win)."""
+    if not config:
+        return list(overrides or [])
+    from launcher.config.config_file import expand
+
+    return expand(config, list(overrides or []))
+
 
 out = Console(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -60,12 +78,14 @@ def main(
 @app.command()
 def show(
     overrides: Overrides = None,
+    config: ConfigFile = None,
     sources: Annotated[
         bool, typer.Option("--sources", help="Show where each value came from.")
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Print the resolved configuration."""
+    overrides = _with_config(config, overrides)
     from launcher.config.compose import compose_config
     from launcher.views.config import show_config
 
@@ -84,9 +104,12 @@ def show(
 
 
 @app.command()
-def validate(overrides: Overrides = None, as_json: JsonFlag = False) -> None:
+def validate(
+    overrides: Overrides = None, config: ConfigFile = None, as_json: JsonFlag = False
+) -> None:
     """Check the config, the layout rules and the backend's capabilities; every problem at once;
     exit 2 on errors. Notes say what `run`/`submit` would still refuse."""
+    overrides = _with_config(config, overrides)
     _verdict("validate", overrides or [], force=False, as_json=as_json)
 
 
@@ -134,6 +157,7 @@ DryRun = Annotated[
 @app.command()
 def plan(
     overrides: Overrides = None,
+    config: ConfigFile = None,
     headroom: Annotated[
         float,
         typer.Option(
@@ -166,6 +190,7 @@ def plan(
     as_json: JsonFlag = False,
 ) -> None:
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
+    overrides = _with_config(config, overrides)
     from launcher.config.compose import compose_config
 
     if json_schema:
@@ -256,6 +281,7 @@ def plan(
 @app.command()
 def run(
     overrides: Overrides = None,
+    config: ConfigFile = None,
     force: Annotated[
         bool, typer.Option("--force", help="Launch even if the plan predicts it will not fit.")
     ] = False,
@@ -266,6 +292,7 @@ def run(
     as_json: JsonFlag = False,
 ) -> None:
     """Train on this machine under torchrun (default: the tiny recipe on the CPU)."""
+    overrides = _with_config(config, overrides)
     if dry_run:
         _verdict("run", overrides or [], force=force, as_json=as_json)
         return
@@ -402,6 +429,36 @@ def data_prepare(
 
 
 @app.command()
+def export(
+    run_dir: Annotated[str, typer.Argument(help="The run directory (runs/NAME-HASH).")],
+    out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write the model into.")],
+    fmt: Annotated[str, typer.Option("--format", help="Output format: hf (Hugging Face).")] = "hf",
+    step: Annotated[
+        int | None, typer.Option("--step", help="Checkpoint step (default: newest valid).")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a non-empty --out folder.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Export a run's checkpoint as a Hugging Face model folder (safetensors, config, tokenizer)."""
+    from pathlib import Path
+
+    if fmt != "hf":
+        raise UserError(f"--format={fmt}: the only export format is hf (Hugging Face)")
+    from launcher.train.hf_export import export_hf
+
+    result = export_hf(Path(run_dir), Path(out_dir), step=step, overwrite=overwrite)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        out.print(
+            f"exported step {result.step} of {run_dir} as {result.architecture} "
+            f"({result.parameters:,} parameters) to {result.out}; tokenizer: {result.tokenizer}"
+        )
+
+
+@app.command()
 def recipes(as_json: JsonFlag = False) -> None:
     """List the shipped recipes: parameters, layout, GPUs."""
     from launcher.views.config import recipe_rows, show_recipes
@@ -416,6 +473,7 @@ def recipes(as_json: JsonFlag = False) -> None:
 @app.command()
 def render(
     overrides: Overrides = None,
+    config: ConfigFile = None,
     out_dir: Annotated[
         str, typer.Option("--out", help="Folder to write the artifacts into (created).")
     ] = "render",
@@ -423,6 +481,7 @@ def render(
 ) -> None:
     """Write config.yaml, launch.sh, job.sbatch, hostfile, megatron_args.txt (and ds_config.json
     for backend=deepspeed) into --out, replacing an earlier render's files."""
+    overrides = _with_config(config, overrides)
     from launcher.config.compose import compose_config
     from launcher.render.artifacts import render_artifacts, write_artifacts
     from launcher.validate.rules import check
@@ -453,6 +512,7 @@ JobArg = Annotated[str, typer.Argument(help="A SLURM job id or a run directory."
 @app.command()
 def submit(
     overrides: Overrides = None,
+    config: ConfigFile = None,
     force: Annotated[
         bool, typer.Option("--force", help="Submit even if the plan predicts it will not fit.")
     ] = False,
@@ -460,6 +520,7 @@ def submit(
     as_json: JsonFlag = False,
 ) -> None:
     """Submit the run as a SLURM batch job (sbatch); print the job id and run directory."""
+    overrides = _with_config(config, overrides)
     if dry_run:
         _verdict("submit", overrides or [], force=force, as_json=as_json)
         return

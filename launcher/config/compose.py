@@ -24,7 +24,7 @@ from functools import cache
 from typing import Any
 
 from launcher import resources
-from launcher.config import compose_cache
+from launcher.config import compose_cache, config_file
 from launcher.config.schema import CHOICES, LLMTrainConfig
 from launcher.config.secrets import mask_secret_overrides, redact
 from launcher.errors import ConfigError, did_you_mean
@@ -52,7 +52,7 @@ def groups() -> list[str]:
 
 def group_options(group: str) -> list[str]:
     if group == "recipe":
-        return resources.recipe_names()
+        return resources.recipe_names() + sorted(config_file.FILE_RECIPES)
     return resources.group_options(group)
 
 
@@ -66,8 +66,12 @@ def _register(recipe: str) -> None:
     store = ConfigStore.instance()
     store.store(name="base", node=LLMTrainConfig)
     path = resources.recipes_dir() / f"{recipe}.yaml"
-    with open(path, encoding="utf-8") as f:
-        node = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    if recipe in config_file.FILE_RECIPES:  # recipe=PATH, read and checked already
+        path, text = config_file.FILE_RECIPES[recipe]
+        node = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    else:
+        with open(path, encoding="utf-8") as f:
+            node = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     if not isinstance(node, dict):
         raise ConfigError(
             [
@@ -82,9 +86,12 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     """Compose, check and type the configuration for these overrides. Raises ConfigError."""
     overrides = tuple(overrides)
     try:
+        # recipe=PATH -> recipe=<stem>-<content hash> (launcher.config.config_file)
+        overrides = config_file.rewrite_recipe_paths(overrides)
         return _compose(overrides)
     except ConfigError as exc:  # an error message quotes overrides: never a secret's value
-        raise ConfigError([mask_secret_overrides(p, overrides) for p in exc.problems]) from None
+        problems = config_file.annotate(exc.problems, overrides)
+        raise ConfigError([mask_secret_overrides(p, overrides) for p in problems]) from None
 
 
 def _compose(overrides: tuple[str, ...]) -> Composed:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher import resources
+from launcher.config import config_file
 from launcher.config.compose import BUDGET_PARTNER, Composed
 
 
@@ -46,7 +47,14 @@ def value_sources(composed: Composed) -> dict[str, str]:
     for text in composed.overrides:
         key, is_group = _override_key(text)
         (cli_groups if is_group and key in composed.choices else cli_keys).add(key)
-    recipe_keys, recipe_defaults = _yaml_keys(resources.recipes_dir() / f"{recipe}.yaml")
+    files: dict[str, str] = {}  # dotted key or group -> the --config file that set it
+    for text in composed.overrides:
+        if text in config_file.ORIGINS:
+            key, is_group = _override_key(text)
+            (cli_groups if is_group and key in composed.choices else cli_keys).discard(key)
+            files[key] = config_file.ORIGINS[text]
+    recipe_path = config_file.recipe_file(recipe) or resources.recipes_dir() / f"{recipe}.yaml"
+    recipe_keys, recipe_defaults = _yaml_keys(recipe_path)
     recipe_groups = {
         str(next(iter(entry))).split()[-1].lstrip("/")
         for entry in recipe_defaults
@@ -57,7 +65,9 @@ def value_sources(composed: Composed) -> dict[str, str]:
         if group == "recipe":
             continue
         keys, _ = _yaml_keys(resources.conf_dir() / group / f"{option}.yaml")
-        if group in cli_groups:
+        if group in files:
+            how = f"chosen in {files[group]}"
+        elif group in cli_groups:
             how = "chosen on the command line"
         elif group in recipe_groups:
             how = f"chosen by recipe {recipe}"
@@ -68,14 +78,23 @@ def value_sources(composed: Composed) -> dict[str, str]:
     sources = {}
     for leaf in flatten(composed.values):
         group = leaf.split(".", 1)[0]
-        if leaf == "recipe":
+        in_file = [k for k in files if leaf == k or leaf.startswith(f"{k}.")]
+        if leaf == "recipe" and "recipe" in files:
+            sources[leaf] = f"config file {files['recipe']}"
+        elif leaf == "recipe":
             sources[leaf] = "command line" if "recipe" in cli_groups else "default recipe"
         elif any(leaf == k or leaf.startswith(f"{k}.") for k in cli_keys):
             sources[leaf] = "command line"
         elif BUDGET_PARTNER.get(leaf) in cli_keys:
             sources[leaf] = f"command line ({BUDGET_PARTNER[leaf]} replaces it)"
+        elif in_file:
+            sources[leaf] = f"config file {files[in_file[0]]}"
+        elif BUDGET_PARTNER.get(leaf) in files:
+            partner = BUDGET_PARTNER[leaf]
+            sources[leaf] = f"config file {files[partner]} ({partner} replaces it)"
         elif leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys):
-            sources[leaf] = f"recipe {recipe}"
+            shown = f" ({recipe_path})" if recipe in config_file.FILE_RECIPES else ""
+            sources[leaf] = f"recipe {recipe}{shown}"
         elif group in group_keys and leaf in group_keys[group][1]:
             sources[leaf] = group_keys[group][0]
         else:

@@ -124,6 +124,9 @@ class TrainConfig:
     # of the validation data (launcher.train.evaluation); None or 0: no evaluation.
     eval_every: int | None = None
     eval_steps: int = 10
+    # Start from these weights (step 0, fresh optimizer): a Hugging Face folder (llmtrain export),
+    # a run directory or a checkpoint folder. A run with checkpoints of its own resumes instead.
+    init_from: str | None = None
 
 
 @dataclass
@@ -254,6 +257,22 @@ class RunConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Experiment trackers beside metrics.jsonl and TensorBoard: off by default, rank 0 only,
+    optional extras (pip install 'llmtrain[wandb]' / 'llmtrain[mlflow]'). Credentials only from
+    the environment (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN, ...; see run.secret_env)."""
+
+    wandb: bool = False
+    wandb_project: str = "llmtrain"
+    wandb_entity: str | None = None
+    wandb_mode: str = "online"  # online | offline | disabled
+    mlflow: bool = False
+    # None: MLFLOW_TRACKING_URI from the environment, else mlflow's default (./mlruns).
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "llmtrain"
+
+
+@dataclass
 class LLMTrainConfig:
     """The whole configuration: what `llmtrain show` prints."""
 
@@ -271,6 +290,7 @@ class LLMTrainConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 # Keys whose value must be one of a fixed set of words.
@@ -279,6 +299,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.norm": ("layernorm", "rmsnorm"),
     "model.position": ("learned", "rope"),
     "model.attention": ("flash", "eager"),
+    "logging.wandb_mode": ("online", "offline", "disabled"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved"),
     "zero.offload_optimizer": ("none", "cpu"),
     "zero.offload_params": ("none", "cpu"),

@@ -48,8 +48,10 @@ def write_hf_folder(
     tokenizer: Path | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     metadata: Mapping[str, str] | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> list[Path]:
-    """Write the folder `out` (which must not exist, or be empty); return the files written."""
+    """Write the folder `out` (which must not exist, or be empty); return the files written.
+    `extra_files`: {file name: content} written beside (generation_config.json, ...)."""
     out = Path(out)
     if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
         raise FileExistsError(f"{out}: exists and is not an empty folder; choose another --out")
@@ -74,9 +76,17 @@ def write_hf_folder(
         (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
+        for name, content in (extra_files or {}).items():
+            if Path(name).name != name or name.startswith("."):
+                raise ValueError(f"extra file name {name!r} is not a plain file name")
+            (tmp / name).write_bytes(content)
+        umask = os.umask(0)
+        os.umask(umask)
         for path in tmp.iterdir():
+            path.chmod(0o666 & ~umask)  # as an ordinary file, not mkstemp's owner-only mode
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
+        tmp.chmod(0o777 & ~umask)
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)

@@ -17,6 +17,7 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.planner import Plan, make_plan
+from launcher.train.trackers import problems as tracker_problems
 from launcher.validate.rules import check
 
 
@@ -109,6 +110,11 @@ def launch_problems(cfg: LLMTrainConfig, plan: Plan, *, local: bool, force: bool
         )
     if derive_layout(cfg).steps < 1:
         problems.append("train.steps (or train.tokens) gives no optimizer step; set train.steps")
+    problems += tracker_problems(cfg)
+    if cfg.train.init_from is not None:  # reads the weights' shapes (imports torch)
+        from launcher.train.init_from import problems as init_from_problems
+
+        problems += init_from_problems(cfg)
     return problems
 
 

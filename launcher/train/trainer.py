@@ -49,6 +49,7 @@ from launcher.train.optim import learning_rate
 from launcher.train.policy import CheckpointPolicy
 from launcher.train.sampler import ShardedSampler
 from launcher.train.summary import format_summary, summarize
+from launcher.train.trackers import Trackers
 
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
@@ -72,14 +73,14 @@ class CheckpointLoadError(RuntimeError):
     """Checkpoints exist but none of them could be loaded (refused or unreadable)."""
 
 
-def build_engine(cfg: LLMTrainConfig) -> Engine:
+def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None = None) -> Engine:
     if cfg.backend.name == "deepspeed":
         from launcher.train.engines.deepspeed_engine import DeepSpeedEngine
 
-        return DeepSpeedEngine(cfg, seed=cfg.train.seed)
+        return DeepSpeedEngine(cfg, seed=cfg.train.seed, init_state=init_state)
     from launcher.train.engines.torch_engine import TorchEngine
 
-    return TorchEngine(cfg, seed=cfg.train.seed)
+    return TorchEngine(cfg, seed=cfg.train.seed, init_state=init_state)
 
 
 class Log:
@@ -216,6 +217,7 @@ class Trainer:
         run = self.run
         values = yaml.safe_load(fsio.read_bytes(run.config).decode("utf-8"))
         self.cfg = cfg = config_from_values(values)
+        self.values = values
         self.plan: dict[str, Any] = (
             json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
         )
@@ -229,7 +231,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.shards = training_data(cfg)
         self.runtime_rss = current_rss()  # Python, torch, process group: before the model exists
-        self.engine = build_engine(cfg)
+        self.engine = build_engine(cfg, self._init_state())
         info = self.engine.info
         self.sampler = ShardedSampler(
             self.shards.num_sequences(cfg.model.seq_length),
@@ -261,6 +263,9 @@ class Trainer:
             if self.rank == 0 and self.start < self.total
             else None
         )
+        self.trackers = (  # W&B / MLflow (logging.*), rank 0
+            Trackers(cfg, run.root, self.values, self.log) if self.metrics is not None else None
+        )
         self.flops_per_token = (self.plan.get("flops") or {}).get("per_token_model")
         peak = plan_peak_flops(self.plan)
         self.peak_total = peak * info.world_size if peak else None
@@ -273,6 +278,20 @@ class Trainer:
                 f"{info.world_size} process(es): {self.layout.global_batch_size} x "
                 f"{cfg.model.seq_length} tokens per step; {self.policy.describe()}"
             )
+
+    def _init_state(self) -> dict[str, torch.Tensor] | None:
+        """train.init_from's weights, unless this run has checkpoints to resume (resume wins)."""
+        source = self.cfg.train.init_from
+        if source is None:
+            return None
+        if self.cfg.checkpoint.resume and complete_checkpoints(self.run.checkpoints):
+            self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
+            return None
+        from launcher.train.init_from import load_state
+
+        state = load_state(self.cfg)
+        self.log(f"initialised from {source} ({len(state)} tensors; step 0, fresh optimizer)")
+        return state
 
     def _candidates(self) -> tuple[list[Found], int]:
         """(valid checkpoints newest first, number of checkpoint folders), as rank 0 sees them
@@ -398,22 +417,23 @@ class Trainer:
         mfu = None
         if self.flops_per_token and self.peak_total:
             mfu = tokens_per_s * self.flops_per_token / self.peak_total
-        self.metrics.write(
-            {
-                "step": done,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens": done * self.tokens_per_step,
-                "step_time_s": elapsed,
-                "tokens_per_s": tokens_per_s,
-                "mfu": mfu,
-                "memory_bytes": memory_bytes(peak_memory()),
-                "elapsed_s": sum(self.step_times),
-                "time": time.time(),
-                **(val or {}),
-            }
-        )
+        record = {
+            "step": done,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": done * self.tokens_per_step,
+            "step_time_s": elapsed,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "memory_bytes": memory_bytes(peak_memory()),
+            "elapsed_s": sum(self.step_times),
+            "time": time.time(),
+            **(val or {}),
+        }
+        self.metrics.write(record)
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     # --- close ---------------------------------------------------------------------------------
     def close(self) -> dict[str, Any]:
@@ -421,6 +441,8 @@ class Trainer:
         self.save(self.total)
         if self.metrics is not None:
             self.metrics.close()
+        if self.trackers is not None:
+            self.trackers.close()
         summary = summarize(
             self.cfg,
             self.plan,

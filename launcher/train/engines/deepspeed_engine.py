@@ -40,6 +40,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.render.ds_config import runtime_ds_config
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
+from launcher.train.init_from import copy_into
 from launcher.train.model import Transformer, apply_recompute, build_model, loss_fn
 from launcher.train.optim import build_optimizer
 
@@ -130,7 +131,9 @@ def pipeline_layers(model: Transformer) -> list[nn.Module]:
 
 
 class DeepSpeedEngine(Engine):
-    def __init__(self, cfg: LLMTrainConfig, seed: int):
+    def __init__(
+        self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
+    ):
         import deepspeed
 
         # What this engine runs is declared in launcher/backends/deepspeed.py.
@@ -151,6 +154,8 @@ class DeepSpeedEngine(Engine):
             dp_size=world,
         )
         model = build_model(cfg.model, device=engine_device(), seed=seed)
+        if init_state is not None:  # train.init_from, before DeepSpeed partitions anything
+            copy_into(model, init_state)
         apply_recompute(model, cfg.train.recompute)
         self.pipeline = layout.pp > 1
         module: nn.Module = model

@@ -126,6 +126,7 @@ from launcher.train.engines.dcp_safe import (
 )
 from launcher.train.engines.dist import engine_device
 from launcher.train.expert_parallel import ExpertParallel
+from launcher.train.init_from import copy_into
 from launcher.train.model import (
     MLP,
     MLAttention,
@@ -233,7 +234,9 @@ def _loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class TorchEngine(Engine):
-    def __init__(self, cfg: LLMTrainConfig, seed: int):
+    def __init__(
+        self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
+    ):
         problems = [r.message for r in raw_refusals("torch", cfg)]
         if problems:
             raise TorchEngineError(
@@ -298,7 +301,9 @@ class TorchEngine(Engine):
             )
 
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
+        self.init_state = init_state  # train.init_from: copied in before any sharding
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
+        self.init_state = None
         self.optimizer = self._build_optimizer()
         self.schedule: Any = None
         if lay.pp > 1:
@@ -328,6 +333,8 @@ class TorchEngine(Engine):
                 model.output = None
         model.to_empty(device=self.device)
         init_weights(model, seed)
+        if self.init_state is not None:
+            copy_into(model, self.init_state)
         if lay.cp > 1:
             cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
             apply_context_parallel(model, cp)

@@ -1,0 +1,205 @@
+"""`llmtrain export RUN_DIR --format hf --out DIR`: a checkpoint as a Hugging Face model folder.
+
+Steps: the run's own config.yaml gives the model; the newest checkpoint that verifies (or the one
+of ``--step``, refused with the reason when it does not verify: damaged, or unsigned while
+``LLMTRAIN_CHECKPOINT_KEY`` is set) is read back whole (``consolidate.full_state``), mapped to the
+HF layout its shape has (``hf_layout``: Llama, Mixtral or GPT-2; anything else refused with the
+keys that make it so) and written with ``hf_files.write_hf_folder`` (temporary sibling folder,
+then rename): safetensors shards + index, config.json, generation_config.json and the tokenizer.
+
+Tokenizer: the run's prepared data folder names it in index.json. A ``tokenizer.json`` there (a
+user's own, or the BPE trained by ``data prepare``) is copied; the byte tokenizer is written as an
+equivalent tokenizer.json (``byte_tokenizer``). transformers is never imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from launcher import fsio
+from launcher.config.compose import config_from_values
+from launcher.config.schema import LLMTrainConfig
+from launcher.errors import UserError
+from launcher.rundir import RunDir, step_dir_name
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out: Path
+    step: int
+    checkpoint: Path
+    architecture: str
+    parameters: int
+    tokenizer: str
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "step": self.step,
+            "checkpoint": str(self.checkpoint),
+            "architecture": self.architecture,
+            "parameters": self.parameters,
+            "tokenizer": self.tokenizer,
+            "files": self.files,
+        }
+
+
+def _merged(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merged(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def run_config(run_dir: Path) -> LLMTrainConfig:
+    """The run's config.yaml; keys added to llmtrain since the run was made take defaults."""
+    from omegaconf import OmegaConf
+
+    path = RunDir(run_dir).config
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no config.yaml; is it a run directory (runs/NAME-HASH)?")
+    try:
+        values = yaml.safe_load(fsio.read_bytes(path).decode("utf-8"))
+        if not isinstance(values, dict):
+            raise ValueError("not a mapping")
+        defaults = OmegaConf.to_container(OmegaConf.structured(LLMTrainConfig))
+        assert isinstance(defaults, dict)
+        return config_from_values(_merged(cast(dict[str, Any], defaults), values))
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise UserError(f"{path}: not a config.yaml this llmtrain reads ({exc})") from None
+
+
+def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
+    """(step, folder) of the checkpoint to read: `step`'s, or the newest that verifies."""
+    from launcher.train.checkpoint import KEY_ENV, complete_checkpoints, valid_checkpoints, verify
+
+    root = RunDir(run_dir).checkpoints
+    if step is not None:
+        path = root / step_dir_name(step)
+        if not path.is_dir() or path.is_symlink():
+            have = ", ".join(str(s) for s, _ in complete_checkpoints(root)[:5]) or "none"
+            raise UserError(f"--step {step}: no checkpoint {path} (steps here: {have})")
+        problem = verify(path)
+        if problem is not None:
+            raise UserError(
+                f"--step {step}: checkpoint {path} refused: {problem}"
+                + (f" (is {KEY_ENV} the run's key?)" if "sign" in problem else "")
+            )
+        return step, path
+    found = next(valid_checkpoints(root), None)
+    if found is None:
+        count = len(complete_checkpoints(root))
+        raise UserError(
+            f"{run_dir}: no checkpoint verifies ({count} folder(s) in {root}); train it first "
+            f"with `llmtrain run`, or pass --step N of a good one"
+        )
+    return found.step, found.path
+
+
+def _tokenizer_files(cfg: LLMTrainConfig) -> tuple[dict[str, bytes], str, int | None]:
+    """({file name: bytes}, description, end-of-document id) for the run's tokenizer."""
+    from launcher.export.byte_tokenizer import write_byte_tokenizer
+
+    index: dict[str, Any] = {"tokenizer": "byte"}
+    folder: Path | None = None
+    if cfg.data.path is not None:
+        folder = Path(cfg.data.path).expanduser()
+        try:
+            index = json.loads((folder / "index.json").read_text())
+        except (OSError, ValueError):
+            return {}, f"none written: {folder}/index.json is unreadable", None
+    kind = str(index.get("tokenizer"))
+    eod = index.get("eod_id")
+    eod_id = eod if isinstance(eod, int) else None
+    if kind == "byte":
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "tokenizer.json"
+            write_byte_tokenizer(path)
+            return {"tokenizer.json": path.read_bytes()}, "byte (as tokenizer.json)", eod_id
+    assert folder is not None
+    name = str(index.get("tokenizer_file") or "tokenizer.json")
+    source = folder / name
+    if Path(name).name != name or source.is_symlink() or not source.is_file():
+        return {}, f"none written: {source} is missing", eod_id
+    return {"tokenizer.json": source.read_bytes()}, f"{kind} ({source})", eod_id
+
+
+def export_hf(
+    run_dir: Path,
+    out: Path,
+    step: int | None = None,
+    overwrite: bool = False,
+    max_shard_bytes: int | None = None,
+) -> ExportResult:
+    """Export `run_dir`'s checkpoint to the Hugging Face folder `out` (see the module docstring)."""
+    from launcher.export.hf_files import DEFAULT_SHARD_BYTES, write_hf_folder
+    from launcher.export.hf_layout import LayoutError, hf_architecture, hf_config, to_hf
+    from launcher.train.consolidate import ConsolidateError, full_state
+    from launcher.train.engines.dcp_safe import UnsafeCheckpointError
+
+    run_dir, out = Path(run_dir), Path(out)
+    if out.is_symlink():
+        raise UserError(f"--out {out}: is a symbolic link; give a real folder path")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    occupied = out.is_dir() and any(out.iterdir())
+    if occupied and not overwrite:
+        raise UserError(f"--out {out}: not empty; choose an empty folder or pass --overwrite")
+    cfg = run_config(run_dir)
+    try:
+        architecture = hf_architecture(cfg.model)
+    except LayoutError as exc:
+        raise UserError(f"{run_dir}: {exc}") from None
+    step_done, checkpoint = pick_checkpoint(run_dir, step)
+    try:
+        state = full_state(checkpoint / "engine", cfg.model.num_layers)
+        tensors = to_hf(state, cfg.model)
+    except (ConsolidateError, LayoutError, UnsafeCheckpointError, KeyError) as exc:
+        raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
+    extra, tokenizer, eod_id = _tokenizer_files(cfg)
+    dtype = next(iter(tensors.values())).dtype
+    config = hf_config(cfg.model, torch_dtype=str(dtype).removeprefix("torch."))
+    generation: dict[str, Any] = {}
+    if eod_id is not None:
+        config["eos_token_id"] = generation["eos_token_id"] = eod_id
+    extra[GENERATION_CONFIG] = (json.dumps(generation, indent=2, sort_keys=True) + "\n").encode()
+    metadata = {"llmtrain_run": run_dir.name, "llmtrain_step": str(step_done)}
+    target = out
+    if occupied:  # --overwrite: write beside, then swap, so a failure keeps the old folder
+        target = out.parent / f".{out.name}.new-{os.getpid()}"
+    write_hf_folder(
+        target,
+        tensors,
+        config,
+        max_shard_bytes=max_shard_bytes or DEFAULT_SHARD_BYTES,
+        metadata=metadata,
+        extra_files=extra,
+    )
+    if occupied:
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+        os.rename(target, out)
+        shutil.rmtree(old)
+    return ExportResult(
+        out=out,
+        step=step_done,
+        checkpoint=checkpoint,
+        architecture=architecture,
+        parameters=sum(int(v.numel()) for v in tensors.values()),
+        tokenizer=tokenizer,
+        files=sorted(p.name for p in out.iterdir()),
+    )

@@ -1,0 +1,231 @@
+"""`llmtrain export` on real checkpoints of every layout, read back by an independent reference.
+
+Each layout trains the same Llama-shaped model with the same seed for 3 steps on CPU processes:
+one process (torch), tensor parallel 2 and FSDP ZeRO-3 (torch, DCP shards), DeepSpeed ZeRO-3
+(fp32 partitions in its optimizer files) and DeepSpeed pipeline parallel 2 (one file per layer).
+Every run is exported with the CLI and the exported folder is run through the numpy reference
+forward of tests/unit/test_export_hf.py (transformers' documented semantics, HF names and
+config.json only). The layouts compute the same training to float rounding, so their exported
+logits must agree: a shard put back in the wrong place, a missing tensor or a wrong name would
+not (measured: <= 6e-7 apart for logits of magnitude ~0.8; the bar is 1e-4).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launcher.export.hf_files import read_hf_folder
+from tests.integration.test_run import llmtrain, only_run_dir
+from tests.unit.test_export_hf import reference_gpt2, reference_llama
+
+pytestmark = pytest.mark.integration
+
+LLAMA = [
+    "model.activation=swiglu",
+    "model.norm=rmsnorm",
+    "model.position=rope",
+    "model.tie_embeddings=false",
+    "model.linear_bias=false",
+    "model.num_kv_heads=2",
+]
+SHORT = [
+    "train.steps=3",
+    "model.seq_length=32",
+    "train.micro_batch_size=2",
+    "train.log_every=3",
+    "checkpoint.keep_last=1",
+]
+LAYOUTS = {
+    "tp2": ["cluster.gpus_per_node=2", "parallel.tp=2"],
+    "fsdp-zero3": ["cluster.gpus_per_node=2", "zero.stage=3"],
+    "deepspeed-zero3": ["backend=deepspeed", "cluster.gpus_per_node=2", "zero.stage=3"],
+    "deepspeed-pp2": ["backend=deepspeed", "cluster.gpus_per_node=2", "parallel.pp=2"],
+}
+TOKENS = np.random.default_rng(0).integers(0, 256, (32,))
+
+
+def train_and_export(where: Path, *overrides: str) -> Path:
+    where.mkdir()
+    done = llmtrain(where, "run", *SHORT, *overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
+    exported = llmtrain(where, "export", str(only_run_dir(where)), "--out", "hf", "--json")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    document = json.loads(exported.stdout)
+    assert document["step"] == 3 and document["architecture"] == "LlamaForCausalLM"
+    return where / "hf"
+
+
+def logits(folder: Path) -> np.ndarray:
+    tensors, config = read_hf_folder(folder)
+    arrays = {k: v.numpy() for k, v in tensors.items()}
+    if config["model_type"] == "gpt2":
+        return reference_gpt2(arrays, config, TOKENS)
+    return reference_llama(arrays, config, TOKENS)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_and_export(tmp_path_factory.mktemp("export") / "single", *LLAMA)
+
+
+def test_single_process_export_is_a_complete_hf_folder(single: Path) -> None:
+    names = sorted(p.name for p in single.iterdir())
+    assert names == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(single / "tokenizer.json"))
+    text = "héllo, wörld\n"
+    assert tok.encode(text).ids == list(text.encode("utf-8"))  # the byte tokenizer, as HF
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_sharded_layouts_export_the_same_model(single: Path, layout: str, tmp_path: Path) -> None:
+    folder = train_and_export(tmp_path / layout, *LLAMA, *LAYOUTS[layout])
+    ours, reference = logits(folder), logits(single)
+    assert np.abs(reference).max() > 0.1
+    assert np.abs(ours - reference).max() < 1e-4
+
+
+def test_default_recipe_exports_as_gpt2_and_bad_requests_are_refused(tmp_path: Path) -> None:
+    overrides = [o for o in SHORT if not o.startswith("checkpoint.")]
+    done = llmtrain(
+        tmp_path, "run", *overrides, "checkpoint.keep_last=2", "checkpoint.every_steps=2"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = str(only_run_dir(tmp_path))
+    exported = llmtrain(tmp_path, "export", run_dir, "--out", "hf")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "GPT2LMHeadModel" in exported.stdout
+    assert np.isfinite(logits(tmp_path / "hf")).all()
+
+    again = llmtrain(tmp_path, "export", run_dir, "--out", "hf")
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    linked = llmtrain(tmp_path, "export", run_dir, "--out", "link", "--overwrite")
+    assert linked.returncode == 2 and "symbolic link" in linked.stderr
+    assert not (tmp_path / "elsewhere").exists()
+
+    older = llmtrain(tmp_path, "export", run_dir, "--out", "hf", "--step", "2", "--overwrite")
+    assert older.returncode == 0, older.stderr[-3000:]
+    assert "step 2" in older.stdout
+    step2 = Path(run_dir) / "checkpoints" / "step_00000002"
+    unsigned = llmtrain(
+        tmp_path,
+        "export",
+        run_dir,
+        "--out",
+        "x",
+        "--step",
+        "2",
+        env={"LLMTRAIN_CHECKPOINT_KEY": "k"},
+    )
+    assert unsigned.returncode == 2 and "not signed" in unsigned.stderr
+    (step2 / "trainer_state.json").write_text("{}")
+    damaged = llmtrain(tmp_path, "export", run_dir, "--out", "x", "--step", "2")
+    assert damaged.returncode == 2 and "refused" in damaged.stderr
+    assert not (tmp_path / "x").exists()
+    missing = llmtrain(tmp_path, "export", run_dir, "--out", "x", "--step", "7")
+    assert missing.returncode == 2 and "no checkpoint" in missing.stderr
+
+
+# --- train.init_from ----------------------------------------------------------------------------
+EVERY_STEP = [o for o in SHORT if not o.startswith("train.log_every")] + ["train.log_every=1"]
+
+
+def first_losses(where: Path, *overrides: str) -> tuple[list[float], str]:
+    done = llmtrain(where, "run", *EVERY_STEP, *LLAMA, *overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (where / "runs" / "b" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines], done.stdout + done.stderr
+
+
+def reference_loss(folder: Path, run_dir: Path) -> float:
+    """Mean next-token loss of the exported weights (numpy reference) on the first batch the
+    trainer draws in `run_dir` (its own data, sampler and seed)."""
+    import yaml
+
+    from launcher.config.compose import config_from_values
+    from launcher.config.layout import derive_layout
+    from launcher.train.data import TokenShards
+    from launcher.train.sampler import ShardedSampler
+    from launcher.train.trainer import data_dir
+
+    cfg = config_from_values(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    lay = derive_layout(cfg)
+    shards = TokenShards(data_dir(cfg))
+    seq = cfg.model.seq_length
+    sampler = ShardedSampler(
+        shards.num_sequences(seq), 0, 1, lay.micro_batch_size * lay.grad_accum, cfg.train.seed
+    )
+    rows = shards.batch(sampler.next_batch_indices(), seq)
+    tensors, config = read_hf_folder(folder)
+    arrays = {k: v.numpy() for k, v in tensors.items()}
+    total = []
+    for row in rows:
+        out = reference_llama(arrays, config, row[:-1]).astype(np.float64)
+        out -= out.max(-1, keepdims=True)
+        logp = out - np.log(np.exp(out).sum(-1, keepdims=True))
+        total.append(-logp[np.arange(seq), row[1:]])
+    return float(np.mean(total))
+
+
+def test_init_from_an_export_or_a_run_starts_from_those_weights(
+    single: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "hf").mkdir()
+    losses, log = first_losses(tmp_path / "hf", f"train.init_from={single}", "run.name=b")
+    assert "initialised from" in log
+    expected = reference_loss(single, tmp_path / "hf" / "runs" / "b")
+    assert abs(losses[0] - expected) < 1e-4, (losses[0], expected)
+
+    # The exporting run's own directory (its DCP checkpoint) gives the same start.
+    (tmp_path / "run").mkdir()
+    from_run, _ = first_losses(
+        tmp_path / "run", f"train.init_from={only_run_dir(single.parent)}", "run.name=b"
+    )
+    assert abs(from_run[0] - losses[0]) < 1e-5
+
+    # A fresh run's first loss is far from it: the weights were really used.
+    (tmp_path / "fresh").mkdir()
+    fresh, _ = first_losses(tmp_path / "fresh", "run.name=b")
+    assert abs(fresh[0] - losses[0]) > 1e-2
+
+    # The same run again, longer: it resumes from its own checkpoint, init_from is ignored.
+    more = llmtrain(
+        tmp_path / "hf",
+        "run",
+        *EVERY_STEP[1:],
+        *LLAMA,
+        "train.steps=4",
+        f"train.init_from={single}",
+        "run.name=b",
+    )
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "ignored: resuming" in more.stdout + more.stderr
+    steps = [
+        json.loads(x)["step"]
+        for x in (tmp_path / "hf/runs/b/metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps[-1] == 4
+
+
+def test_init_from_with_another_shape_is_refused_before_any_process(
+    single: Path, tmp_path: Path
+) -> None:
+    done = llmtrain(
+        tmp_path, "run", *SHORT, *LLAMA, "model.hidden_size=64", f"train.init_from={single}"
+    )
+    assert done.returncode == 2
+    assert "layers.0.attention.wq.weight: weights [128, 128], model [64, 64]" in done.stderr
+    assert not (tmp_path / "runs").exists()
+    missing = llmtrain(tmp_path, "run", *SHORT, *LLAMA, f"train.init_from={tmp_path}/nowhere")
+    assert missing.returncode == 2 and "no such folder" in missing.stderr

@@ -1,0 +1,48 @@
+"""Pieces of export / init_from that need no training run: the byte tokenizer as tokenizer.json,
+the shape check's messages, an older run's config.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.config.compose import compose_config
+from launcher.export.byte_tokenizer import byte_to_char, write_byte_tokenizer
+from launcher.train.hf_export import run_config
+from launcher.train.init_from import mismatches
+
+pytestmark = pytest.mark.unit
+
+
+def test_byte_tokenizer_json_encodes_utf8_bytes(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    write_byte_tokenizer(tmp_path / "tokenizer.json")
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text = "héllo wörld\n\t 日本 \x00 end"
+    ids = tok.encode(text).ids
+    assert ids == list(text.encode("utf-8"))
+    assert tok.decode(ids) == text
+    assert tok.get_vocab_size() == 256 and len(set(byte_to_char().values())) == 256
+
+
+def test_shape_mismatches_name_the_key_and_both_shapes() -> None:
+    want = {"a.weight": (4, 2), "b.weight": (3,)}
+    assert mismatches(dict(want), want) == []
+    found = mismatches({"a.weight": (4, 3), "c": (1,)}, want)
+    assert found == [
+        "a.weight: weights [4, 3], model [4, 2]",
+        "b.weight: missing from the weights (the model has [3])",
+        "c: in the weights ([1]), not in the model",
+    ]
+
+
+def test_a_run_made_before_newer_keys_still_reads(tmp_path: Path) -> None:
+    values = compose_config(["model.num_layers=3"]).values
+    del values["logging"]
+    del values["train"]["init_from"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(values))
+    cfg = run_config(tmp_path)
+    assert cfg.model.num_layers == 3 and cfg.train.init_from is None
