@@ -79,7 +79,49 @@ def _register(recipe: str) -> None:
                 f"{type(node).__name__} {str(node)[:40]!r}"
             ]
         )
+    shape = _shape_problems(node, "", str(path))
+    if shape:  # OmegaConf would only say "Cannot merge DictConfig with ListConfig"
+        raise ConfigError(shape)
     store.store(group="recipe", name=recipe, node=OmegaConf.create(node), package="_global_")
+
+
+def _shape_problems(node: dict[str, Any], prefix: str, where: str) -> list[str]:
+    """Values of a recipe whose shape (mapping, list, scalar) is not the schema's: a mapping for a
+    list or a scalar, a list for a mapping or a scalar, a scalar for a section. Unknown keys are
+    left to unknown_key_problems (after composition)."""
+    problems = []
+    for key, value in node.items():
+        if not prefix and key == "defaults":
+            continue
+        dotted = f"{prefix}{key}"
+        tp = _field_type(dotted)
+        if tp is None:
+            continue
+        section = _dataclass_of(tp)
+        origin = typing.get_origin(tp)
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        kinds = {typing.get_origin(a) or a for a in args} | ({origin} if origin else {tp})
+        if section is not None:
+            if isinstance(value, dict):
+                problems += _shape_problems(value, f"{dotted}.", where)
+            elif value is not None:
+                problems.append(f"{dotted}: a section of keys, not {value!r} (in {where})")
+            continue
+        if isinstance(value, dict) and dict not in kinds:
+            problems.append(
+                f"{dotted}: expected {_expected_type(dotted)}, got a mapping (in {where})"
+            )
+        elif isinstance(value, list) and list not in kinds:
+            problems.append(f"{dotted}: expected {_expected_type(dotted)}, got a list (in {where})")
+        elif (
+            value is not None
+            and not isinstance(value, (dict, list))
+            and (list in kinds or dict in kinds)
+        ):
+            problems.append(
+                f"{dotted}: expected {_expected_type(dotted)}, got {value!r} (in {where})"
+            )
+    return problems
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:

@@ -111,6 +111,20 @@ def test_unknown_keys_name_the_key_and_the_file(tmp_path: Path) -> None:
         compose_config(expand(str(typed), []))
 
 
+def test_a_recipe_file_with_values_of_the_wrong_shape_names_each_key(tmp_path: Path) -> None:
+    """OmegaConf says only "Cannot merge DictConfig with ListConfig" for these (found by the
+    fuzzer); the recipe check names the key, the expected type and the file."""
+    text = "slurm:\n  extra_sbatch_args: {a: 1}\nparallel:\n  tp: [1, 2]\nzero: 3\n"
+    bad = write(tmp_path / "shapes.yaml", text)
+    code, output = invoke("validate", f"recipe={bad}")
+    assert code == 2
+    flat = " ".join(output.split())
+    assert "slurm.extra_sbatch_args: expected list[str], got a mapping" in flat
+    assert "parallel.tp: expected an integer, got a list" in flat
+    assert "zero: a section of keys, not 3" in flat
+    assert "Cannot merge" not in flat and "shapes.yaml" in flat
+
+
 def test_recipe_by_path_and_the_cache_sees_an_edit(tmp_path: Path) -> None:
     recipe = write(tmp_path / "r.yaml", RECIPE)
     first = compose_config([f"recipe={recipe}"])
