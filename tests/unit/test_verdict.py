@@ -81,14 +81,35 @@ def test_dry_runs_start_nothing_and_write_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_planning_preset_is_a_note_for_validate_and_a_refusal_for_run_and_submit() -> None:
+def test_megatron_without_a_checkout_is_a_refusal_for_run_and_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MEGATRON_LM_PATH", raising=False)
     code, doc = invoke(["validate"], ("recipe=gpt3-175b",))
     assert code == 0 and doc["valid"]
-    assert any(n.startswith("planning preset: run/submit need") for n in doc["notes"])
+    assert any("no Megatron-LM checkout is named" in n for n in doc["notes"])
     for command in ("run", "submit"):
         code2, doc2 = invoke([command, "--dry-run"], ("recipe=gpt3-175b",))
         assert code2 == 2 and doc2["errors"] == []
-        assert any("backend=megatron" in r for r in doc2["refusals"][command])
+        (found,) = [r for r in doc2["refusals"][command] if "Megatron-LM" in r]
+        assert "backend.megatron_path=" in found and "MEGATRON_LM_PATH" in found
+        assert "git clone --branch core_v0.16.1" in found
+    # A checkout named by the environment: submit no longer refuses.
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    monkeypatch.setenv("MEGATRON_LM_PATH", str(tmp_path))
+    code3, doc3 = invoke(["submit", "--dry-run"], ("recipe=gpt3-175b",))
+    assert code3 == 0, doc3["refusals"]
+    # A named folder without pretrain_gpt.py: the key, the folder and how to get it.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code4, doc4 = invoke(
+        ["submit", "--dry-run"], ("recipe=gpt3-175b", f"backend.megatron_path={empty}")
+    )
+    assert code4 == 2
+    assert any(
+        f"backend.megatron_path={empty}: no pretrain_gpt.py" in r
+        for r in doc4["refusals"]["submit"]
+    )
 
 
 # --- property: every recipe x every cluster profile x a rotating sample of overrides ----------
