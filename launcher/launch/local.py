@@ -300,6 +300,12 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
             f"rank {first['rank']} failed first: {first['type']}: {first['message']}\n"
             f"(traceback in {run.rank_log(first['rank'])}; every rank was stopped)"
         )
+    free = fsio.free_bytes(run.root)
+    if free is not None and free < 1 << 20:
+        raise RunFailed(
+            f"torchrun exited with code {code}: the disk holding {run.root} is full "
+            f"({free} bytes free); free space there and run the same command again"
+        )
     failed = failed_root_cause(run.torchrun_log, log_offset)
     if failed is not None:
         rank, exit_code = failed
@@ -307,12 +313,6 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
             f"rank {rank} failed first: exited with code {exit_code} without an llmtrain error "
             f"report (a script launched as is, e.g. Megatron-LM's)\n(its output is in "
             f"{run.torchrun_log}; every rank was stopped)"
-        )
-    free = fsio.free_bytes(run.root)
-    if free is not None and free < 1 << 20:
-        raise RunFailed(
-            f"torchrun exited with code {code}: the disk holding {run.root} is full "
-            f"({free} bytes free); free space there and run the same command again"
         )
     raise RunFailed(
         f"torchrun exited with code {code} and no rank reported an error (killed by a signal?); "
