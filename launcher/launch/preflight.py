@@ -41,22 +41,32 @@ def megatron_root(cfg: LLMTrainConfig, environ: Mapping[str, str] | None = None)
 def megatron_problems(cfg: LLMTrainConfig, *, local: bool) -> list[str]:
     """backend=megatron needs Megatron-LM's pretrain_gpt.py. A job in slurm.container_image may
     hold the checkout only inside the image, so there it is only required to be named."""
-    from launcher.render.megatron_launch import ENTRY, ENV_VAR, how_to_get_megatron
+    from launcher.render.megatron_launch import DATA_ARGS, ENTRY, ENV_VAR, how_to_get_megatron
 
     if cfg.backend.name != "megatron":
         return []
+    problems = []
+    extra = {word.split("=", 1)[0] for word in cfg.backend.megatron_extra_args}
+    if cfg.data.path is not None and not extra & set(DATA_ARGS):
+        # Without this, Megatron-LM would train on --mock-data while data.path names real data.
+        problems.append(
+            f"data.path={cfg.data.path}: Megatron-LM reads its own indexed datasets, not "
+            "llmtrain's prepared shards; give them with backend.megatron_extra_args=[--data-path,"
+            "PREFIX] (Megatron-LM's tools/preprocess_data.py writes PREFIX.bin/.idx) and unset "
+            "data.path"
+        )
     root = megatron_root(cfg)
     if root is None:
-        return [f"backend=megatron: no Megatron-LM checkout is named; {how_to_get_megatron()}"]
-    if not local and cfg.slurm.container_image is not None:
-        return []
-    if not (Path(root) / ENTRY).is_file():
+        problems.append(
+            f"backend=megatron: no Megatron-LM checkout is named; {how_to_get_megatron()}"
+        )
+    elif (local or cfg.slurm.container_image is None) and not (Path(root) / ENTRY).is_file():
         key = "backend.megatron_path" if cfg.backend.megatron_path else ENV_VAR
-        return [
+        problems.append(
             f"{key}={root}: no {ENTRY} there (Megatron-LM's training script sits at the root "
             f"of its checkout); {how_to_get_megatron()}"
-        ]
-    return []
+        )
+    return problems
 
 
 def hardware_problems(cfg: LLMTrainConfig) -> list[str]:

@@ -99,6 +99,10 @@ def test_megatron_without_a_checkout_is_a_refusal_for_run_and_submit(
     monkeypatch.setenv("MEGATRON_LM_PATH", str(tmp_path))
     code3, doc3 = invoke(["submit", "--dry-run"], ("recipe=gpt3-175b",))
     assert code3 == 0, doc3["refusals"]
+    # llmtrain's prepared data is not Megatron-LM's: no silent --mock-data run.
+    code5, doc5 = invoke(["submit", "--dry-run"], ("recipe=gpt3-175b", f"data.path={tmp_path}"))
+    assert code5 == 2
+    assert any("backend.megatron_extra_args=[--data-path," in r for r in doc5["refusals"]["submit"])
     # A named folder without pretrain_gpt.py: the key, the folder and how to get it.
     empty = tmp_path / "empty"
     empty.mkdir()
