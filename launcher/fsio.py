@@ -177,20 +177,28 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+# torch.save's zip writer (PyTorchStreamWriter, caffe2/serialize/inline_container.cc) reports a
+# short write, what a full disk or quota gives it, as a RuntimeError "... unexpected pos N vs M";
+# torch.distributed.checkpoint passes it on to every rank inside its own exception.
+_SHORT_WRITE = "unexpected pos"
+
+
 def describe_write_error(exc: BaseException, path: Path) -> str | None:
     """A plain sentence for a disk-full or read-only write error (None for any other error)."""
-    if not isinstance(exc, OSError) or isinstance(exc, UnsafePathError):
+    short_write = isinstance(exc, RuntimeError) and _SHORT_WRITE in str(exc)
+    if not (isinstance(exc, OSError) or short_write) or isinstance(exc, UnsafePathError):
         return None
-    where = Path(exc.filename) if exc.filename else Path(path)
+    filename = getattr(exc, "filename", None)
+    where = Path(filename) if filename else Path(path)
     free = free_bytes(where)
     free_text = f"{free / 2**30:.2f} GiB free" if free is not None else "free space unknown"
-    if exc.errno in DISK_FULL_ERRNOS:
+    if short_write or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS):
         return (
             f"disk full writing {where} ({free_text} on its file system); free space there or "
             "move run.root_dir, then run the same command again to resume from the last good "
             "checkpoint"
         )
-    if exc.errno in READ_ONLY_ERRNOS:
+    if isinstance(exc, OSError) and exc.errno in READ_ONLY_ERRNOS:
         return (
             f"cannot write {where}: {os.strerror(exc.errno or 0)} (read-only or not permitted; "
             f"{free_text}); make it writable or set run.root_dir to a writable folder"

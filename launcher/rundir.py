@@ -3,6 +3,7 @@
 config.yaml       the resolved configuration the ranks train from
 plan.json         `llmtrain plan --json` for it (predictions; the MFU denominator)
 ds_config.json    the DeepSpeed config (backend=deepspeed)
+megatron_args.txt Megatron-LM's pretrain_gpt.py arguments for the config (backend=megatron)
 launch.sh         the exact torchrun command and environment that was launched
 job.sbatch        the SLURM batch script (`llmtrain submit`);  slurm.json  its job ids
 logs/             rank{R}.log, rank{R}.error.json (a failed rank), torchrun.log, slurm-%j.out/err
@@ -53,6 +54,10 @@ class RunDir:
     @property
     def ds_config(self) -> Path:
         return self.root / DS_CONFIG
+
+    @property
+    def megatron_args(self) -> Path:
+        return self.root / MEGATRON_ARGS
 
     @property
     def launch_script(self) -> Path:

@@ -62,7 +62,7 @@ class Backend:
     # Can `llmtrain run` / `submit` train with it here? If not, why and what is needed.
     launchable: bool
     not_launchable: str
-    needs: str  # what a plan/render-only backend needs to train ("" when launchable)
+    needs: str  # what it needs to train beyond llmtrain ("" when nothing)
     devices: tuple[str, ...]  # "cpu", "cuda"
     degrees: frozenset[str]  # degrees it runs above 1 (tp, pp, cp, ep)
     degree_notes: dict[str, str]  # why a degree is not run (shown in the refusal)

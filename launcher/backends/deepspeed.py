@@ -1,11 +1,17 @@
 """``backend=deepspeed``: what llmtrain's DeepSpeed engine (launcher/train/engines/
 deepspeed_engine.py) runs: data parallel with ZeRO stages 0-3 and CPU offload, configured by the
-generated ds_config.json (launcher/render/ds_config.py), and pipeline parallel with DeepSpeed's
+generated ds_config.json (launcher/render/ds_config.py); pipeline parallel with DeepSpeed's
 PipelineModule and its own 1F1B schedule (deepspeed.ai/tutorials/pipeline: one chunk per stage,
-the embedding and the head on different stages, so untied). No tensor parallel (DeepSpeed's AutoTP
-is wired for inference-style module replacement, not llmtrain's model), no context or expert
-parallel; no fp8 (the engine would train in bf16); no fp16 on CPU (DeepSpeed's CPU accelerator
-refuses it)."""
+the embedding and the head on different stages, so untied); tensor parallel with DeepSpeed's
+training-time AutoTP (ds_config "tensor_parallel": autotp_size and a partition_config naming the
+model's projections), over (dp, tp) groups with tp innermost, with ZeRO 0-3 and offload (each
+exercised on CPU with gloo by tests/integration/test_deepspeed_tensor_parallel.py).
+Not run: AutoTP inside a pipeline (llmtrain builds the PipelineModule's stages and AutoTP's
+(dp, tp) groups separately, so tp x pp is not wired); AutoTP splits projections evenly over tp, so
+tp must divide the key/value heads (no replication); the MoE experts and the MLA projections have
+no partition rules (MoE and MLA run with tp=1); no sequence parallel, context or expert parallel;
+no fp8 (the engine would train in bf16); no fp16 on CPU (DeepSpeed's CPU accelerator refuses it).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,10 @@ from launcher.backends.common import Backend, Refusal
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 
-_NOT_HERE = "llmtrain's DeepSpeed engine runs data parallel (ZeRO) and pipeline parallel only"
+_NOT_HERE = (
+    "llmtrain's DeepSpeed engine runs data parallel (ZeRO), pipeline parallel and AutoTP tensor "
+    "parallel only"
+)
 
 
 def _virtual_stages_with_pipeline(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
@@ -39,6 +48,18 @@ def _zero_2_or_3_with_pipeline(cfg: LLMTrainConfig, layout: Layout) -> Refusal |
     )
 
 
+def _tensor_parallel_with_pipeline(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    p = cfg.parallel
+    if p.tp <= 1 or p.pp <= 1:
+        return None
+    return Refusal(
+        ("parallel.tp", "parallel.pp"),
+        f"parallel.tp={p.tp} with parallel.pp={p.pp}: llmtrain's DeepSpeed engine runs AutoTP "
+        "tensor parallel without a pipeline only (its PipelineModule topology has no tensor "
+        "axis here); use parallel.pp=1 with tp, or parallel.tp=1 with pp",
+    )
+
+
 def _fp16_on_cpu(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     if cfg.cluster.gpu != "cpu" or cfg.precision.compute_dtype != "fp16":
         return None
@@ -51,13 +72,16 @@ def _fp16_on_cpu(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
 
 BACKEND = Backend(
     name="deepspeed",
-    summary="DeepSpeed: ZeRO 0-3 data parallel, CPU offload, PipelineModule 1F1B (ds_config.json)",
+    summary=(
+        "DeepSpeed: ZeRO 0-3 data parallel, CPU offload, PipelineModule 1F1B, AutoTP tensor "
+        "parallel (ds_config.json)"
+    ),
     launchable=True,
     not_launchable="",
     needs="",
     devices=("cpu", "cuda"),
-    degrees=frozenset({"pp"}),
-    degree_notes={key: _NOT_HERE for key in ("tp", "cp", "ep")},
+    degrees=frozenset({"pp", "tp"}),
+    degree_notes={key: _NOT_HERE for key in ("cp", "ep")},
     zero_stages=(0, 1, 2, 3),
     zero_notes={
         0: "plain data parallel",
@@ -72,5 +96,10 @@ BACKEND = Backend(
     offload_params_stages=(3,),
     schedules=("1f1b",),
     features=frozenset({"moe", "mla"}),
-    combos=(_virtual_stages_with_pipeline, _zero_2_or_3_with_pipeline, _fp16_on_cpu),
+    combos=(
+        _virtual_stages_with_pipeline,
+        _zero_2_or_3_with_pipeline,
+        _tensor_parallel_with_pipeline,
+        _fp16_on_cpu,
+    ),
 )

@@ -1,6 +1,7 @@
 """``backend=megatron``: what Megatron-LM runs, for the arguments llmtrain renders
-(launcher/render/megatron_args.py, megatron_args.txt) for the user's own Megatron-LM checkout.
-llmtrain plans and renders it but does not train with it: `run` and `submit` refuse it.
+(launcher/render/megatron_args.py, megatron_args.txt). `run` and `submit` launch the user's own
+Megatron-LM checkout's pretrain_gpt.py with them under torchrun / srun
+(launcher/render/megatron_launch.py); without a checkout they refuse, saying how to get one.
 
 Facts from Megatron-LM's ``megatron/training/arguments.py`` and the Megatron-core docs:
 - ``--use-distributed-optimizer`` shards optimizer states over data parallel (zero.stage=1);
@@ -57,13 +58,10 @@ def _virtual_stages(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
 
 BACKEND = Backend(
     name="megatron",
-    summary="Megatron-LM: TP/PP/CP/EP, distributed optimizer or Megatron-FSDP (arguments only)",
-    launchable=False,
-    not_launchable=(
-        "llmtrain plans it and renders Megatron-LM's arguments (megatron_args.txt, for your own "
-        "Megatron-LM checkout) but trains with its own engines only"
-    ),
-    needs="Megatron-LM",
+    summary="Megatron-LM: TP/PP/CP/EP, distributed optimizer or Megatron-FSDP (pretrain_gpt.py)",
+    launchable=True,
+    not_launchable="",
+    needs="a Megatron-LM checkout: `backend.megatron_path` or `MEGATRON_LM_PATH`",
     devices=("cuda",),
     degrees=frozenset({"tp", "pp", "cp", "ep"}),
     degree_notes={},

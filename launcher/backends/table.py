@@ -22,7 +22,9 @@ def markdown_table() -> str:
         (
             "`run` / `submit` here",
             [
-                "yes" if b.launchable else f"no: plan/render only (needs {b.needs})"
+                (f"yes, with {b.needs}" if b.needs else "yes")
+                if b.launchable
+                else f"no: plan/render only (needs {b.needs})"
                 for b in backends
             ],
         ),

@@ -201,6 +201,11 @@ class BackendConfig:
     # | sdpa (PyTorch scaled_dot_product_attention's flash kernel, FlashAttention-2 class).
     # None: te for megatron, sdpa for torch and deepspeed.
     attention_kernel: str | None = None
+    # backend=megatron: the Megatron-LM checkout holding pretrain_gpt.py that `run`/`submit`
+    # launch (None: $MEGATRON_LM_PATH), and arguments appended to the rendered ones (your data
+    # and tokenizer: --data-path, --tokenizer-type ...; without data arguments, --mock-data).
+    megatron_path: str | None = None
+    megatron_extra_args: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -51,6 +51,7 @@ _NOT_IN_NAME = (
     "train.steps",
     "train.tokens",
     "train.log_every",
+    "backend.megatron_path",
 )
 
 
@@ -172,8 +173,11 @@ def _write_run_dir(
 
             fsio.write_text_atomic(run.ds_config, render_ds_config(cfg), root=run.root)
         nproc = cfg.cluster.gpus_per_node
-        command = torchrun_command(sys.executable, nproc, str(run.root))
         env = worker_env(cfg, nproc)
+        worker: list[str] = []
+        if cfg.backend.name == "megatron":
+            worker = _megatron_worker(cfg, run, env)
+        command = torchrun_command(sys.executable, nproc, str(run.root), worker)
         script = launch_script(command, env, os.getcwd(), secret_names(cfg))
         fsio.write_text_atomic(run.launch_script, script, root=run.root, mode=0o755)
     except fsio.UnsafePathError as exc:
@@ -181,6 +185,31 @@ def _write_run_dir(
     except OSError as exc:
         raise UserError(_write_problem(exc, run.root)) from None
     return Prepared(run_dir=run.root, command=command, env=env, secrets=secrets, lock=lock)
+
+
+def _megatron_worker(cfg: LLMTrainConfig, run: RunDir, env: dict[str, str]) -> list[str]:
+    """Megatron-LM's pretrain_gpt.py and its arguments (launcher.render.megatron_launch); adds
+    its environment to `env` and writes megatron_args.txt into the run directory."""
+    from launcher.data.sources import megatron_data
+    from launcher.launch.preflight import megatron_root
+    from launcher.render.megatron_args import render_megatron_args
+    from launcher.render.megatron_launch import (
+        entry_script,
+        how_to_get_megatron,
+        megatron_env,
+        megatron_run_args,
+    )
+
+    root = megatron_root(cfg)
+    if root is None:
+        raise UserError(
+            f"backend=megatron: no Megatron-LM checkout is named; {how_to_get_megatron()}"
+        )
+    env.update(megatron_env(cfg, root))
+    data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
+    text = render_megatron_args(cfg, data, str(run.root))
+    fsio.write_text_atomic(run.megatron_args, text, root=run.root)
+    return [entry_script(root), *megatron_run_args(cfg, str(run.root))]
 
 
 _PR_SET_PDEATHSIG = 1
@@ -280,6 +309,14 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
             f"torchrun exited with code {code}: the disk holding {run.root} is full "
             f"({free} bytes free); free space there and run the same command again"
         )
+    failed = failed_root_cause(run.torchrun_log, log_offset)
+    if failed is not None:
+        rank, exit_code = failed
+        raise RunFailed(
+            f"rank {rank} failed first: exited with code {exit_code} without an llmtrain error "
+            f"report (a script launched as is, e.g. Megatron-LM's)\n(its output is in "
+            f"{run.torchrun_log}; every rank was stopped)"
+        )
     raise RunFailed(
         f"torchrun exited with code {code} and no rank reported an error (killed by a signal?); "
         f"see {run.torchrun_log}"
@@ -296,15 +333,7 @@ def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | N
     from `offset`) lists as killed by a signal (SIGKILL from the OOM killer or a user, SIGSEGV,
     SIGABRT...). Such a rank writes no error file, and the errors its peers write afterwards
     ("connection reset by peer") are consequences: it is the one that failed first."""
-    try:
-        with open(torchrun_log, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    _, found, report = text.rpartition("Failures:")
-    if not found:
-        return None
+    report = _failure_report(torchrun_log, offset)
     for rank, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S):
         if int(code) >= 0:
             continue
@@ -315,6 +344,31 @@ def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | N
         if sig not in _STOP_SIGNALS:
             return int(rank), sig.name
     return None
+
+
+def _failure_report(torchrun_log: Path, offset: int) -> str:
+    """torchrun's failure report for this launch (the log from `offset`), or ''."""
+    try:
+        with open(torchrun_log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    _, found, report = text.rpartition("Failures:")
+    return report if found else ""
+
+
+def failed_root_cause(torchrun_log: Path, offset: int) -> tuple[int, int] | None:
+    """(rank, exit code) of the first failure torchrun observed ("Root Cause" in its report),
+    when that rank exited with an error code of its own (a signal is ``signalled_root_cause``)."""
+    report = _failure_report(torchrun_log, offset)
+    _, found, cause = report.partition("Root Cause")
+    if not found:
+        return None
+    match = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", cause, re.S)
+    if match is None or int(match.group(2)) <= 0:
+        return None
+    return int(match.group(1)), int(match.group(2))
 
 
 def _marker_step(marker: Path) -> str:

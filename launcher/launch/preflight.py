@@ -2,14 +2,15 @@
 
 ``preflight(cfg)`` returns the plan and raises ``UserError`` (exit 2) listing every problem: the
 validation rules' errors (what the chosen backend cannot run among them, from launcher/backends/),
-a backend that is plan/render-only here, a predicted memory
-overflow (with the planner's smallest fixes; ``force`` skips only this one), missing data, and
-hardware this machine does not have.
+a backend that is plan/render-only here, backend=megatron without a Megatron-LM checkout, a
+predicted memory overflow (with the planner's smallest fixes; ``force`` skips only this one),
+missing data, and hardware this machine does not have.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.backends import launch_refusal
@@ -26,6 +27,50 @@ def backend_problems(cfg: LLMTrainConfig) -> list[str]:
     capability refusals themselves are validation errors, see ``validate.rules``)."""
     refusal = launch_refusal(cfg)
     return [refusal] if refusal else []
+
+
+def megatron_root(cfg: LLMTrainConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The Megatron-LM checkout of backend=megatron: backend.megatron_path, else
+    $MEGATRON_LM_PATH (absolute, user folder expanded); None when neither is set."""
+    from launcher.render.megatron_launch import ENV_VAR
+
+    environ = os.environ if environ is None else environ
+    given = cfg.backend.megatron_path or environ.get(ENV_VAR) or None
+    return str(Path(given).expanduser().resolve()) if given else None
+
+
+def megatron_problems(cfg: LLMTrainConfig, *, local: bool) -> list[str]:
+    """backend=megatron needs Megatron-LM's pretrain_gpt.py. A job in slurm.container_image may
+    hold the checkout only inside the image, so there it is only required to be named."""
+    from launcher.render.megatron_launch import DATA_ARGS, ENTRY, ENV_VAR, how_to_get_megatron
+
+    if cfg.backend.name != "megatron":
+        return []
+    problems = []
+    extra = {word.split("=", 1)[0] for word in cfg.backend.megatron_extra_args}
+    if not extra & set(DATA_ARGS):
+        # Data in llmtrain's shard format: Megatron-LM would not read it (and must not fall back
+        # to --mock-data while data.path names real data).
+        from launcher.data.sources import megatron_data
+
+        data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
+        problems += [
+            f"{note}; or give Megatron-LM its data with backend.megatron_extra_args="
+            "[--data-path,PREFIX]"
+            for note in data.notes
+        ]
+    root = megatron_root(cfg)
+    if root is None:
+        problems.append(
+            f"backend=megatron: no Megatron-LM checkout is named; {how_to_get_megatron()}"
+        )
+    elif (local or cfg.slurm.container_image is None) and not (Path(root) / ENTRY).is_file():
+        key = "backend.megatron_path" if cfg.backend.megatron_path else ENV_VAR
+        problems.append(
+            f"{key}={root}: no {ENTRY} there (Megatron-LM's training script sits at the root "
+            f"of its checkout); {how_to_get_megatron()}"
+        )
+    return problems
 
 
 def hardware_problems(cfg: LLMTrainConfig) -> list[str]:
@@ -96,7 +141,10 @@ def launch_problems(cfg: LLMTrainConfig, plan: Plan, *, local: bool, force: bool
     validation: a plan/render-only backend, this machine's hardware (run only), missing data, a
     predicted memory overflow (unless `force`), a budget without an optimizer step."""
     problems = (
-        backend_problems(cfg) + (hardware_problems(cfg) if local else []) + data_problems(cfg)
+        backend_problems(cfg)
+        + megatron_problems(cfg, local=local)
+        + (hardware_problems(cfg) if local else [])
+        + data_problems(cfg)
     )
     if not plan.memory.fits and not force:
         fixes = [f"{fix.line} -> {fix.device_bytes / 2**30:.1f} GiB" for fix in plan.fixes]

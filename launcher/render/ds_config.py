@@ -9,6 +9,12 @@ DeepSpeed's nearest built-in (WarmupCosineLR for cosine, WarmupDecayLR for linea
 to 0, not min_lr —, WarmupLR for constant; DeepSpeed has no warmup-stable-decay scheduler, so a
 wsd schedule leaves "scheduler" out). llmtrain's own runtime drops both keys, hands DeepSpeed a
 torch optimizer and sets the learning rate from its own schedule each step (`runtime_ds_config`).
+
+With parallel.tp > 1 the file carries DeepSpeed's training-time AutoTP block ("tensor_parallel":
+autotp_size and a "partition_config" naming llmtrain's own projections, DeepSpeed's configurable
+AutoTP API, deepspeed/module_inject/autotp_config.py): the query/key/value and the MLP's input
+projections are split by output features (column), the attention output and the MLP's output
+projection by input features (row); embeddings, norms and the output head stay replicated.
 """
 
 from __future__ import annotations
@@ -57,11 +63,34 @@ def ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
             "loss_scale": 0 if dynamic else 1,
             "initial_scale_power": 16,
         }
+    if cfg.parallel.tp > 1:
+        config["tensor_parallel"] = tensor_parallel_block(cfg.parallel.tp)
     config["optimizer"] = _optimizer(cfg)
     scheduler = _scheduler(cfg)
     if scheduler is not None:
         config["scheduler"] = scheduler
     return config
+
+
+# Parameter names of launcher/train/model.py's Attention (wq, wk, wv, wo) and MLP (w1, w3 in;
+# w2 out) inside each TransformerBlock (layers.<i>.attention / layers.<i>.feed_forward).
+AUTOTP_COLUMN = (
+    r".*\.attention\.w[qkv]\.(weight|bias)$",
+    r".*\.feed_forward\.w[13]\.(weight|bias)$",
+)
+AUTOTP_ROW = (r".*\.attention\.wo\.(weight|bias)$", r".*\.feed_forward\.w2\.(weight|bias)$")
+
+
+def tensor_parallel_block(tp: int) -> dict[str, Any]:
+    """ds_config "tensor_parallel" for DeepSpeed AutoTP training over `tp` ranks."""
+    specs = [
+        {"patterns": list(AUTOTP_COLUMN), "partition_type": "column"},
+        {"patterns": list(AUTOTP_ROW), "partition_type": "row"},
+    ]
+    return {
+        "autotp_size": tp,
+        "partition_config": {"use_default_specs": False, "layer_specs": specs},
+    }
 
 
 def runtime_ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:

@@ -22,6 +22,10 @@ How the job works (job.sbatch):
   turned into a requeue.
 - Chained continuation jobs (``slurm.chain``, submitted with ``--dependency=afterany``) run the
   same script; it exits at once when the last step's checkpoint exists.
+- backend=megatron: each torchrun process runs Megatron-LM's ``pretrain_gpt.py`` with the
+  arguments of ``launcher.render.megatron_launch`` (the checkout from backend.megatron_path, else
+  ``$MEGATRON_LM_PATH``, on PYTHONPATH); Megatron-LM writes its own checkpoints and does not
+  answer USR1 with a checkpoint (its ranks inherit the ignored USR1), so a time limit ends it.
 - Secrets (``launcher.config.secrets``) are never exported here: the job inherits them from the
   environment of the ``sbatch`` call (``--export=ALL``), and both scripts stop when one is unset.
 """
@@ -35,6 +39,8 @@ from pathlib import PurePosixPath
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import check_lines, public_env, secret_names
+from launcher.render.megatron_args import MegatronUnsupported
+from launcher.render.megatron_launch import ENTRY, ENV_VAR, MEGATRON_TRACKER, megatron_run_args
 from launcher.render.torchrun import WORKER_MODULE
 from launcher.rundir import CHECKPOINTS, LOGS, PREEMPTED, step_dir_name
 
@@ -72,6 +78,8 @@ def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
     cpus = cfg.slurm.cpus_per_task
     if cpus is not None or cfg.cluster.gpu == "cpu":
         env["OMP_NUM_THREADS"] = str(max(1, (cpus or nproc) // nproc))
+    if cfg.backend.name == "megatron" and cfg.parallel.tp > 1:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM with tensor parallel
     env.update(public_env(cfg))
     for key, value in env.items():
         if not key.replace("_", "a").isalnum() or key[0].isdigit():
@@ -82,6 +90,53 @@ def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
 
 def _exports(env: Mapping[str, str]) -> list[str]:
     return [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+
+
+def _megatron_root(cfg: LLMTrainConfig) -> str:
+    """Shell text of the Megatron-LM checkout: backend.megatron_path, else $MEGATRON_LM_PATH."""
+    path = cfg.backend.megatron_path
+    return shlex.quote(_check_line("backend.megatron_path", path)) if path else f'"${ENV_VAR}"'
+
+
+def megatron_lines(cfg: LLMTrainConfig) -> list[str]:
+    """Script lines that give the Megatron-LM ranks their checkout on PYTHONPATH (stopping with
+    exit 2 when $MEGATRON_LM_PATH is needed and unset); none for the other backends."""
+    if cfg.backend.name != "megatron":
+        return []
+    lines = []
+    if not cfg.backend.megatron_path:
+        lines += [
+            f'if [ -z "${{{ENV_VAR}:-}}" ]; then',
+            f'  echo "llmtrain: set {ENV_VAR} to your Megatron-LM checkout (the folder holding '
+            f'{ENTRY}), or backend.megatron_path" >&2',
+            "  exit 2",
+            "fi",
+        ]
+    return [*lines, f"export PYTHONPATH={_megatron_root(cfg)}"]
+
+
+def _option_lines(words: Sequence[str]) -> list[str]:
+    """Quoted arguments, an option and its value per line."""
+    lines: list[str] = []
+    for word in words:
+        if lines and not word.startswith("--") and " " not in lines[-1]:
+            lines[-1] += " " + shlex.quote(word)
+        else:
+            lines.append(shlex.quote(word))
+    return lines
+
+
+def worker_words(cfg: LLMTrainConfig, run_dir: str) -> list[str]:
+    """What each torchrun process runs: llmtrain's trainer on the run directory, or for
+    backend=megatron Megatron-LM's pretrain_gpt.py with its arguments (megatron_launch)."""
+    if cfg.backend.name != "megatron":
+        return [f"-m {WORKER_MODULE} {shlex.quote(run_dir)}"]
+    script = f"{_megatron_root(cfg)}/{ENTRY}"
+    try:
+        args = megatron_run_args(cfg, run_dir)
+    except MegatronUnsupported as exc:
+        raise RenderError(f"backend=megatron: {exc}") from None
+    return [script, *_option_lines(args)]
 
 
 def torchrun_words(
@@ -98,7 +153,7 @@ def torchrun_words(
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={rdzv_id}",
         "--max-restarts=0",
-        f"-m {WORKER_MODULE} {q(run_dir)}",
+        *worker_words(cfg, run_dir),
     ]
 
 
@@ -119,6 +174,7 @@ def render_launch_sh(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir:
         f"cd {shlex.quote(_check_line('workdir', workdir))}",
         *_exports(job_env(cfg)),
         *check_lines(secret_names(cfg), "export it on every node before running this script"),
+        *megatron_lines(cfg),
         'RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29500}"',
         'RDZV_ID="${RDZV_ID:-llmtrain}"',
     ]
@@ -225,6 +281,11 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
     srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
 
     final = q(f"{run_dir}/{CHECKPOINTS}/{step_dir_name(steps)}")
+    done = f"[ -d {final} ]"
+    if cfg.backend.name == "megatron":
+        # Megatron-LM records its newest checkpoint's iteration in this file.
+        final = q(f"{run_dir}/{CHECKPOINTS}/{MEGATRON_TRACKER}")
+        done = f'[ "$(cat {final} 2>/dev/null)" = {steps} ]'
     marker = q(f"{run_dir}/{PREEMPTED}")
     requeue = (
         [
@@ -245,9 +306,10 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         f"RUN_DIR={q(run_dir)}",
         *_exports(job_env(cfg)),
         *check_lines(secret_names(cfg), "llmtrain submit passes it in the environment of sbatch"),
+        *megatron_lines(cfg),
         "",
         "# Done already (a chained continuation job, or a requeue after the last step): stop.",
-        f"if [ -d {final} ]; then",
+        f"if {done}; then",
         f'  echo "llmtrain: all {steps} steps are done ({final})"',
         "  exit 0",
         "fi",

@@ -10,19 +10,21 @@ from launcher.config.secrets import check_lines
 WORKER_MODULE = "launcher.train.loop"
 
 
-def torchrun_command(python: str, nproc_per_node: int, run_dir: str) -> list[str]:
-    """One node, `nproc_per_node` processes, c10d rendezvous on localhost:0 (a free port)."""
-    return [
+def torchrun_command(
+    python: str, nproc_per_node: int, run_dir: str, worker: Sequence[str] = ()
+) -> list[str]:
+    """One node, `nproc_per_node` processes, c10d rendezvous on localhost:0 (a free port). Each
+    process runs llmtrain's trainer on `run_dir`, or `worker` (a script and its arguments, e.g.
+    Megatron-LM's pretrain_gpt.py) when given."""
+    command = [
         python,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nproc_per_node}",
         "--max-restarts=0",
-        "-m",
-        WORKER_MODULE,
-        run_dir,
     ]
+    return command + (list(worker) if worker else ["-m", WORKER_MODULE, run_dir])
 
 
 def launch_script(

@@ -145,13 +145,15 @@ def mg(*overrides: str) -> list[str]:
     return reasons("backend=megatron", "cluster=h100-80gb", *overrides, gpus=8)
 
 
-def test_every_backend_is_found_and_only_megatron_is_plan_only() -> None:
+def test_every_backend_is_found_and_launchable() -> None:
     backends = all_backends()
     assert set(backends) == {"torch", "deepspeed", "megatron"}
-    assert [n for n, b in backends.items() if not b.launchable] == ["megatron"]
+    assert all(b.launchable for b in backends.values())
+    # Megatron-LM is launched from the user's checkout (launcher.launch.preflight).
+    assert "backend.megatron_path" in backends["megatron"].needs
 
 
-def test_deepspeed_is_data_parallel_with_zero_and_pipeline() -> None:
+def test_deepspeed_runs_zero_pipeline_and_autotp() -> None:
     for stage in range(4):
         assert ds(f"zero.stage={stage}") == []
     assert ds("zero.stage=2", "zero.offload_optimizer=cpu") == []
@@ -167,9 +169,17 @@ def test_deepspeed_is_data_parallel_with_zero_and_pipeline() -> None:
     assert "ZeRO stage 0 or 1" in zero2 and "zero.stage=1" in zero2
     (fp16,) = ds("precision=fp16")
     assert "fp16" in fp16 and "precision=bf16" in fp16
-    (found,) = ds("parallel.tp=2")
-    assert "data parallel (ZeRO) and pipeline parallel only" in found and "parallel.tp=1" in found
-    assert "backend=torch" in found  # torch runs tp=2 on this config
+    # AutoTP tensor parallel, with every ZeRO stage, not inside a pipeline.
+    for stage in range(4):
+        assert ds("parallel.tp=2", f"zero.stage={stage}") == []
+    (found,) = ds("parallel.tp=2", *untied)
+    assert "without a pipeline" in found and "parallel.pp=1" in found
+    (found,) = ds("parallel.tp=2", "model.num_kv_heads=1")
+    assert "parallel.tp that divides model.num_kv_heads" in found
+    assert "backend=torch" in found  # torch replicates the kv head
+    (found,) = ds("parallel.cp=2", "model.seq_length=64")
+    assert "data parallel (ZeRO), pipeline parallel and AutoTP" in found
+    assert "parallel.cp=1" in found
     (found,) = ds("zero.stage=0", "zero.offload_optimizer=cpu")
     assert "zero.stage=1 or 2 or 3" in found
 
@@ -180,9 +190,9 @@ def test_alternatives_are_backends_that_run_the_whole_configuration() -> None:
         "parallel.cp=2", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"
     )
     assert found and all("backend=" not in f.split(";", 1)[1] for f in found), found
-    # zero.stage=1 with tp=2 on torch: nobody runs it (deepspeed has no tp) ...
+    # zero.stage=1 with tp=2 on torch: deepspeed runs it as is (AutoTP with ZeRO-1) ...
     found = reasons("zero.stage=1", "parallel.tp=2")
-    assert found and all("backend=deepspeed" not in f for f in found), found
+    assert found and all("backend=deepspeed" in f for f in found), found
     # ... but zero.stage=1 with pp=2 is run by deepspeed as is.
     (found,) = reasons(
         "zero.stage=1", "parallel.pp=2", "model.tie_embeddings=false", "train.grad_accum=2"
@@ -215,11 +225,9 @@ def test_megatron_moe_parallel_folding() -> None:
     assert errors and "dp x cp" in errors[0]
 
 
-def test_launch_refusal_names_what_runs_here() -> None:
-    cfg = compose_config(["backend=megatron"]).config
-    refusal = launch_refusal(cfg)
-    assert refusal is not None and "backend=torch" in refusal
-    assert launch_refusal(compose_config([]).config) is None
+def test_no_backend_is_plan_only() -> None:
+    for name in all_backends():
+        assert launch_refusal(compose_config([f"backend={name}"]).config) is None
 
 
 def test_megatron_args_render_fsdp_and_parallel_folding() -> None:

@@ -23,4 +23,6 @@ def test_readme_table_is_generated_from_the_backend_tables() -> None:
 def test_table_has_a_column_per_backend_and_the_launch_row() -> None:
     table = markdown_table()
     assert "`backend=torch`" in table and "`backend=megatron`" in table
-    assert "no: plan/render only (needs Megatron-LM)" in table
+    assert (
+        "yes, with a Megatron-LM checkout: `backend.megatron_path` or `MEGATRON_LM_PATH`" in table
+    )

@@ -74,6 +74,14 @@ def test_disk_full_fault_hook_and_messages(tmp_path: Path, monkeypatch: pytest.M
     assert fsio.describe_write_error(OSError(errno.ENOENT, "x"), tmp_path) is None
 
 
+def test_torch_saves_short_write_reads_as_a_full_disk(tmp_path: Path) -> None:
+    # What torch.save raises when the file system takes fewer bytes than it wrote.
+    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    text = fsio.describe_write_error(short, tmp_path) or ""
+    assert text.startswith(f"disk full writing {tmp_path}") and "free" in text
+    assert fsio.describe_write_error(RuntimeError("some other failure"), tmp_path) is None
+
+
 def test_rundir_names_every_file(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     names = {

@@ -36,6 +36,8 @@ CASES = {
     ],
     "deepseek-v3-megatron": ["recipe=deepseek-v3"],
     "gpt-deepspeed-zero3": ["recipe=gpt-125m", "backend=deepspeed", "zero=stage3", "zero.stage=3"],
+    # AutoTP: the ds_config carries the "tensor_parallel" block.
+    "gpt-deepspeed-tp2": ["recipe=gpt-125m", "backend=deepspeed", "parallel.tp=2", "zero.stage=1"],
 }
 
 

@@ -192,8 +192,10 @@ def test_backend_capabilities() -> None:
     # The rule reports launcher/backends/' table for the configured backend (test_backends.py).
     found = errors(*LLAMA, "backend=deepspeed", "zero.stage=2", "parallel.pp=2")
     assert any("DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only" in m for m in found)
-    found = errors(*LLAMA, "backend=deepspeed", "parallel.tp=2")
-    assert any("parallel.tp=2: llmtrain's DeepSpeed engine runs data parallel" in m for m in found)
+    found = errors(*LLAMA, "backend=deepspeed", "parallel.cp=2")
+    assert any("parallel.cp=2: llmtrain's DeepSpeed engine runs data parallel" in m for m in found)
+    found = errors(*LLAMA, "backend=deepspeed", "parallel.tp=2", "parallel.pp=2")
+    assert any("runs AutoTP tensor parallel without a pipeline" in m for m in found)
     found = errors(*LLAMA, "backend=megatron", "zero.stage=2")
     assert any("zero.stage=2: Megatron-LM has no" in m for m in found)
     assert not errors(*LLAMA, "backend=megatron", "zero.stage=3")  # Megatron-FSDP

@@ -81,14 +81,53 @@ def test_dry_runs_start_nothing_and_write_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_planning_preset_is_a_note_for_validate_and_a_refusal_for_run_and_submit() -> None:
+def test_megatron_without_a_checkout_is_a_refusal_for_run_and_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MEGATRON_LM_PATH", raising=False)
     code, doc = invoke(["validate"], ("recipe=gpt3-175b",))
     assert code == 0 and doc["valid"]
-    assert any(n.startswith("planning preset: run/submit need") for n in doc["notes"])
+    assert any("no Megatron-LM checkout is named" in n for n in doc["notes"])
     for command in ("run", "submit"):
         code2, doc2 = invoke([command, "--dry-run"], ("recipe=gpt3-175b",))
         assert code2 == 2 and doc2["errors"] == []
-        assert any("backend=megatron" in r for r in doc2["refusals"][command])
+        (found,) = [r for r in doc2["refusals"][command] if "Megatron-LM" in r]
+        assert "backend.megatron_path=" in found and "MEGATRON_LM_PATH" in found
+        assert "git clone --branch core_v0.16.1" in found
+    # A checkout named by the environment: submit no longer refuses.
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    monkeypatch.setenv("MEGATRON_LM_PATH", str(tmp_path))
+    code3, doc3 = invoke(["submit", "--dry-run"], ("recipe=gpt3-175b",))
+    assert code3 == 0, doc3["refusals"]
+    # Data in llmtrain's shard format is not Megatron-LM's: no silent --mock-data run.
+    from launcher.data.prepare import prepare
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text to tokenize, twice over. " * 200)
+    prepare([corpus], tmp_path / "shards", fmt="shards")
+    code5, doc5 = invoke(
+        ["submit", "--dry-run"], ("recipe=gpt3-175b", f"data.path={tmp_path / 'shards'}")
+    )
+    assert code5 == 2
+    (found,) = [r for r in doc5["refusals"]["submit"] if "shard format" in r]
+    assert "--format megatron" in found and "backend.megatron_extra_args=[--data-path," in found
+    # The same text prepared in Megatron's format is rendered as --data-path: no refusal for it.
+    prepare([corpus], tmp_path / "indexed", fmt="megatron")
+    _, doc6 = invoke(
+        ["submit", "--dry-run"], ("recipe=gpt3-175b", f"data.path={tmp_path / 'indexed'}")
+    )
+    assert not [r for r in doc6["refusals"]["submit"] if "shard format" in r]
+    # A named folder without pretrain_gpt.py: the key, the folder and how to get it.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code4, doc4 = invoke(
+        ["submit", "--dry-run"], ("recipe=gpt3-175b", f"backend.megatron_path={empty}")
+    )
+    assert code4 == 2
+    assert any(
+        f"backend.megatron_path={empty}: no pretrain_gpt.py" in r
+        for r in doc4["refusals"]["submit"]
+    )
 
 
 # --- property: every recipe x every cluster profile x a rotating sample of overrides ----------

@@ -1,5 +1,15 @@
-"""The DeepSpeed engine: ZeRO 0-3 and CPU offload from the generated ds_config, and pipeline
-parallel (parallel.pp > 1) with DeepSpeed's PipelineModule and its 1F1B schedule (``train_batch``).
+"""The DeepSpeed engine: ZeRO 0-3 and CPU offload from the generated ds_config, pipeline
+parallel (parallel.pp > 1) with DeepSpeed's PipelineModule and its 1F1B schedule (``train_batch``),
+and tensor parallel (parallel.tp > 1) with DeepSpeed's training-time AutoTP.
+
+Tensor parallel: the ds_config's "tensor_parallel" block (autotp_size, and a partition_config whose
+patterns name the model's wq/wk/wv/w1/w3 as column-parallel and wo/w2 as row-parallel) makes
+``deepspeed.initialize`` replace those nn.Linear layers with its sharded layers (all-reduce after
+the row-parallel ones in forward, after the column-parallel ones in backward); embeddings, norms
+and the head stay replicated. The model reads head counts from the projections' outputs, so each
+rank attends over its own heads. DeepSpeed's (dp, tp) mesh puts tp innermost (rank = dp_rank * tp
++ tp_rank), as ``plan`` assumes; tp peers get the same rows, which DeepSpeed checks on the first
+forward.
 
 Pipeline: the model becomes a flat list of layers, [embedding, block 0 .. block L-1, final norm and
 head], cut into pp stages with an equal number of transformer blocks each
@@ -178,6 +188,19 @@ class DeepSpeedEngine(Engine):
             # own parameters, so all are marked.
             for param in module.parameters():
                 param.model_parallel = True  # type: ignore[attr-defined]
+        mpu = None
+        self.dp_group: Any = None  # the default group (all ranks) unless tensor parallel
+        if layout.tp > 1:
+            # AutoTP (ds_config "tensor_parallel", launcher/render/ds_config.py) shards the
+            # projections inside deepspeed.initialize. Its (dp, tp) groups are made first and
+            # passed as the mpu: without one, DeepSpeedConfig counts every rank as data parallel
+            # and asserts train_batch_size == micro x grad_accum x world_size (tp ranks included).
+            from deepspeed.utils import groups
+
+            deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+            groups._init_tp_mesh_device(tensor_model_parallel_size=layout.tp)
+            mpu = groups
+            self.dp_group = groups.get_data_parallel_group()
         optimizer = build_optimizer(module.parameters(), cfg.optim)
         config: dict[str, Any] = runtime_ds_config(cfg)
         if cfg.zero.offload_optimizer != "none":
@@ -188,8 +211,19 @@ class DeepSpeedEngine(Engine):
             # per element), but DeepSpeed asks for this flag for classes outside its own list.
             config["zero_allow_untested_optimizer"] = True
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=config, dist_init_required=False
+            model=module, optimizer=optimizer, config=config, mpu=mpu, dist_init_required=False
         )
+        if layout.tp > 1:
+            from deepspeed.utils import groups
+
+            self.info = RankInfo(
+                rank=rank,
+                world_size=world,
+                local_rank=self.info.local_rank,
+                dp_rank=groups.get_data_parallel_rank(),
+                dp_size=groups.get_data_parallel_world_size(),
+                tp_rank=groups.get_tensor_model_parallel_rank(),
+            )
         if self.pipeline:
             grid = self.engine.grid
             self.info = RankInfo(
@@ -215,7 +249,8 @@ class DeepSpeedEngine(Engine):
             self.engine.step()
             losses.append(loss.detach().float())
         mean = torch.stack(losses).mean().to(device)
-        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+        # Tensor-parallel peers hold the same loss: average over data parallel only.
+        dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=self.dp_group)
         norm = self.engine.get_global_grad_norm()
         return StepResult(
             loss=float(mean) / self.info.dp_size,

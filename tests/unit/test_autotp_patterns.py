@@ -1,0 +1,53 @@
+"""The ds_config's AutoTP partition rules name exactly the projections of llmtrain's model that
+tensor parallel must split (launcher/render/ds_config.py, launcher/train/model.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from torch import nn
+
+from launcher.config.compose import compose_config
+from launcher.render.ds_config import AUTOTP_COLUMN, AUTOTP_ROW, ds_config
+from launcher.train.model import build_model
+
+pytestmark = pytest.mark.unit
+
+
+def _kind(name: str) -> str:
+    column = any(re.match(p, name) for p in AUTOTP_COLUMN)
+    row = any(re.match(p, name) for p in AUTOTP_ROW)
+    assert not (column and row), name
+    return "column" if column else "row" if row else "replicated"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # GPT block: GELU MLP, biases, tied head
+        ["model.activation=swiglu", "model.norm=rmsnorm", "model.num_kv_heads=2"],
+    ],
+)
+def test_every_projection_of_the_model_is_split_and_nothing_else(overrides: list[str]) -> None:
+    cfg = compose_config(["recipe=tiny", "model.tie_embeddings=false", *overrides]).config
+    model = build_model(dataclasses.replace(cfg.model, num_layers=2), device="cpu", seed=0)
+    seen: dict[str, set[str]] = {"column": set(), "row": set(), "replicated": set()}
+    for module_name, module in model.named_modules():
+        for param_name, _ in module.named_parameters(recurse=False):
+            full = f"{module_name}.{param_name}"
+            leaf = module_name.rsplit(".", 1)[-1]
+            seen[_kind(full)].add(leaf if isinstance(module, nn.Linear) else type(module).__name__)
+    mlp_in = {"w1", "w3"} if "model.activation=swiglu" in overrides else {"w1"}
+    assert seen["column"] == {"wq", "wk", "wv"} | mlp_in
+    assert seen["row"] == {"wo", "w2"}
+    assert "output" in seen["replicated"] and not {"wq", "wo", "w1", "w2"} & seen["replicated"]
+
+
+def test_the_tensor_parallel_block_is_rendered_with_tp_only() -> None:
+    tp2 = ds_config(compose_config(["backend=deepspeed", "parallel.tp=2"]).config)
+    block = tp2["tensor_parallel"]
+    assert block["autotp_size"] == 2
+    assert block["partition_config"]["use_default_specs"] is False
+    assert "tensor_parallel" not in ds_config(compose_config(["backend=deepspeed"]).config)
