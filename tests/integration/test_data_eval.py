@@ -99,6 +99,17 @@ def test_jsonl_and_tokenizer_json_to_training_with_falling_val_loss(tmp_path: Pa
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["last_val_loss"] == val[-1]
     assert "val_loss" in done.stdout and "last val_loss" in done.stdout
+    # ... and out to a Hugging Face folder carrying the user's own tokenizer, byte for byte.
+    exported = llmtrain(tmp_path, "export", str(run_dir), "--format", "hf", "--out", "hf", "--json")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    hf = tmp_path / "hf"
+    config = json.loads((hf / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["vocab_size"] == index["vocab_size"]
+    assert (hf / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+    from launcher.export.hf_files import read_hf_folder
+
+    weights, _ = read_hf_folder(hf)
+    assert weights["transformer.wte.weight"].shape == (index["vocab_size"], 64)
 
 
 def test_blend_of_prepared_folder_and_megatron_prefix_resumes_bitwise(tmp_path: Path) -> None:
