@@ -3,7 +3,9 @@
 Each case launches N processes in-process with torch elastic (rendezvous on localhost:0), builds a
 tiny model, feeds the same deterministic rows to ranks of the same dp index and returns the losses
 of every rank. Shapes are tiny (2-4 layers, hidden 64, seq 32) so the file runs in a few minutes on
-two cores.
+two cores. Launches are the cost: a layout that is also checked for resume and against one process
+does all three in one launch (test_trains_resumes_matches_one_process), its one-process reference
+launched once per session per config; layouts only checked to train run one launch each.
 """
 
 from __future__ import annotations
