@@ -69,7 +69,7 @@ def test_default_recipe_trains_and_fills_the_run_directory(tmp_path: Path) -> No
     assert again.returncode == 0 and "run already complete: 12/12" in again.stdout
 
 
-def resume_matches(tmp_path: Path, overrides: list[str]) -> None:
+def resume_matches(tmp_path: Path, overrides: list[str]) -> Path:
     """Train 12 steps checkpointing every 4; then cut the run back to its step-8 checkpoint and
     resume: steps 9-12 must reproduce the uninterrupted losses exactly (CPU is deterministic)."""
     args = ["run", *SHORT, "checkpoint.every_steps=4", "checkpoint.keep_last=5", *overrides]
@@ -84,6 +84,7 @@ def resume_matches(tmp_path: Path, overrides: list[str]) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "(step 8)" in resumed.stdout
     assert losses(run_dir) == uninterrupted
+    return run_dir
 
 
 def test_resume_reproduces_losses_torch_ddp(tmp_path: Path) -> None:
@@ -99,10 +100,25 @@ def test_resume_reproduces_losses_torch_cp2_zero1_fp16(tmp_path: Path) -> None:
 
 
 def test_resume_reproduces_losses_deepspeed_zero2(tmp_path: Path) -> None:
-    resume_matches(tmp_path, ["backend=deepspeed", "zero.stage=2", "cluster.gpus_per_node=2"])
+    """Also ZeRO stage 2's case of the stages test below: its run is this one's first."""
+    run_dir = resume_matches(
+        tmp_path, ["backend=deepspeed", "zero.stage=2", "cluster.gpus_per_node=2"]
+    )
+    assert_deepspeed_trained(run_dir, 2)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def assert_deepspeed_trained(run_dir: Path, stage: int) -> None:
+    ds = json.loads((run_dir / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == stage
+    # global 8 = micro 4 x dp 2 x accum 1
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (8, 4)
+    assert ds["gradient_accumulation_steps"] == 1
+    seen = losses(run_dir)
+    assert seen[-1] < seen[0] - 0.5, seen
+
+
+# Stage 2 is checked by test_resume_reproduces_losses_deepspeed_zero2 (same run, plus checkpoints).
+@pytest.mark.parametrize("stage", [0, 1, 3])
 def test_deepspeed_zero_stages_train_on_two_processes(tmp_path: Path, stage: int) -> None:
     done = llmtrain(
         tmp_path,
@@ -113,14 +129,7 @@ def test_deepspeed_zero_stages_train_on_two_processes(tmp_path: Path, stage: int
         "cluster.gpus_per_node=2",
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path)
-    ds = json.loads((run_dir / "ds_config.json").read_text())
-    assert ds["zero_optimization"]["stage"] == stage
-    # global 8 = micro 4 x dp 2 x accum 1
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (8, 4)
-    assert ds["gradient_accumulation_steps"] == 1
-    seen = losses(run_dir)
-    assert seen[-1] < seen[0] - 0.5, seen
+    assert_deepspeed_trained(only_run_dir(tmp_path), stage)
 
 
 def test_deepspeed_optimizer_offload(tmp_path: Path) -> None:

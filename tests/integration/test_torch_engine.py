@@ -3,11 +3,14 @@
 Each case launches N processes in-process with torch elastic (rendezvous on localhost:0), builds a
 tiny model, feeds the same deterministic rows to ranks of the same dp index and returns the losses
 of every rank. Shapes are tiny (2-4 layers, hidden 64, seq 32) so the file runs in a few minutes on
-two cores.
+two cores. Launches are the cost: a layout that is also checked for resume and against one process
+does all three in one launch (test_trains_resumes_matches_one_process), its one-process reference
+launched once per session per config; layouts only checked to train run one launch each.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import uuid
@@ -87,7 +90,10 @@ def _train_and_resume(
     overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]
 ) -> dict[str, Any]:
     """One rank, one launch for three checks: train `steps` steps saving after opts["save_at"],
-    then a fresh engine loads that checkpoint and runs the remaining steps again."""
+    then a fresh engine loads that checkpoint and runs the remaining steps again.
+
+    Returns the losses and gradient norms of both runs, the files this rank saved, and the
+    engine's extra state (loss scale, mesh, schedule) as saved and as loaded back."""
     import torch
     import torch.distributed as dist
 
@@ -99,10 +105,12 @@ def _train_and_resume(
     save_at, save_dir = opts["save_at"], Path(opts["save_dir"])
     torch.set_num_threads(1)
     os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    os.environ["DS_ACCELERATOR"] = "cpu"
     cfg = compose_config([*overrides, f"cluster.gpus_per_node={nproc}"]).config
     lay = derive_layout(cfg)
     per_dp = lay.grad_accum * lay.micro_batch_size
     init_process_group_from_env()
+    saved: dict[str, Any] = {}
 
     def run(engine: Any, first: int) -> tuple[list[float], list[float]]:
         losses, norms = [], []
@@ -113,18 +121,31 @@ def _train_and_resume(
             losses.append(result.loss)
             norms.append(result.grad_norm)
             if step + 1 == save_at and first == 0:
-                engine.save(save_dir)
+                saved["files"] = [str(p) for p in engine.save(save_dir)]
+                saved["extra"] = engine.extra_state()
         return losses, norms
 
     try:
         engine = build_engine(cfg)
         losses, norms = run(engine, 0)
+        extra = engine.extra_state()
         engine.close()
         fresh = build_engine(cfg)
         fresh.load(save_dir)
-        resumed, _ = run(fresh, save_at)
+        loaded_extra = fresh.extra_state()
+        resumed, resumed_norms = run(fresh, save_at)
         fresh.close()
-        return {"losses": losses, "norms": norms, "resumed": resumed, "info": engine.info}
+        return {
+            "losses": losses,
+            "norms": norms,
+            "resumed": resumed,
+            "resumed_norms": resumed_norms,
+            "files": saved["files"],
+            "saved_extra": saved["extra"],
+            "loaded_extra": loaded_extra,
+            "extra": extra,
+            "info": engine.info,
+        }
     finally:
         dist.destroy_process_group()
 
@@ -166,23 +187,17 @@ MOE = ["model.num_experts=4", "model.moe_top_k=2", "model.moe_ffn_hidden_size=64
 
 # name: (processes, overrides). The tiny recipe ties embeddings, uses LayerNorm, GELU and learned
 # positions; pipeline cases untie (refused otherwise), some cases switch to the Llama block.
+# Layouts that are also checked against one process and for resume are in ONE_LAUNCH_CASES.
 CASES: dict[str, tuple[int, list[str]]] = {
-    "ddp": (2, ["zero.stage=0", "train.micro_batch_size=2", "train.global_batch_size=8"]),
     "fsdp-zero2": (2, ["zero.stage=2", "train.micro_batch_size=2", "train.global_batch_size=8"]),
     "fsdp-zero3-offload-bf16-recompute": (
         2,
         ["zero.stage=3", "zero.offload_params=cpu", "precision=bf16", "train.recompute=full", *B4],
     ),
-    # tp=2 with one kv head: each rank keeps a replica of it; the tied head runs on DTensors.
-    "tp2-sp-kv1": (
-        2,
-        ["parallel.tp=2", "parallel.sequence_parallel=true", "model.num_kv_heads=1", *B4],
-    ),
     "pp2xdp2-gpipe-ddp": (
         4,
         ["parallel.pp=2", "parallel.pp_schedule=gpipe", UNTIED, "train.micro_batch_size=2"],
     ),
-    "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b", UNTIED, *B4]),
     "pp2-interleaved-vpp2": (
         2,
         [
@@ -203,8 +218,6 @@ CASES: dict[str, tuple[int, list[str]]] = {
         4,
         ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true", UNTIED, *B4],
     ),
-    "zero1": (2, ["zero.stage=1", "train.micro_batch_size=2", "train.global_batch_size=8"]),
-    "fp16-dynamic-scaling": (2, ["precision=fp16", "zero.stage=0", *B4]),
     # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler.
     "dp2xcp2-zero1-fp16": (4, ["parallel.cp=2", "zero.stage=1", "precision=fp16", *B4]),
     # fp16 parameters under FSDP2 (shard-aware scaler), and with DTensor tensor parallel.
@@ -224,67 +237,6 @@ def test_layout_trains(name: str) -> None:
     results = launch(nproc, overrides, steps=8)
     losses = assert_trains(results)
     print(f"{name}: first {losses[0]:.4f} last {losses[-1]:.4f}")
-
-
-@pytest.mark.parametrize(
-    ("nproc", "layout", "model", "tolerance"),
-    [
-        # Proves the loss and gradient averaging over dp (the global-batch mean).
-        (2, ["zero.stage=0"], [], 1e-5),
-        # Sharded heads (one kv head replicated), sequence-parallel norms, gathered tied head.
-        (2, ["parallel.tp=2", "parallel.sequence_parallel=true"], ["model.num_kv_heads=1"], 1e-4),
-        # Stages built from one seed equal the unsplit model; the pipeline's loss is the mean.
-        (2, ["parallel.pp=2"], [UNTIED], 1e-4),
-        # Sharded optimizer states: each rank updates its share, then broadcasts it.
-        (2, ["zero.stage=1"], [], 1e-5),
-        # fp16 activations: the reduction order differs, and fp16 rounds the difference up.
-        (2, ["zero.stage=0"], ["precision=fp16"], 2e-3),
-    ],
-    ids=["ddp", "tp2-sp-kv1", "pp2-1f1b", "zero1", "fp16"],
-)
-def test_matches_single_process(
-    nproc: int, layout: list[str], model: list[str], tolerance: float
-) -> None:
-    steps = 6
-    parallel = launch(nproc, [*layout, *model, *B4], steps=steps)
-    single = launch(1, [*model, *B4], steps=steps)
-    a, b = parallel[0]["losses"], single[0]["losses"]
-    diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
-    print(f"{layout}: max |loss - single| over {steps} steps = {diff:.2e}")
-    assert diff < tolerance, (a, b)
-    assert b[-1] < b[0] - 0.3, b
-
-
-@pytest.mark.parametrize(
-    ("name", "nproc", "overrides"),
-    [
-        ("ddp", 2, ["zero.stage=0", "train.micro_batch_size=2", "train.global_batch_size=8"]),
-        ("zero1", 2, ["zero.stage=1", *B4]),
-        ("fp16-scaler", 2, ["precision=fp16", *B4]),
-        (
-            "pp2-1f1b-zero3",
-            2,
-            [
-                "parallel.pp=2",
-                "zero.stage=3",
-                "model.tie_embeddings=false",
-                "train.micro_batch_size=2",
-                "train.global_batch_size=4",
-            ],
-        ),
-    ],
-)
-def test_resume_reproduces_losses(
-    tmp_path: Path, name: str, nproc: int, overrides: list[str]
-) -> None:
-    ckpt = tmp_path / "ckpt"
-    whole = launch(nproc, overrides, steps=6, save_at=3, save_dir=str(ckpt))
-    files = sorted(f for r in whole for f in r["files"])
-    assert any(Path(f).name == ".metadata" for f in files)
-    assert all(Path(f).exists() for f in files)
-    resumed = launch(nproc, overrides, steps=3, first_step=3, load_dir=str(ckpt))
-    assert resumed[0]["losses"] == whole[0]["losses"][3:], (whole[0], resumed[0])
-    assert resumed[-1]["losses"] == whole[-1]["losses"][3:]
 
 
 def _overflow(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -> dict[str, Any]:
@@ -338,19 +290,41 @@ def test_fp16_overflow_skips_the_step_on_every_rank(tmp_path: Path) -> None:
 
 
 MLA = ["model.kv_lora_rank=16", "model.qk_rope_head_dim=8", "model.v_head_dim=16"]
-# name: (processes, parallel overrides, model overrides, tolerance). The tolerance bounds both
+B8 = ["train.micro_batch_size=2", "train.global_batch_size=8"]  # 2 micro-batches per rank at dp=2
+# name: (processes, parallel overrides, shared overrides, tolerance). The shared overrides (model,
+# precision, batch) are also those of the one-process reference. The tolerance bounds both
 # |loss - single process| and the relative gradient-norm difference. Derivation: the parallel run
-# sums the same fp32 terms in another order (tp all-reduces, all-to-all, ring merges), each sum
-# off by a few ulps (eps 1.2e-7) of values ~1-5, so ~1e-6 per step; Adam's update has size ~lr
-# whatever the gradient's scale, so five steps keep it near that (measured at most 9.5e-7 on the
-# loss, 6e-6 on the norm). 1e-4 leaves room for other CPUs' kernels, while a missing or doubled
-# gradient reduction, a wrong head or expert shard, or a token routed to another expert on one tp
-# rank moves the loss or the norm by 1e-3 or more (the doubled cp reduction: norms x2).
+# sums the same fp32 terms in another order (dp and tp all-reduces, all-to-all, ring merges,
+# pipeline micro-batch means), each sum off by a few ulps (eps 1.2e-7) of values ~1-5, so ~1e-6 per
+# step; Adam's update has size ~lr whatever the gradient's scale, so five steps keep it near that
+# (measured at most 9.5e-7 on the loss, 6e-6 on the norm). 1e-4 leaves room for other CPUs'
+# kernels, while a missing or doubled gradient reduction, a wrong head or expert shard, or a token
+# routed to another expert on one tp rank moves the loss or the norm by 1e-3 or more (the doubled
+# cp reduction: norms x2). Plain dp and ZeRO-1 only reorder one all-reduce: 1e-5. fp16 rounds
+# each activation to 11 bits (eps 9.8e-4), so a reordered sum can flip a rounding: 2e-3.
 ONE_LAUNCH_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
+    # The loss and gradient averaging over dp (the global-batch mean), with grad accumulation.
+    "ddp": (2, ["zero.stage=0"], B8, 1e-5),
+    # Sharded optimizer states: each rank updates its share, then broadcasts it.
+    "zero1": (2, ["zero.stage=1"], B8, 1e-5),
+    # fp16 activations and the dynamic loss scaler (its state saved and loaded back).
+    "fp16": (2, ["zero.stage=0"], ["precision=fp16", *B4], 2e-3),
+    # Sharded heads (one kv head: each rank keeps a replica), sequence-parallel norms, the tied
+    # head run on DTensors.
+    "tp2-sp-kv1": (
+        2,
+        ["parallel.tp=2", "parallel.sequence_parallel=true"],
+        ["model.num_kv_heads=1", *B4],
+        1e-4,
+    ),
+    # Stages built from one seed equal the unsplit model; the pipeline's loss is the mean.
+    "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b"], [UNTIED, *B4], 1e-4),
+    # The same pipeline with each stage under FSDP2.
+    "pp2-1f1b-zero3": (2, ["parallel.pp=2", "zero.stage=3"], [UNTIED, *B4], 1e-4),
     # Ring attention over load-balanced chunks, learned positions at the rank's tokens, GQA.
-    "cp2-gqa": (2, ["parallel.cp=2"], ["model.num_kv_heads=2"], 1e-4),
+    "cp2-gqa": (2, ["parallel.cp=2"], ["model.num_kv_heads=2", *B4], 1e-4),
     # Experts split over ep, dispatched by all-to-all, gradients reduced per expert.
-    "moe-ep2": (2, ["parallel.ep=2"], MOE, 1e-4),
+    "moe-ep2": (2, ["parallel.ep=2"], [*MOE, *B4], 1e-4),
     # DeepSeek-style: a dense first layer, then MoE with a shared expert; MLA with a q bottleneck;
     # sequence parallel gathers the sequence before the router and the heads.
     "moe-mla-tp2-sp": (
@@ -364,32 +338,91 @@ ONE_LAUNCH_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
             "model.moe_shared_experts=1",
             "model.moe_dense_layers=1",
             UNTIED,
+            *B4,
         ],
         1e-4,
     ),
     # Expert groups of 2 dp ranks (tp peers exchange identical tokens), experts tensor-parallel
     # inside each; MLA without the q bottleneck.
-    "moe-ep2xtp2-mla": (4, ["parallel.tp=2", "parallel.ep=2"], [*LLAMA, *MOE, *MLA], 1e-4),
+    "moe-ep2xtp2-mla": (4, ["parallel.tp=2", "parallel.ep=2"], [*LLAMA, *MOE, *MLA, *B4], 1e-4),
     # Ring attention over the local heads, the cp-local sequence sharded again by sequence
     # parallel; gradients averaged over cp by the engine (tp parameters are DTensors).
     "cp2xtp2-sp-gqa": (
         4,
         ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
-        [*LLAMA, "model.num_kv_heads=2"],
+        [*LLAMA, "model.num_kv_heads=2", *B4],
         1e-4,
     ),
 }
 
 
+def _zero1_shards(results: list[dict[str, Any]]) -> None:
+    """ZeRO-1: every rank writes its own optimizer shard next to the DCP files."""
+    for rank, r in enumerate(results):
+        assert r["saved_extra"]["data_parallel"] == "ddp+zero1", r["saved_extra"]
+        assert f"zero1_optim_rank{rank}.pt" in {Path(f).name for f in r["files"]}, r["files"]
+
+
+def _fp16_scaler(results: list[dict[str, Any]]) -> None:
+    """The loss scaler: rank 0 saves its state, and the fresh engine loads the scale back."""
+    assert "loss_scaler.json" in {Path(f).name for f in results[0]["files"]}, results[0]["files"]
+    for r in results:
+        scale = r["saved_extra"]["loss_scale"]
+        assert scale is not None and math.isfinite(scale) and scale > 0, r["saved_extra"]
+        assert r["loaded_extra"]["loss_scale"] == scale
+
+
+def _pipeline(schedule: str, data_parallel: str) -> Any:
+    def check(results: list[dict[str, Any]]) -> None:
+        """Two stages, one per rank, under the named schedule and data-parallel wrapper."""
+        for r in results:
+            assert r["extra"]["mesh"]["pp"] == 2 and r["extra"]["pp_schedule"] == schedule
+            assert r["extra"]["data_parallel"] == data_parallel, r["extra"]
+        assert {r["info"].pp_rank for r in results} == {0, 1}
+
+    return check
+
+
+# Checks only some cases have, on top of those every case gets.
+EXTRA_CHECKS: dict[str, Any] = {
+    "zero1": _zero1_shards,
+    "fp16": _fp16_scaler,
+    "pp2-1f1b": _pipeline("1f1b", "none"),
+    "pp2-1f1b-zero3": _pipeline("1f1b", "fsdp2"),
+}
+
+
+def _same(a: list[float], b: list[float]) -> bool:
+    """Bitwise equal lists (NaN equal to NaN: an fp16 step may overflow)."""
+    return len(a) == len(b) and all(
+        x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.fixture(scope="session")
+def one_process() -> Any:
+    """The one-process reference run, launched once per session for each shared config."""
+    cache: dict[tuple[tuple[str, ...], int], dict[str, Any]] = {}
+
+    def reference(shared: list[str], steps: int) -> dict[str, Any]:
+        key = (tuple(shared), steps)
+        if key not in cache:
+            cache[key] = launch(1, shared, steps)[0]
+        return copy.deepcopy(cache[key])
+
+    return reference
+
+
 @pytest.mark.parametrize("name", list(ONE_LAUNCH_CASES))
-def test_trains_resumes_matches_one_process(tmp_path: Path, name: str) -> None:
-    """In one launch the loss falls and a fresh engine resumes bitwise from the mid-run
-    checkpoint; a second launch of one process gives the loss and gradient norm to match."""
-    nproc, layout, model, tolerance = ONE_LAUNCH_CASES[name]
+def test_trains_resumes_matches_one_process(tmp_path: Path, name: str, one_process: Any) -> None:
+    """In one launch the loss falls and a fresh engine resumes bitwise (loss and gradient norm)
+    from the mid-run checkpoint, with the engine state it saved; a one-process launch (shared
+    between cases with the same shared overrides) gives the loss and gradient norm to match."""
+    nproc, layout, shared, tolerance = ONE_LAUNCH_CASES[name]
     steps, save_at = 5, 3
     results = launch(
         nproc,
-        [*layout, *model, *B4],
+        [*layout, *shared],
         steps,
         _train_and_resume,
         save_at=save_at,
@@ -398,7 +431,12 @@ def test_trains_resumes_matches_one_process(tmp_path: Path, name: str) -> None:
     losses = assert_trains(results)
     for r in results:
         assert r["resumed"] == r["losses"][save_at:], (r["losses"], r["resumed"])
-    one = launch(1, [*model, *B4], steps)[0]
+        assert _same(r["resumed_norms"], r["norms"][save_at:]), (r["norms"], r["resumed_norms"])
+        assert r["loaded_extra"] == r["saved_extra"], (r["saved_extra"], r["loaded_extra"])
+        assert r["files"] and all(Path(f).is_file() for f in r["files"]), r["files"]
+    assert ".metadata" in {Path(f).name for f in results[0]["files"]}, results[0]["files"]
+    EXTRA_CHECKS.get(name, lambda _: None)(results)
+    one = one_process(shared, steps)
     single, single_norms = one["losses"], one["norms"]
     diff = max(abs(x - y) for x, y in zip(losses, single, strict=True))
     # The gradient norm too (relative): Adam and clipping hide a gradient scaled by a constant
@@ -408,5 +446,6 @@ def test_trains_resumes_matches_one_process(tmp_path: Path, name: str) -> None:
         f"{name}: first {losses[0]:.4f} last {losses[-1]:.4f}; max |loss - single| {diff:.2e}, "
         f"max relative |grad norm - single| {norm_diff:.2e}"
     )
+    assert single[-1] < single[0] - 0.3, single
     assert diff < tolerance, (losses, single)
     assert norm_diff < tolerance, (results[0]["norms"], single_norms)
