@@ -77,7 +77,7 @@ def make_corpus(path: Path, megabytes: float, seed: int = 0) -> int:
 
 
 def train_tokenizer(corpus: Path, out: Path, sample_bytes: int = 8_000_000) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from launcher.data.prepare import BPETokenizer
 
     texts = []
     seen = 0
@@ -87,17 +87,7 @@ def train_tokenizer(corpus: Path, out: Path, sample_bytes: int = 8_000_000) -> N
             seen += len(line)
             if seen > sample_bytes:
                 break
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=8000,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.save(str(out))
+    BPETokenizer.train(texts, 8000).save(out)
 
 
 def digest(folder: Path) -> str:

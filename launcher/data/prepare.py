@@ -34,7 +34,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,9 +99,12 @@ class BPETokenizer:
         self.eod_id: int | None = None if eod is None else int(eod)
 
     @classmethod
-    def train(cls, texts: Iterator[str], vocab_size: int) -> BPETokenizer:
-        """Train on `texts`. A corpus with fewer distinct pairs to merge than `vocab_size` asks
-        for gives a smaller vocabulary: that is said on stderr (``vocab_shortfall``)."""
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, eod_token: str = EOD_TOKEN
+    ) -> BPETokenizer:
+        """Train a byte-level BPE on `texts` (end-of-document token `eod_token`, id 0). A corpus
+        with fewer distinct pairs to merge than `vocab_size` asks for gives a smaller
+        vocabulary: that is said on stderr (``vocab_shortfall``)."""
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -115,7 +118,7 @@ class BPETokenizer:
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
-            special_tokens=[EOD_TOKEN],
+            special_tokens=[eod_token],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )

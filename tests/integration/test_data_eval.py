@@ -52,7 +52,7 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 
 def make_corpus(tmp_path: Path, documents: int) -> tuple[Path, Path]:
     """corpus.jsonl of word-salad documents and a byte-level BPE tokenizer.json trained on it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from launcher.data.prepare import BPETokenizer
 
     rng = random.Random(0)
     texts = [
@@ -60,17 +60,7 @@ def make_corpus(tmp_path: Path, documents: int) -> tuple[Path, Path]:
     ]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.save(str(tmp_path / "tokenizer.json"))
+    BPETokenizer.train(texts, 300).save(tmp_path / "tokenizer.json")
     return corpus, tmp_path / "tokenizer.json"
 
 

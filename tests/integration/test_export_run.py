@@ -155,13 +155,12 @@ def reference_loss(folder: Path, run_dir: Path) -> float:
 
     from launcher.config.compose import config_from_values
     from launcher.config.layout import derive_layout
-    from launcher.train.data import TokenShards
+    from launcher.train.data import training_data
     from launcher.train.sampler import ShardedSampler
-    from launcher.train.trainer import data_dir
 
     cfg = config_from_values(yaml.safe_load((run_dir / "config.yaml").read_text()))
     lay = derive_layout(cfg)
-    shards = TokenShards(data_dir(cfg))
+    shards = training_data(cfg)  # what the trainer reads
     seq = cfg.model.seq_length
     sampler = ShardedSampler(
         shards.num_sequences(seq), 0, 1, lay.micro_batch_size * lay.grad_accum, cfg.train.seed

@@ -233,7 +233,7 @@ def test_a_hung_rank_is_detected_and_the_run_stopped(tmp_path: Path) -> None:
         ),
         (["recipe=gpt-7b", "cluster=cpu", "cluster.gpus_per_node=1"], "does not fit"),
         (["cluster=h100-80gb", "train.global_batch_size=64"], "needs 8 CUDA GPUs"),
-        (["data.path=/nonexistent/data"], "no prepared data there"),
+        (["data.path=/nonexistent/data"], "no dataset there"),
     ],
 )
 def test_bad_configs_are_refused_before_any_process(
@@ -285,7 +285,7 @@ def test_run_json_prints_one_document_and_progress_on_stderr(tmp_path: Path) -> 
 
 def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None:
     """Bring your own data and tokenizer: JSON Lines records + a Hugging Face tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from launcher.data.prepare import BPETokenizer
 
     records = [
         {"id": i, "text": f"record {i}: the quick brown fox jumps over the lazy dog {i % 7}."}
@@ -294,17 +294,8 @@ def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
     # The user's tokenizer, made elsewhere (here: a small byte-level BPE with Llama 3's EOD name).
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<|end_of_text|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator((r["text"] for r in records), trainer=trainer)
-    tok.save(str(tmp_path / "tokenizer.json"))
+    texts = [r["text"] for r in records]
+    BPETokenizer.train(texts, 320, eod_token="<|end_of_text|>").save(tmp_path / "tokenizer.json")
     prepared = llmtrain(
         tmp_path,
         "data",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 import typer
 from click.testing import CliRunner
@@ -51,7 +53,13 @@ def test_top5_on_this_machine_pass_run_dry_run(base: tuple[str, ...]) -> None:
         (("recipe=mixtral-8x7b", "cluster.num_nodes=4", "train.global_batch_size=64"), True),
     ],
 )
-def test_top5_on_gpu_clusters_pass_the_dry_runs(base: tuple[str, ...], any_backend: bool) -> None:
+def test_top5_on_gpu_clusters_pass_the_dry_runs(
+    base: tuple[str, ...], any_backend: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Megatron-LM checkout (its entry script is all that is checked before launch), so that a
+    # Megatron layout the search proposes is judged on the layout, not on a missing checkout.
+    (tmp_path / "pretrain_gpt.py").write_text("")
+    monkeypatch.setenv("MEGATRON_LM_PATH", str(tmp_path))
     for cand in top5(*base, *(["--any-backend"] if any_backend else [])):
         line = str(cand["overrides"]).split()
         assert line[0].startswith("backend=")
