@@ -5,7 +5,6 @@ backend its override line names."""
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
