@@ -209,7 +209,7 @@ def _megatron_worker(cfg: LLMTrainConfig, run: RunDir, env: dict[str, str]) -> l
     data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
     text = render_megatron_args(cfg, data, str(run.root))
     fsio.write_text_atomic(run.megatron_args, text, root=run.root)
-    return [entry_script(root), *megatron_run_args(cfg, str(run.root))]
+    return [entry_script(root), *megatron_run_args(cfg, str(run.root), data)]
 
 
 _PR_SET_PDEATHSIG = 1

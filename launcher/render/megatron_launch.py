@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.data.sources import MegatronData, megatron_data
 from launcher.render.megatron_args import megatron_args
 
 ENV_VAR = "MEGATRON_LM_PATH"
@@ -60,16 +61,18 @@ def entry_script(root: str) -> str:
     return str(PurePosixPath(root) / ENTRY)
 
 
-def megatron_run_args(cfg: LLMTrainConfig, run_dir: str) -> list[str]:
+def megatron_run_args(
+    cfg: LLMTrainConfig, run_dir: str, data: MegatronData | None = None
+) -> list[str]:
     """All arguments of pretrain_gpt.py for a run in `run_dir`: megatron_args.txt's for this run
     (its data resolved as `render` does: --data-path / --train-data-path and the tokenizer of a
     prepared dataset, else --mock-data; --save/--load RUN_DIR/checkpoints), the checkpoint
     interval (checkpoint.every_steps, else the last step), then backend.megatron_extra_args (last,
-    so they win; when they name data, the rendered --mock-data is dropped)."""
-    from launcher.data.sources import megatron_data
-
+    so they win; when they name data, the rendered --mock-data is dropped). `data`: the run's
+    data already resolved by the caller (else resolved here)."""
     extra = list(cfg.backend.megatron_extra_args)
-    data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
+    if data is None:
+        data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
     interval = cfg.checkpoint.every_steps or derive_layout(cfg).steps
     args = [*megatron_args(cfg, data, run_dir), "--save-interval", str(max(1, interval))]
     named = {word.split("=", 1)[0] for word in extra}

@@ -39,12 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from launcher import fsio
-from launcher.rundir import CHECKPOINT_PREFIX, UNFINISHED_PREFIX, step_dir_name
+from launcher.rundir import (
+    CHECKPOINT_PREFIX,
+    UNFINISHED_PREFIX,
+    step_dir_name,
+    unfinished_checkpoints,
+)
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 ENGINE_DIR = "engine"
-TMP_PREFIX = UNFINISHED_PREFIX
 FORMAT = "llmtrain-checkpoint-v2"
 # HMAC-SHA256 key for signing and verifying manifests (any non-empty string; keep it secret).
 KEY_ENV = "LLMTRAIN_CHECKPOINT_KEY"
@@ -209,7 +213,7 @@ class CheckpointWriter:
         trainer_state: dict[str, Any],
     ) -> Path:
         final = self.root / step_dir_name(step)
-        tmp = self.root / f"{TMP_PREFIX}{step_dir_name(step)}"
+        tmp = self.root / f"{UNFINISHED_PREFIX}{step_dir_name(step)}"
         try:
             if self.rank == 0:
                 fsio.check_inside(self.root, self.root.parent)
@@ -261,7 +265,7 @@ class CheckpointWriter:
             fsio.fsync_dir(folder)
         old = None
         if os.path.lexists(final):  # the same step saved again (a resumed run's final save)
-            old = self.root / f"{TMP_PREFIX}old-{final.name}"
+            old = self.root / f"{UNFINISHED_PREFIX}old-{final.name}"
             if os.path.lexists(old):
                 fsio.remove_tree(old)
             os.replace(final, old)
@@ -289,5 +293,5 @@ class CheckpointWriter:
         for path in verified:
             if path not in kept:
                 fsio.remove_tree(path)
-        for stale in self.root.glob(f"{TMP_PREFIX}*"):
+        for stale in unfinished_checkpoints(self.root):
             fsio.remove_tree(stale)
