@@ -59,14 +59,20 @@ class BytesPerParam:
     optimizer: float
 
 
+def fp8_weight_copy_bytes(cfg: LLMTrainConfig) -> float:
+    """Bytes per parameter of the fp8 weight copies kept across a step's micro-batches.
+
+    Transformer Engine (backend=megatron) keeps an fp8 copy of each weight and of its transpose
+    (1 + 1 bytes); torchao's float8 training (backend=torch) casts each weight on the fly in
+    every forward and backward and keeps no copy (torchao float8_linear.py saves the
+    high-precision weight for the backward)."""
+    return 2.0 if cfg.precision.fp8 and cfg.backend.name == "megatron" else 0.0
+
+
 def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
     """Unsharded bytes per parameter of each model-state bucket (ZeRO paper, section 3)."""
     p = cfg.precision
-    weights = float(DTYPE_BYTES[p.compute_dtype])
-    if p.fp8 and cfg.backend.name == "megatron":
-        # Transformer Engine keeps an fp8 copy of each weight and of its transpose across the
-        # micro-batches of a step; torchao's float8 (torch backends) casts on the fly instead.
-        weights += 2.0
+    weights = float(DTYPE_BYTES[p.compute_dtype]) + fp8_weight_copy_bytes(cfg)
     gradients = float(DTYPE_BYTES[p.grad_dtype])
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
     if master and cfg.backend.name == "torch" and cfg.zero.stage >= 3:

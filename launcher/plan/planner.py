@@ -17,6 +17,7 @@ from launcher.plan.memory import (
     MemoryPlan,
     bytes_per_param,
     estimate_memory,
+    fp8_weight_copy_bytes,
     uses_dropout,
 )
 from launcher.plan.model_shape import ModelShape
@@ -88,7 +89,7 @@ def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
 def checkpoint_bytes(cfg: LLMTrainConfig, total_params: int) -> float:
     """Weights in the compute dtype plus the optimizer states (master copy, moments)."""
     bpp = bytes_per_param(cfg)
-    weights = bpp.weights - (2.0 if cfg.precision.fp8 else 0.0)
+    weights = bpp.weights - fp8_weight_copy_bytes(cfg)
     return total_params * (weights + bpp.optimizer)
 
 
@@ -251,7 +252,12 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
     if cfg.precision.fp8:
         out.append(
             "fp8: linear-layer GEMMs at the fp8 dense peak; attention, non-GEMM work and "
-            "communication as in the compute dtype; weights keep an fp8 copy and its transpose."
+            "communication as in the compute dtype; "
+            + (
+                "weights keep an fp8 copy and its transpose (Transformer Engine)."
+                if fp8_weight_copy_bytes(cfg)
+                else "weights cast to fp8 on the fly, no copy kept (torchao float8)."
+            )
         )
     if plan_layout.dp_inferred:
         out.append(f"dp inferred as world_size / (tp*pp*cp) = {plan_layout.dp}.")

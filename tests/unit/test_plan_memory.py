@@ -8,16 +8,18 @@ import pytest
 
 from launcher.config.layout import derive_layout
 from launcher.config.schema import (
+    BackendConfig,
     ClusterConfig,
     LLMTrainConfig,
     ModelConfig,
     ParallelConfig,
+    PrecisionConfig,
     TrainConfig,
     ZeroConfig,
 )
 from launcher.plan.memory import layer_activation_bytes, logits_bytes
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.planner import make_plan
+from launcher.plan.planner import checkpoint_bytes, make_plan
 
 pytestmark = pytest.mark.unit
 
@@ -149,6 +151,26 @@ def test_memory_falls_as_tp_grows() -> None:
 def test_memory_falls_as_zero_stage_grows() -> None:
     values = [_device(_cfg(zero=ZeroConfig(stage=z))) for z in (0, 1, 2, 3)]
     assert values == sorted(values, reverse=True) and len(set(values)) == 4
+
+
+def test_fp8_weight_copies_are_transformer_engine_only() -> None:
+    # LLAMA has P parameters. bf16 with fp32 master and Adam: weights 2 B/param, checkpoint
+    # 2 + 4 + 8 = 14 B/param. Transformer Engine (megatron) adds an fp8 copy and its transpose
+    # (+2 B/param) to the weights in memory; torchao (torch) keeps none. Neither is saved in a
+    # checkpoint: 14 B/param for all four.
+    fp8 = PrecisionConfig(name="fp8", fp8=True)
+    runs = {
+        (b, f): _cfg(precision=fp8 if f else PrecisionConfig(), backend=BackendConfig(name=b))
+        for b in ("megatron", "torch")
+        for f in (False, True)
+    }
+    plans = {k: make_plan(c) for k, c in runs.items()}
+    weights = {k: p.memory.heaviest.weights for k, p in plans.items()}
+    assert weights[("torch", True)] == weights[("torch", False)]
+    assert abs(weights[("megatron", True)] / weights[("megatron", False)] - 2.0) < 1e-9
+    assert weights[("torch", False)] > 0
+    sizes = {checkpoint_bytes(c, 1000) for c in runs.values()}
+    assert sizes == {14_000}
 
 
 def test_memory_falls_with_recompute() -> None:
