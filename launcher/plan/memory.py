@@ -88,6 +88,13 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
     return BytesPerParam(weights, gradients, optimizer)
 
 
+def pipelined_fsdp_accumulates(cfg: LLMTrainConfig, layout: Layout) -> bool:
+    """torch FSDP2 (zero.stage 2/3) under pipelining: gradients accumulate unsharded over the
+    step's micro-batches and are reduce-scattered once, after the last backward. Without pp the
+    torch engine reduce-scatters every micro-batch, as DeepSpeed's ZeRO-2/3 do."""
+    return cfg.backend.name == "torch" and cfg.zero.stage >= 2 and layout.pp > 1
+
+
 def uses_dropout(cfg: LLMTrainConfig) -> bool:
     """Dropout masks are kept (1 byte each) and traffic paid when either dropout is on."""
     return cfg.model.attention_dropout > 0 or cfg.model.hidden_dropout > 0
@@ -400,13 +407,18 @@ def stage_states(
 
     weights = sharded(bpp.weights, z.stage >= 3)
     gradients = sharded(bpp.gradients, z.stage >= 2)
-    if z.stage >= 3 and layout.pp > 1 and cfg.backend.name == "torch":
-        # torch FSDP2 under pipeline parallelism (torchtitan): reshard_after_forward is off and
-        # gradients accumulate unsharded across the micro-batches of a step, so every stage keeps
-        # its parameters and their gradients unsharded in the compute dtype between micro-batches.
-        full = DTYPE_BYTES[cfg.precision.compute_dtype] * params.total
-        weights += full
-        gradients += full
+    if z.stage >= 2 and pipelined_fsdp_accumulates(cfg, layout):
+        # torch FSDP2 under torch.distributed.pipelining: every backward but the schedule's last
+        # runs with gradient sync and reshard-after-backward off (PipelineStage.
+        # backward_maybe_with_nosync), so each stage keeps its parameters unsharded in the
+        # compute dtype (ZeRO-3; ZeRO-2 keeps them anyway) and accumulates unsharded gradients
+        # in the reduce dtype (FSDPParam.to_accumulated_grad_if_needed: grad_dtype with mixed
+        # precision, fp32 without) until the one reduce-scatter (perform_reduce_grad).
+        compute = cfg.precision.compute_dtype
+        if z.stage >= 3:
+            weights += DTYPE_BYTES[compute] * params.total
+        reduce = cfg.precision.grad_dtype if compute != "fp32" else "fp32"
+        gradients += DTYPE_BYTES[reduce] * params.total
     optimizer = sharded(bpp.optimizer, z.stage >= 1)
     host = 0.0
     if z.offload_optimizer == "cpu":

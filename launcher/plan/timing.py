@@ -37,7 +37,13 @@ from launcher.plan.comm import Collective, collective_time, place_group
 from launcher.plan.fitted import constants
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
-from launcher.plan.memory import DTYPE_BYTES, HardwareView, StageMemory, bytes_per_param
+from launcher.plan.memory import (
+    DTYPE_BYTES,
+    HardwareView,
+    StageMemory,
+    bytes_per_param,
+    pipelined_fsdp_accumulates,
+)
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import bubble_fraction, bubble_overhead
 
@@ -357,16 +363,31 @@ def estimate_time(
                     "forward and backward, per micro-batch",
                 )[1]
                 window = None if window is None else max(0.0, window - colls[-1].time_s)
+            if pipelined_fsdp_accumulates(cfg, layout):
+                # One reduce-scatter of the accumulated gradients after the schedule's last
+                # backward (torch.distributed.pipelining's REDUCE_GRAD action): nothing is left
+                # to hide it behind on the stage that finishes last.
+                reduce = cfg.precision.grad_dtype
+                if cfg.precision.compute_dtype == "fp32":
+                    reduce = "fp32"
+                rs_bytes, rs_calls, rs_window, rs_when = (
+                    params * DTYPE_BYTES[reduce],
+                    1,
+                    None,
+                    "once per step, after the last backward",
+                )
+            else:
+                rs_bytes, rs_calls, rs_window, rs_when = grads, mb, window, "per micro-batch"
             dp_exposed += add(
                 "gradient reduce-scatter",
                 "reduce-scatter",
                 "dp",
                 shard,
                 tp,
-                grads,
-                mb,
-                window,
-                "per micro-batch",
+                rs_bytes,
+                rs_calls,
+                rs_window,
+                rs_when,
             )[1]
             if z == 2:
                 dp_exposed += add(

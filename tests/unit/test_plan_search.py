@@ -201,7 +201,7 @@ def test_impossible_request_reports_the_smallest_cluster() -> None:
     assert f"cluster.num_nodes={nodes}" in out.getvalue()
 
 
-def test_llama3_405b_published_layout_ranks_below_the_top_choice() -> None:
+def test_llama3_405b_published_layout_is_ranked_among_the_fitting_ones() -> None:
     """Llama 3 405B, 8K sequences, 16,384 H100 (Table 4: TP8 PP16 DP128, interleaved)."""
     cfg = compose("recipe=llama3-405b")
     result = search(cfg, rank_given=True)
@@ -218,8 +218,12 @@ def test_llama3_405b_published_layout_ranks_below_the_top_choice() -> None:
     assert plan.memory.fits
     assert plan.time.tokens_per_s == result.given.tokens_per_s
     assert result.given_rank <= result.fitting
-    # The rank counts the fitting layouts strictly faster than it.
-    assert result.given_rank > len(result.candidates)
+    # The rank counts the fitting layouts strictly faster than it: with torch's pipelining
+    # reducing FSDP gradients once per step, Meta's layout is near the top (3rd when written).
+    assert result.given_rank <= len(result.candidates)
+    faster = result.candidates[: result.given_rank - 1]
+    assert all(c.tokens_per_s > result.given.tokens_per_s for c in faster)
+    assert result.candidates[result.given_rank - 1].tokens_per_s <= result.given.tokens_per_s
 
 
 def test_json_document_is_stable() -> None:

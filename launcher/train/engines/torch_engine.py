@@ -81,7 +81,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import (
@@ -525,13 +525,18 @@ class TorchEngine(Engine):
             yield from part.parameters()
 
     def _grad_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
-        """Gradient reduction on (last micro-batch) or off (the others), for DDP and FSDP2."""
+        """DDP's gradient all-reduce on (last micro-batch) or off (the others).
+
+        FSDP2 (zero.stage 2/3) reduce-scatters every micro-batch's gradients into the sharded
+        gradient, as DeepSpeed's ZeRO-2/3 do: switching its sync off would accumulate unsharded
+        gradients in the reduce dtype (FSDPParam.to_accumulated_grad_if_needed), 4 bytes a
+        parameter on every rank, more than the ZeRO-1 layout this stage is meant to beat, and
+        more than `plan` counts. Under pipelining, torch's schedules turn FSDP's sync off
+        themselves and reduce once (PipelineStage.perform_reduce_grad); `plan` models that."""
         stack = contextlib.ExitStack()
         for part in self.parts:
             if isinstance(part, DistributedDataParallel) and not enabled:
                 stack.enter_context(part.no_sync())
-            elif isinstance(part, FSDPModule):
-                part.set_requires_gradient_sync(enabled)
         return stack
 
     def _expert_params(self) -> list[nn.Parameter]:
