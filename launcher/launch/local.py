@@ -35,12 +35,13 @@ import yaml
 
 from launcher import fsio
 from launcher.config.compose import Composed
+from launcher.config.run_config import read_run_config, resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
 from launcher.launch import runlock
 from launcher.render.torchrun import launch_script, torchrun_command
-from launcher.rundir import RunDir, unfinished_checkpoints
+from launcher.rundir import UNFINISHED_PREFIX, RunDir, unfinished_checkpoints
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
 _NOT_IN_NAME = (
@@ -88,10 +89,45 @@ def config_digest(values: dict[str, Any]) -> str:
 
 def run_dir_for(composed: Composed) -> Path:
     cfg = composed.config
-    name = cfg.run.name or f"{cfg.recipe}-{config_digest(composed.values)}"
+    digest = config_digest(composed.values)
+    name = cfg.run.name or f"{cfg.recipe}-{digest}"
     if "/" in name or name in ("", ".", ".."):
         raise UserError(f"run.name={name!r}: must be a plain folder name (no '/')")
-    return Path(cfg.run.root_dir).expanduser() / name
+    path = Path(cfg.run.root_dir).expanduser() / name
+    if not cfg.run.name and not path.exists():
+        return older_schema_run(path.parent, cfg.recipe, digest) or path
+    return path
+
+
+def older_schema_run(root: Path, recipe: str, digest: str) -> Path | None:
+    """The run of this configuration made by an older llmtrain, if any: its folder name hashed
+    that llmtrain's keys (one added or removed since changes the hash), but its config.yaml, read
+    as this llmtrain reads it (launcher.config.run_config: defaults for keys added since, keys
+    removed since set aside), hashes to `digest`."""
+    pattern = re.compile(re.escape(recipe) + r"-[0-9a-f]{8}")
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return None
+    for entry in entries:
+        config = RunDir(entry).config
+        if not pattern.fullmatch(entry.name) or not config.is_file():
+            continue
+        try:
+            values = read_run_config(config).values
+        except UserError:
+            continue
+        if config_digest(values) == digest:
+            return entry
+    return None
+
+
+def has_checkpoints(run: RunDir) -> bool:
+    """Whether the run directory holds checkpoints (llmtrain's or Megatron-LM's) to resume."""
+    try:
+        return any(not p.name.startswith(UNFINISHED_PREFIX) for p in run.checkpoints.iterdir())
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -147,6 +183,10 @@ def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) 
     run = RunDir(choose_run_dir(composed, fresh))
     lock = runlock.acquire(run.root)
     try:
+        if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
+            # Resuming a run an older llmtrain started: exit 2 naming the keys this one does
+            # not know (launcher.config.run_config), before anything is written or started.
+            resumable_config(run.config)
         return _write_run_dir(composed, plan_json, run, secrets, lock)
     except BaseException:
         lock.release()

@@ -10,7 +10,8 @@ Data, tokenizer, checkpoints and evaluation come from the config (``_data_args``
 data.blend as --data-path (Megatron-LM's weight, prefix order) or, when there is validation data,
 --train-data-path / --valid-data-path; the tokenizer.json folder of a prepared dataset as
 HuggingFaceTokenizer, else NullTokenizer with model.vocab_size; --save/--load in the run
-directory; train.eval_every/eval_steps as --eval-interval/--eval-iters.
+directory, with --exit-signal-handler (checkpoint and exit on SIGTERM, the signal job.sbatch sends
+on a preemption notice); train.eval_every/eval_steps as --eval-interval/--eval-iters.
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ def _data_args(cfg: LLMTrainConfig, data: MegatronData | None, run_dir: str | No
     if run_dir is not None:
         checkpoints = f"{run_dir.rstrip('/')}/checkpoints"
         args += ["--save", checkpoints, "--load", checkpoints]
+        # On SIGTERM, save a checkpoint at the next iteration and exit (Megatron-LM's
+        # --exit-signal-handler, SIGTERM by default): job.sbatch turns SLURM's preemption notice
+        # (USR1) into SIGTERM for the ranks, and the requeued job resumes through --load.
+        args.append("--exit-signal-handler")
     if t.eval_every:
         args += ["--eval-interval", str(t.eval_every), "--eval-iters", str(t.eval_steps)]
     else:

@@ -24,8 +24,14 @@ How the job works (job.sbatch):
   same script; it exits at once when the last step's checkpoint exists.
 - backend=megatron: each torchrun process runs Megatron-LM's ``pretrain_gpt.py`` with the
   arguments of ``launcher.render.megatron_launch`` (the checkout from backend.megatron_path, else
-  ``$MEGATRON_LM_PATH``, on PYTHONPATH); Megatron-LM writes its own checkpoints and does not
-  answer USR1 with a checkpoint (its ranks inherit the ignored USR1), so a time limit ends it.
+  ``$MEGATRON_LM_PATH``, on PYTHONPATH). Megatron-LM does not answer USR1 (its ranks inherit the
+  ignored USR1) but, with ``--exit-signal-handler`` (rendered with --save), saves a checkpoint at
+  the next iteration and exits on SIGTERM. So the per-node wrapper (MEGATRON_NODE_WRAPPER) starts
+  torchrun in the background and, on USR1, sends SIGTERM to torchrun's children, the ranks, and
+  not to torchrun (which would kill its workers after a short grace, mid-save). Megatron-LM
+  leaves no marker and exits 0, so the batch shell remembers the notice itself: after a USR1, when
+  Megatron-LM's tracker does not show the last step, it requeues like llmtrain's own jobs, and the
+  requeued job resumes through --load.
 - Secrets (``launcher.config.secrets``) are never exported here: the job inherits them from the
   environment of the ``sbatch`` call (``--export=ALL``), and both scripts stop when one is unset.
 """
@@ -47,6 +53,22 @@ from launcher.rundir import CHECKPOINTS, LOGS, PREEMPTED, step_dir_name
 # Rendezvous ports are chosen in [PORT_BASE, PORT_BASE + PORT_SPAN) from the job id.
 PORT_BASE = 20000
 PORT_SPAN = 20000
+
+
+# Each node's task under srun: torchrun, with USR1 ignored (inherited by torchrun and its ranks;
+# an unhandled USR1 would kill the elastic agent); llmtrain's trainers install their own handler.
+NODE_WRAPPER = 'trap "" USR1; exec "$@"'
+# backend=megatron: the same, but torchrun runs in the background and USR1 becomes SIGTERM for
+# torchrun's children (found in /proc: no procps in a container image), which Megatron-LM's
+# --exit-signal-handler answers with a checkpoint; then wait for torchrun, exiting with its code.
+MEGATRON_NODE_WRAPPER = (
+    'trap "" USR1; "$@" & child=$!; '
+    "ranks_term() { for s in /proc/[0-9]*/stat; do "
+    '{ read -r line <"$s"; } 2>/dev/null || continue; set -- ${line##*) }; '
+    '[ "$2" = "$child" ] && kill -TERM "${s//[^0-9]/}"; done; }; '
+    "trap ranks_term USR1; "
+    'while kill -0 "$child" 2>/dev/null; do wait "$child"; done; wait "$child"'
+)
 
 
 class RenderError(ValueError):
@@ -275,8 +297,8 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
             f"--container-workdir={q(workdir)}",
         ]
     srun += [q(_check_line("slurm.extra_srun_args", a)) for a in s.extra_srun_args]
-    # torchrun must not die of USR1; the trainers it starts install their own handler.
-    node_wrapper = q('trap "" USR1; exec "$@"')
+    megatron = cfg.backend.name == "megatron"
+    node_wrapper = q(MEGATRON_NODE_WRAPPER if megatron else NODE_WRAPPER)
     srun.append(f"bash -c {node_wrapper} llmtrain-node")
     srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
 
@@ -287,9 +309,23 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         final = q(f"{run_dir}/{CHECKPOINTS}/{MEGATRON_TRACKER}")
         done = f'[ "$(cat {final} 2>/dev/null)" = {steps} ]'
     marker = q(f"{run_dir}/{PREEMPTED}")
+    stopped = '  echo "llmtrain: checkpointed on a preemption signal; requeueing $SLURM_JOB_ID"'
+    usr1 = 'echo "llmtrain: USR1: checkpoint and stop"; forward USR1'
+    # llmtrain's trainer leaves the marker after its checkpoint; Megatron-LM leaves none.
+    preempted = f"[ -f {marker} ]"
+    if megatron:
+        usr1 = (
+            'preempted=1; echo "llmtrain: USR1: Megatron-LM ranks get SIGTERM (checkpoint and '
+            'stop)"; forward USR1'
+        )
+        preempted = f'[ "$preempted" = 1 ] && ! {done}'
+        stopped = (
+            '  echo "llmtrain: Megatron-LM stopped on a preemption signal (newest checkpoint: '
+            f'iteration $(cat {final} 2>/dev/null || echo none)); requeueing $SLURM_JOB_ID"'
+        )
     requeue = (
         [
-            '  echo "llmtrain: checkpointed on a preemption signal; requeueing $SLURM_JOB_ID"',
+            stopped,
             '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
             '  echo "llmtrain: scontrol requeue failed; resubmit to resume" >&2',
             "  exit 99",
@@ -329,10 +365,11 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "",
         "srun_pid=",
         "cancelled=0",
+        *(["preempted=0"] if megatron else []),
         "forward() {  # forward SIG: hand a signal to every process of the training step",
         '  [ -n "$srun_pid" ] && kill -"$1" "$srun_pid" 2>/dev/null',
         "}",
-        "trap 'echo \"llmtrain: USR1: checkpoint and stop\"; forward USR1' USR1",
+        f"trap {q(usr1)} USR1",
         "trap 'cancelled=1; forward TERM' TERM INT",
         _continued(srun) + " &",
         "srun_pid=$!",
@@ -345,7 +382,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         '  echo "llmtrain: cancelled"',
         "  exit 143",
         "fi",
-        f"if [ -f {marker} ]; then",
+        f"if {preempted}; then",
         *requeue,
         "fi",
         'echo "llmtrain: training step exited with code $rc"',

@@ -20,12 +20,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import yaml
-
-from launcher import fsio
-from launcher.config.compose import config_from_values
+from launcher.config.run_config import read_run_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.rundir import RunDir, step_dir_name
@@ -55,31 +52,15 @@ class ExportResult:
         }
 
 
-def _merged(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in values.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            out[key] = _merged(base[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def run_config(run_dir: Path) -> LLMTrainConfig:
-    """The run's config.yaml; keys added to llmtrain since the run was made take defaults."""
-    from omegaconf import OmegaConf
-
+    """The run's config.yaml; keys added to llmtrain since the run was made take defaults, keys
+    removed since are ignored (export reads the model only; see launcher.config.run_config)."""
     path = RunDir(run_dir).config
     if not path.is_file():
         raise UserError(f"{run_dir}: no config.yaml; is it a run directory (runs/NAME-HASH)?")
     try:
-        values = yaml.safe_load(fsio.read_bytes(path).decode("utf-8"))
-        if not isinstance(values, dict):
-            raise ValueError("not a mapping")
-        defaults = OmegaConf.to_container(OmegaConf.structured(LLMTrainConfig))
-        assert isinstance(defaults, dict)
-        return config_from_values(_merged(cast(dict[str, Any], defaults), values))
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        return read_run_config(path).config
+    except (KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a config.yaml this llmtrain reads ({exc})") from None
 
 

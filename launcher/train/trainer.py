@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import yaml
 
 from launcher import fsio
-from launcher.config.compose import config_from_values
 from launcher.config.layout import Layout, derive_layout
+from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
@@ -215,9 +214,10 @@ class Trainer:
     # --- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
         run = self.run
-        values = yaml.safe_load(fsio.read_bytes(run.config).decode("utf-8"))
-        self.cfg = cfg = config_from_values(values)
-        self.values = values
+        # An older llmtrain's config.yaml: added keys take defaults, removed ones refuse by name.
+        stored = resumable_config(run.config)
+        self.cfg = cfg = stored.config
+        self.values = stored.values
         self.plan: dict[str, Any] = (
             json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
         )
@@ -225,6 +225,10 @@ class Trainer:
         init_process_group_from_env()
         self.rank = dist.get_rank()
         self.log = Log(run, self.rank)
+        notes = [f"defaults for {', '.join(stored.missing)}"] if stored.missing else []
+        notes += [f"dropped (harmless) {', '.join(stored.harmless)}"] if stored.harmless else []
+        if notes:
+            self.log(f"{run.config} was written by an older llmtrain: {'; '.join(notes)}")
         if secret_names(cfg):  # config.yaml has them as ***: the values come from the environment
             self.log(secret_status(secret_names(cfg), os.environ))
         self.interrupt = Interrupt()

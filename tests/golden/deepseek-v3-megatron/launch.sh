@@ -39,6 +39,7 @@ exec /opt/llmtrain/venv/bin/python -m torch.distributed.run \
     --mock-data \
     --save /scratch/runs/deepseek-v3-megatron/checkpoints \
     --load /scratch/runs/deepseek-v3-megatron/checkpoints \
+    --exit-signal-handler \
     --eval-iters 0 \
     --swiglu \
     --normalization RMSNorm \

@@ -1,0 +1,144 @@
+"""A run directory's config.yaml read back by this llmtrain, which may be newer than the one that
+wrote it (a run resumed, requeued or exported after an upgrade). No torch import.
+
+The rule, the same for every reader:
+- a key this llmtrain has and the file lacks (added since the run started) takes the schema
+  default: a key is only ever added with a default that keeps the old behaviour;
+- a key the file has and this llmtrain does not (removed or renamed since) is dropped only when
+  it is listed in HARMLESS_REMOVED (with why it never changed training); any other such key makes
+  resuming refuse with one message naming every key (`refusal`): training without it could
+  differ from the run so far. Export, which reads the model alone, tolerates them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launcher import fsio
+from launcher.config.compose import _dataclass_of, _schema_fields, config_from_values
+from launcher.config.schema import LLMTrainConfig
+from launcher.errors import UserError
+
+# Keys that older llmtrain versions wrote and this one no longer has, which never changed how the
+# ranks train: dropped silently when a run is resumed. Key -> why it is harmless.
+HARMLESS_REMOVED: dict[str, str] = {
+    "model.dropout": (
+        "read by the planner only (dropout masks); the trainer used model.attention_dropout and "
+        "model.hidden_dropout, which replaced it"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class StoredConfig:
+    """config.yaml as this llmtrain reads it."""
+
+    path: Path
+    # This llmtrain's keys: the file's values, the schema default for keys the file lacks.
+    values: dict[str, Any]
+    missing: tuple[str, ...]  # dotted keys that took the default
+    unknown: dict[str, Any]  # dotted key -> value: keys this llmtrain does not have
+    harmless: tuple[str, ...]  # dotted keys dropped as HARMLESS_REMOVED
+
+    @property
+    def config(self) -> LLMTrainConfig:
+        return config_from_values(self.values)
+
+    def refusal(self) -> str | None:
+        """Why this run cannot be resumed by this llmtrain (None: it can)."""
+        if not self.unknown:
+            return None
+        keys = ", ".join(f"{key}={_short(value)}" for key, value in self.unknown.items())
+        return (
+            f"{self.path}: this run was started by an llmtrain whose configuration had "
+            f"key(s) this llmtrain does not know: {keys}; resuming without them could change the "
+            "training. Start a new run (the same command with --fresh), or, if "
+            f"the key does not matter to this run, delete it from {self.path} and run again"
+        )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _default(cls: type, name: str) -> Any:
+    """The schema default of field `name` of dataclass `cls`, as config.yaml would hold it."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                value: Any = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                raise AssertionError(f"schema field {cls.__name__}.{name} has no default")
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                return dataclasses.asdict(value)
+            return value
+    raise AssertionError(f"no field {name} in {cls.__name__}")
+
+
+def read_values(values: dict[str, Any], path: Path) -> StoredConfig:
+    """Fill defaults into / sort out unknown keys of config.yaml's `values`."""
+    missing: list[str] = []
+    unknown: dict[str, Any] = {}
+    harmless: list[str] = []
+
+    def walk(node: dict[str, Any], cls: type, prefix: str) -> dict[str, Any]:
+        fields = _schema_fields(cls)
+        out: dict[str, Any] = {}
+        for name, tp in fields.items():
+            sub = _dataclass_of(tp)
+            if name not in node:
+                missing.append(prefix + name)
+                out[name] = _default(cls, name)
+            elif sub is not None and isinstance(node[name], dict):
+                out[name] = walk(node[name], sub, f"{prefix}{name}.")
+            else:
+                out[name] = node[name]
+        for name, value in node.items():
+            if name not in fields:
+                key = prefix + str(name)
+                if key in HARMLESS_REMOVED:
+                    harmless.append(key)
+                else:
+                    unknown[key] = value
+        return out
+
+    filled = walk(values, LLMTrainConfig, "")
+    return StoredConfig(path, filled, tuple(missing), unknown, tuple(harmless))
+
+
+def read_run_config(path: Path) -> StoredConfig:
+    """A run's config.yaml (UserError when it is not one this llmtrain can read)."""
+    try:
+        values = yaml.safe_load(fsio.read_bytes(path).decode("utf-8"))
+        if not isinstance(values, dict):
+            raise ValueError("not a mapping")
+        return read_values(values, path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise UserError(f"{path}: not a config.yaml this llmtrain reads ({exc})") from None
+
+
+def resumable_config(path: Path) -> StoredConfig:
+    """config.yaml of a run this llmtrain is to continue: UserError (exit 2) naming every key it
+    does not know unless harmless (see the module docstring)."""
+    stored = read_run_config(path)
+    problem = stored.refusal()
+    if problem is not None:
+        raise UserError(problem)
+    return stored
+
+
+__all__ = [
+    "HARMLESS_REMOVED",
+    "StoredConfig",
+    "read_run_config",
+    "read_values",
+    "resumable_config",
+]
