@@ -133,6 +133,32 @@ def precompute_fsdp_scales(model: nn.Module) -> None:
     float8().precompute_float8_dynamic_scale_for_fsdp(model)
 
 
+def plain_tensors(state: Any) -> Any:
+    """`state` (nested dicts/lists of a model or optimizer state dict) with torchao's FSDP
+    weight wrapper (``WeightWithDynamicFloat8CastTensor``, under fp8 all-gather) replaced by the
+    plain tensor it wraps, sharing its storage. Checkpoints then hold plain tensors: readable
+    without torchao (``llmtrain export``, weights-only loading) and by a bf16 run."""
+    from torch.distributed.tensor import DTensor
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Wrapped
+
+    if isinstance(state, dict):
+        return {k: plain_tensors(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [plain_tensors(v) for v in state]
+    if isinstance(state, DTensor) and isinstance(state._local_tensor, Wrapped):
+        return DTensor.from_local(
+            state._local_tensor._tensor,
+            state.device_mesh,
+            state.placements,
+            run_check=False,
+            shape=state.shape,
+            stride=state.stride(),
+        )
+    if isinstance(state, Wrapped):
+        return state._tensor
+    return state
+
+
 def device_problem(device: torch.device, emulate: bool) -> str | None:
     """Why this rank's device cannot run real fp8 matmuls (None: it can, or they are emulated)."""
     if emulate:

@@ -142,35 +142,30 @@ def assert_trains_and_resumes(results: list[dict[str, Any]]) -> list[float]:
     return losses
 
 
-def test_one_process_trains_resumes_and_differs_from_bf16(
-    one_process: dict[str, Any], tmp_path: Path
-) -> None:
-    """fp8 really rounds through e4m3/e5m2: the loss departs from the bf16 run's by far more
-    than bf16 rounding noise (measured 2.3e-2 over 5 steps vs run-to-run 0)."""
+def test_one_process_trains_and_resumes(one_process: dict[str, Any]) -> None:
     assert_trains_and_resumes([one_process])
-    bf16 = launch(1, ["precision=bf16"], tmp_path / "ckpt")[0]
-    diff = max(abs(a - b) for a, b in zip(one_process["losses"], bf16["losses"], strict=True))
-    print(f"fp8 vs bf16: max |loss diff| {diff:.2e}")
-    assert diff > 5e-3, (one_process["losses"], bf16["losses"])
+    print("one process:", [round(x, 4) for x in one_process["losses"]])
 
 
-# name: (processes, overrides, the data-parallel wrapper extra_state reports).
-# Tolerance against one process: the loss within LOSS_TOL, the gradient norm within NORM_TOL
-# (relative). Derivation: the layouts compute the same fp8 casts with the same tensorwise scales
-# (a DTensor's amax is reduced over its shards, FSDP2's scales are precomputed over all shards),
-# but they round to bf16 in other places than one process under autocast: FSDP2 casts the fp32
-# weights to bf16 before the fp8 cast (autocast casts fp32 straight to e4m3), a row-parallel
-# GEMM rounds each rank's partial sum to bf16 before the all-reduce. Each such rounding is half a
-# bf16 ulp (2^-9 = 2e-3 relative) of one element and can flip a later e4m3 rounding (1/16
-# relative); averaged over 128 tokens the loss moves by ~1e-4 at the first step and Adam's steps
-# of size lr = 3e-3 carry it on (measured at most 2.6e-3 on the loss, 1.1e-2 on the norm, tp=2).
-# A missing or doubled gradient reduction moves the norm by 30% or more and the loss by 1e-2 or
-# more by step 3; a wrong weight shard or scale by far more.
-LOSS_TOL, NORM_TOL = 6e-3, 3e-2
-CASES: dict[str, tuple[int, list[str], str]] = {
-    "dp2-zero1": (2, ["zero.stage=1"], "ddp+zero1"),
-    "fsdp2-zero3": (2, ["zero.stage=3"], "fsdp2"),
-    "tp2": (2, ["parallel.tp=2"], "none"),
+# name: (processes, overrides, the data-parallel wrapper extra_state reports, tolerance on the
+# loss against one process, tolerance on the gradient norm, relative). Derivation:
+# - dp=2 ZeRO-1 computes every fp8 cast and GEMM of one process on half the rows; the gradient
+#   is (g1 + g2) / 2 by the all-reduce where one process accumulates g1/2 + g2/2, equal bit for
+#   bit (halving is exact in binary): measured equal; 1e-6 allows another summation order.
+# - tp=2 uses the same tensorwise scales (a DTensor's amax is reduced over its shards), but a
+#   row-parallel GEMM rounds each rank's partial sum to bf16 before the all-reduce: half a bf16
+#   ulp (2^-9 = 2e-3 relative) on some elements, which can flip a later e4m3 rounding (2^-4);
+#   over 128 tokens the loss moves by ~1e-4 at first and Adam's steps (lr 3e-3) carry it on:
+#   measured 8.7e-4 on the loss and 4.9e-3 on the norm over 5 steps; bars 3e-3 and 1.5e-2.
+# - FSDP2 casts the fp32 weights to bf16 before their fp8 cast (MixedPrecisionPolicy), where one
+#   process under autocast casts fp32 straight to e4m3: every weight is rounded twice, so more
+#   e4m3 roundings flip: measured 3.9e-3 on the loss and 1.1e-2 on the norm; bars 1e-2 and 3e-2.
+# A missing or doubled gradient reduction moves the norm by 30% or more, a wrong weight shard or
+# scale the loss by far more than these bars.
+CASES: dict[str, tuple[int, list[str], str, float, float]] = {
+    "dp2-zero1": (2, ["zero.stage=1"], "ddp+zero1", 1e-6, 1e-6),
+    "fsdp2-zero3": (2, ["zero.stage=3"], "fsdp2", 1e-2, 3e-2),
+    "tp2": (2, ["parallel.tp=2"], "none", 3e-3, 1.5e-2),
 }
 
 
@@ -178,7 +173,7 @@ CASES: dict[str, tuple[int, list[str], str]] = {
 def test_layout_trains_resumes_matches_one_process(
     name: str, one_process: dict[str, Any], tmp_path: Path
 ) -> None:
-    nproc, layout, data_parallel = CASES[name]
+    nproc, layout, data_parallel, loss_tol, norm_tol = CASES[name]
     results = launch(nproc, [*FP8, *layout], tmp_path / "ckpt")
     losses = assert_trains_and_resumes(results)
     assert results[0]["extra"]["data_parallel"] == data_parallel, results[0]["extra"]
@@ -186,8 +181,8 @@ def test_layout_trains_resumes_matches_one_process(
     diff = max(abs(a - b) for a, b in zip(losses, single, strict=True))
     norm_diff = max(abs(a - b) / b for a, b in zip(results[0]["norms"], single_norms, strict=True))
     print(f"{name}: max |loss - single| {diff:.2e}, max relative |norm - single| {norm_diff:.2e}")
-    assert diff < LOSS_TOL, (losses, single)
-    assert norm_diff < NORM_TOL, (results[0]["norms"], single_norms)
+    assert diff < loss_tol, (losses, single)
+    assert norm_diff < norm_tol, (results[0]["norms"], single_norms)
 
 
 def test_run_and_export_give_plain_weights(tmp_path: Path) -> None:

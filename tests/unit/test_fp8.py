@@ -153,3 +153,32 @@ def test_torchao_import_noise_is_filtered() -> None:
     # What the filter is for, on this torch (torchao's C++ kernels do not load); a later torchao
     # may import quietly by itself.
     print("torchao's own import noise:", noisy.stderr.count("\n"), "lines")
+
+
+def test_converted_model_rounds_through_fp8() -> None:
+    """The same weights, the same input: the converted model's output departs from the bf16
+    model's by fp8's rounding (e4m3 keeps 3 mantissa bits: ~2^-4 relative per element), far more
+    than bf16's own (8 bits: ~2^-9), so an fp8 run that silently trained in bf16 shows here."""
+    pytest.importorskip("torchao")
+    import copy
+
+    import torch
+
+    from launcher.train import fp8
+    from launcher.train.model import build_model, init_weights
+
+    model = build_model(cfg_of(EMULATE, "model.num_layers=2").model, "cpu")
+    init_weights(model, 0)
+    converted = copy.deepcopy(model)
+    fp8.convert(converted, emulate=True, fsdp=False)
+    tokens = torch.arange(64).view(2, 32) % 256
+    with torch.no_grad():
+        full = model(tokens).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16, f8 = model(tokens).float(), converted(tokens).float()
+
+    def rel(a: torch.Tensor) -> float:
+        return float((a - full).norm() / full.norm())
+
+    print(f"relative error vs fp32: bf16 {rel(bf16):.1e}, fp8 {rel(f8):.1e}")
+    assert rel(bf16) < 1e-2 < rel(f8) < 0.2

@@ -760,6 +760,8 @@ class TorchEngine(Engine):
         model_sd, optim_sd = get_state_dict(
             self._model_arg(), self.optimizer, options=STATE_OPTIONS
         )
+        if self.fp8 and self.fsdp:  # plain tensors in place of torchao's fp8 all-gather wrapper
+            model_sd, optim_sd = fp8.plain_tensors(model_sd), fp8.plain_tensors(optim_sd)
         return {"model": model_sd, "optim": optim_sd}
 
     def _save_extra(self, directory: Path, rank: int) -> list[Path]:
