@@ -182,3 +182,20 @@ def test_converted_model_rounds_through_fp8() -> None:
 
     print(f"relative error vs fp32: bf16 {rel(bf16):.1e}, fp8 {rel(f8):.1e}")
     assert rel(bf16) < 1e-2 < rel(f8) < 0.2
+
+
+def test_engine_device_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's start-up check of the real device (an A100 is mocked: no GPU here)."""
+    import torch
+
+    from launcher.train import fp8
+
+    cpu = fp8.device_problem(torch.device("cpu"), emulate=False)
+    assert cpu is not None and "precision.fp8_emulate=true" in cpu and "h100" in cpu
+    assert fp8.device_problem(torch.device("cpu"), emulate=True) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100 (mocked)")
+    a100 = fp8.device_problem(torch.device("cuda", 0), emulate=False)
+    assert a100 is not None and "has 8.0" in a100 and "precision=bf16" in a100, a100
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert fp8.device_problem(torch.device("cuda", 0), emulate=False) is None
