@@ -696,6 +696,15 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 "support (needs Ampere or newer); use precision=fp16 or precision=fp32",
             )
         )
+    if prec.fp8_emulate and not prec.fp8:
+        out.append(
+            _warning(
+                "precision-hardware",
+                ("precision.fp8_emulate",),
+                f"precision.fp8_emulate=true has no effect with precision={prec.name}; use "
+                "precision=fp8 with it, or drop it",
+            )
+        )
     # fp8 on CPU is the backend table's to refuse (launcher/backends/: emulation runs there).
     if prec.fp8 and not gpu.supports_fp8 and not prec.fp8_emulate and gpu.arch != "cpu":
         out.append(

@@ -199,3 +199,9 @@ def test_engine_device_check(monkeypatch: pytest.MonkeyPatch) -> None:
     assert a100 is not None and "has 8.0" in a100 and "precision=bf16" in a100, a100
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert fp8.device_problem(torch.device("cuda", 0), emulate=False) is None
+
+
+def test_emulate_without_fp8_warns() -> None:
+    cfg = compose_config(["recipe=tiny", "precision=bf16", EMULATE]).config
+    (found,) = [v for v in check(cfg) if "fp8_emulate" in v.message]
+    assert not found.is_error and "precision=fp8" in found.message, found
