@@ -77,6 +77,8 @@ class Backend:
     # Ranks of one pipeline stage the expert-parallel groups are carved from.
     expert_span: tuple[str, ...] = ("dp", "cp")
     combos: tuple[Combo, ...] = field(default=())
+    # Why a precision is not run (shown in the refusal, before what works).
+    precision_notes: dict[str, str] = field(default_factory=dict)
 
     def runs_feature(self, feature: str) -> bool:
         return feature in self.features
@@ -209,7 +211,9 @@ def _table_refusals(b: Backend, cfg: LLMTrainConfig, layout: Layout, device: boo
         out.append(
             Refusal(
                 ("precision",),
-                f"precision={prec}: {tag} does not train in {prec}; use precision="
+                f"precision={prec}: "
+                + b.precision_notes.get(prec, f"{tag} does not train in {prec}")
+                + "; use precision="
                 + _words([x for x in b.precisions if x != "fp32"] + ["fp32"]),
             )
         )

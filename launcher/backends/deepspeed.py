@@ -10,7 +10,8 @@ Not run: AutoTP inside a pipeline (llmtrain builds the PipelineModule's stages a
 (dp, tp) groups separately, so tp x pp is not wired); AutoTP splits projections evenly over tp, so
 tp must divide the key/value heads (no replication); the MoE experts and the MLA projections have
 no partition rules (MoE and MLA run with tp=1); no sequence parallel, context or expert parallel;
-no fp8 (the engine would train in bf16); no fp16 on CPU (DeepSpeed's CPU accelerator refuses it).
+no fp8 (the engine would train in bf16; backend=torch precision=fp8 runs torchao float8); no fp16
+on CPU (DeepSpeed's CPU accelerator refuses it).
 """
 
 from __future__ import annotations
@@ -96,6 +97,14 @@ BACKEND = Backend(
     offload_params_stages=(3,),
     schedules=("1f1b",),
     features=frozenset({"moe", "mla"}),
+    precision_notes={
+        "fp8": (
+            "llmtrain's DeepSpeed engine has no fp8 linear layers (DeepSpeed runs fp8 GEMMs only "
+            "in Transformer Engine modules, which llmtrain's model does not use), so it would "
+            "train in bf16; backend=torch precision=fp8 trains with torchao float8 on CUDA GPUs "
+            "of compute capability 8.9+ (precision.fp8_emulate=true elsewhere)"
+        )
+    },
     combos=(
         _virtual_stages_with_pipeline,
         _zero_2_or_3_with_pipeline,

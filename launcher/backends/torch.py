@@ -10,9 +10,12 @@ tests/integration/test_torch_engine.py."""
 
 from __future__ import annotations
 
-from launcher.backends.common import Backend, Refusal
+from dataclasses import replace
+from typing import Any
+
+from launcher.backends.common import Backend, Refusal, device_of, precision_of
 from launcher.config.layout import Layout
-from launcher.config.schema import LLMTrainConfig
+from launcher.config.schema import LLMTrainConfig, ModelConfig
 
 
 def _optimizer_offload_alone(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
@@ -115,6 +118,102 @@ def _loss_scaling_with_pipeline(cfg: LLMTrainConfig, layout: Layout) -> Refusal 
     )
 
 
+# torchao float8 GEMMs need both dimensions of every converted linear divisible by 16 (the
+# alignment of torch._scaled_mm; torchao's float8 README). Under tp, each rank's share of a
+# column- or row-parallel dimension must be.
+_FP8_MULTIPLE = 16
+
+
+def _fp8_gemm_dims(m: ModelConfig, tp: int) -> list[tuple[int, int]]:
+    """(dimension, what it must divide by) for every block projection llmtrain converts."""
+    one, split = _FP8_MULTIPLE, _FP8_MULTIPLE * tp
+    n = m.num_attention_heads
+    d = m.head_dim or m.hidden_size // max(1, n)
+    dims = [(m.hidden_size, one), (m.ffn_hidden_size, split)]
+    if m.kv_lora_rank is None:
+        dims += [(n * d, split), ((m.num_kv_heads or n) * d, one)]
+    else:  # multi-head latent attention (launcher/train/model.py MLAttention)
+        r, v = m.qk_rope_head_dim or 0, m.v_head_dim or d
+        dims += [(m.kv_lora_rank + r, one), (m.kv_lora_rank, one)]
+        dims += [(n * (d + r), split), (n * (d + v), split), (n * v, split)]
+        if m.q_lora_rank is not None:
+            dims.append((m.q_lora_rank, one))
+    return dims
+
+
+def _fp8_misfit(cfg: LLMTrainConfig) -> tuple[str, int, int | None] | None:
+    """The first model key whose value leaves a converted GEMM dimension not divisible by 16
+    (per tp rank), its value, and the nearest larger value that works (None: none found)."""
+    m = cfg.model
+    keys = ["hidden_size", "ffn_hidden_size", "head_dim", "kv_lora_rank", "qk_rope_head_dim"]
+    keys += ["v_head_dim", "q_lora_rank"]
+
+    def fits(model: ModelConfig) -> bool:
+        return all(dim % mult == 0 for dim, mult in _fp8_gemm_dims(model, cfg.parallel.tp))
+
+    if fits(m):
+        return None
+    for key in keys:
+        value = getattr(m, key)
+        if key == "head_dim" and value is None and m.kv_lora_rank is None:
+            value = m.hidden_size // max(1, m.num_attention_heads)
+        if value is None:
+            continue
+        for candidate in range(value + 1, value + 16 * _FP8_MULTIPLE * cfg.parallel.tp + 1):
+            changed: dict[str, Any] = {key: candidate}
+            if fits(replace(m, **changed)):
+                return f"model.{key}", value, candidate
+    return "model.hidden_size", m.hidden_size, None
+
+
+def _fp8(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    """precision=fp8 (torchao float8, launcher/train/fp8.py): real fp8 matmuls need CUDA with
+    compute capability 8.9+; precision.fp8_emulate=true runs the same numerics anywhere."""
+    prec = cfg.precision
+    if precision_of(cfg) != "fp8":
+        return None
+    if device_of(cfg) == "cpu" and not prec.fp8_emulate:
+        return Refusal(
+            ("precision", "cluster.gpu"),
+            "precision=fp8 on CPU: real fp8 matmuls need a CUDA GPU with compute capability 8.9 "
+            "or newer (L40S, H100, H200, B200); run on a GPU cluster (e.g. cluster=h100-80gb), "
+            "use precision=bf16 on CPU, or set precision.fp8_emulate=true (fp8 casts and scales "
+            "with emulated matmuls: numerics only, no speedup)",
+        )
+    if (cfg.model.num_experts or 0) > 1:
+        # Measured: llmtrain runs every expert on every step, also on zero tokens, and torchao's
+        # tensorwise scale of an empty input fails (amax of an empty tensor).
+        return Refusal(
+            ("model.num_experts", "precision"),
+            "precision=fp8 with a mixture-of-experts model: torchao's float8 layers cannot scale "
+            "an expert's empty token batch (amax of an empty tensor), which dropless routing "
+            "produces; use precision=bf16 for MoE models, or a dense model "
+            "(model.num_experts=null) with fp8",
+        )
+    if device_of(cfg) == "cpu" and cfg.parallel.sequence_parallel and cfg.parallel.tp > 1:
+        # Measured: Float8RowwiseParallel's backward all-gathers e5m2 gradients over the
+        # sequence shards; gloo has no fp8 types ("Invalid scalar type"). NCCL moves them.
+        return Refusal(
+            ("parallel.sequence_parallel", "precision"),
+            "precision=fp8 with parallel.sequence_parallel=true on CPU: the backward all-gathers "
+            "fp8 gradients over the sequence shards, which gloo cannot carry (no fp8 types); set "
+            "parallel.sequence_parallel=false (fp8 with tp alone runs on CPU), or run on CUDA "
+            "GPUs (NCCL)",
+        )
+    misfit = _fp8_misfit(cfg)
+    if misfit is not None:
+        key, value, works = misfit
+        per_rank = f" (per rank of parallel.tp={cfg.parallel.tp})" if cfg.parallel.tp > 1 else ""
+        return Refusal(
+            (key, "precision"),
+            f"precision=fp8 with {key}={value}: torchao float8 GEMMs need every dimension of the "
+            f"block projections divisible by 16{per_rank}, and this one is not; use "
+            + (f"{key}={works}, or " if works is not None else "")
+            + "precision=bf16",
+        )
+    return None
+
+
 BACKEND = Backend(
     name="torch",
     summary="PyTorch-native: DDP, FSDP2, DTensor TP/SP, torch.distributed.pipelining",
@@ -131,7 +230,7 @@ BACKEND = Backend(
         2: "FSDP2, parameters kept after forward",
         3: "FSDP2 full shard",
     },
-    precisions=("bf16", "fp16", "fp32"),
+    precisions=("bf16", "fp16", "fp32", "fp8"),
     optimizers=("adamw", "adam", "sgd", "lion"),
     offload_optimizer_stages=(3,),
     offload_params_stages=(3,),
@@ -144,5 +243,6 @@ BACKEND = Backend(
         _cp_with_pp_mla_or_compile,
         _ep_with_pp_cp_or_sharding,
         _loss_scaling_with_pipeline,
+        _fp8,
     ),
 )

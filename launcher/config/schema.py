@@ -102,6 +102,9 @@ class PrecisionConfig:
     loss_scaling: str = "none"  # none | dynamic
     # fp8 matmuls (Transformer Engine style): keep an fp8 copy of each weight and its transpose.
     fp8: bool = False
+    # With fp8: emulate the fp8 matmuls in higher precision (torchao's Float8LinearConfig(emulate=
+    # True)): the fp8 casts and scaling numerics on any device (CPU included), no speedup.
+    fp8_emulate: bool = False
 
 
 @dataclass

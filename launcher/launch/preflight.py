@@ -2,18 +2,20 @@
 
 ``preflight(cfg)`` returns the plan and raises ``UserError`` (exit 2) listing every problem: the
 validation rules' errors (what the chosen backend cannot run among them, from launcher/backends/),
-a backend that is plan/render-only here, backend=megatron without a Megatron-LM checkout, a
-predicted memory overflow (with the planner's smallest fixes; ``force`` skips only this one),
-missing data, and hardware this machine does not have.
+a backend that is plan/render-only here, backend=megatron without a Megatron-LM checkout, fp8
+without torchao installed, a predicted memory overflow (with the planner's smallest fixes;
+``force`` skips only this one), missing data, and hardware this machine does not have.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.backends import launch_refusal
+from launcher.backends.common import precision_of
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
@@ -71,6 +73,22 @@ def megatron_problems(cfg: LLMTrainConfig, *, local: bool) -> list[str]:
             f"of its checkout); {how_to_get_megatron()}"
         )
     return problems
+
+
+def fp8_problems(cfg: LLMTrainConfig, *, local: bool) -> list[str]:
+    """backend=torch precision=fp8 trains with torchao's float8 layers: torchao must be
+    installed where the ranks run (looked up, not imported: importing it imports torch). A job
+    in slurm.container_image brings its own packages."""
+    if cfg.backend.name != "torch" or precision_of(cfg) != "fp8":
+        return []
+    if not local and cfg.slurm.container_image is not None:
+        return []
+    if importlib.util.find_spec("torchao") is None:
+        return [
+            "precision=fp8 with backend=torch needs torchao (float8 training) in this Python "
+            "environment: pip install 'llmtrain[fp8]' (torchao==0.18.0), or use precision=bf16"
+        ]
+    return []
 
 
 def hardware_problems(cfg: LLMTrainConfig) -> list[str]:
@@ -143,6 +161,7 @@ def launch_problems(cfg: LLMTrainConfig, plan: Plan, *, local: bool, force: bool
     problems = (
         backend_problems(cfg)
         + megatron_problems(cfg, local=local)
+        + fp8_problems(cfg, local=local)
         + (hardware_problems(cfg) if local else [])
         + data_problems(cfg)
     )

@@ -696,13 +696,25 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 "support (needs Ampere or newer); use precision=fp16 or precision=fp32",
             )
         )
-    if prec.fp8 and not gpu.supports_fp8:
+    if prec.fp8_emulate and not prec.fp8:
+        out.append(
+            _warning(
+                "precision-hardware",
+                ("precision.fp8_emulate",),
+                f"precision.fp8_emulate=true has no effect with precision={prec.name}; use "
+                "precision=fp8 with it, or drop it",
+            )
+        )
+    # fp8 on CPU is the backend table's to refuse (launcher/backends/: emulation runs there).
+    if prec.fp8 and not gpu.supports_fp8 and not prec.fp8_emulate and gpu.arch != "cpu":
         out.append(
             _error(
                 "precision-hardware",
                 ("precision", "cluster.gpu"),
-                f"precision=fp8 needs fp8 tensor cores (Hopper or newer); {gpu.name} ({gpu.arch}) "
-                "has none; use precision=bf16",
+                f"precision=fp8 needs fp8 tensor cores (compute capability 8.9+: Ada, Hopper or "
+                f"newer); cluster.gpu={gpu_key} ({gpu.name}, {gpu.arch}) has none; use "
+                "precision=bf16, a GPU with fp8 (e.g. cluster=h100-80gb), or "
+                "precision.fp8_emulate=true (emulated fp8 matmuls: numerics only, no speedup)",
             )
         )
     if "fp16" in (prec.compute_dtype, prec.grad_dtype) and prec.loss_scaling == "none":

@@ -1,4 +1,5 @@
-"""`--help`, `show`, `validate`, `plan`, `recipes` never import torch or deepspeed (start-up)."""
+"""`--help`, `show`, `validate`, `plan`, `recipes` never import torch, deepspeed or torchao
+(start-up)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ try:
     app({args!r})
 except SystemExit:
     pass
-heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed'))
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'torchao'))
 print('HEAVY', heavy)
 """
 
@@ -31,6 +32,8 @@ print('HEAVY', heavy)
         ["plan", "--search", "recipe=llama3-8b", "--top", "2"],
         ["plan", "--json-schema"],
         ["recipes"],
+        ["validate", "precision=fp8", "precision.fp8_emulate=true"],
+        ["plan", "recipe=llama3-8b", "precision=fp8", "backend=torch"],
         ["run", "--dry-run", "cluster.gpus_per_node=2", "train.global_batch_size=16"],
         ["submit", "--dry-run", "recipe=llama3-8b", "--json"],
     ],

@@ -50,6 +50,12 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    precision.loss_scaling=dynamic (precision=fp16): ``ShardedGradScaler`` (Micikevicius et al.
    2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
    2000 clean steps); its state is saved with the checkpoint.
+   precision=fp8: between steps 1 and 2 (after init, before tp and FSDP) the block projections
+   become torchao ``Float8Linear`` (``launcher.train.fp8``; tensorwise dynamic scaling, the
+   parameters unchanged), computed under the same bf16 policy; under tp they take torchao's
+   Float8Colwise/RowwiseParallel, under FSDP2 their weights are all-gathered in fp8 and their
+   scales precomputed after each optimizer step. The device must have CUDA capability 8.9+
+   unless precision.fp8_emulate.
 
 Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
 weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
@@ -110,9 +116,11 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.backends import raw_refusals
+from launcher.backends.common import precision_of
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.train import fp8
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dcp_safe import (
     SafeFileSystemReader,
@@ -213,14 +221,18 @@ class ReplicatedKVHeads(ParallelStyle):
         return distribute_module(module, device_mesh, None, to_dtensor, own_head)
 
 
-def _mlp_plan(prefix: str, mlp: MLP, output: Placement) -> dict[str, ParallelStyle]:
-    """An MLP under tp: w1 (and w3) column-parallel, w2 row-parallel with output `output`."""
+def _mlp_plan(
+    prefix: str, mlp: MLP, output: Placement, styles: tuple[type[Any], type[Any]]
+) -> dict[str, ParallelStyle]:
+    """An MLP under tp: w1 (and w3) column-parallel, w2 row-parallel with output `output`
+    (`styles`: the (colwise, rowwise) classes, torchao's float8 ones for fp8 layers)."""
+    colwise, rowwise = styles
     plan: dict[str, ParallelStyle] = {
-        f"{prefix}.w1": ColwiseParallel(),
-        f"{prefix}.w2": RowwiseParallel(output_layouts=output),
+        f"{prefix}.w1": colwise(),
+        f"{prefix}.w2": rowwise(output_layouts=output),
     }
     if mlp.w3 is not None:
-        plan[f"{prefix}.w3"] = ColwiseParallel()
+        plan[f"{prefix}.w3"] = colwise()
     return plan
 
 
@@ -275,6 +287,16 @@ class TorchEngine(Engine):
             cp_rank=self.cp_rank,
         )
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
+        # precision=fp8: the block projections become torchao Float8Linear (launcher.train.fp8).
+        self.fp8 = precision_of(cfg) == "fp8"
+        if self.fp8:
+            problem = fp8.device_problem(self.device, cfg.precision.fp8_emulate)
+            if problem is not None:
+                raise TorchEngineError(problem)
+        # The tensor-parallel styles of the block projections (torchao's float8 ones for fp8).
+        self.tp_styles: tuple[type[Any], type[Any]] = (
+            fp8.tp_styles() if self.fp8 else (ColwiseParallel, RowwiseParallel)
+        )
         self.grad_dtype = DTYPES[cfg.precision.grad_dtype]
         self.zero = cfg.zero.stage
         self.fsdp = self.zero in (2, 3)
@@ -335,6 +357,9 @@ class TorchEngine(Engine):
         init_weights(model, seed)
         if self.init_state is not None:
             copy_into(model, self.init_state)
+        if self.fp8:
+            # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
+            fp8.convert(model, emulate=cfg.precision.fp8_emulate, fsdp=self.fsdp)
         if lay.cp > 1:
             cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
             apply_context_parallel(model, cp)
@@ -354,6 +379,7 @@ class TorchEngine(Engine):
         shape = ModelShape(self.cfg.model)
         kv_heads, head_dim = shape.kv_heads, shape.head_dim
         residual = Shard(1) if sp else Replicate()
+        colwise, rowwise = self.tp_styles
         plan: dict[str, ParallelStyle] = {}
         if model.tok_embeddings is not None:
             plan["tok_embeddings"] = RowwiseParallel(
@@ -374,25 +400,27 @@ class TorchEngine(Engine):
             block_plan: dict[str, ParallelStyle] = {
                 "attention_norm": SequenceParallel() if sp else Replicated(),
                 "ffn_norm": SequenceParallel() if sp else Replicated(),
-                "attention.wo": RowwiseParallel(output_layouts=residual),
+                "attention.wo": rowwise(output_layouts=residual),
             }
             if sp:
                 block_plan["attention"] = PrepareModuleInput(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
                 )
             if isinstance(block.attention, MLAttention):
-                block_plan.update(self._mla_plan(block.attention, tp_mesh))
+                block_plan.update(self._mla_plan(block.attention, tp_mesh, colwise))
             else:
-                block_plan.update({f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
+                block_plan.update({f"attention.{w}": colwise() for w in ("wq", "wk", "wv")})
                 if kv_heads < lay.tp:
                     kv_style = ReplicatedKVHeads(head_dim)
                     block_plan["attention.wk"] = kv_style
                     block_plan["attention.wv"] = kv_style
             if block.moe is not None:
-                block_plan.update(self._moe_plan(block.moe, sp))
+                block_plan.update(self._moe_plan(block.moe, sp, self.tp_styles))
             else:
                 assert block.feed_forward is not None
-                block_plan.update(_mlp_plan("feed_forward", block.feed_forward, residual))
+                block_plan.update(
+                    _mlp_plan("feed_forward", block.feed_forward, residual, self.tp_styles)
+                )
                 if sp:
                     block_plan["feed_forward"] = PrepareModuleInput(
                         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
@@ -411,21 +439,23 @@ class TorchEngine(Engine):
             parallelize_module(block, tp_mesh, block_plan)
 
     @staticmethod
-    def _mla_plan(attention: MLAttention, tp_mesh: DeviceMesh) -> dict[str, ParallelStyle]:
+    def _mla_plan(
+        attention: MLAttention, tp_mesh: DeviceMesh, colwise: type[Any]
+    ) -> dict[str, ParallelStyle]:
         """Multi-head latent attention under tp: the down-projections (wq_a, wkv_a) and their
         norms replicated, the per-head up-projections (wq or wq_b, wkv_b) column-parallel, so
         each rank computes its heads, and wo row-parallel (see the module docstring)."""
         plan: dict[str, ParallelStyle] = {
             "attention.wkv_a": Replicated(),
             "attention.kv_norm": Replicated(),
-            "attention.wkv_b": ColwiseParallel(),
+            "attention.wkv_b": colwise(),
         }
         if attention.wq is not None:
-            plan["attention.wq"] = ColwiseParallel()
+            plan["attention.wq"] = colwise()
         else:
             plan["attention.wq_a"] = Replicated()
             plan["attention.q_norm"] = Replicated()
-            plan["attention.wq_b"] = ColwiseParallel()
+            plan["attention.wq_b"] = colwise()
 
         def sum_grad_over_tp(t: torch.Tensor) -> torch.Tensor:
             # Identity forward; the gradient, marked Partial, is all-reduced over tp backward.
@@ -436,7 +466,9 @@ class TorchEngine(Engine):
         return plan
 
     @staticmethod
-    def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
+    def _moe_plan(
+        moe: MoE, sp: bool, styles: tuple[type[Any], type[Any]]
+    ) -> dict[str, ParallelStyle]:
         """MoE under tp (Megatron-LM's default expert tensor parallel = tp): the router
         replicated, so every tp rank picks the same top-k for the same (replicated) tokens;
         each routed and shared expert column-parallel w1/w3, row-parallel w2 with its output
@@ -444,9 +476,11 @@ class TorchEngine(Engine):
         this rank's shard of its output."""
         plan: dict[str, ParallelStyle] = {"moe.router": Replicated()}
         for key, expert in moe.experts.items():
-            plan.update(_mlp_plan(f"moe.experts.{key}", cast(MLP, expert), Replicate()))
+            plan.update(_mlp_plan(f"moe.experts.{key}", cast(MLP, expert), Replicate(), styles))
         for i, shared in enumerate(moe.shared_experts):
-            plan.update(_mlp_plan(f"moe.shared_experts.{i}", cast(MLP, shared), Replicate()))
+            plan.update(
+                _mlp_plan(f"moe.shared_experts.{i}", cast(MLP, shared), Replicate(), styles)
+            )
         if sp:
             plan["moe"] = PrepareModuleInputOutput(
                 input_layouts=(Shard(1),),
@@ -640,6 +674,10 @@ class TorchEngine(Engine):
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.fp8 and self.fsdp:
+            # fp8 all-gather: the new weights' scales, all layers in one all-reduce (torchao).
+            for part in self.parts:
+                fp8.precompute_fsdp_scales(part)
         # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
         # every tp peer holds the same value and each cp rank the mean over an equal share of the
         # tokens, so sum over the world and divide by dp * cp * tp.
@@ -727,6 +765,8 @@ class TorchEngine(Engine):
         model_sd, optim_sd = get_state_dict(
             self._model_arg(), self.optimizer, options=STATE_OPTIONS
         )
+        if self.fp8 and self.fsdp:  # plain tensors in place of torchao's fp8 all-gather wrapper
+            model_sd, optim_sd = fp8.plain_tensors(model_sd), fp8.plain_tensors(optim_sd)
         return {"model": model_sd, "optim": optim_sd}
 
     def _save_extra(self, directory: Path, rank: int) -> list[Path]:
@@ -807,12 +847,23 @@ class TorchEngine(Engine):
             if self.fsdp
             else ("ddp" if lay.dp * lay.cp > 1 else "none") + ("+zero1" if self.zero == 1 else ""),
             "loss_scale": self.scaler.get_scale() if self.scaler is not None else None,
+            "fp8": self._fp8_kind(),
+            "fp8_layers": sum(
+                fp8.is_float8_linear(m) for part in self.parts for m in part.modules()
+            )
+            if self.fp8
+            else 0,
             "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
             "chunks": self.chunk_ids,
             "params_local": sum(
                 (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
             ),
         }
+
+    def _fp8_kind(self) -> str | None:
+        if not self.fp8:
+            return None
+        return ("emulated " if self.cfg.precision.fp8_emulate else "") + "torchao float8 tensorwise"
 
     def close(self) -> None:
         self.schedule = None

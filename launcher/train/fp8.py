@@ -1,0 +1,181 @@
+"""fp8 training for the torch engine (``precision=fp8``): torchao's float8 linear layers.
+
+What is converted: the ``nn.Linear`` projections inside the transformer blocks, i.e. attention
+(wq wk wv wo, or MLA's wq/wq_a/wq_b/wkv_a/wkv_b/wo) and the MLP (w1 w2 w3). The token embedding
+and the output head stay in bf16, as torchtitan does (the vocabulary-sized head GEMM is the most
+sensitive to fp8 rounding). MoE models are refused (launcher/backends/torch.py: an expert given
+no tokens cannot be scaled). Each converted
+layer is torchao's ``Float8Linear`` with tensorwise dynamic scaling (``Float8LinearConfig()``, the
+"tensorwise" recipe): per GEMM, the input and weight are cast to e4m3 and the output gradient to
+e5m2, each with one scale = fp8 max / amax of the tensor (Micikevicius et al. 2022, "FP8 Formats
+for Deep Learning"). The weights stay plain tensors in the parameter dtype (fp32 masters), so
+optimizer, checkpoints and export see the same parameters as a bf16 run. Everything outside the
+converted GEMMs computes in bf16 (FSDP2's MixedPrecisionPolicy or ``torch.autocast``).
+
+``precision.fp8_emulate=true`` is torchao's ``Float8LinearConfig(emulate=True)``: the same casts
+and scales, with the fp8 matmul emulated in higher precision, so fp8 numerics can be checked on a
+CPU (no speedup anywhere). Real fp8 matmuls (``torch._scaled_mm``) need CUDA compute capability
+8.9 or newer (Ada, Hopper, Blackwell).
+
+With FSDP2 (zero.stage=2/3) the weights are all-gathered in fp8
+(``enable_fsdp_float8_all_gather``) and their scales computed for all layers in one all-reduce
+after each optimizer step (``precompute_float8_dynamic_scale_for_fsdp``), as torchao's float8
+README documents; with tensor parallel the converted layers take torchao's
+``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` in place of torch's styles.
+
+torchao is imported here only, inside the training processes (never by plan/validate/render).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+# torchao float8 GEMMs need both dimensions of every converted linear divisible by 16
+# (torch._scaled_mm's alignment; torchao's float8 README).
+FP8_DIM_MULTIPLE = 16
+# Real fp8 matmuls need CUDA compute capability 8.9 (Ada) or newer.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+class _DropImportNoise(logging.Filter):
+    """Drops the two warnings torchao 0.18 logs on import with a CPU/other-ABI torch: its optional
+    C++ kernels (mxfp8, cutlass) failing to load, which float8 training does not use, and torch's
+    deprecation note about torchao registering an Enum as a pytree constant."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not (
+            (text.startswith("Failed to load") and ".so" in record.getMessage())
+            or "is an Enum subclass and is now natively supported" in text
+        )
+
+
+@contextmanager
+def _quiet_import() -> Iterator[None]:
+    noise = _DropImportNoise()
+    loggers = [logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")]
+    for log in loggers:
+        log.addFilter(noise)
+    try:
+        yield
+    finally:
+        for log in loggers:
+            log.removeFilter(noise)
+
+
+def float8() -> ModuleType:
+    """``torchao.float8``, imported without its import-time noise."""
+    with _quiet_import():
+        import torchao.float8 as module
+    return cast(ModuleType, module)
+
+
+def float8_config(*, emulate: bool, fsdp: bool) -> Any:
+    """Tensorwise dynamic scaling (torchao's default recipe); fp8 all-gather under FSDP2."""
+    return float8().Float8LinearConfig(emulate=emulate, enable_fsdp_float8_all_gather=fsdp)
+
+
+def is_block_projection(module: nn.Module, fqn: str) -> bool:
+    """The linears converted to fp8: those inside the transformer blocks (``layers.<i>.``)."""
+    return (
+        isinstance(module, nn.Linear)
+        and fqn.split(".")[0] == "layers"
+        and module.in_features % FP8_DIM_MULTIPLE == 0
+        and module.out_features % FP8_DIM_MULTIPLE == 0
+    )
+
+
+def convert(model: nn.Module, *, emulate: bool, fsdp: bool) -> list[str]:
+    """Swap the block projections of `model` for Float8Linear in place; return their names."""
+    f8 = float8()
+    wanted = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name.split(".")[0] == "layers"
+    ]
+    f8.convert_to_float8_training(
+        model,
+        module_filter_fn=is_block_projection,
+        config=float8_config(emulate=emulate, fsdp=fsdp),
+    )
+    converted = [name for name, m in model.named_modules() if is_float8_linear(m)]
+    # Invariant: validation refused every shape whose block projections do not divide by 16.
+    skipped = set(wanted) - set(converted)
+    assert not skipped, f"block projections left in bf16: {sorted(skipped)}"
+    return converted
+
+
+def is_float8_linear(module: nn.Module) -> bool:
+    from torchao.float8.float8_linear import Float8Linear
+
+    return isinstance(module, Float8Linear)
+
+
+def tp_styles() -> tuple[type[Any], type[Any]]:
+    """torchao's (Float8ColwiseParallel, Float8RowwiseParallel)."""
+    with _quiet_import():
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+        )
+    return Float8ColwiseParallel, Float8RowwiseParallel
+
+
+def precompute_fsdp_scales(model: nn.Module) -> None:
+    """After the optimizer step under FSDP2: every fp8 weight's scale in one all-reduce."""
+    float8().precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def plain_tensors(state: Any) -> Any:
+    """`state` (nested dicts/lists of a model or optimizer state dict) with torchao's FSDP
+    weight wrapper (``WeightWithDynamicFloat8CastTensor``, under fp8 all-gather) replaced by the
+    plain tensor it wraps, sharing its storage. Checkpoints then hold plain tensors: readable
+    without torchao (``llmtrain export``, weights-only loading) and by a bf16 run."""
+    from torch.distributed.tensor import DTensor
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Wrapped
+
+    if isinstance(state, dict):
+        return {k: plain_tensors(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [plain_tensors(v) for v in state]
+    if isinstance(state, DTensor) and isinstance(state._local_tensor, Wrapped):
+        return DTensor.from_local(
+            state._local_tensor._tensor,
+            state.device_mesh,
+            state.placements,
+            run_check=False,
+            shape=state.shape,
+            stride=state.stride(),
+        )
+    if isinstance(state, Wrapped):
+        return state._tensor
+    return state
+
+
+def device_problem(device: torch.device, emulate: bool) -> str | None:
+    """Why this rank's device cannot run real fp8 matmuls (None: it can, or they are emulated)."""
+    if emulate:
+        return None
+    if device.type != "cuda":
+        return (
+            "precision=fp8 runs real fp8 matmuls on CUDA GPUs with compute capability 8.9 or "
+            f"newer, but this rank computes on {device.type}; run on such a GPU (e.g. "
+            "cluster=h100-80gb), set precision.fp8_emulate=true to check fp8 numerics without "
+            "a speedup, or use precision=bf16"
+        )
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        return (
+            f"precision=fp8 needs CUDA compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+            f"{name} has {major}.{minor}; use precision=bf16, or precision.fp8_emulate=true to "
+            "check fp8 numerics without a speedup"
+        )
+    return None
