@@ -64,7 +64,8 @@ def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
     dtype = "tf32" if p.compute_dtype == "fp32" and gpu.supports("tf32") else p.compute_dtype
     if not gpu.supports(dtype):
         dtype = "fp32"
-    matmul = "fp8" if p.fp8 and gpu.supports("fp8") else dtype
+    # Emulated fp8 (torchao emulate=True) rounds through fp8 but multiplies in the compute dtype.
+    matmul = "fp8" if p.fp8 and not p.fp8_emulate and gpu.supports("fp8") else dtype
     return HardwareView(
         key=gpu.key,
         name=gpu.name,
@@ -249,7 +250,12 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "Train time, GPU-hours and cost count training steps only; 'expected wall time' adds "
         "checkpoint writes and work redone after failures (train time / (1 - time lost)).",
     ]
-    if cfg.precision.fp8:
+    if cfg.precision.fp8 and cfg.precision.fp8_emulate:
+        out.append(
+            "fp8 emulated (precision.fp8_emulate): GEMMs at the compute dtype's peak; the fp8 "
+            "casts' traffic is not counted."
+        )
+    elif cfg.precision.fp8:
         out.append(
             "fp8: linear-layer GEMMs at the fp8 dense peak; attention, non-GEMM work and "
             "communication as in the compute dtype; "

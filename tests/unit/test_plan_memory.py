@@ -173,6 +173,20 @@ def test_fp8_weight_copies_are_transformer_engine_only() -> None:
     assert sizes == {14_000}
 
 
+def test_emulated_fp8_gets_no_fp8_speedup() -> None:
+    # torchao's emulate=True multiplies in the compute dtype: the step is planned like bf16's,
+    # not at the H100's fp8 peak (twice bf16's), which real fp8 gets.
+    torch = BackendConfig(name="torch")
+    bf16 = make_plan(_cfg(backend=torch)).time.step_s
+    real = make_plan(_cfg(backend=torch, precision=PrecisionConfig(name="fp8", fp8=True)))
+    emulated = make_plan(
+        _cfg(backend=torch, precision=PrecisionConfig(name="fp8", fp8=True, fp8_emulate=True))
+    )
+    assert real.time.step_s < 0.97 * emulated.time.step_s
+    assert abs(emulated.time.step_s / bf16 - 1) < 0.01
+    assert any("emulated" in a for a in emulated.assumptions)
+
+
 def test_memory_falls_with_recompute() -> None:
     values = [
         _device(_cfg(train=TrainConfig(micro_batch_size=2, global_batch_size=64, recompute=r)))
