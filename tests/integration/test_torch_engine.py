@@ -289,6 +289,52 @@ def test_fp16_overflow_skips_the_step_on_every_rank(tmp_path: Path) -> None:
         assert r["scale"] == 2.0**59 and r["reloaded_scale"] == 2.0**59, r
 
 
+def _fsdp_reductions(
+    overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]
+) -> dict[str, int]:
+    """One rank, one step under the profiler: how many times FSDP2's parameter groups ran a
+    backward, and how many of those backwards reduce-scattered their gradients."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.config.compose import compose_config
+    from launcher.config.layout import derive_layout
+    from launcher.train.engines.dist import init_process_group_from_env
+    from launcher.train.engines.torch_engine import TorchEngine
+
+    torch.set_num_threads(1)
+    os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    cfg = compose_config([*overrides, f"cluster.gpus_per_node={nproc}"]).config
+    init_process_group_from_env()
+    try:
+        engine = TorchEngine(cfg, seed=cfg.train.seed)
+        lay = derive_layout(cfg)
+        per_dp = lay.grad_accum * lay.micro_batch_size
+        rows = _rows(0, lay.global_batch_size, lay.seq_length, cfg.model.vocab_size)
+        mine = rows[engine.info.dp_rank * per_dp : (engine.info.dp_rank + 1) * per_dp]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            engine.step(mine, lr=cfg.optim.lr)
+        names = [e.name for e in prof.events()]
+        engine.close()
+        return {
+            "accum": lay.grad_accum,
+            "backwards": sum(n.startswith("FSDP::post_backward_accumulate") for n in names),
+            "reduces": sum(n.startswith("FSDP::post_backward_reduce") for n in names),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_fsdp_reduce_scatters_every_micro_batch(stage: int) -> None:
+    """ZeRO-2/3 keep gradients sharded through accumulation, as plan counts them: with 2
+    micro-batches per rank, every backward of every FSDP group reduce-scatters (turning the sync
+    off for the first micro-batch would halve the reductions and hold unsharded fp32 gradients)."""
+    for r in launch(2, [f"zero.stage={stage}", *B8], 1, _fsdp_reductions):
+        assert r["accum"] == 2, r
+        assert r["backwards"] > 0 and r["reduces"] == r["backwards"], r
+
+
 MLA = ["model.kv_lora_rank=16", "model.qk_rope_head_dim=8", "model.v_head_dim=16"]
 B8 = ["train.micro_batch_size=2", "train.global_batch_size=8"]  # 2 micro-batches per rank at dp=2
 # name: (processes, parallel overrides, shared overrides, tolerance). The shared overrides (model,
