@@ -25,7 +25,7 @@ is within the band the planner states for its regime ("typically within +-X%": t
 step time, tokens/s and MFU, the memory band for memory), or within --band when given.
 
 Exit status: 0 every figure within its band; 1 a figure outside its band, a figure the run did not
-record, or a run that failed or was refused (fp8 where the engine does not train in fp8 yet);
+record, or a run that failed or was refused (e.g. fp8 on a GPU older than compute capability 8.9);
 2 no CUDA GPU (without --smoke), an unknown GPU without --cluster, or bad arguments.
 
 --smoke goes through the same code (launch, read metrics, plan, compare, table, JSON, exit status)
