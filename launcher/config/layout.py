@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 from launcher.config.schema import LLMTrainConfig
 
@@ -81,6 +82,7 @@ def batch_sizes(cfg: LLMTrainConfig, dp: int) -> tuple[int, int, int]:
     return micro, total, max(1, accum)
 
 
+@cache  # pure; the layout search asks for the same few splits many times
 def auto_split(num_layers: int, chunks: int) -> tuple[int, ...]:
     """Layers per pipeline chunk, as even as possible.
 

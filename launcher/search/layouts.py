@@ -34,6 +34,10 @@ How it stays fast while using the planner's own formulas (nothing is re-derived 
    assembled from memoized parts (``stage_states``, ``stage_activations``, ``stage_buffers``,
    ``assemble_stage``: the pieces ``stage_memory`` is made of), the first and last stage first,
    stopping at the first that overflows. Only layouts that fit are timed (``estimate_time``).
+4. The smallest cluster, when nothing fits: node counts upward from one more than configured, each
+   asked only whether any layout fits (``first_fit``): the model states of the first, last and
+   largest stages reject most layouts before the other stages are computed, and the backend's
+   refusals are asked only of the layouts that fit.
 Pass ``exhaustive=True`` to switch the bound off (every valid layout's memory is evaluated).
 """
 
@@ -518,7 +522,12 @@ _BOUND_SLACK = 1e-9
 
 
 class _Search:
-    """One search over one space: memoized parts, counters, the best layouts found."""
+    """One search over one space: memoized parts, counters, the best layouts found.
+
+    `first_fit` (with `exhaustive`) only answers whether any layout fits (``fitting``): it asks
+    the backend's refusals after memory, of the few layouts that fit, so its rejection counts
+    differ from a full search's and are never reported.
+    """
 
     def __init__(
         self,
@@ -675,9 +684,12 @@ class _Search:
                                 continue
                             passed += 1
                             for sched, vpp in valid_scheds:
-                                runnable = self.backend_pairs(
-                                    tp, cp, pp, ep, mbs, m, sched, vpp, free
-                                )
+                                # First fit asks the backend only about layouts that fit.
+                                runnable = free
+                                if not self.first_fit:
+                                    runnable = self.backend_pairs(
+                                        tp, cp, pp, ep, mbs, m, sched, vpp, free
+                                    )
                                 for r in sp.recompute:
                                     ub = self.bound(tp, cp, pp, mbs, m, sched, vpp, r)
                                     for s, pairs_t in runnable:
@@ -835,13 +847,19 @@ class _Search:
         memory = MemoryPlan(
             tuple(s for s in stages if s is not None), float(self.hw.memory_bytes), self.headroom
         )
-        self.fitting += 1
+        choice = Choice(tp, cp, pp, ep, mbs, sched, vpp, r, zero, offload, sp)
         if self.first_fit:
+            # groups() left the backend's refusals to here: asked only of layouts that fit.
+            rule = self.space.backend_rule(choice, m)
+            if rule:
+                self.reject(rule, 1)
+                return
+            self.fitting += 1
             return
+        self.fitting += 1
         cfg = cfg or with_zero()
         timing = estimate_time(cfg, layout, self.hw, self.flops(r), memory.stages)
         self.timed += 1
-        choice = Choice(tp, cp, pp, ep, mbs, sched, vpp, r, zero, offload, sp)
         if timing.tokens_per_s > bound:
             raise AssertionError(
                 f"search bound violated for {choice}: {timing.tokens_per_s} > {bound} tokens/s"
@@ -869,19 +887,33 @@ class _Search:
         return self._layers[key]
 
     def states_for(self, skey: tuple[int, ...], cfg: LLMTrainConfig, layout: Layout) -> None:
+        """The model states of every stage, and the memory they alone take on the heaviest.
+
+        Activations and buffers are never negative: the states alone bound the memory below. The
+        stages likeliest to be heaviest (the first and last, with the embedding and the output
+        layer, and one with the most layers) are looked at first; when one of them already
+        overflows, that partial maximum is the bound (still a lower bound on the layout's memory)
+        and the other stages are never computed.
+        """
         layers = self.stage_layers(layout)
-        states = []
-        for s in range(layout.pp):
+
+        def one(s: int) -> StageStates:
             pkey = (layout.tp, layout.ep, layout.pp, layout.vpp, s)
             if pkey not in self._params:
                 self._params[pkey] = stage_params(cfg, layout, s)
-            states.append(stage_states(cfg, layout, s, self._params[pkey]))
-        self._states[skey] = tuple(states)
-        # Activations and buffers are never negative: the states alone bound the memory below.
-        self._states_bound[skey] = max(
-            assemble_stage(s, layers[s], self.hw, st, (0.0, 0), 0.0).device_total
-            for s, st in enumerate(states)
-        )
+            return stage_states(cfg, layout, s, self._params[pkey])
+
+        def alone(s: int, st: StageStates) -> float:
+            return assemble_stage(s, layers[s], self.hw, st, (0.0, 0), 0.0).device_total
+
+        probe = {s: one(s) for s in {0, layout.pp - 1, layers.index(max(layers))}}
+        bound = max(alone(s, st) for s, st in probe.items())
+        if bound > self.usable:
+            self._states_bound[skey] = bound
+            return
+        states = tuple(probe[s] if s in probe else one(s) for s in range(layout.pp))
+        self._states[skey] = states
+        self._states_bound[skey] = max(alone(s, st) for s, st in enumerate(states))
 
 
 def candidate_from_plan(plan: Plan, choice: Choice | None, overrides: tuple[str, ...]) -> Candidate:

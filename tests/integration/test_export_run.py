@@ -36,7 +36,7 @@ SHORT = [
     "train.steps=3",
     "model.seq_length=32",
     "train.micro_batch_size=2",
-    "train.log_every=3",
+    "train.log_every=1",  # every step: the single-process run's first loss is a fresh start's
     "checkpoint.keep_last=1",
 ]
 LAYOUTS = {
@@ -138,14 +138,15 @@ def test_default_recipe_exports_as_gpt2_and_bad_requests_are_refused(tmp_path: P
 
 
 # --- train.init_from ----------------------------------------------------------------------------
-EVERY_STEP = [o for o in SHORT if not o.startswith("train.log_every")] + ["train.log_every=1"]
+def logged_losses(run_dir: Path) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
 
 
 def first_losses(where: Path, *overrides: str) -> tuple[list[float], str]:
-    done = llmtrain(where, "run", *EVERY_STEP, *LLAMA, *overrides)
+    done = llmtrain(where, "run", *SHORT, *LLAMA, *overrides)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = (where / "runs" / "b" / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines], done.stdout + done.stderr
+    return logged_losses(where / "runs" / "b"), done.stdout + done.stderr
 
 
 def reference_loss(folder: Path, run_dir: Path) -> float:
@@ -193,16 +194,17 @@ def test_init_from_an_export_or_a_run_starts_from_those_weights(
     )
     assert abs(from_run[0] - losses[0]) < 1e-5
 
-    # A fresh run's first loss is far from it: the weights were really used.
-    (tmp_path / "fresh").mkdir()
-    fresh, _ = first_losses(tmp_path / "fresh", "run.name=b")
+    # A fresh run's first loss is far from it: the weights were really used. The exporting run
+    # is that fresh run (the same model, data and seed, from a random start).
+    fresh = logged_losses(only_run_dir(single.parent))
+    assert len(fresh) == 3
     assert abs(fresh[0] - losses[0]) > 1e-2
 
     # The same run again, longer: it resumes from its own checkpoint, init_from is ignored.
     more = llmtrain(
         tmp_path / "hf",
         "run",
-        *EVERY_STEP[1:],
+        *SHORT[1:],  # all but train.steps
         *LLAMA,
         "train.steps=4",
         f"train.init_from={single}",

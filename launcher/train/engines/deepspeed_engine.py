@@ -146,6 +146,11 @@ class DeepSpeedEngine(Engine):
     ):
         import deepspeed
 
+        # DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce when it starts on CPU
+        # (~42 s and a C++ compiler on a fresh machine, measured here). Only its
+        # inference_all_reduce uses that op, training never does: marked unavailable, it is not
+        # built. (deepspeed.ops keeps this dict for the process; on GPUs the op does not apply.)
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         # What this engine runs is declared in launcher/backends/deepspeed.py.
         problems = [r.message for r in raw_refusals("deepspeed", cfg)]
         if problems:
