@@ -121,12 +121,12 @@ def _loss_scaling_with_pipeline(cfg: LLMTrainConfig, layout: Layout) -> Refusal 
 # torchao float8 GEMMs need both dimensions of every converted linear divisible by 16 (the
 # alignment of torch._scaled_mm; torchao's float8 README). Under tp, each rank's share of a
 # column- or row-parallel dimension must be.
-_FP8_MULTIPLE = 16
+FP8_DIM_MULTIPLE = 16
 
 
 def _fp8_gemm_dims(m: ModelConfig, tp: int) -> list[tuple[int, int]]:
     """(dimension, what it must divide by) for every block projection llmtrain converts."""
-    one, split = _FP8_MULTIPLE, _FP8_MULTIPLE * tp
+    one, split = FP8_DIM_MULTIPLE, FP8_DIM_MULTIPLE * tp
     n = m.num_attention_heads
     d = m.head_dim or m.hidden_size // max(1, n)
     dims = [(m.hidden_size, one), (m.ffn_hidden_size, split)]
@@ -159,7 +159,7 @@ def _fp8_misfit(cfg: LLMTrainConfig) -> tuple[str, int, int | None] | None:
             value = m.hidden_size // max(1, m.num_attention_heads)
         if value is None:
             continue
-        for candidate in range(value + 1, value + 16 * _FP8_MULTIPLE * cfg.parallel.tp + 1):
+        for candidate in range(value + 1, value + 16 * FP8_DIM_MULTIPLE * cfg.parallel.tp + 1):
             changed: dict[str, Any] = {key: candidate}
             if fits(replace(m, **changed)):
                 return f"model.{key}", value, candidate

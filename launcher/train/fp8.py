@@ -37,9 +37,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-# torchao float8 GEMMs need both dimensions of every converted linear divisible by 16
-# (torch._scaled_mm's alignment; torchao's float8 README).
-FP8_DIM_MULTIPLE = 16
+from launcher.backends.torch import FP8_DIM_MULTIPLE
+
 # Real fp8 matmuls need CUDA compute capability 8.9 (Ada) or newer.
 FP8_MIN_CAPABILITY = (8, 9)
 

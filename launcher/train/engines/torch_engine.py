@@ -415,7 +415,7 @@ class TorchEngine(Engine):
                     block_plan["attention.wk"] = kv_style
                     block_plan["attention.wv"] = kv_style
             if block.moe is not None:
-                block_plan.update(self._moe_plan(block.moe, sp, self.tp_styles))
+                block_plan.update(self._moe_plan(block.moe, sp))
             else:
                 assert block.feed_forward is not None
                 block_plan.update(
@@ -466,15 +466,15 @@ class TorchEngine(Engine):
         return plan
 
     @staticmethod
-    def _moe_plan(
-        moe: MoE, sp: bool, styles: tuple[type[Any], type[Any]]
-    ) -> dict[str, ParallelStyle]:
+    def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
         """MoE under tp (Megatron-LM's default expert tensor parallel = tp): the router
         replicated, so every tp rank picks the same top-k for the same (replicated) tokens;
         each routed and shared expert column-parallel w1/w3, row-parallel w2 with its output
         all-reduced. Under sequence parallel the layer gathers the sequence on entry and keeps
         this rank's shard of its output."""
         plan: dict[str, ParallelStyle] = {"moe.router": Replicated()}
+        # torch's styles: fp8 is refused with MoE (launcher/backends/torch.py).
+        styles = (ColwiseParallel, RowwiseParallel)
         for key, expert in moe.experts.items():
             plan.update(_mlp_plan(f"moe.experts.{key}", cast(MLP, expert), Replicate(), styles))
         for i, shared in enumerate(moe.shared_experts):
