@@ -8,10 +8,11 @@ of the output gradient; its chunks of dq, dk, dv must equal the reference's."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
+
+from tests.elastic import run_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -49,20 +50,7 @@ def _rank(cp: int) -> dict[str, float]:
 
 
 def _launch(nproc: int) -> list[Any]:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        run_id=str(uuid.uuid4()),
-        max_restarts=0,
-        monitor_interval=0.1,
-    )
-    out = elastic_launch(config, entrypoint=_rank)(nproc)
-    return [out[r] for r in range(nproc)]
+    return run_ranks(nproc, _rank, nproc)
 
 
 @pytest.mark.parametrize("cp", [2, 4])

@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import math
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.elastic import run_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -153,21 +154,7 @@ def _train_and_resume(
 def launch(
     nproc: int, overrides: list[str], steps: int, entrypoint: Any = None, **kw: Any
 ) -> list[dict[str, Any]]:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        run_id=str(uuid.uuid4()),
-        max_restarts=0,
-        monitor_interval=0.1,
-    )
-    run = elastic_launch(config, entrypoint=entrypoint or _train)
-    out = run([*TINY, *overrides], nproc, steps, kw)
-    return [out[r] for r in range(nproc)]
+    return run_ranks(nproc, entrypoint or _train, [*TINY, *overrides], nproc, steps, kw)
 
 
 def assert_trains(results: list[dict[str, Any]]) -> list[float]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.elastic import run_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -104,22 +105,7 @@ def _train_and_resume(overrides: list[str], nproc: int, save_dir: str) -> dict[s
 
 
 def launch(nproc: int, overrides: list[str], save_dir: Path) -> list[dict[str, Any]]:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        run_id=str(uuid.uuid4()),
-        max_restarts=0,
-        monitor_interval=0.1,
-    )
-    out = elastic_launch(config, entrypoint=_train_and_resume)(
-        [*SHARED, *overrides], nproc, str(save_dir)
-    )
-    return [out[r] for r in range(nproc)]
+    return run_ranks(nproc, _train_and_resume, [*SHARED, *overrides], nproc, str(save_dir))
 
 
 @pytest.fixture(scope="module")
