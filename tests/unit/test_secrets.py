@@ -149,7 +149,14 @@ def test_the_run_directory_names_secrets_but_holds_no_value(
     assert "for name in MY_API_KEY HF_TOKEN; do" in script and "export PLAIN=p" in script
     # A rotated key is the same run (the name's hash sees the redacted config).
     monkeypatch.setenv("MY_API_KEY", "other")
-    rotated = compose_config([*SECRETS[:1], "+cluster.env.HF_TOKEN=new", *SECRETS[2:]])
+    rotated = compose_config(
+        [
+            *SECRETS[:1],
+            "+cluster.env.HF_TOKEN=new",
+            *SECRETS[2:],
+            f"run.root_dir={tmp_path / 'runs'}",
+        ]
+    )
     again = prepare_run_dir(rotated, {}, fresh=False)
     again.release()
     assert again.run_dir.name == prepared.run_dir.name
