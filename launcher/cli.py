@@ -28,6 +28,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
 def _complete_override(incomplete: str) -> list[str]:
     from launcher.cli_hints import complete_override
 
