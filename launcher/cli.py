@@ -197,6 +197,14 @@ def plan(
         bool,
         typer.Option("--json-schema", help="Print the JSON Schema of the --json document."),
     ] = False,
+    detail: Annotated[
+        bool,
+        typer.Option(
+            "--detail",
+            help="Also print memory by bucket and stage, the pipeline timeline, collectives, "
+            "totals and every assumption.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
@@ -285,7 +293,7 @@ def plan(
                     f"and submit refuse it until backend={substitute.planned} is set."
                 )
             )
-        render_plan(result_plan, out)
+        render_plan(result_plan, out, detail=detail)
 
 
 @app.command()
