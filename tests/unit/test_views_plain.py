@@ -31,8 +31,14 @@ def screen(*overrides: str, detail: bool = True) -> str:
         ("recipe=llama3-70b",),  # fits, pp=4
         ("recipe=llama3-70b", "parallel.tp=2", "parallel.pp=1"),  # does not fit: fixes listed
         ("recipe=deepseek-v3",),
-        ("recipe=llama3-70b", "backend=deepspeed", "parallel.pp=1", "zero.stage=3")
-        + ("zero.offload_optimizer=cpu", "zero.offload_params=cpu"),  # host memory line
+        (  # host memory line
+            "recipe=llama3-70b",
+            "backend=deepspeed",
+            "parallel.pp=1",
+            "zero.stage=3",
+            "zero.offload_optimizer=cpu",
+            "zero.offload_params=cpu",
+        ),
     ],
 )
 def test_the_answer_comes_first_in_thirty_lines(overrides: tuple[str, ...]) -> None:
