@@ -98,3 +98,21 @@ def test_interleaved_timeline_has_the_published_bubble() -> None:
         busy = sum(s.end - s.start for s in slots if s.stage == 0)
         assert 1 - busy / end == pytest.approx(bubble_fraction(pp, m, v))
         assert {s.chunk for s in slots} == set(range(v))
+
+
+def test_show_sources_at_80_columns_cuts_nothing() -> None:
+    # At 80 columns the three-column table cut sources to `backend/torc…`; now each source is a
+    # heading with its keys below it: no line over 80, nothing elided, every key once.
+    from launcher.config.provenance import value_sources
+    from launcher.views.config import flatten, show_config
+
+    composed = compose_config(["recipe=llama3-70b", "parallel.tp=4"])
+    sources = value_sources(composed)
+    buffer = io.StringIO()
+    show_config(Console(file=buffer, width=80, no_color=True), composed, sources)
+    lines = buffer.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in buffer.getvalue()
+    keys = [line.split(" = ")[0].strip() for line in lines if line.startswith("  ")]
+    assert sorted(keys) == sorted(flatten(composed.values))
+    assert lines[1] == "command line" and "  parallel.tp = 4" in lines
+    assert "model/llama3-70b.yaml (chosen by recipe llama3-70b)" in lines
