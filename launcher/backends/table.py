@@ -1,7 +1,7 @@
-"""The "What each backend runs" table of README.md, generated from the backend tables.
+"""The "What each backend runs" table of docs/backends.md, generated from the backend tables.
 
 ``python -m launcher.backends.table`` prints it; tests/unit/test_backends_readme.py asserts that
-README.md holds exactly this text between its markers.
+docs/backends.md holds exactly this text between its markers.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ not (measured: <= 6e-7 apart for logits of magnitude ~0.8; the bar is 1e-4).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,30 @@ def test_sharded_layouts_export_the_same_model(single: Path, layout: str, tmp_pa
     ours, reference = logits(folder), logits(single)
     assert np.abs(reference).max() > 0.1
     assert np.abs(ours - reference).max() < 1e-4
+
+
+def test_docs_commands_that_need_a_trained_run(single: Path) -> None:
+    """The commands README.md and docs/ show that read a trained run's checkpoints (`export`, and
+    `train.init_from`/`model.from_hf` of what it exported), run as tests/unit/test_docs_commands.py
+    runs the others, in the folder of this real run (named as `llmtrain run` names it): each page
+    as a reader who trained one run and has exported nothing yet."""
+    import shutil
+
+    from tests.unit.test_docs_commands import ALL, as_executed, check, needs_trained_run
+    from tests.unit.test_docs_commands import llmtrain as shown_command
+
+    where = single.parent
+    pages = [(page, [c for c in page.commands if needs_trained_run(c)]) for page in ALL]
+    assert sum(len(commands) for _, commands in pages) >= 3
+    failures = []
+    for _, commands in pages:
+        shutil.rmtree(where / "exported", ignore_errors=True)
+        for shown in commands:
+            try:
+                check(shown, shown_command(where, as_executed(shown), dict(os.environ)))
+            except AssertionError as exc:
+                failures.append(str(exc))
+    assert not failures, "\n\n".join(failures)
 
 
 def test_default_recipe_exports_as_gpt2_and_bad_requests_are_refused(tmp_path: Path) -> None:

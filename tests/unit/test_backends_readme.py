@@ -1,4 +1,5 @@
-"""README's "What each backend runs" table is the one generated from launcher/backends/."""
+"""docs/backends.md's "What each backend runs" table (linked from README) is the one generated from
+launcher/backends/."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from launcher.backends.table import END, START, markdown_table
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
 
 
-def test_readme_table_is_generated_from_the_backend_tables() -> None:
-    text = README.read_text()
+def test_docs_table_is_generated_from_the_backend_tables() -> None:
+    text = PAGE.read_text()
     assert START in text and END in text
     shown = text[text.index(START) : text.index(END) + len(END)]
-    assert shown == markdown_table(), "run `python -m launcher.backends.table` and paste it"
+    assert shown == markdown_table(), (
+        "run `python -m launcher.backends.table` and paste it into docs/backends.md"
+    )
 
 
 def test_table_has_a_column_per_backend_and_the_launch_row() -> None:
