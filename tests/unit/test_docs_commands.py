@@ -393,9 +393,9 @@ def test_every_command_is_run() -> None:
 
 def test_install_and_test_lines_match_pyproject_and_ci() -> None:
     readme = next(p for p in ALL if p.name == "README.md")
-    extras = set(
-        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    )
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = set(pyproject["project"]["optional-dependencies"])
+    markers = {m.split(":")[0] for m in pyproject["tool"]["pytest"]["ini_options"]["markers"]}
     ci = (ROOT / ".ci" / "run").read_text()
     lines = {n for n, _ in readme.others}
     assert lines, "README shows its install commands"
@@ -411,6 +411,13 @@ def test_install_and_test_lines_match_pyproject_and_ci() -> None:
                     match = re.fullmatch(r"(?:-e )?(?:\.|llmtrain)\[([a-z,]+)\]", spec)
                     assert match, f"{where}: installs {spec!r}, not this project with its extras"
                     assert set(match.group(1).split(",")) <= extras, where
+            # Scripts it names exist; pytest markers it selects are declared.
+            for word in words:
+                if word.endswith(".py") and not word.startswith("/"):
+                    assert (ROOT / word).is_file(), f"{where}: no {word}"
+            if "pytest" in words and "-m" in words[words.index("pytest") :]:
+                marker = words[words.index("-m", words.index("pytest")) + 1]
+                assert marker in markers, f"{where}: no pytest marker {marker!r}"
     # CI runs exactly README's second command.
     text = (ROOT / "README.md").read_text()
     test_line = next(
