@@ -458,3 +458,17 @@ def test_links_between_the_pages_resolve() -> None:
                 assert anchor in anchors.get(linked, set()), f"{page.name}: {target}: no heading"
             checked += 1
     assert checked >= 20
+
+
+def test_readme_is_a_front_page() -> None:
+    """README: at most 15 KB, contents first, how overrides work before any calibration figure,
+    a link to every docs/ page."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 15 * 1024
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## Contents"
+    assert text.index("## How overrides work") < min(
+        text.find(word) % (len(text) + 1) for word in ("leave-one-source-out", "calibration.csv")
+    )
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"(docs/{page.name})" in text, f"README does not link docs/{page.name}"
