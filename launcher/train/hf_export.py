@@ -130,7 +130,7 @@ def export_hf(
     from launcher.export.hf_files import DEFAULT_SHARD_BYTES, write_hf_folder
     from launcher.export.hf_layout import LayoutError, hf_architecture, hf_config, to_hf
     from launcher.train.consolidate import ConsolidateError, full_state
-    from launcher.train.engines.dcp_safe import UnsafeCheckpointError
+    from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError
 
     run_dir, out = Path(run_dir), Path(out)
     if out.is_symlink():
@@ -147,7 +147,9 @@ def export_hf(
         raise UserError(f"{run_dir}: {exc}") from None
     step_done, checkpoint = pick_checkpoint(run_dir, step)
     try:
-        state = full_state(checkpoint / "engine", cfg.model.num_layers)
+        # Each file read once, checked against the manifest, loaded from that buffer.
+        files = CheckpointFiles.verified(checkpoint)
+        state = full_state(checkpoint / "engine", cfg.model.num_layers, files)
         tensors = to_hf(state, cfg.model)
     except (ConsolidateError, LayoutError, UnsafeCheckpointError, KeyError) as exc:
         raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
