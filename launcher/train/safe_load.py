@@ -29,8 +29,8 @@ No code from checkpoints:
   of the checked bytes (a path the manifest does not list is refused) and
   ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` is set.
 
-Messages name the file and the kind of problem, never the refused file's contents beyond a
-dotted Python name a pickle asked for.
+Messages name the file and the kind of problem, never the refused file's contents: at most the
+dotted Python name of a global a pickle asked for (checked to be one).
 """
 
 from __future__ import annotations
@@ -126,10 +126,21 @@ class CheckpointFiles:
         return sorted(found)
 
 
-def _pickled_name(text: str) -> str:
-    """A dotted name from a refusal message, or a neutral phrase (never other file contents)."""
-    found = re.search(r"([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)", text)
-    return found.group(1)[:120] if found else "an object outside the allow-list"
+_DOTTED = re.compile(r"[A-Za-z_]\w{0,60}(?:\.[A-Za-z_]\w{0,60}){0,8}")
+
+
+def _global_name(name: str) -> str:
+    """A global a pickle asked for, as a message may show it: a dotted Python name (what the
+    pickle's GLOBAL opcode names), else a neutral phrase; never other bytes of the file."""
+    return name if _DOTTED.fullmatch(name) else "a global that is not a Python name"
+
+
+def _weights_only_reason(text: str) -> str:
+    """The global torch's weights-only unpickler refused, from its message; nothing else."""
+    found = re.search(r"GLOBAL ([^\s]+)", text)
+    return (
+        f"it names {_global_name(found.group(1))}" if found else "an object outside the allow-list"
+    )
 
 
 # --- torch engine: DCP ---------------------------------------------------------------------------
@@ -184,7 +195,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if "." in name or (module, name) not in self.allowed:
             raise UnsafeCheckpointError(
-                f"names {_pickled_name(f'{module}.{name}')}, which a checkpoint written by "
+                f"names {_global_name(f'{module}.{name}')}, which a checkpoint written by "
                 "llmtrain never holds; llmtrain never executes code from checkpoint files"
             )
         return super().find_class(module, name)
@@ -367,13 +378,12 @@ def weights_only_load(
         with torch.serialization.safe_globals(deepspeed_globals()):
             return _TORCH_LOAD(io.BytesIO(data), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        reason = str(exc).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
         raise UnsafeCheckpointError(
             f"{path}: refused to load: it holds pickled objects that a weights-only load "
-            f"does not allow ({_pickled_name(reason)}); llmtrain never executes code from "
-            "checkpoint files"
+            f"does not allow ({_weights_only_reason(str(exc))}); llmtrain never executes code "
+            "from checkpoint files"
         ) from None
-    except (RuntimeError, ValueError, EOFError) as exc:
+    except Exception as exc:  # a damaged or foreign file makes torch.load raise all sorts
         raise UnsafeCheckpointError(
             f"{path}: not a readable torch.save file ({type(exc).__name__})"
         ) from None

@@ -79,7 +79,10 @@ def engine_writer(kind: str, state: dict[str, torch.Tensor]) -> Callable[[Path],
 
 
 def make_run(
-    root: Path, kind: str = "torch", steps: tuple[int, ...] = (1, 2), overrides: tuple[str, ...] = ()
+    root: Path,
+    kind: str = "torch",
+    steps: tuple[int, ...] = (1, 2),
+    overrides: tuple[str, ...] = (),
 ) -> Path:
     """runs/t: config.yaml and one signed checkpoint per step, each with other weights."""
     values = compose_config([*MODEL, *overrides]).values
