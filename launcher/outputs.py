@@ -121,6 +121,16 @@ def why_not_owned(folder: Path, command: str) -> str | None:
     return None
 
 
+def refuse_cwd(out: Path, option: str, example: str) -> None:
+    """Refuse the current or root directory (an output is renamed into place: never those)."""
+    resolved = out.expanduser().resolve()
+    if resolved == Path.cwd().resolve() or resolved == Path(resolved.anchor) or not out.name:
+        raise UserError(
+            f"{option} {out}: is the current (or root) directory; name a new folder, e.g. "
+            f"{option} {example}"
+        )
+
+
 def check_target(out: Path, option: str, command: str, overwrite: bool, what: str) -> str:
     """Refuse an output folder llmtrain must not write or replace (see the module docstring);
     else say what is there now: NEW (nothing), EMPTY (an empty folder) or REPLACE (an earlier
@@ -129,12 +139,8 @@ def check_target(out: Path, option: str, command: str, overwrite: bool, what: st
     given = out
     if out.is_symlink():
         raise UserError(f"{option} {given}: is a symbolic link; give a real folder path")
+    refuse_cwd(out, option, "data/tokens" if "data" in command else "exports/model")
     resolved = out.expanduser().resolve()
-    if resolved == Path.cwd().resolve() or resolved == Path(resolved.anchor) or not out.name:
-        raise UserError(
-            f"{option} {given}: is the current (or root) directory; name a new folder, e.g. "
-            f"{option} {'data/tokens' if 'data' in command else 'exports/model'}"
-        )
     for above in [resolved, *resolved.parents]:
         if is_run_dir(above):
             raise UserError(

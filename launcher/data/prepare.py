@@ -258,6 +258,7 @@ def check_output(
     (``launcher.outputs.check_target``: the current directory, a run directory, a folder holding
     one, a non-empty folder without --overwrite, or with it one `data prepare` did not write).
     What is at `output` now (``outputs.NEW``, ``EMPTY`` or ``REPLACE``)."""
+    outputs.refuse_cwd(output, "--output", "data/tokens")
     out = output.expanduser().resolve()
     for given in [*inputs, *files]:
         src = Path(given).expanduser().resolve()
