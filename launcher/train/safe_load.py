@@ -8,7 +8,9 @@ buffer with the manifest and hands out the same buffer; everything below deseria
 never from the path. A file swapped after ``verify`` read it (the window a verify-then-load
 design leaves open) fails the comparison and is refused; one swapped after this read is never
 read again. ``CheckpointFiles.unchecked`` (no manifest) serves the engines' own tests, which load
-folders an engine wrote outside a checkpoint.
+folders an engine wrote outside a checkpoint. Cost: a file is held in memory while it is
+deserialized (at most about twice the largest file at once) and hashed once more than before
+(the verifier that picks the checkpoint hashed it already).
 
 No code from checkpoints:
 
