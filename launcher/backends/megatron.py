@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from launcher.backends.common import Backend, Refusal
 from launcher.config.layout import Layout
-from launcher.config.schema import LLMTrainConfig
 from launcher.config.pipeline_split import even_split_ok, suggestion
+from launcher.config.schema import LLMTrainConfig
 
 
 def _pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
@@ -61,8 +61,7 @@ def _virtual_stages(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     return Refusal(
         ("parallel.pp", "parallel.vpp", "model.num_layers"),
         f"model.num_layers={layers} does not split evenly over pp x vpp = {p.pp} x {p.vpp}: "
-        "Megatron-Core needs an uneven split said explicitly; "
-        + suggestion(layers, p.pp, p.vpp),
+        "Megatron-Core needs an uneven split said explicitly; " + suggestion(layers, p.pp, p.vpp),
     )
 
 

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from launcher.config.schema import LLMTrainConfig
 from launcher.config.pipeline_split import SplitError, SplitKeys, megatron_split
+from launcher.config.schema import LLMTrainConfig
 
 
 @dataclass(frozen=True)

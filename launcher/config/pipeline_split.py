@@ -122,9 +122,7 @@ def layout_stages(text: str) -> tuple[str, ...]:
     return stages
 
 
-def _layout_chunks(
-    text: str, num_layers: int, pp: int, vpp: int, explain: bool
-) -> tuple[int, ...]:
+def _layout_chunks(text: str, num_layers: int, pp: int, vpp: int, explain: bool) -> tuple[int, ...]:
     stages = layout_stages(text)
     hint = f'e.g. {LAYOUT}="{balanced_layout(num_layers, pp, vpp)}"' if explain else ""
     if len(stages) % pp:

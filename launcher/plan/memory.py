@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config.layout import Layout
+from launcher.config.pipeline_split import layers_in_flight
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
@@ -475,7 +476,19 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         layout.vpp,
         stage,
     )
-    activations = per_layer(cfg.train.recompute) * per_chunk * in_flight
+    held = per_chunk * in_flight
+    if len(chunk_layer_count) == max(1, layout.vpp) and layout.pp > 1:
+        # The layer-forwards really alive at the peak, chunk by chunk (an uneven split's chunks
+        # differ: config/pipeline_split.py layers_in_flight; the same as above when equal).
+        held = layers_in_flight(
+            cfg.parallel.pp_schedule,
+            layout.pp,
+            layout.num_microbatches,
+            layout.vpp,
+            stage,
+            tuple(chunk_layer_count),
+        )
+    activations = per_layer(cfg.train.recompute) * held
     if cfg.train.recompute != "none":
         # While a layer is recomputed for its backward its full activations exist once.
         activations += per_layer("none")

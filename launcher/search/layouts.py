@@ -46,13 +46,28 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import shlex
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from launcher.backends import all_backends, raw_refusals
 from launcher.backends.common import Backend
-from launcher.config.layout import Layout, derive_layout
+from launcher.config.layout import Layout, auto_split, derive_layout, split_keys
+from launcher.config.pipeline_split import (
+    EMBEDDING,
+    FIRST,
+    LAST,
+    LAYOUT,
+    LOSS,
+    SPLIT_KEYS,
+    SplitError,
+    SplitKeys,
+    accepted_splits,
+    bubble_scale,
+    even_split_ok,
+    megatron_split,
+)
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.flops import FlopsPerToken, flops_per_token
@@ -95,6 +110,7 @@ SEARCH_KEYS = frozenset(
         "parallel.sequence_parallel",
         "parallel.pp_schedule",
         "parallel.pp_layers",
+        *SPLIT_KEYS,
         "zero.stage",
         "zero.offload_optimizer",
         "zero.offload_params",
@@ -154,7 +170,8 @@ class Candidate:
 
     @property
     def line(self) -> str:
-        return " ".join(self.overrides)
+        """The overrides as one shell line (a layout string is quoted)."""
+        return " ".join(shlex.quote(word) for word in self.overrides)
 
     @property
     def backend(self) -> str:
@@ -222,6 +239,13 @@ class LayoutSpace:
     backend: Backend | None = None
     # Memo of the backend's refusals (see backend_rule); not part of the space's identity.
     _backend_memo: dict[tuple[object, ...], bool] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    # Memo of the split keys chosen per (pp, vpp) (see split_for).
+    _split_memo: dict[tuple[int, int], SplitKeys] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    _scale_memo: dict[tuple[int, int], float] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
 
@@ -333,7 +357,12 @@ class LayoutSpace:
             return "pipeline-split"
         if sched == "interleaved" and vpp == 1:
             return "pipeline-split"
-        if self._explicit_split():
+        if self._fixed_split_keys():
+            try:
+                megatron_split(layers, pp, vpp, split_keys(self.base), explain=False)
+            except SplitError:
+                return "pipeline-split"
+        elif self._explicit_split():
             counts = list(p.pp_layers or [])
             if len(counts) != pp * vpp or sum(counts) != layers or min(counts) < 1:
                 return "pipeline-split"
@@ -381,6 +410,60 @@ class LayoutSpace:
         )
 
     # Configurations.
+    def _fixed_split_keys(self) -> bool:
+        """The user fixed Megatron-Core's split keys on the command line (they stay as given)."""
+        return bool(self.fixed & set(SPLIT_KEYS)) and split_keys(self.base).any
+
+    def split_for(self, pp: int, vpp: int) -> SplitKeys:
+        """Megatron-Core's split keys this layout gets: as fixed by the user; none when the layers
+        split evenly or the backend runs its automatic split; else the first split Megatron-Core
+        accepts (config/pipeline_split.py accepted_splits) that the backend runs."""
+        if self._fixed_split_keys():
+            return split_keys(self.base)
+        layers = self.base.model.num_layers
+        if pp <= 1 or self._explicit_split() or even_split_ok(layers, pp, vpp):
+            return SplitKeys()
+        key = (pp, vpp)
+        if key not in self._split_memo:
+            chosen = SplitKeys()
+            sched = "interleaved" if vpp > 1 else "1f1b"
+            probe = Choice(1, 1, pp, 1, 1, sched, vpp, "none", 0, "none", False)
+            if self._refuses_split(self._configure(probe, SplitKeys())):
+                for keys in accepted_splits(layers, pp, vpp):
+                    if keys.any and not self._refuses_split(self._configure(probe, keys)):
+                        chosen = keys
+                        break
+            self._split_memo[key] = chosen
+        return self._split_memo[key]
+
+    def _refuses_split(self, cfg: LLMTrainConfig) -> bool:
+        """The backend refuses this configuration's pipeline split (a refusal naming the layer
+        count or a split key)."""
+        split = {"model.num_layers", "parallel.pp_layers", *SPLIT_KEYS}
+        return any(set(r.keys) & split for r in raw_refusals(cfg.backend.name, cfg))
+
+    def bubble_scale(self, pp: int, vpp: int) -> float:
+        """The bubble of this (pp, vpp)'s split relative to an even one (timing.estimate_time
+        uses the same factor, so the bounds stay bounds)."""
+        if (pp, vpp) not in self._scale_memo:
+            self._scale_memo[(pp, vpp)] = self._bubble_scale(pp, vpp)
+        return self._scale_memo[(pp, vpp)]
+
+    def _bubble_scale(self, pp: int, vpp: int) -> float:
+        layers = self.base.model.num_layers
+        keys = self.split_for(pp, vpp)
+        chunks: tuple[int, ...] | None = None
+        if keys.any:
+            try:
+                chunks = megatron_split(layers, pp, vpp, keys, explain=False)
+            except SplitError:
+                chunks = None
+        elif self._explicit_split() and self.base.parallel.pp_layers:
+            chunks = tuple(self.base.parallel.pp_layers)
+        if chunks is None or len(chunks) != pp * vpp:
+            chunks = auto_split(layers, pp * vpp)
+        return bubble_scale(tuple(sum(chunks[s::pp]) for s in range(pp)))
+
     def _explicit_split(self) -> bool:
         return "parallel.pp_layers" in self.fixed and self.base.parallel.pp_layers is not None
 
@@ -390,6 +473,9 @@ class LayoutSpace:
 
     def apply(self, c: Choice) -> LLMTrainConfig:
         """The configuration with this layout (dp inferred unless fixed)."""
+        return self._configure(c, self.split_for(c.pp, c.vpp))
+
+    def _configure(self, c: Choice, keys: SplitKeys) -> LLMTrainConfig:
         b = self.base
         p = b.parallel
         parallel = dataclasses.replace(
@@ -403,6 +489,11 @@ class LayoutSpace:
             sequence_parallel=c.sequence_parallel,
             pp_schedule=c.pp_schedule,
             pp_layers=list(p.pp_layers) if self._explicit_split() and p.pp_layers else None,
+            account_for_embedding_in_pipeline_split=keys.embedding,
+            account_for_loss_in_pipeline_split=keys.loss,
+            num_layers_in_first_pipeline_stage=keys.first,
+            num_layers_in_last_pipeline_stage=keys.last,
+            pipeline_layout=keys.layout,
         )
         zero = dataclasses.replace(
             b.zero,
@@ -442,6 +533,17 @@ class LayoutSpace:
         ]
         if b.parallel.pp_layers is not None and not self._explicit_split():
             out.append("parallel.pp_layers=null")
+        if not self._fixed_split_keys():
+            keys, given = self.split_for(c.pp, c.vpp), split_keys(b)
+            out += keys.overrides()
+            resets = (
+                (given.layout is not None and keys.layout is None, f"{LAYOUT}=null"),
+                (given.first is not None and keys.first is None, f"{FIRST}=null"),
+                (given.last is not None and keys.last is None, f"{LAST}=null"),
+                (given.embedding and not keys.embedding, f"{EMBEDDING}=false"),
+                (given.loss and not keys.loss, f"{LOSS}=false"),
+            )
+            out += [word for needed, word in resets if needed]
         if b.parallel.dp is not None and "parallel.dp" not in self.fixed:
             out.append("parallel.dp=null")
         if b.train.grad_accum is not None and "train.grad_accum" not in self.fixed:
@@ -592,7 +694,8 @@ class _Search:
     ) -> float:
         """Upper bound on tokens/s: the step is at least m x compute x (1 + bubble overhead)."""
         compute = self.unit_compute_s(pp, sched, vpp, recompute) * mbs / (cp * tp)
-        step = compute * m * (1.0 + bubble_overhead(pp, m, vpp))
+        bubble = bubble_overhead(pp, m, vpp) * self.space.bubble_scale(pp, vpp)
+        step = compute * m * (1.0 + bubble)
         tokens = self.space.global_batch_size * self.space.base.model.seq_length
         return tokens / step * (1.0 + _BOUND_SLACK) if step > 0 else math.inf
 
@@ -619,7 +722,8 @@ class _Search:
             cfg, layout = self.build(Choice(tp, cp, pp, ep, 1, sched, vpp, r, z, off, sp))
             per_mb = microbatch_time(cfg, layout, self.hw, self.flops(r))
             self._tight[key] = per_mb.compute_s + per_mb.exposed_s
-        step = self._tight[key] * mbs * m * (1.0 + bubble_overhead(pp, m, vpp))
+        bubble = bubble_overhead(pp, m, vpp) * self.space.bubble_scale(pp, vpp)
+        step = self._tight[key] * mbs * m * (1.0 + bubble)
         tokens = self.space.global_batch_size * self.space.base.model.seq_length
         return tokens / step * (1.0 + _BOUND_SLACK) if step > 0 else math.inf
 

@@ -26,9 +26,9 @@ from typing import Any, cast
 
 from launcher.backends import expert_span, refusals
 from launcher.config.layout import Layout, auto_split, derive_layout, split_keys
+from launcher.config.pipeline_split import SPLIT_KEYS, SplitError, megatron_split
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
-from launcher.config.pipeline_split import SPLIT_KEYS, SplitError, megatron_split
 
 ERROR = "error"
 WARNING = "warning"

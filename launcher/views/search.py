@@ -74,6 +74,12 @@ _SHORT = {
     "parallel.pp_schedule": "",
     "parallel.sequence_parallel": "sp",
     "zero.offload_optimizer": "offload",
+    # Megatron-Core's uneven pipeline splits (launcher/config/pipeline_split.py).
+    "parallel.account_for_embedding_in_pipeline_split": "E-split",
+    "parallel.account_for_loss_in_pipeline_split": "L-split",
+    "parallel.num_layers_in_first_pipeline_stage": "first",
+    "parallel.num_layers_in_last_pipeline_stage": "last",
+    "parallel.pipeline_layout": "layout",
 }
 
 
@@ -87,7 +93,7 @@ def _short(overrides: tuple[str, ...]) -> str:
         name = _SHORT[key]
         if value == "true":
             parts.append(name)
-        elif name in ("recompute", "offload"):
+        elif name in ("recompute", "offload", "first", "last", "layout"):
             parts.append(f"{name}={value}")
         else:
             parts.append(f"{name}{value}")
