@@ -166,7 +166,7 @@ def balanced_layout(num_layers: int, pp: int, vpp: int) -> str:
     base, extra = divmod(num_layers + 2, chunks)
     counts = [base] * chunks
     middle = sorted(range(1, chunks - 1), key=lambda i: (abs(i - (chunks - 1) / 2), i))
-    order = ([0, chunks - 1] + middle) if base == 0 else (middle + [0, chunks - 1])
+    order = [0, chunks - 1, *middle] if base == 0 else [*middle, 0, chunks - 1]
     for i in order[:extra]:
         counts[i] += 1
     words = []

@@ -475,14 +475,15 @@ def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     if keys.any:
         # Megatron-Core's split keys: exactly its conditions (launcher/config/pipeline_split.py).
         if p.pp_layers is not None:
-            return out + [
+            out.append(
                 _error(
                     "pipeline-split",
                     ("parallel.pp_layers", *SPLIT_KEYS),
                     "parallel.pp_layers and Megatron-Core's split keys both place the layers: "
                     "set parallel.pp_layers=null or drop " + ", ".join(SPLIT_KEYS),
                 )
-            ]
+            )
+            return out
         try:
             megatron_split(layers, p.pp, p.vpp, keys)
         except SplitError as exc:
