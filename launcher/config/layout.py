@@ -117,9 +117,20 @@ def auto_split(num_layers: int, chunks: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+_NO_SPLIT_KEYS = SplitKeys()
+
+
 def split_keys(cfg: LLMTrainConfig) -> SplitKeys:
     """Megatron-Core's pipeline split keys as set in the config."""
     p = cfg.parallel
+    if (
+        p.pipeline_layout is None
+        and p.num_layers_in_first_pipeline_stage is None
+        and p.num_layers_in_last_pipeline_stage is None
+        and not p.account_for_embedding_in_pipeline_split
+        and not p.account_for_loss_in_pipeline_split
+    ):
+        return _NO_SPLIT_KEYS
     return SplitKeys(
         first=p.num_layers_in_first_pipeline_stage,
         last=p.num_layers_in_last_pipeline_stage,

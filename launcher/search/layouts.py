@@ -44,12 +44,14 @@ Pass ``exhaustive=True`` to switch the bound off (every valid layout's memory is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import shlex
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from launcher.backends import all_backends, raw_refusals
 from launcher.backends.common import Backend
@@ -89,6 +91,7 @@ from launcher.plan.schedule import bubble_overhead
 from launcher.plan.timing import TimePlan, estimate_time, microbatch_compute_s, microbatch_time
 from launcher.validate.rules import check, divisors
 
+_T = TypeVar("_T")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # Default cap on cp: at least this many tokens per context-parallel rank. Below it the attention
 # blocks are too small to hide the K/V ring behind, and the planner's bandwidth-only collective
@@ -214,6 +217,15 @@ class SearchResult:
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+
+def _with(obj: _T, **changes: object) -> _T:
+    """A copy of a config dataclass with some fields changed: dataclasses.replace without the
+    __init__ round trip (the config sections have no __post_init__), which the search does for
+    every layout it asks the backend about."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
 
 
 # --- the space ------------------------------------------------------------------------------------
@@ -412,19 +424,26 @@ class LayoutSpace:
     # Configurations.
     def _fixed_split_keys(self) -> bool:
         """The user fixed Megatron-Core's split keys on the command line (they stay as given)."""
-        return bool(self.fixed & set(SPLIT_KEYS)) and split_keys(self.base).any
+        return self._base_split[1]
+
+    @functools.cached_property
+    def _base_split(self) -> tuple[SplitKeys, bool]:
+        keys = split_keys(self.base)
+        return keys, bool(self.fixed & set(SPLIT_KEYS)) and keys.any
 
     def split_for(self, pp: int, vpp: int) -> SplitKeys:
         """Megatron-Core's split keys this layout gets: as fixed by the user; none when the layers
         split evenly or the backend runs its automatic split; else the first split Megatron-Core
         accepts (config/pipeline_split.py accepted_splits) that the backend runs."""
-        if self._fixed_split_keys():
-            return split_keys(self.base)
-        layers = self.base.model.num_layers
-        if pp <= 1 or self._explicit_split() or even_split_ok(layers, pp, vpp):
-            return SplitKeys()
         key = (pp, vpp)
-        if key not in self._split_memo:
+        if key in self._split_memo:
+            return self._split_memo[key]
+        layers = self.base.model.num_layers
+        if self._fixed_split_keys():
+            self._split_memo[key] = self._base_split[0]
+        elif pp <= 1 or self._explicit_split() or even_split_ok(layers, pp, vpp):
+            self._split_memo[key] = SplitKeys()
+        else:
             chosen = SplitKeys()
             sched = "interleaved" if vpp > 1 else "1f1b"
             probe = Choice(1, 1, pp, 1, 1, sched, vpp, "none", 0, "none", False)
@@ -478,7 +497,7 @@ class LayoutSpace:
     def _configure(self, c: Choice, keys: SplitKeys) -> LLMTrainConfig:
         b = self.base
         p = b.parallel
-        parallel = dataclasses.replace(
+        parallel = _with(
             p,
             tp=c.tp,
             pp=c.pp,
@@ -489,26 +508,30 @@ class LayoutSpace:
             sequence_parallel=c.sequence_parallel,
             pp_schedule=c.pp_schedule,
             pp_layers=list(p.pp_layers) if self._explicit_split() and p.pp_layers else None,
-            account_for_embedding_in_pipeline_split=keys.embedding,
-            account_for_loss_in_pipeline_split=keys.loss,
-            num_layers_in_first_pipeline_stage=keys.first,
-            num_layers_in_last_pipeline_stage=keys.last,
-            pipeline_layout=keys.layout,
         )
-        zero = dataclasses.replace(
+        if keys != self._base_split[0]:
+            parallel = _with(
+                parallel,
+                account_for_embedding_in_pipeline_split=keys.embedding,
+                account_for_loss_in_pipeline_split=keys.loss,
+                num_layers_in_first_pipeline_stage=keys.first,
+                num_layers_in_last_pipeline_stage=keys.last,
+                pipeline_layout=keys.layout,
+            )
+        zero = _with(
             b.zero,
             stage=c.zero_stage,
             offload_optimizer=c.offload_optimizer,
             offload_params=self._offload_params(),
         )
-        train = dataclasses.replace(
+        train = _with(
             b.train,
             micro_batch_size=c.micro_batch_size,
             recompute=c.recompute,
             global_batch_size=self.global_batch_size,
             grad_accum=b.train.grad_accum if "train.grad_accum" in self.fixed else None,
         )
-        return dataclasses.replace(b, parallel=parallel, zero=zero, train=train)
+        return _with(b, parallel=parallel, zero=zero, train=train)
 
     def overrides(self, c: Choice) -> tuple[str, ...]:
         """The override line that turns the configuration into this layout."""
