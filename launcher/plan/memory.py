@@ -23,7 +23,8 @@ Conventions stated once here (and in the plan's assumptions):
 - Dropout is on for GPT-style models (LayerNorm; Megatron's default 0.1) and off for Llama-style
   (RMSNorm) ones; it adds 1-byte masks (Korthikanti's 34 sbh + 5 as^2 b counts them).
 - CPU offload moves the optimizer states (offload_optimizer) and the sharded weights
-  (offload_params) to host memory, reported per GPU and per node.
+  (offload_params) to host memory, and the gradients as each engine does (plan/offload.py),
+  reported per GPU and per node.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from launcher.config.pipeline_split import layers_in_flight
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.offload import gradient_placement
 from launcher.plan.schedule import chunk_microbatches_in_flight
 
 GIB = 1024**3
@@ -408,6 +410,8 @@ def stage_states(
 
     weights = sharded(bpp.weights, z.stage >= 3)
     gradients = sharded(bpp.gradients, z.stage >= 2)
+    # Offloading engines keep (part of) the gradients on the host (plan/offload.py).
+    gradients, host = gradient_placement(cfg, gradients, sharded(4.0, True))
     if z.stage >= 2 and pipelined_fsdp_accumulates(cfg, layout):
         # torch FSDP2 under torch.distributed.pipelining: every backward but the schedule's last
         # runs with gradient sync and reshard-after-backward off (PipelineStage.
@@ -421,7 +425,6 @@ def stage_states(
         reduce = cfg.precision.grad_dtype if compute != "fp32" else "fp32"
         gradients += DTYPE_BYTES[reduce] * params.total
     optimizer = sharded(bpp.optimizer, z.stage >= 1)
-    host = 0.0
     if z.offload_optimizer == "cpu":
         host += optimizer
         optimizer = 0.0
