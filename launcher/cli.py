@@ -63,7 +63,9 @@ def _with_config(config: str | None, overrides: list[str] | None) -> list[str]:
 
 
 out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Errors and notes wrap at the width of a terminal; into a pipe or a file each stays one line,
+# whole, for grep and for the tests that read it.
+err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
 def _print_json(document: Any) -> None:
@@ -197,6 +199,14 @@ def plan(
         bool,
         typer.Option("--json-schema", help="Print the JSON Schema of the --json document."),
     ] = False,
+    detail: Annotated[
+        bool,
+        typer.Option(
+            "--detail",
+            help="Also print memory by bucket and stage, the pipeline timeline, collectives, "
+            "totals and every assumption.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
@@ -285,7 +295,7 @@ def plan(
                     f"and submit refuse it until backend={substitute.planned} is set."
                 )
             )
-        render_plan(result_plan, out)
+        render_plan(result_plan, out, detail=detail)
 
 
 @app.command()
