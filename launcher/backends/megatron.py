@@ -22,6 +22,7 @@ Facts from Megatron-LM's ``megatron/training/arguments.py`` and the Megatron-cor
 from __future__ import annotations
 
 from launcher.backends.common import Backend, Refusal
+from launcher.backends.fp8_params import megatron_fp8_param_gather
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import even_split_ok, suggestion
 from launcher.config.schema import LLMTrainConfig
@@ -91,5 +92,5 @@ BACKEND = Backend(
         {"moe", "moe+tp", "mla", "mla+tp", "tied-embeddings+pp", "sequence-parallel"}
     ),
     expert_span=("tp", "cp", "dp"),
-    combos=(_pipeline_split, _virtual_stages),
+    combos=(_pipeline_split, _virtual_stages, megatron_fp8_param_gather),
 )

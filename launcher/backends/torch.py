@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from launcher.backends.common import Backend, Refusal, device_of, precision_of
+from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 
@@ -251,6 +252,7 @@ BACKEND = Backend(
     schedules=("1f1b", "gpipe", "interleaved"),
     features=frozenset({"moe", "moe+tp", "mla", "mla+tp", "kv-replication", "sequence-parallel"}),
     combos=(
+        fp8_param_gather_not_run,
         _optimizer_offload_alone,
         _empty_pipeline_stage,
         _interleaved_rounds,

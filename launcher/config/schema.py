@@ -113,6 +113,9 @@ class PrecisionConfig:
     # With fp8: emulate the fp8 matmuls in higher precision (torchao's Float8LinearConfig(emulate=
     # True)): the fp8 casts and scaling numerics on any device (CPU included), no speedup.
     fp8_emulate: bool = False
+    # With fp8 (backend=megatron, --fp8-param-gather): the compute weights kept in fp8 only (no
+    # bf16 copy) and all-gathered in fp8 (launcher/backends/fp8_params.py).
+    fp8_param_gather: bool = False
 
 
 @dataclass

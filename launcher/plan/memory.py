@@ -76,6 +76,9 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
     """Unsharded bytes per parameter of each model-state bucket (ZeRO paper, section 3)."""
     p = cfg.precision
     weights = float(DTYPE_BYTES[p.compute_dtype]) + fp8_weight_copy_bytes(cfg)
+    if p.fp8 and p.fp8_param_gather:
+        # --fp8-param-gather: the fp8 weight and its transpose are the only compute copy.
+        weights = 2.0
     gradients = float(DTYPE_BYTES[p.grad_dtype])
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
     if master and cfg.backend.name == "torch" and cfg.zero.stage >= 3:
@@ -518,7 +521,8 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
     buffers = min(cfg.backend.reduce_bucket_size, rank_params) * bpp.gradients
     if z.stage in (1, 2):
         allgather = min(cfg.backend.allgather_bucket_size, rank_params)
-        buffers += allgather * DTYPE_BYTES[cfg.precision.compute_dtype]
+        gathered = 1 if cfg.precision.fp8 and cfg.precision.fp8_param_gather else None
+        buffers += allgather * (gathered or DTYPE_BYTES[cfg.precision.compute_dtype])
     if z.stage >= 3:
         # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded, plus one
         # layer's unsharded gradients before its reduce-scatter.

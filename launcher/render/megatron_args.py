@@ -244,6 +244,8 @@ def megatron_args(
             args += ["--loss-scale", "1"]
     if prec.fp8:
         args += ["--fp8-format", "hybrid"]
+        if prec.fp8_param_gather:
+            args.append("--fp8-param-gather")
     if t.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif t.recompute == "full":

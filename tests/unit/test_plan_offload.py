@@ -71,3 +71,51 @@ def test_fsdp2_cpu_offload_moves_the_gradients_too() -> None:
     stage = make_plan(on).memory.heaviest
     assert stage.gradients == 0 and stage.weights == 0 and stage.optimizer == 0
     assert stage.host_bytes > 0
+
+
+# --- fp8 parameters (launcher/backends/fp8_params.py) ---------------------------------------------
+
+MEG_FP8 = (
+    "recipe=llama3-70b",
+    "backend=megatron",
+    "precision=fp8",
+    "zero.stage=1",
+    "parallel.pp_layers=null",
+)
+
+
+def test_fp8_param_gather_halves_the_weights_and_the_gather_bucket() -> None:
+    from launcher.config.layout import derive_layout
+    from launcher.plan.memory import stage_buffers
+
+    plain = compose_config(list(MEG_FP8)).config
+    fp8 = compose_config([*MEG_FP8, "precision.fp8_param_gather=true"]).config
+    a, b = make_plan(plain).memory.stages[0], make_plan(fp8).memory.stages[0]
+    # Transformer Engine without it: bf16 weight (2) + fp8 copy (1) + its transpose (1) = 4 bytes;
+    # with it: the fp8 weight and its transpose only, 2 bytes.
+    assert b.weights / a.weights == pytest.approx(2 / 4)
+    assert b.optimizer == a.optimizer and b.gradients == a.gradients
+    # The distributed optimizer's all-gather bucket (zero 1) carries 1 byte per element, not 2.
+    bucket = plain.backend.allgather_bucket_size
+    lay = derive_layout(plain)
+    drop = stage_buffers(plain, lay) - stage_buffers(fp8, derive_layout(fp8))
+    assert 0 < drop <= bucket
+    from launcher.render.megatron_args import megatron_args
+
+    assert "--fp8-param-gather" in megatron_args(fp8)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (("precision=bf16",), "precision"),  # fp8_param needs fp8 mode (transformer_config.py)
+        (("zero.stage=0",), "zero.stage"),  # needs the distributed optimizer or Megatron-FSDP
+        (("backend=torch", "zero.stage=3"), "backend"),  # torchao keeps bf16 weights
+    ],
+)
+def test_fp8_param_gather_refusals(overrides: tuple[str, ...], named: str) -> None:
+    from launcher.backends import raw_refusals
+
+    cfg = compose_config([*MEG_FP8, "precision.fp8_param_gather=true", *overrides]).config
+    found = raw_refusals(cfg.backend.name, cfg)
+    assert any(named in r.keys and "fp8_param_gather" in r.message for r in found), found
