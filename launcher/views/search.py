@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from launcher.plan.memory import GIB
@@ -104,7 +105,7 @@ def _differing(overrides: tuple[str, ...], given: dict[str, object] | None) -> s
     """The overrides that change the configuration as given (backend= always first), so the
     line to copy stays short; all of them when the given values are not known."""
     if given is None:
-        return " ".join(overrides)
+        return " ".join(shlex.quote(o) for o in overrides)
 
     def same(item: str) -> bool:
         key, _, value = item.partition("=")
@@ -113,7 +114,7 @@ def _differing(overrides: tuple[str, ...], given: dict[str, object] | None) -> s
         return str(text) == value
 
     kept = [o for i, o in enumerate(overrides) if i == 0 or not same(o)]
-    return " ".join(kept)
+    return " ".join(shlex.quote(o) for o in kept)  # a layout string is quoted for the shell
 
 
 def render_search(

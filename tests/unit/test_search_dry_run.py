@@ -99,6 +99,6 @@ def test_screen_lines_hold_only_what_changes_the_given_configuration() -> None:
     short = [line.split(None, 1)[1] for line in lines]
     for line, whole in zip(short, full, strict=True):
         assert line.startswith("backend=") and len(line) < len(whole)
-        assert compose_config([*base, *line.split()]).config == (
-            compose_config([*base, *whole.split()]).config
+        assert compose_config([*base, *shlex.split(line)]).config == (
+            compose_config([*base, *shlex.split(whole)]).config
         )
