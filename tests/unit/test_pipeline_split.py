@@ -279,3 +279,34 @@ def test_interleaved_memory_counts_the_lighter_first_virtual_stage() -> None:
     plan = make_plan(cfg_of(*L405, *E_AND_L, "train.recompute=none"))
     acts = [s.activations for s in plan.memory.stages]
     assert acts[0] / acts[1] == pytest.approx(120 / 128)
+
+
+def test_megatron_renders_the_automatic_first_last_split() -> None:
+    # 126 layers at pp 16 without virtual stages and without keys: the automatic split is 7,
+    # 8 x 14, 7 (equal inner stages), which Megatron-LM takes as first/last stage counts; it
+    # rendered no split flag before, and Megatron-LM would have refused 126 % 16.
+    cfg = cfg_of(
+        "recipe=llama3-405b",
+        "backend=megatron",
+        "zero.stage=1",
+        "parallel.pp_layers=null",
+        "parallel.vpp=1",
+        "parallel.pp_schedule=1f1b",
+    )
+    assert not raw_refusals("megatron", cfg)
+    args = megatron_args(cfg)
+    i = args.index("--decoder-first-pipeline-num-layers")
+    j = args.index("--decoder-last-pipeline-num-layers")
+    assert (args[i + 1], args[j + 1]) == ("7", "7")
+    # An automatic split with unequal inner stages is refused with the keys that work.
+    # 30 layers at pp 7: 32 slots / 7 = 4 rest 4, the 4 extra slots to 4 of the 5 middle stages,
+    # the ends give back their slot -> 3, 5, 5, 5, 5, 4, 3 (inner stages unequal).
+    odd = cfg_of(
+        "recipe=llama3-8b",
+        "backend=megatron",
+        "model.num_layers=30",
+        "parallel.pp=7",
+        "cluster.num_nodes=7",
+    )
+    found = [r.message for r in raw_refusals("megatron", odd)]
+    assert any("splits that work" in m for m in found), found
