@@ -195,6 +195,7 @@ def balanced_layout(num_layers: int, pp: int, vpp: int) -> str:
 # --- the split ------------------------------------------------------------------------------------
 
 
+@cache  # pure; the search derives the same few splits for many layouts
 def megatron_split(
     num_layers: int, pp: int, vpp: int, keys: SplitKeys, explain: bool = True
 ) -> tuple[int, ...]:
@@ -307,22 +308,45 @@ def accepted_splits(num_layers: int, pp: int, vpp: int) -> tuple[SplitKeys, ...]
         if _works(num_layers, pp, vpp, keys):
             out.append(keys)
     best: tuple[tuple[int, int], SplitKeys] | None = None
-    for first in [None, *range(vpp, num_layers + 1, vpp)]:
-        for last in [None, *range(vpp, num_layers + 1, vpp)]:
-            if first is None and last is None:
-                continue
-            keys = SplitKeys(first=first, last=last)
-            if not _works(num_layers, pp, vpp, keys):
-                continue
-            stages = megatron_split(num_layers, pp, vpp, keys, explain=False)
-            per_stage = [sum(stages[s::pp]) for s in range(pp)]
-            score = (max(per_stage), max(per_stage) - min(per_stage))
-            if best is None or score < best[0]:
-                best = (score, keys)
+    for keys in _first_last_candidates(num_layers, pp, vpp):
+        if not _works(num_layers, pp, vpp, keys):
+            continue
+        stages = megatron_split(num_layers, pp, vpp, keys, explain=False)
+        per_stage = [sum(stages[s::pp]) for s in range(pp)]
+        score = (max(per_stage), max(per_stage) - min(per_stage))
+        if best is None or score < best[0]:
+            best = (score, keys)
     if best is not None:
         out.append(best[1])
     out.append(SplitKeys(layout=balanced_layout(num_layers, pp, vpp)))
     return tuple(out)
+
+
+def _first_last_candidates(num_layers: int, pp: int, vpp: int) -> list[SplitKeys]:
+    """First/last stage counts worth trying: for every middle-stage count q (a multiple of vpp),
+    the first or last stage alone taking the rest, or both sharing it as evenly as multiples of
+    vpp allow (the most even split for that q; any split Megatron-Core takes has one such q)."""
+    out: list[SplitKeys] = []
+
+    def halves(total: int) -> list[tuple[int, int]]:
+        if total < 2 * vpp or total % vpp:
+            return []
+        low = (total // 2) // vpp * vpp
+        pairs = {(f, total - f) for f in (low, low + vpp) if vpp <= f <= total - vpp}
+        return sorted(pairs)
+
+    if pp == 2:
+        out += [SplitKeys(first=f, last=lst) for f, lst in halves(num_layers)]
+    for q in range(vpp, num_layers + 1, vpp):
+        rest = num_layers - (pp - 1) * q
+        if rest > 0 and rest % vpp == 0:
+            out += [SplitKeys(first=rest), SplitKeys(last=rest)]
+        if pp > 2:
+            both = num_layers - (pp - 2) * q
+            out += [SplitKeys(first=f, last=lst) for f, lst in halves(both)]
+        if (pp - 2) * q > num_layers:
+            break
+    return out
 
 
 def _works(num_layers: int, pp: int, vpp: int, keys: SplitKeys) -> bool:
@@ -344,6 +368,7 @@ def suggestion(num_layers: int, pp: int, vpp: int) -> str:
 # --- the schedule on an uneven split --------------------------------------------------------------
 
 
+@cache  # pure; asked for the same stages by many layouts
 def layers_in_flight(
     schedule: str, pp: int, microbatches: int, vpp: int, stage: int, stage_chunks: tuple[int, ...]
 ) -> int:

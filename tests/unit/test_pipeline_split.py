@@ -310,3 +310,31 @@ def test_megatron_renders_the_automatic_first_last_split() -> None:
     )
     found = [r.message for r in raw_refusals("megatron", odd)]
     assert any("splits that work" in m for m in found), found
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp"), [(61, 16, 1), (30, 7, 1), (126, 16, 2), (80, 4, 2)]
+)
+def test_first_last_suggestion_is_the_most_even(layers: int, pp: int, vpp: int) -> None:
+    # Every first/last pair Megatron-Core takes, by brute force: the suggested one has the
+    # smallest heaviest stage.
+    def heaviest(keys: SplitKeys) -> int:
+        return max(stages(megatron_split(layers, pp, vpp, keys), pp))
+
+    counts = [None, *range(vpp, layers + 1, vpp)]
+    best = min(
+        heaviest(SplitKeys(first=f, last=t))
+        for f in counts
+        for t in counts
+        if (f, t) != (None, None) and _takes(layers, pp, vpp, SplitKeys(first=f, last=t))
+    )
+    chosen = [k for k in accepted_splits(layers, pp, vpp) if k.first or k.last]
+    assert chosen and heaviest(chosen[0]) == best
+
+
+def _takes(layers: int, pp: int, vpp: int, keys: SplitKeys) -> bool:
+    try:
+        megatron_split(layers, pp, vpp, keys, explain=False)
+    except SplitError:
+        return False
+    return True
