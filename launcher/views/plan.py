@@ -104,6 +104,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "time": {
             "step_s": t.step_s,
             "error_band": _band_json(plan.time_band),
+            "pricing": pricing_json(plan),
             "tokens_per_s": t.tokens_per_s,
             "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
             "tflops_per_gpu": t.tflops_per_gpu,
@@ -150,6 +151,26 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             for f in plan.fixes
         ],
         "assumptions": list(plan.assumptions),
+    }
+
+
+def pricing_line(plan: Plan) -> str:
+    """Where the step time's figures come from, one line."""
+    if plan.profile is None:
+        return "priced from published figures (GPU catalog + fitted constants)"
+    return plan.profile.line + "; links between nodes and other GPU counts from the catalog"
+
+
+def pricing_json(plan: Plan) -> dict[str, Any]:
+    """time.pricing: the source of each part of the step time (profile or catalog)."""
+    p = plan.profile
+    return {
+        "source": "profile" if p is not None else "published figures",
+        "profile": None
+        if p is None
+        else {"path": p.path, "origin": p.origin, "created": p.created, "device": p.device},
+        "parts": dict(plan.sources) if plan.sources else None,
+        "note": plan.profile_note,
     }
 
 
@@ -228,7 +249,8 @@ def render_plan(plan: Plan, console: Console) -> None:
             f"{_gib(mem.capacity)} ({mem.headroom:.0%} headroom): {verdict}\n"
             f"memory {band_text(plan.memory_band)}\n"
             f"step time {_dur(plan.time.step_s)} with backend={plan.config.backend.name}, "
-            f"{band_text(plan.time_band)}",
+            f"{band_text(plan.time_band)}\n"
+            f"{pricing_line(plan)}",
             title="llmtrain plan",
         )
     )
