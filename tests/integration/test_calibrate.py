@@ -1,5 +1,6 @@
-"""`llmtrain calibrate` measures this machine (real torch ops) and `plan --measure` trains real
-shrunk runs: the profile written is valid and prices the plan; bad input exits 2 touching nothing."""
+"""`llmtrain calibrate` measures this machine (real torch ops) and `plan --measure` trains
+real shrunk runs: the profile written is valid and prices the plan; bad input exits 2 and
+touches nothing."""
 
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ def test_plan_exits_2_naming_cluster_profile(tmp_path: Path) -> None:
 
 def test_a_profile_of_another_device_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path / "p.json", tiny_profile(cluster_gpu="h100-80gb"))
-    with pytest.raises(UserError, match="not on cluster.gpu=cpu"):
+    with pytest.raises(UserError, match=r"not on cluster\.gpu=cpu"):
         make_plan(compose_config([*TINY, f"cluster.profile={path}"]).config)
 
 
