@@ -88,19 +88,21 @@ class Timer:
 def _fwd_bwd(
     timer: Timer,
     forward: Callable[[], list[torch.Tensor]],
-    grads: list[torch.Tensor] | None = None,
+    inputs: list[torch.Tensor],
 ) -> tuple[float, float]:
     """(forward, backward) seconds: forward alone, and forward + backward less it. `forward`
-    returns its outputs; the backward starts from gradients of ones (or `grads`)."""
+    returns its outputs; the backward starts from gradients of ones and computes the gradients of
+    `inputs` (torch.autograd.grad: fresh tensors each time, as a training step's activation
+    gradients are, not accumulated into .grad over the repeats)."""
     with torch.no_grad():
         outs = forward()
-    seeds = grads if grads is not None else [torch.ones_like(o) for o in outs]
+    seeds = [torch.ones_like(o) for o in outs]
 
     def fwd() -> None:
         forward()
 
     def both() -> None:
-        torch.autograd.backward(forward(), seeds)
+        torch.autograd.grad(forward(), inputs, seeds)
 
     f = timer.measure(fwd)
     fb = timer.measure(both)
@@ -126,7 +128,7 @@ def measure_gemm(
         with _autocast(device, dtype):
             return [F.linear(x, w, b)]
 
-    return _fwd_bwd(timer, forward)
+    return _fwd_bwd(timer, forward, [x, w] + ([b] if b is not None else []))
 
 
 def measure_attention(
@@ -140,7 +142,7 @@ def measure_attention(
     v = torch.randn_like(k)
     for t in (q, k, v):
         t.requires_grad_(True)
-    return _fwd_bwd(timer, lambda: [attention_core(q, k, v, a.kind, dropout)])
+    return _fwd_bwd(timer, lambda: [attention_core(q, k, v, a.kind, dropout)], [q, k, v])
 
 
 def measure_elementwise(
@@ -174,7 +176,9 @@ def measure_elementwise(
                 outs += [F.dropout(r, p, training=True), F.dropout(outs[3], p, training=True)]
             return outs
 
-    return _fwd_bwd(timer, forward)
+    leaves = [x, branch, gate, *list(norm1.parameters()), *list(norm2.parameters())]
+    leaves += ([up] if up is not None else []) + ([q, k] if ops.rope else [])
+    return _fwd_bwd(timer, forward, leaves)
 
 
 def measure_loss(
@@ -191,7 +195,7 @@ def measure_loss(
     def forward() -> list[torch.Tensor]:
         return [loss_fn(logits, targets), emb(targets)]
 
-    return _fwd_bwd(timer, forward)
+    return _fwd_bwd(timer, forward, [logits, emb.weight])
 
 
 def rank_params(cfg: LLMTrainConfig) -> tuple[int, int]:
