@@ -4,12 +4,16 @@
         [--workdir DIR] [--json FILE] [--max-median 0.15]
 
 For each configuration of MATRIX (tiny and small GPT shapes, 1 and 2 processes, dp / tp / pp):
-1. `llmtrain calibrate cluster=cpu OVERRIDES --out PROFILE --no-cache` measures, on this machine,
+1. `llmtrain calibrate cluster=cpu OVERRIDES --out BEFORE --no-cache` measures, on this machine,
    the operators of that configuration (merged into one profile file for the whole matrix);
-2. the plan of the configuration with cluster.profile=PROFILE predicts the step time
-   (`llmtrain plan --json`);
-3. `llmtrain run --fresh OVERRIDES cluster.profile=PROFILE` trains it for --steps steps; the
-   measured step time is the median of metrics.jsonl's step_time_s after --warmup steps.
+2. `llmtrain run --fresh OVERRIDES` trains it for --steps steps; the measured step time is the
+   median of metrics.jsonl's step_time_s after --warmup steps;
+3. `llmtrain calibrate ... --out AFTER` measures the operators again right after the run;
+4. the plans of the configuration with cluster.profile=BEFORE and =AFTER (`llmtrain plan --json`)
+   predict the step time; the prediction is their geometric mean. A shared CPU's speed moves with
+   the load of other processes (a 2-thread process ran tiny's step in 0.13 s on an idle machine
+   and in 4-8 s at a load average of 10 here), so the two profiles bracket the run in time; both
+   single-profile errors are printed too.
 Error = predicted / measured - 1. It prints each error and the median |error| and exits 1 when
 the median |error| exceeds --max-median (15%) or a run fails, 0 otherwise.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -85,6 +90,8 @@ class Result:
     predicted_s: float | None = None
     measured_s: float | None = None
     calibrate_s: float | None = None
+    before_s: float | None = None  # predicted from the profile measured before the run
+    after_s: float | None = None  # ... and after it
     problem: str | None = None
 
     @property
@@ -109,31 +116,37 @@ def llmtrain(args: list[str], cwd: Path, timeout: float = 900) -> subprocess.Com
     )
 
 
-def run_one(
-    name: str, extra: list[str], profile: Path, work: Path, opts: argparse.Namespace
-) -> Result:
+def calibrate(overrides: list[str], profile: Path, work: Path) -> str | None:
+    done = llmtrain(["calibrate", *overrides, "--out", str(profile), "--no-cache"], work)
+    if done.returncode != 0:
+        return f"calibrate exit {done.returncode}: {(done.stderr or done.stdout)[-600:]}"
+    return None
+
+
+def predict(overrides: list[str], profile: Path, work: Path) -> float:
+    planned = llmtrain(["plan", "--json", *overrides, f"cluster.profile={profile}"], work)
+    if planned.returncode != 0:
+        raise RuntimeError(f"plan exit {planned.returncode}: {planned.stderr[-600:]}")
+    doc = json.loads(planned.stdout)
+    if doc["time"]["pricing"]["source"] != "profile":
+        raise RuntimeError("the plan did not use the profile")
+    return float(doc["time"]["step_s"])
+
+
+def run_one(name: str, extra: list[str], work: Path, opts: argparse.Namespace) -> Result:
     overrides = [*BASE, *extra]
     res = Result(name, overrides)
+    before, after = work / "profile-before.json", work / "profile-after.json"
     start = time.monotonic()
-    cal = llmtrain(["calibrate", *overrides, "--out", str(profile), "--no-cache"], work)
+    res.problem = calibrate(overrides, before, work)
     res.calibrate_s = time.monotonic() - start
-    if cal.returncode != 0:
-        res.problem = f"calibrate exit {cal.returncode}: {(cal.stderr or cal.stdout)[-600:]}"
-        return res
-    with_profile = [*overrides, f"cluster.profile={profile}"]
-    planned = llmtrain(["plan", "--json", *with_profile], work)
-    if planned.returncode != 0:
-        res.problem = f"plan exit {planned.returncode}: {planned.stderr[-600:]}"
-        return res
-    doc = json.loads(planned.stdout)
-    res.predicted_s = float(doc["time"]["step_s"])
-    if doc["time"]["pricing"]["source"] != "profile":
-        res.problem = "the plan did not use the profile"
+    if res.problem:
         return res
     run_args = [
         "run",
         "--fresh",
-        *with_profile,
+        *overrides,
+        "cluster.profile=none",
         f"train.steps={opts.steps}",
         f"run.root_dir={work / 'runs'}",
         f"run.name={name}",
@@ -142,6 +155,9 @@ def run_one(
     if done.returncode != 0:
         res.problem = f"run exit {done.returncode}: {(done.stderr or done.stdout)[-800:]}"
         return res
+    res.problem = calibrate(overrides, after, work)
+    if res.problem:
+        return res
     metrics = work / "runs" / name / "metrics.jsonl"
     records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     steady = [float(r["step_time_s"]) for r in records if r["step"] > opts.warmup]
@@ -149,6 +165,13 @@ def run_one(
         res.problem = "no steps after the warm-up"
         return res
     res.measured_s = statistics.median(steady)
+    try:
+        res.before_s = predict(overrides, before, work)
+        res.after_s = predict(overrides, after, work)
+    except RuntimeError as exc:
+        res.problem = str(exc)
+        return res
+    res.predicted_s = math.sqrt(res.before_s * res.after_s)
     return res
 
 
@@ -165,11 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must exceed --warmup")
     work = opts.workdir or Path(tempfile.mkdtemp(prefix="llmtrain-cpu-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    profile = work / "cpu-profile.json"
     results = []
-    print(f"workdir {work}; profile {profile}; {os.cpu_count()} CPU(s)", flush=True)
+    print(f"workdir {work}; {os.cpu_count()} CPU(s)", flush=True)
     for name in opts.only or list(MATRIX):
-        r = run_one(name, MATRIX[name], profile, work, opts)
+        r = run_one(name, MATRIX[name], work, opts)
         results.append(r)
         if r.problem:
             print(f"{name:<16} FAIL: {r.problem}", flush=True)
@@ -177,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             assert r.predicted_s is not None and r.measured_s is not None and r.error is not None
             print(
                 f"{name:<16} predicted {r.predicted_s * 1e3:9.1f} ms  measured "
-                f"{r.measured_s * 1e3:9.1f} ms  error {r.error:+7.1%}  (calibrate "
-                f"{r.calibrate_s:.1f} s)",
+                f"{r.measured_s * 1e3:9.1f} ms  error {r.error:+7.1%}  (profile before the "
+                f"run {(r.before_s or 0) / r.measured_s - 1:+.1%}, after "
+                f"{(r.after_s or 0) / r.measured_s - 1:+.1%}; calibrate {r.calibrate_s:.1f} s)",
                 flush=True,
             )
     errors = [abs(r.error) for r in results if r.error is not None]
