@@ -384,13 +384,19 @@ def choose(
         except ProfileError as exc:
             return None, f"cached profile {path} ignored: {exc}; priced from published figures"
         origin = "cache"
+    found = rates(doc, dtype, threads)
+    if not (found.gemms or found.attention or found.elementwise or found.loss):
+        return None, (
+            f"profile {path} holds no figures for {dtype} with {threads} thread(s) per process "
+            "(calibrate this configuration to add them); priced from published figures"
+        )
     return (
         ProfileChoice(
             path=str(path),
             origin=origin,
             created=str(doc.get("created", "?")),
             device=str(doc["device"].get("name", doc["device"]["cluster_gpu"])),
-            rates=rates(doc, dtype, threads),
+            rates=found,
         ),
         None,
     )

@@ -228,3 +228,10 @@ def test_plan_json_names_published_figures_without_a_profile() -> None:
     result = runner.invoke(app, ["plan", *TINY, "--json"])
     pricing = json.loads(result.stdout)["time"]["pricing"]
     assert pricing == {"source": "published figures", "profile": None, "parts": None, "note": None}
+
+
+def test_a_profile_without_figures_for_the_dtype_is_not_used_and_says_so(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.json", tiny_profile())  # fp32 figures only
+    plan = make_plan(compose_config([*TINY, "precision=bf16", f"cluster.profile={path}"]).config)
+    assert plan.profile is None
+    assert plan.profile_note is not None and "no figures for bf16" in plan.profile_note
