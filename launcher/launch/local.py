@@ -39,6 +39,7 @@ from launcher.config.run_config import read_run_config, resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
+from launcher.health import DIVERGED, EXIT_DIVERGED
 from launcher.launch import runlock
 from launcher.render.torchrun import launch_script, torchrun_command
 from launcher.rundir import UNFINISHED_PREFIX, RunDir, unfinished_checkpoints
@@ -52,6 +53,11 @@ _NOT_IN_NAME = (
     "train.steps",
     "train.tokens",
     "train.log_every",
+    # Training health: how a diverging run is handled, not what it trains (a run stopped on a
+    # non-finite step resumes with train.max_nonfinite_skips=N in the same directory).
+    "train.max_nonfinite_skips",
+    "train.loss_spike_window",
+    "train.loss_spike_zscore",
     "backend.megatron_path",
 )
 
@@ -60,6 +66,13 @@ class RunFailed(Exception):
     """A rank failed; the message names it and its error. Exit code 1."""
 
     exit_code = 1
+
+
+class RunDiverged(RunFailed):
+    """Training stopped on a non-finite loss or gradient norm (launcher.health); the message
+    names the step, the quantity and the last good checkpoint. Exit code 3."""
+
+    exit_code = EXIT_DIVERGED
 
 
 class RunInterrupted(Exception):
@@ -336,6 +349,10 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         raise RunFailed(
             f"rank {rank} failed first: killed by {signame} (out of memory, or killed by the "
             f"system or a user?){after}\n(see {run.torchrun_log}; every rank was stopped)"
+        )
+    if errors and errors[0]["type"] == DIVERGED:
+        raise RunDiverged(
+            f"{errors[0]['message']}\n(logs in {run.logs}; every rank stopped at that step)"
         )
     if errors:
         first = errors[0]

@@ -17,7 +17,14 @@ import torch.distributed as dist
 
 from launcher import fsio
 from launcher.rundir import RunDir
-from launcher.train.trainer import EXIT_PREEMPTED, Trainer, die_with_parent, write_error
+from launcher.train.trainer import (
+    EXIT_DIVERGED,
+    EXIT_PREEMPTED,
+    Trainer,
+    TrainingDiverged,
+    die_with_parent,
+    write_error,
+)
 
 __all__ = ["EXIT_PREEMPTED", "main", "train"]
 
@@ -43,10 +50,17 @@ def main() -> None:
     try:
         code = train(run_dir)
     except BaseException as exc:
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        code = (
+            130
+            if isinstance(exc, KeyboardInterrupt)
+            else EXIT_DIVERGED
+            if isinstance(exc, TrainingDiverged)
+            else 1
+        )
         message = fsio.describe_write_error(exc, run_dir) or str(exc)
         write_error(RunDir(run_dir), rank, type(exc).__name__, message, traceback.format_exc())
-        traceback.print_exc()
+        if not isinstance(exc, TrainingDiverged):  # its message says it all (rank 0 printed it)
+            traceback.print_exc()
     finally:
         if dist.is_initialized() and code in (0, EXIT_PREEMPTED):
             dist.destroy_process_group()
