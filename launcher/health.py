@@ -4,9 +4,9 @@ non-finite step, the exit code of a run stopped by one, and the loss-spike detec
 A step is non-finite when its loss (the global-batch mean, identical on every rank) or its global
 gradient norm is NaN or infinite. Under dynamic loss scaling (precision.loss_scaling=dynamic) an
 infinite gradient is the scaler's business (it skips that step and lowers the scale, as
-Micikevicius et al. 2018 describe), so only the loss counts there. The engines withhold the update of
-a non-finite step wherever they can (``StepResult.applied``); the trainer then stops the run with
-``EXIT_DIVERGED``, or skips the step while ``train.max_nonfinite_skips`` allows.
+Micikevicius et al. 2018 describe), so only the loss counts there. The engines withhold the
+update of a non-finite step wherever they can (``StepResult.applied``); the trainer then stops
+the run with ``EXIT_DIVERGED``, or skips the step while ``train.max_nonfinite_skips`` allows.
 
 Loss spikes: a robust z-score of the step's loss against the previous ``train.loss_spike_window``
 finite losses, z = (loss - median) / (1.4826 * MAD), the median absolute deviation scaled to

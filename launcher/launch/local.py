@@ -7,7 +7,7 @@ itself: the run length, checkpoint cadence, logging and launcher settings).
 
 Lifecycle: the caller holds the run directory's lock (``launcher.launch.runlock``) from before the
 first write until torchrun is gone. torchrun runs in its own session with PR_SET_PDEATHSIG
-(SIGKILL) and so does every rank (``launcher.train.trainer.die_with_parent``): when llmtrain dies,
+(SIGKILL) and so does every rank (``launcher.orphans``): when llmtrain dies,
 even by kill -9, torchrun and the ranks die with it. SIGTERM/SIGUSR1 are forwarded (the ranks
 checkpoint and exit 99); Ctrl-C (SIGINT) and SIGHUP are turned into SIGTERM for torchrun, so the
 ranks checkpoint at the step they are in, and llmtrain exits 130 (129 for SIGHUP); a second
@@ -17,7 +17,6 @@ Ctrl-C kills everything at once.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -41,8 +40,10 @@ from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
 from launcher.health import DIVERGED, EXIT_DIVERGED
 from launcher.launch import runlock
+from launcher.orphans import LAUNCHER_PID_ENV, die_with_parent
 from launcher.render.torchrun import launch_script, torchrun_command
 from launcher.rundir import UNFINISHED_PREFIX, RunDir, unfinished_checkpoints
+from launcher.validate.rules import run_name_problem
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
 _NOT_IN_NAME = (
@@ -104,8 +105,9 @@ def run_dir_for(composed: Composed) -> Path:
     cfg = composed.config
     digest = config_digest(composed.values)
     name = cfg.run.name or f"{cfg.recipe}-{digest}"
-    if "/" in name or name in ("", ".", ".."):
-        raise UserError(f"run.name={name!r}: must be a plain folder name (no '/')")
+    problem = run_name_problem(name)
+    if problem is not None:
+        raise UserError(problem)
     path = Path(cfg.run.root_dir).expanduser() / name
     if not cfg.run.name and not path.exists():
         return older_schema_run(path.parent, cfg.recipe, digest) or path
@@ -217,9 +219,16 @@ def _write_run_dir(
     try:
         fsio.check_inside(run.logs, run.root)
         run.logs.mkdir(exist_ok=True)
-        fsio.write_text_atomic(
-            run.config, yaml.safe_dump(composed.values, sort_keys=False), root=run.root
-        )
+        text = yaml.safe_dump(composed.values, sort_keys=False)
+        if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
+            # A resume: config.yaml (which export and show read) keeps describing the weights
+            # on disk until the ranks have loaded them with the new configuration; rank 0 then
+            # renames this file over it (launcher.train.trainer). A refused resume leaves it be.
+            fsio.write_text_atomic(run.pending_config, text, root=run.root)
+        else:
+            fsio.write_text_atomic(run.config, text, root=run.root)
+            if os.path.lexists(run.pending_config):
+                os.unlink(run.pending_config)
         fsio.write_text_atomic(run.plan, json.dumps(plan_json, indent=2) + "\n", root=run.root)
         if cfg.backend.name == "deepspeed":
             from launcher.render.ds_config import render_ds_config
@@ -265,19 +274,14 @@ def _megatron_worker(cfg: LLMTrainConfig, run: RunDir, env: dict[str, str]) -> l
     return [entry_script(root), *megatron_run_args(cfg, str(run.root), data)]
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-
 def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
     """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
     RunInterrupted. The run's lock stays open in torchrun for its whole life."""
     keep_fds = (prepared.lock.fd,) if prepared.lock is not None else ()
     run = RunDir(prepared.run_dir)
-    env = {**os.environ, **prepared.env, **prepared.secrets}
+    me = os.getpid()
+    # The ranks check that torchrun is still this process's child (launcher.orphans).
+    env = {**os.environ, **prepared.env, **prepared.secrets, LAUNCHER_PID_ENV: str(me)}
     log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)
     log_offset = log.seek(0, os.SEEK_END)
     started = time.time()
@@ -291,7 +295,8 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         stderr=log,
         start_new_session=True,
         pass_fds=keep_fds,
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        # In the child between fork and exec: die with this process, or now if it already died.
+        preexec_fn=(lambda: die_with_parent(me)) if sys.platform.startswith("linux") else None,
     )
     interrupted: list[int] = []
 
@@ -321,6 +326,8 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
     # mid-save) is never read again, so it goes now rather than fill the disk until the next save.
     for unfinished in unfinished_checkpoints(run.checkpoints):
         fsio.remove_tree(unfinished)
+    if os.path.lexists(run.pending_config):  # a resume the ranks did not accept
+        os.unlink(run.pending_config)
     marker = run.preempted
     checkpointed = marker.is_file() and marker.stat().st_mtime >= started
     if interrupted:

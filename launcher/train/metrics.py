@@ -123,10 +123,8 @@ class Display:
         mfu = record.get("mfu")
         loss = record["loss"]  # None: not finite (the record's "nonfinite" says which)
         text = (
-            (f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE")
-            + f"  {record['tokens_per_s']:,.0f} tok/s"
-            f"  mem {record['memory_bytes'] / 2**30:.2f} GiB"
-        )
+            f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE"
+        ) + f"  {record['tokens_per_s']:,.0f} tok/s  mem {record['memory_bytes'] / 2**30:.2f} GiB"
         text += f"  MFU {mfu:.1%}" if mfu is not None else ""
         if record.get("val_loss") is not None:
             text += f"  val_loss {record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"

@@ -10,7 +10,6 @@ All run-directory writes go through ``launcher.fsio`` (no symlinks followed).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -31,7 +30,7 @@ from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
-from launcher.health import DIVERGED, EXIT_DIVERGED, LossSpikes, finite_or_none
+from launcher.health import DIVERGED, LossSpikes, finite_or_none
 from launcher.rundir import RunDir
 from launcher.train.checkpoint import (
     CheckpointWriter,
@@ -54,19 +53,6 @@ from launcher.train.trackers import Trackers
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
 EXIT_PREEMPTED = 99
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send `sig` to this process when its parent exits (prctl PR_SET_PDEATHSIG):
-    trainers never outlive their torchrun, torchrun never outlives llmtrain. Elsewhere: no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
-        os.kill(os.getpid(), sig)
 
 
 class CheckpointLoadError(RuntimeError):
@@ -226,7 +212,9 @@ class Trainer:
     def setup(self) -> None:
         run = self.run
         # An older llmtrain's config.yaml: added keys take defaults, removed ones refuse by name.
-        stored = resumable_config(run.config)
+        # A resume's new configuration waits in config.next.yaml until its checkpoint loads.
+        source = run.pending_config if run.pending_config.is_file() else run.config
+        stored = resumable_config(source)
         self.cfg = cfg = stored.config
         self.values = stored.values
         self.plan: dict[str, Any] = (
@@ -271,6 +259,12 @@ class Trainer:
         self.total = self.layout.steps
         if cfg.checkpoint.resume:
             self._resume()
+        if self.rank == 0 and source == run.pending_config:
+            # Resume accepted (every rank loaded the checkpoint): the new configuration becomes
+            # config.yaml, atomically (a rename within the run directory).
+            fsio.check_inside(run.config, run.root)
+            os.replace(source, run.config)
+            fsio.fsync_dir(run.root)
         self.done = self.start
         self.spikes = LossSpikes(
             cfg.train.loss_spike_window,
