@@ -368,10 +368,14 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
             f"(traceback in {run.rank_log(first['rank'])}; every rank was stopped)"
         )
     free = fsio.free_bytes(run.root)
-    if free is not None and free < 1 << 20:
+    if free is not None and fsio.low_on_space(run.root, _newest_checkpoint_bytes(run)):
+        # No rank could say why (no room even for its error file): the same threshold the
+        # ranks use for a write error without an errno (fsio.LOW_SPACE_BYTES), or less room
+        # than the newest checkpoint took.
         raise RunFailed(
             f"torchrun exited with code {code}: the disk holding {run.root} is full "
-            f"({free} bytes free); free space there and run the same command again"
+            f"({free} bytes free, {free / 2**30:.2f} GiB); free space there and run the same "
+            "command again to resume from the last good checkpoint"
         )
     failed = failed_root_cause(run.torchrun_log, log_offset)
     if failed is not None:
@@ -390,6 +394,18 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
 # Signals used to stop a run (torchrun's teardown, preemption, a user): a rank that exits on one of
 # these was stopped, it did not fail by itself.
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+
+
+def _newest_checkpoint_bytes(run: RunDir) -> int:
+    """Bytes of the newest complete checkpoint's files (0 without one): the room the next
+    checkpoint needs."""
+    newest = max(
+        (p for p in run.checkpoints.glob("step_*") if p.is_dir() and not p.is_symlink()),
+        default=None,
+    )
+    if newest is None:
+        return 0
+    return sum(f.stat().st_size for f in newest.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | None:

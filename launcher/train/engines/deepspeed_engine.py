@@ -34,6 +34,7 @@ between the two reads is refused too.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import pickle
@@ -45,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher import fsio
 from launcher.backends import raw_refusals
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
@@ -355,7 +357,20 @@ class DeepSpeedEngine(Engine):
 
     def save(self, directory: Path) -> list[Path]:
         before = set(directory.rglob("*")) if directory.exists() else set()
-        self.engine.save_checkpoint(str(directory), tag=TAG)
+        full: OSError | None = None
+        try:
+            self.engine.save_checkpoint(str(directory), tag=TAG)
+        except (OSError, RuntimeError) as exc:
+            # torch.save reports a full disk as a RuntimeError with no errno: said plainly as
+            # "disk full" by the checkpoint writer, as on the torch backend.
+            full = fsio.disk_full_error(exc, directory)
+            if full is None:
+                raise
+        if full is not None:
+            # Out of the except block, the failed write's traceback (and its open file, holding
+            # disk space on a file system that has none) is gone: the rank's error file fits.
+            gc.collect()
+            raise full
         return sorted(p for p in set(directory.rglob("*")) - before if p.is_file())
 
     def load(self, directory: Path) -> None:
