@@ -73,7 +73,8 @@ def test_diverging_run_stops_at_the_first_nonfinite_step_and_resumes(tmp_path: P
 
     # Allowed to skip, it finishes from there (same run directory): every non-finite step is
     # counted and its update withheld, so the checkpoints it writes hold finite weights.
-    skipping = llmtrain_run(tmp_path, [*args, "train.max_nonfinite_skips=100"], timeout=300)
+    skips = [*args, "train.max_nonfinite_skips=100", "train.steps=12"]  # same run directory
+    skipping = llmtrain_run(tmp_path, skips, timeout=300)
     assert skipping.returncode == 0, skipping.stderr[-3000:]
     assert "update skipped" in skipping.stdout
     records = _metrics(run_dir)
@@ -81,14 +82,21 @@ def test_diverging_run_stops_at_the_first_nonfinite_step_and_resumes(tmp_path: P
     assert skipped and records[-1]["nonfinite_skips"] == len(
         [r for r in records if r.get("skipped") and r["step"] > 3 and "nonfinite_skips" in r]
     )
-    assert _steps(run_dir) == [27, 30]
-    assert verify(run_dir / "checkpoints" / "step_00000030") is None
+    assert _steps(run_dir) == [9, 12]
+    assert verify(run_dir / "checkpoints" / "step_00000012") is None
 
 
 def test_pipeline_ranks_stop_together_on_a_nonfinite_step(tmp_path: Path) -> None:
     """backend=torch with pp=2: the loss lives on the last stage only; both stages skip the
     same steps and stop at the same one (max_nonfinite_skips=2 exceeded on the third)."""
-    args = [*DIVERGING, *SMALL, "parallel.pp=2", "train.max_nonfinite_skips=2", "run.name=pp"]
+    args = [
+        *DIVERGING,
+        *SMALL,
+        "parallel.pp=2",
+        "model.tie_embeddings=false",
+        "train.max_nonfinite_skips=2",
+        "run.name=pp",
+    ]
     done = llmtrain_run(tmp_path, args, timeout=300)
     assert done.returncode == 3, done.stderr[-3000:]
     assert "train.max_nonfinite_skips=2 exceeded" in done.stderr
