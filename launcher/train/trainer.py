@@ -468,8 +468,15 @@ class Trainer:
             if self.rank == 0:
                 marker = {"step": done, "time": time.time(), "signal": self.interrupt.requested}
                 fsio.write_json_atomic(self.run.preempted, marker, root=self.run.root)
-            if self.interrupt.requested in ("SIGINT", "SIGHUP"):
-                self.log(f"interrupted: checkpoint written at step {done}; run again to resume")
+            if self.interrupt.requested in ("SIGINT", "SIGHUP") or not os.environ.get(
+                "SLURM_JOB_ID"
+            ):
+                # Ctrl-C reaches the ranks as the launcher's SIGTERM: outside a SLURM job a
+                # stop is an interruption, never a requeue.
+                self.log(
+                    f"stopped ({self.interrupt.requested}): checkpoint written at step {done}; "
+                    "run the same command again to resume"
+                )
             else:
                 self.log(f"preempted: checkpoint written at step {done}; exiting for requeue")
             return False
