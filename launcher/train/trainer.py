@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
@@ -54,6 +54,10 @@ from launcher.train.trackers import Trackers
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
 EXIT_PREEMPTED = 99
 _PR_SET_PDEATHSIG = 1
+
+
+class LockLost(RuntimeError):
+    """The run directory's lock was deleted or replaced while this run held it."""
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -351,6 +355,15 @@ class Trainer:
         return self.done >= self.total
 
     def save(self, step: int) -> None:
+        # One writer per run directory: a lock file deleted or replaced under this run may have let
+        # another llmtrain in; stop before writing anything more (launcher.runfiles.lock_problem).
+        lost = runfiles.lock_problem(self.run.lock, os.environ.get(runfiles.LOCK_ENV))
+        if lost is not None:
+            raise LockLost(
+                f"{lost}; another llmtrain may be writing into {self.run.root} now, so this run "
+                f"stops before writing checkpoint step {step} (its last checkpoint is kept). "
+                "Stop the other run, or let it go on alone"
+            )
         state = {"step": step, "sampler": self.sampler.state_dict(), "losses": self.losses}
         path = self.writer.save(step, self.engine.save, state)
         self.policy.saved()
