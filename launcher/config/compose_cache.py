@@ -88,7 +88,7 @@ def load(overrides: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]] | 
         entry = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         entry = None
     if not _well_formed(entry):
         with contextlib.suppress(OSError):

@@ -222,9 +222,14 @@ class Trainer:
         stored = resumable_config(run.config)
         self.cfg = cfg = stored.config
         self.values = stored.values
-        self.plan: dict[str, Any] = (
-            json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
-        )
+        try:  # read back bounded and checked (launcher.runfiles): a run file anyone may edit
+            self.plan: dict[str, Any] = (
+                runfiles.read_json_object(run.plan, max_bytes=16 << 20)
+                if run.plan.is_file()
+                else {}
+            )
+        except ValueError as exc:
+            raise UserError(f"{run.plan}: not a plan.json written by llmtrain ({exc})") from None
         self.layout: Layout = derive_layout(cfg)
         init_process_group_from_env()
         self.rank = dist.get_rank()

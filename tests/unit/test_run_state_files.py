@@ -207,3 +207,13 @@ def test_loads_bounds() -> None:
         False,
         False,
     ]
+
+
+def test_a_deeply_nested_config_yaml_is_a_clean_exit_2(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "deep"
+    (run_dir / "checkpoints" / "step_00000001").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("a: " + "[" * 200_000 + "]" * 200_000 + "\n")
+    done = llmtrain(tmp_path, "run", "run.root_dir=runs", "run.name=deep", "train.steps=2")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "config.yaml: not a config.yaml this llmtrain reads" in done.stderr
+    assert "Traceback" not in done.stderr
