@@ -527,7 +527,18 @@ def render(
             show_violations(err, composed, violations)
         raise typer.Exit(2)
     files = render_artifacts(composed, out_dir)
-    written = write_artifacts(files, out_dir)
+    from pathlib import Path
+
+    from launcher.rundir import RunDir
+
+    lock = RunDir(Path(out_dir).expanduser()).lock
+    if lock.exists() or lock.is_symlink():  # a run directory: one writer, also for render
+        from launcher.launch import runlock
+
+        with runlock.holding(lock.parent):
+            written = write_artifacts(files, out_dir)
+    else:
+        written = write_artifacts(files, out_dir)
     if as_json:
         _print_json({"out_dir": out_dir, "files": [str(path) for path in written]})
         return

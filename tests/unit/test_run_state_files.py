@@ -217,3 +217,18 @@ def test_a_deeply_nested_config_yaml_is_a_clean_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     assert "config.yaml: not a config.yaml this llmtrain reads" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_render_into_a_live_run_directory_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "live"
+    run_dir.mkdir(parents=True)
+    held = runlock.acquire(run_dir)
+    try:
+        done = llmtrain(tmp_path, "render", "--out", str(run_dir))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "in use by another llmtrain run" in done.stderr
+        assert not (run_dir / "config.yaml").exists()
+    finally:
+        held.release()
+    assert llmtrain(tmp_path, "render", "--out", str(run_dir)).returncode == 0
+    assert (run_dir / "config.yaml").is_file()
