@@ -369,12 +369,16 @@ def run(
         prepare_run_dir,
     )
     from launcher.launch.preflight import preflight
+    from launcher.launch.slurm import refuse_live_jobs
     from launcher.views.plan import plan_to_json
 
     composed = compose_config(overrides or [])
     plan_result = preflight(composed.config, force=force)
-    # Holds the run directory's lock (exit 2 naming the holder when another run has it).
-    prepared = prepare_run_dir(composed, plan_to_json(plan_result), fresh=fresh)
+    # Holds the run directory's lock (exit 2 naming the holder when another run has it), and
+    # refuses a run directory whose SLURM job is queued or running.
+    prepared = prepare_run_dir(
+        composed, plan_to_json(plan_result), fresh=fresh, guard=refuse_live_jobs
+    )
     try:
         if prepared.lock is not None and prepared.lock.note:
             err.print(Text(f"note: {prepared.lock.note}", style="yellow"))
@@ -396,7 +400,12 @@ def run(
         from launcher.rundir import RunDir
 
         summary_path = RunDir(prepared.run_dir).summary
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        from launcher import runfiles
+
+        try:
+            summary = runfiles.read_json_object(summary_path) if summary_path.is_file() else None
+        except (OSError, ValueError):
+            summary = None
         _print_json({"run_dir": str(prepared.run_dir), "exit_code": 0, "summary": summary})
 
 
@@ -633,7 +642,18 @@ def render(
             show_violations(err, composed, violations)
         raise typer.Exit(2)
     files = render_artifacts(composed, out_dir)
-    written = write_artifacts(files, out_dir)
+    from pathlib import Path
+
+    from launcher.rundir import RunDir
+
+    lock = RunDir(Path(out_dir).expanduser()).lock
+    if lock.exists() or lock.is_symlink():  # a run directory: one writer, also for render
+        from launcher.launch import runlock
+
+        with runlock.holding(lock.parent):
+            written = write_artifacts(files, out_dir)
+    else:
+        written = write_artifacts(files, out_dir)
     if as_json:
         _print_json({"out_dir": out_dir, "files": [str(path) for path in written]})
         return
@@ -700,20 +720,21 @@ def logs(
     as_json: JsonFlag = False,
 ) -> None:
     """Print a submitted job's output (stdout and stderr of the batch script and rank 0)."""
-    from launcher.launch.slurm import log_files, resolve, show_logs
+    from launcher.launch.slurm import log_files, read_log, resolve, show_logs
 
     if as_json:
         if follow:
             raise UserError("--json prints the logs as they are now; drop --follow (or --json)")
-        files = log_files(resolve(target))
+        resolved = resolve(target)
+        texts = [(path, read_log(path, resolved.run_dir)) for path in log_files(resolved)]
         _print_json(
             {
                 "files": [
                     {
                         "path": str(path),
-                        "text": path.read_text(errors="replace") if path.is_file() else None,
+                        "text": data.decode("utf-8", "replace") if data is not None else None,
                     }
-                    for path in files
+                    for path, data in texts
                 ]
             }
         )

@@ -26,13 +26,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.config.compose import Composed
 from launcher.config.run_config import read_run_config, resumable_config
 from launcher.config.schema import LLMTrainConfig
@@ -189,15 +190,23 @@ def _write_problem(exc: OSError, path: Path) -> str:
     )
 
 
-def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) -> Prepared:
+def prepare_run_dir(
+    composed: Composed,
+    plan_json: dict[str, Any],
+    fresh: bool,
+    guard: Callable[[Path], None] | None = None,
+) -> Prepared:
     """Take the run directory's lock (``launcher.launch.runlock``; exit 2 naming the holder when
-    another run has it), then write its config and artifacts. The caller releases
+    another run has it), call `guard` with the run directory under the lock (`run` passes
+    ``slurm.refuse_live_jobs``), then write its config and artifacts. The caller releases
     ``Prepared.lock`` when the run is over (``launch`` keeps it held in torchrun meanwhile)."""
     cfg = composed.config
     secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     run = RunDir(choose_run_dir(composed, fresh))
     lock = runlock.acquire(run.root)
     try:
+        if guard is not None:
+            guard(run.root)
         if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
             # Resuming a run an older llmtrain started: exit 2 naming the keys this one does
             # not know (launcher.config.run_config), before anything is written or started.
@@ -219,6 +228,7 @@ def _write_run_dir(
     try:
         fsio.check_inside(run.logs, run.root)
         run.logs.mkdir(exist_ok=True)
+        fsio.check_inside(run.torchrun_log, run.root)  # a planted link: refused before any write
         text = yaml.safe_dump(composed.values, sort_keys=False)
         if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
             # A resume: config.yaml (which export and show read) keeps describing the weights
@@ -282,7 +292,14 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
     me = os.getpid()
     # The ranks check that torchrun is still this process's child (launcher.orphans).
     env = {**os.environ, **prepared.env, **prepared.secrets, LAUNCHER_PID_ENV: str(me)}
-    log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)
+    if prepared.lock is not None:  # every rank checks the lock is still ours before a checkpoint
+        env.update(prepared.lock.identity_env())
+    try:
+        log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)
+    except fsio.UnsafePathError as exc:
+        raise UserError(str(exc.strerror)) from None
+    except OSError as exc:
+        raise UserError(_write_problem(exc, run.root)) from None
     log_offset = log.seek(0, os.SEEK_END)
     started = time.time()
     # torchrun's own messages (and rank 0's stderr) go to the log; rank 0's stdout (progress,
@@ -453,9 +470,10 @@ def failed_root_cause(torchrun_log: Path, offset: int) -> tuple[int, int] | None
 
 def _marker_step(marker: Path) -> str:
     try:
-        return str(json.loads(fsio.read_bytes(marker))["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        step = runfiles.read_json_object(marker, max_bytes=65536).get("step")
+    except (OSError, ValueError):
         return "?"
+    return str(step) if isinstance(step, int) and not isinstance(step, bool) else "?"
 
 
 def rank_errors(run_dir: Path, since: float) -> list[dict[str, Any]]:
@@ -463,15 +481,21 @@ def rank_errors(run_dir: Path, since: float) -> list[dict[str, Any]]:
     errors = []
     for path in RunDir(run_dir).rank_errors():
         try:
-            error = json.loads(fsio.read_bytes(path))
+            error = runfiles.read_json_object(path, max_bytes=8 << 20)
         except (OSError, ValueError):
             continue
-        if (
-            isinstance(error, dict)
-            and isinstance(error.get("time"), int | float)
-            and (error["time"] >= since)
-        ):
-            errors.append(error)
+        when = error.get("time")
+        if isinstance(when, bool) or not isinstance(when, int | float) or when < since:
+            continue
+        rank = error.get("rank")
+        errors.append(
+            {
+                "time": when,
+                "rank": rank if isinstance(rank, int) and not isinstance(rank, bool) else "?",
+                "type": str(error.get("type", "error"))[:200],
+                "message": str(error.get("message", ""))[:4000],
+            }
+        )
     return sorted(errors, key=lambda e: e["time"])
 
 

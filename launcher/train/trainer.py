@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
@@ -55,6 +55,10 @@ from launcher.train.trackers import Trackers
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
 EXIT_PREEMPTED = 99
+
+
+class LockLost(RuntimeError):
+    """The run directory's lock was deleted or replaced while this run held it."""
 
 
 class CheckpointLoadError(RuntimeError):
@@ -219,9 +223,14 @@ class Trainer:
         stored = resumable_config(source)
         self.cfg = cfg = stored.config
         self.values = stored.values
-        self.plan: dict[str, Any] = (
-            json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
-        )
+        try:  # read back bounded and checked (launcher.runfiles): a run file anyone may edit
+            self.plan: dict[str, Any] = (
+                runfiles.read_json_object(run.plan, max_bytes=16 << 20)
+                if run.plan.is_file()
+                else {}
+            )
+        except ValueError as exc:
+            raise UserError(f"{run.plan}: not a plan.json written by llmtrain ({exc})") from None
         self.layout: Layout = derive_layout(cfg)
         init_process_group_from_env()
         self.rank = dist.get_rank()
@@ -372,6 +381,15 @@ class Trainer:
         return self.done >= self.total
 
     def save(self, step: int) -> None:
+        # One writer per run directory: a lock file deleted or replaced under this run may have let
+        # another llmtrain in; stop before writing anything more (launcher.runfiles.lock_problem).
+        lost = runfiles.lock_problem(self.run.lock, os.environ.get(runfiles.LOCK_ENV))
+        if lost is not None:
+            raise LockLost(
+                f"{lost}; another llmtrain may be writing into {self.run.root} now, so this run "
+                f"stops before writing checkpoint step {step} (its last checkpoint is kept). "
+                "Stop the other run, or let it go on alone"
+            )
         if not self._weights_finite():
             raise TrainingDiverged(
                 f"step {step}: the weights hold NaN or infinite values; checkpoint not written. "
