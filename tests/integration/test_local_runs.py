@@ -67,8 +67,10 @@ def test_list_status_logs_and_cancel_a_local_run(tmp_path: Path) -> None:
     assert listed["status"] == "interrupted" and listed["pid"] is None
     again = llmtrain(tmp_path, "cancel", "mine", timeout=60)
     assert again.returncode == 2 and "is not running (interrupted)" in again.stderr
-    # The launcher's own wording for a local stop: no SLURM requeue talk.
-    assert "requeue" not in stderr
+    # A local stop's own wording, on screen and in rank 0's log: no SLURM requeue talk.
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"checkpoint written at step {step}; run the same command again" in rank0, rank0
+    assert "requeue" not in stderr and "requeue" not in rank0
 
 
 def test_a_forged_lock_record_never_gets_a_process_signalled(tmp_path: Path) -> None:
