@@ -574,7 +574,12 @@ def data_prepare(
 
 @app.command()
 def export(
-    run_dir: Annotated[str, typer.Argument(help="The run directory (runs/NAME-HASH).")],
+    run_dir: Annotated[
+        str,
+        typer.Argument(
+            help="The run: its name as `llmtrain runs` lists it (or a unique prefix) or folder."
+        ),
+    ],
     out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write the model into.")],
     fmt: Annotated[str, typer.Option("--format", help="Output format: hf (Hugging Face).")] = "hf",
     step: Annotated[
@@ -583,6 +588,9 @@ def export(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace a non-empty --out folder.")
     ] = False,
+    root: Annotated[
+        str, typer.Option("--root", help="The folder holding run directories (run.root_dir).")
+    ] = "runs",
     as_json: JsonFlag = False,
 ) -> None:
     """Export a run's checkpoint as a Hugging Face model folder (safetensors, config, tokenizer)."""
@@ -590,9 +598,12 @@ def export(
 
     if fmt != "hf":
         raise UserError(f"--format={fmt}: the only export format is hf (Hugging Face)")
+    from launcher.launch.local_runs import find_run
     from launcher.train.hf_export import export_hf
 
-    result = export_hf(Path(run_dir), Path(out_dir), step=step, overwrite=overwrite)
+    # A run's name (or a unique prefix) under --root, as `status`/`logs`/`cancel` take it.
+    folder = find_run(run_dir, Path(root)) or Path(run_dir)
+    result = export_hf(folder, Path(out_dir), step=step, overwrite=overwrite)
     if as_json:
         _print_json(result.to_json())
     else:
