@@ -11,8 +11,22 @@ here: ``launcher.config.layout`` computes them from these values, one source of 
 
 from __future__ import annotations
 
+import pkgutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+# Modules of launcher/backends/ that hold no backend.
+_BACKEND_HELPERS = ("common", "table")
+
+
+def backend_names() -> tuple[str, ...]:
+    """The choices of ``backend.name``: one module per backend in launcher/backends/, found by
+    name without importing it (launcher.backends.all_backends imports them and checks that each
+    declares its BACKEND under the same name)."""
+    folder = Path(__file__).resolve().parent.parent / "backends"
+    found = (i.name for i in pkgutil.iter_modules([str(folder)]))
+    return tuple(sorted(n for n in found if n not in _BACKEND_HELPERS))
 
 
 @dataclass
@@ -321,7 +335,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.wsd_decay_style": ("linear", "cosine", "minus_sqrt"),
     "data.tokenizer": ("byte", "bpe"),
     "cluster.gpu_request": ("gpus-per-node", "gres"),
-    "backend.name": ("deepspeed", "torch", "megatron"),
+    "backend.name": backend_names(),
     "launcher.name": ("local", "slurm"),
 }
 

@@ -42,11 +42,12 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
+from launcher.backends.common import backend_of
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import check_lines, public_env, secret_names
 from launcher.render.megatron_args import MegatronUnsupported
-from launcher.render.megatron_launch import ENTRY, ENV_VAR, MEGATRON_TRACKER, megatron_run_args
+from launcher.render.megatron_launch import ENTRY, ENV_VAR, megatron_run_args
 from launcher.render.torchrun import WORKER_MODULE
 from launcher.rundir import CHECKPOINTS, LOGS, PREEMPTED, step_dir_name
 
@@ -100,8 +101,7 @@ def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
     cpus = cfg.slurm.cpus_per_task
     if cpus is not None or cfg.cluster.gpu == "cpu":
         env["OMP_NUM_THREADS"] = str(max(1, (cpus or nproc) // nproc))
-    if cfg.backend.name == "megatron" and cfg.parallel.tp > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM with tensor parallel
+    env.update(backend_of(cfg).env(cfg))  # e.g. Megatron-LM's with tensor parallel
     env.update(public_env(cfg))
     for key, value in env.items():
         if not key.replace("_", "a").isalnum() or key[0].isdigit():
@@ -122,8 +122,9 @@ def _megatron_root(cfg: LLMTrainConfig) -> str:
 
 def megatron_lines(cfg: LLMTrainConfig) -> list[str]:
     """Script lines that give the Megatron-LM ranks their checkout on PYTHONPATH (stopping with
-    exit 2 when $MEGATRON_LM_PATH is needed and unset); none for the other backends."""
-    if cfg.backend.name != "megatron":
+    exit 2 when $MEGATRON_LM_PATH is needed and unset); none for backends whose ranks run
+    llmtrain's trainer."""
+    if not backend_of(cfg).entry:
         return []
     lines = []
     if not cfg.backend.megatron_path:
@@ -151,7 +152,7 @@ def _option_lines(words: Sequence[str]) -> list[str]:
 def worker_words(cfg: LLMTrainConfig, run_dir: str) -> list[str]:
     """What each torchrun process runs: llmtrain's trainer on the run directory, or for
     backend=megatron Megatron-LM's pretrain_gpt.py with its arguments (megatron_launch)."""
-    if cfg.backend.name != "megatron":
+    if not backend_of(cfg).entry:
         return [f"-m {WORKER_MODULE} {shlex.quote(run_dir)}"]
     script = f"{_megatron_root(cfg)}/{ENTRY}"
     try:
@@ -297,16 +298,18 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
             f"--container-workdir={q(workdir)}",
         ]
     srun += [q(_check_line("slurm.extra_srun_args", a)) for a in s.extra_srun_args]
-    megatron = cfg.backend.name == "megatron"
+    backend = backend_of(cfg)
+    # Ranks that do not answer USR1 themselves get SIGTERM on a preemption notice instead.
+    megatron = not backend.answers_usr1
     node_wrapper = q(MEGATRON_NODE_WRAPPER if megatron else NODE_WRAPPER)
     srun.append(f"bash -c {node_wrapper} llmtrain-node")
     srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
 
     final = q(f"{run_dir}/{CHECKPOINTS}/{step_dir_name(steps)}")
     done = f"[ -d {final} ]"
-    if cfg.backend.name == "megatron":
+    if backend.checkpoint_tracker:
         # Megatron-LM records its newest checkpoint's iteration in this file.
-        final = q(f"{run_dir}/{CHECKPOINTS}/{MEGATRON_TRACKER}")
+        final = q(f"{run_dir}/{CHECKPOINTS}/{backend.checkpoint_tracker}")
         done = f'[ "$(cat {final} 2>/dev/null)" = {steps} ]'
     marker = q(f"{run_dir}/{PREEMPTED}")
     stopped = '  echo "llmtrain: checkpointed on a preemption signal; requeueing $SLURM_JOB_ID"'

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -26,11 +27,13 @@ import torch
 import torch.distributed as dist
 
 from launcher import fsio
+from launcher.backends.common import backend_of
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
+from launcher.plan.document import PlanFigures
 from launcher.rundir import RunDir
 from launcher.train.checkpoint import (
     CheckpointWriter,
@@ -73,13 +76,17 @@ class CheckpointLoadError(RuntimeError):
 
 
 def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None = None) -> Engine:
-    if cfg.backend.name == "deepspeed":
-        from launcher.train.engines.deepspeed_engine import DeepSpeedEngine
-
-        return DeepSpeedEngine(cfg, seed=cfg.train.seed, init_state=init_state)
-    from launcher.train.engines.torch_engine import TorchEngine
-
-    return TorchEngine(cfg, seed=cfg.train.seed, init_state=init_state)
+    """The configured backend's engine (Backend.engine names its class, imported here)."""
+    backend = backend_of(cfg)
+    if not backend.engine:
+        raise ValueError(
+            f"backend={backend.name}: its ranks run {backend.entry}, not llmtrain's trainer"
+        )
+    module, _, name = backend.engine.partition(":")
+    engine: Engine = getattr(importlib.import_module(module), name)(
+        cfg, seed=cfg.train.seed, init_state=init_state
+    )
+    return engine
 
 
 class Log:
@@ -184,16 +191,6 @@ def fault_injection(rank: int) -> int | None:
     return None
 
 
-def plan_peak_flops(plan: dict[str, Any]) -> float | None:
-    """Peak FLOP/s per device exactly as `plan` divided by for its MFU (plan.json's time section:
-    mfu = tflops_per_gpu / peak), so measured and predicted MFU share one denominator."""
-    t = plan.get("time") or {}
-    tflops, mfu = t.get("tflops_per_gpu"), t.get("mfu")
-    if isinstance(tflops, int | float) and isinstance(mfu, int | float) and mfu > 0:
-        return float(tflops) * 1e12 / float(mfu)
-    return None
-
-
 @dataclass
 class StepRecord:
     done: int
@@ -218,7 +215,7 @@ class Trainer:
         stored = resumable_config(run.config)
         self.cfg = cfg = stored.config
         self.values = stored.values
-        self.plan: dict[str, Any] = (
+        self.plan = PlanFigures.from_json(
             json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
         )
         self.layout: Layout = derive_layout(cfg)
@@ -270,8 +267,8 @@ class Trainer:
         self.trackers = (  # W&B / MLflow (logging.*), rank 0
             Trackers(cfg, run.root, self.values, self.log) if self.metrics is not None else None
         )
-        self.flops_per_token = (self.plan.get("flops") or {}).get("per_token_model")
-        peak = plan_peak_flops(self.plan)
+        self.flops_per_token = self.plan.flops_per_token
+        peak = self.plan.peak_flops
         self.peak_total = peak * info.world_size if peak else None
         self.tokens_per_step = self.layout.global_batch_size * cfg.model.seq_length
         self.fail_at = fault_injection(self.rank)

@@ -133,6 +133,7 @@ def test_render_writes_every_artifact(tmp_path: Path) -> None:
     names = {p.name for p in (tmp_path / "out").iterdir()}
     assert names == {
         "config.yaml",
+        "plan.json",
         "ds_config.json",
         "launch.sh",
         "job.sbatch",
