@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -34,6 +35,8 @@ def test_cached_result_equals_hydra_result(data_copy: Path) -> None:
     cached = compose_config(overrides)
     assert cached.config == fresh.config
     assert cached.choices == fresh.choices
+    # The same key order too: config.yaml and `show` print a cached composition as a fresh one.
+    assert json.dumps(cached.values) == json.dumps(fresh.values)
 
 
 def test_editing_a_config_file_invalidates(data_copy: Path) -> None:
