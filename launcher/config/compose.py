@@ -224,6 +224,17 @@ class ParsedOverride:
     is_delete: bool
 
 
+def _bare_word_hint(text: str) -> str:
+    """For a bare word that names a recipe or a group's option (`llmtrain run gpt-7b`): the
+    override it most likely meant."""
+    if "=" in text or not text.strip():
+        return ""
+    meant = [f"{g}={text}" for g in groups() if g != "recipe" and text in group_options(g)]
+    if text in group_options("recipe"):
+        meant.insert(0, f"recipe={text}")
+    return f" Did you mean {' or '.join(meant)}?" if meant else ""
+
+
 def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -239,7 +250,7 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
             msg = str(exc).splitlines()[0]
             problems.append(
                 f"override {text!r} is not valid: {msg}. Overrides look like key=value, "
-                "+key=value (add), ~key (delete) or group=option."
+                "+key=value (add), ~key (delete) or group=option." + _bare_word_hint(text)
             )
             continue
         key = ov.key_or_group
