@@ -45,6 +45,13 @@ from pathlib import PurePosixPath
 from launcher.backends.common import backend_of
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.script_values import (
+    control_problem,
+    data_folders,
+    env_name_problem,
+    extra_sbatch_problem,
+    mount_problem,
+)
 from launcher.config.secrets import check_lines, public_env, secret_names
 from launcher.render.megatron_args import MegatronUnsupported
 from launcher.render.megatron_launch import ENTRY, ENV_VAR, megatron_run_args
@@ -73,12 +80,14 @@ MEGATRON_NODE_WRAPPER = (
 
 
 class RenderError(ValueError):
-    """A value that cannot be rendered safely; the message names the key."""
+    """A value that cannot be rendered safely; the message names the key. validate reports the
+    same problems first (launcher.config.script_values): here they are an invariant."""
 
 
 def _check_line(key: str, value: str) -> str:
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise RenderError(f"{key}={value!r}: control characters (newlines, tabs) are not allowed")
+    problem = control_problem(key, value)
+    if problem:
+        raise RenderError(problem)
     return value
 
 
@@ -104,8 +113,9 @@ def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
     env.update(backend_of(cfg).env(cfg))  # e.g. Megatron-LM's with tensor parallel
     env.update(public_env(cfg))
     for key, value in env.items():
-        if not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise RenderError(f"cluster.env: {key!r} is not a valid environment variable name")
+        problem = env_name_problem(key)
+        if problem:
+            raise RenderError(problem)
         _check_line(f"cluster.env.{key}", value)
     return env
 
@@ -214,22 +224,13 @@ def container_mounts(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> str:
     repeated)."""
     mounts = [m for m in (cfg.slurm.container_mounts or "").split(",") if m]
     targets = [m.split(":")[1] if ":" in m else m for m in mounts]
-    wanted = [run_dir, workdir]
-    # Data (data.path, blend entries, validation data) may be a Megatron prefix (PREFIX.bin/.idx,
-    # no folder of that name) or a prepared folder: the parent folder is mounted, which holds
-    # either (rendering does not look at the disk of the submit host).
-    others = [cfg.data.path or ""] + [str(p) for p in cfg.data.blend[1::2]]
-    others += [cfg.data.valid_path or ""]
-    wanted += [str(PurePosixPath(p).parent) for p in others if p]
+    wanted = [run_dir, workdir] + [folder for _, folder in data_folders(cfg)]
     for path in wanted:
         if not PurePosixPath(path).is_absolute():
             continue  # relative to the working directory, which is mounted
-        if "," in path or ":" in path:
-            raise RenderError(
-                f"{path!r}: pyxis separates mounts with ',' and ':'; a path holding either cannot "
-                "be mounted into slurm.container_image (rename it, or mount it yourself with "
-                "slurm.container_mounts)"
-            )
+        problem = mount_problem(path)
+        if problem:
+            raise RenderError(problem)
         if any(path == t or path.startswith(t.rstrip("/") + "/") for t in targets):
             continue
         mounts.append(f"{path}:{path}")
@@ -272,16 +273,10 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "#SBATCH --requeue" if s.requeue else "#SBATCH --no-requeue",
     ]
     for arg in s.extra_sbatch_args:
-        _check_line("slurm.extra_sbatch_args", arg)
-        if not arg.startswith("-"):
-            raise RenderError(f"slurm.extra_sbatch_args: {arg!r} is not an option (--name=value)")
+        problem = extra_sbatch_problem(cfg, arg)
+        if problem:
+            raise RenderError(problem)
         option, sep, value = arg.partition("=")
-        if option == "--export" and secret_names(cfg) and not value.startswith("ALL"):
-            raise RenderError(
-                f"slurm.extra_sbatch_args: {arg!r} would keep the secrets "
-                f"({', '.join(secret_names(cfg))}) from the job, which gets them from the "
-                "environment of sbatch; drop it or use --export=ALL"
-            )
         head.append(f"#SBATCH {q(option)}={q(value)}" if sep else f"#SBATCH {q(option)}")
 
     srun = [

@@ -22,11 +22,13 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any, cast
 
 from launcher.backends import expert_span, refusals
 from launcher.config.layout import Layout, auto_split, derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.script_values import script_problems
 from launcher.plan.model_shape import ModelShape
 
 ERROR = "error"
@@ -734,6 +736,14 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
 @rule("backend-capabilities")
 def backend_capabilities(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return [_error("backend-capabilities", ("backend", *r.keys), r.message) for r in refusals(cfg)]
+
+
+# Values the run's scripts cannot hold (control characters, environment names, sbatch options,
+# secrets kept from the job, unmountable paths): the renderers refuse the same, as an invariant.
+@rule("script-values")
+def script_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    run_dir = str(PurePosixPath(cfg.run.root_dir) / (cfg.run.name or "RUN"))
+    return [_error("script-values", p.keys, p.message) for p in script_problems(cfg, run_dir)]
 
 
 # Files are checked before launch (launcher.launch.preflight.data_problems); here only the shape.
