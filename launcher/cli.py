@@ -64,7 +64,9 @@ def _with_config(config: str | None, overrides: list[str] | None) -> list[str]:
 
 
 out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Errors and notes wrap at the width of a terminal; into a pipe or a file each stays one line,
+# whole, for grep and for the tests that read it.
+err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
 def _print_json(document: Any) -> None:

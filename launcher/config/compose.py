@@ -24,7 +24,7 @@ from functools import cache
 from typing import Any
 
 from launcher import resources
-from launcher.config import compose_cache, config_file
+from launcher.config import compose_cache, config_file, hf_model
 from launcher.config.schema import CHOICES, LLMTrainConfig
 from launcher.config.secrets import mask_secret_overrides, redact
 from launcher.errors import ConfigError, did_you_mean
@@ -130,6 +130,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     try:
         # recipe=PATH -> recipe=<stem>-<content hash> (launcher.config.config_file)
         overrides = config_file.rewrite_recipe_paths(overrides)
+        # model.from_hf=PATH -> the model.* keys of PATH's config.json (launcher.config.hf_model)
+        overrides = hf_model.expand(overrides)
         return _compose(overrides)
     except ConfigError as exc:  # an error message quotes overrides: never a secret's value
         problems = config_file.annotate(exc.problems, overrides)
