@@ -258,7 +258,11 @@ def plan(
         if as_json:
             _print_json(search_to_json(result))
         else:
-            render_search(result, out)
+            from launcher.config.provenance import flatten
+
+            render_search(
+                result, out, given_values=None if any_backend else flatten(composed.values)
+            )
         return
 
     from launcher.plan.document import plan_to_json
