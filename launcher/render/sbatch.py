@@ -295,8 +295,8 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
     srun += [q(_check_line("slurm.extra_srun_args", a)) for a in s.extra_srun_args]
     backend = backend_of(cfg)
     # Ranks that do not answer USR1 themselves get SIGTERM on a preemption notice instead.
-    megatron = not backend.answers_usr1
-    node_wrapper = q(MEGATRON_NODE_WRAPPER if megatron else NODE_WRAPPER)
+    term_ranks = not backend.answers_usr1
+    node_wrapper = q(MEGATRON_NODE_WRAPPER if term_ranks else NODE_WRAPPER)
     srun.append(f"bash -c {node_wrapper} llmtrain-node")
     srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
 
@@ -311,7 +311,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
     usr1 = 'echo "llmtrain: USR1: checkpoint and stop"; forward USR1'
     # llmtrain's trainer leaves the marker after its checkpoint; Megatron-LM leaves none.
     preempted = f"[ -f {marker} ]"
-    if megatron:
+    if term_ranks:
         usr1 = (
             'preempted=1; echo "llmtrain: USR1: Megatron-LM ranks get SIGTERM (checkpoint and '
             'stop)"; forward USR1'
@@ -363,7 +363,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "",
         "srun_pid=",
         "cancelled=0",
-        *(["preempted=0"] if megatron else []),
+        *(["preempted=0"] if term_ranks else []),
         "forward() {  # forward SIG: hand a signal to every process of the training step",
         '  [ -n "$srun_pid" ] && kill -"$1" "$srun_pid" 2>/dev/null',
         "}",
