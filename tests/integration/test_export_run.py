@@ -75,6 +75,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_single_process_export_is_a_complete_hf_folder(single: Path) -> None:
     names = sorted(p.name for p in single.iterdir())
     assert names == [
+        ".llmtrain-output.json",  # the marker: what `export --overwrite` may replace
         "config.json",
         "generation_config.json",
         "model.safetensors",
