@@ -196,6 +196,8 @@ def test_cycles_are_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}}) == []
+
+
 def module_of(name: str) -> str | None:
     """The launcher module (a .py file or a package's __init__) that `name` imports."""
     parts = name.split(".")
