@@ -91,6 +91,14 @@ class ParallelConfig:
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
     # Layer count per pipeline stage (length pp); None: automatic split.
     pp_layers: list[int] | None = None
+    # Megatron-Core's uneven splits (launcher/config/pipeline_split.py has the conditions): the
+    # embedding / loss counted as a layer, the first / last stage's own layer count, or an
+    # explicit layout string ("Et|(tt|)*30L": E embedding, t layer, L loss, | between stages).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    pipeline_layout: str | None = None
 
 
 @dataclass
@@ -119,6 +127,9 @@ class PrecisionConfig:
     # With fp8: emulate the fp8 matmuls in higher precision (torchao's Float8LinearConfig(emulate=
     # True)): the fp8 casts and scaling numerics on any device (CPU included), no speedup.
     fp8_emulate: bool = False
+    # With fp8 (backend=megatron, --fp8-param-gather): the compute weights kept in fp8 only (no
+    # bf16 copy) and all-gathered in fp8 (launcher/backends/fp8_params.py).
+    fp8_param_gather: bool = False
 
 
 @dataclass

@@ -21,6 +21,7 @@ from launcher.plan.memory import (
     uses_dropout,
 )
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.offload import offload_assumption
 from launcher.plan.timing import HOST_GBPS, TimePlan, estimate_time
 from launcher.plan.totals import FAILURES_PER_GPU_HOUR, Totals, estimate_totals
 
@@ -267,6 +268,14 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         )
     if plan_layout.dp_inferred:
         out.append(f"dp inferred as world_size / (tp*pp*cp) = {plan_layout.dp}.")
+    if cfg.zero.offload_optimizer == "cpu" or cfg.zero.offload_params == "cpu":
+        out.append(offload_assumption(cfg))
+    if len(set(plan_layout.stage_layers)) > 1:
+        out.append(
+            "Pipeline split: transformer layers per stage "
+            f"{list(plan_layout.stage_layers)}; embedding on stage 0, loss on the last; "
+            "bubble scaled by (sum - max) / ((pp - 1) max) of the stage layers."
+        )
     return tuple(out)
 
 

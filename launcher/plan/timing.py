@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
+from launcher.config.pipeline_split import bubble_scale
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.comm import Collective, collective_time, place_group
 from launcher.plan.fitted import constants
@@ -46,7 +47,7 @@ from launcher.plan.memory import (
     pipelined_fsdp_accumulates,
 )
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.schedule import bubble_fraction, bubble_overhead
+from launcher.plan.schedule import bubble_overhead
 
 # CPU Adam (DeepSpeed's AVX implementation) streams the fp32 states at host-memory speed.
 HOST_GBPS = 50.0
@@ -302,7 +303,10 @@ def estimate_time(
 
     t_mb = t_compute_mb + per_mb_exposed
     pipeline_s = t_mb * mb
-    bubble_s = t_mb * mb * bubble_overhead(pp, mb, vpp)
+    # The bubble of the actual split (an uneven one fills and drains faster than pp x the
+    # heaviest stage: config/pipeline_split.py bubble_scale; 1 for an even split).
+    overhead = bubble_overhead(pp, mb, vpp) * bubble_scale(layout.stage_layers)
+    bubble_s = t_mb * mb * overhead
 
     # Data parallel / ZeRO.
     bpp = bytes_per_param(cfg)
@@ -426,7 +430,7 @@ def estimate_time(
         exposed_comm_s=exposed,
         optimizer_s=optimizer_s,
         microbatch_s=t_mb,
-        bubble_fraction=bubble_fraction(pp, mb, vpp),
+        bubble_fraction=overhead / (1.0 + overhead),
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_gpu=per_gpu,
         tflops_per_gpu=model_tflops / 1e12,
