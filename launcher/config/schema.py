@@ -13,20 +13,24 @@ from __future__ import annotations
 
 import pkgutil
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-# Modules of launcher/backends/ that hold no backend.
-_BACKEND_HELPERS = ("common", "table")
+# How a module of launcher/backends/ declares its backend (its other modules are helpers).
+_DECLARATION = "\nBACKEND = Backend("
 
 
+@cache
 def backend_names() -> tuple[str, ...]:
-    """The choices of ``backend.name``: one module per backend in launcher/backends/, found by
-    name without importing it (launcher.backends.all_backends imports them and checks that each
-    declares its BACKEND under the same name)."""
+    """The choices of ``backend.name``: the modules of launcher/backends/ that declare a
+    ``BACKEND = Backend(...)``, found by reading them, not importing them
+    (launcher.backends.all_backends imports them and checks each BACKEND's name is its module's)."""
     folder = Path(__file__).resolve().parent.parent / "backends"
-    found = (i.name for i in pkgutil.iter_modules([str(folder)]))
-    return tuple(sorted(n for n in found if n not in _BACKEND_HELPERS))
+    found = [i.name for i in pkgutil.iter_modules([str(folder)])]
+    return tuple(
+        sorted(n for n in found if _DECLARATION in (folder / f"{n}.py").read_text("utf-8"))
+    )
 
 
 @dataclass
