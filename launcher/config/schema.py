@@ -216,6 +216,10 @@ class ClusterConfig:
     # SLURM GPU request style: gpus-per-node | gres.
     gpu_request: str = "gpus-per-node"
     env: dict[str, str] = field(default_factory=dict)
+    # Operator profile `llmtrain calibrate` wrote (a JSON file) for `plan` to price from; None: the
+    # cached profile of cluster.gpu when there is one (~/.cache/llmtrain/profiles/GPU.json),
+    # "none": published figures only.
+    profile: str | None = None
 
 
 @dataclass

@@ -84,6 +84,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "time": {
             "step_s": t.step_s,
             "error_band": _band_json(plan.time_band),
+            "pricing": pricing_json(plan),
             "tokens_per_s": t.tokens_per_s,
             "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
             "tflops_per_gpu": t.tflops_per_gpu,
@@ -130,6 +131,19 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             for f in plan.fixes
         ],
         "assumptions": list(plan.assumptions),
+    }
+
+
+def pricing_json(plan: Plan) -> dict[str, Any]:
+    """time.pricing: the source of each part of the step time (profile or catalog)."""
+    p = plan.profile
+    return {
+        "source": "profile" if p is not None else "published figures",
+        "profile": None
+        if p is None
+        else {"path": p.path, "origin": p.origin, "created": p.created, "device": p.device},
+        "parts": dict(plan.sources) if plan.sources else None,
+        "note": plan.profile_note,
     }
 
 

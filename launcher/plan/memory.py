@@ -38,6 +38,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.offload import gradient_placement
+from launcher.plan.profile import Rates
 from launcher.plan.schedule import chunk_microbatches_in_flight
 
 GIB = 1024**3
@@ -291,6 +292,9 @@ class HardwareView:
     arch: str = "hopper"
     tdp_watts: float | None = None
     scale_up_domain: int = 0  # 0: the node (gpus_per_node)
+    # Figures measured on this machine (llmtrain calibrate; launcher.plan.profile.Rates), or None:
+    # every part priced from the catalog.
+    profile: Rates | None = None
 
 
 @dataclass(frozen=True)

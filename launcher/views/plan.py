@@ -39,6 +39,13 @@ GLYPHS = {
 }
 
 
+def pricing_line(plan: Plan) -> str:
+    """Where the step time's figures come from, one line."""
+    if plan.profile is None:
+        return "priced from published figures (GPU catalog + fitted constants)"
+    return plan.profile.line + "; links between nodes and other GPU counts from the catalog"
+
+
 def _gib(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
@@ -160,6 +167,7 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         f"{_dur(t.compute_s)}, bubble {_dur(t.bubble_s)} ({t.bubble_fraction:.1%}), exposed "
         f"communication {_dur(t.exposed_comm_s)}, optimizer {_dur(t.optimizer_s)}"
     )
+    console.print(f"[dim]{pricing_line(plan)}[/]")
     console.print(
         f"[bold]throughput[/] {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per "
         f"GPU), {t.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {t.mfu:.1%}, HFU {t.hfu:.1%}"
