@@ -103,6 +103,7 @@ def test_the_graph_is_read() -> None:
 # render's ds_config and export's formats), the launchers (which check the runtime's
 # preconditions), the verdict, the views, the CLI.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("health", "orphans", "runfiles"),
     ("__init__", "errors", "fsio", "resources", "rundir"),
     ("outputs",),
     ("config",),
