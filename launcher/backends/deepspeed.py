@@ -127,4 +127,6 @@ BACKEND = Backend(
         _tensor_parallel_with_pipeline,
         _fp16_on_cpu,
     ),
+    engine="launcher.train.engines.deepspeed_engine:DeepSpeedEngine",
+    artifacts=("ds_config.json",),
 )

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
@@ -109,7 +110,7 @@ def attention_kernel(cfg: LLMTrainConfig) -> str:
     """te | sdpa: backend.attention_kernel, else te for megatron and sdpa otherwise."""
     if cfg.backend.attention_kernel:
         return cfg.backend.attention_kernel
-    return "te" if cfg.backend.name == "megatron" else "sdpa"
+    return backend_of(cfg).attention_kernel
 
 
 # Causal flash attention, forward + backward, head dim 128, long sequences: fraction of the bf16
@@ -266,7 +267,7 @@ def stage_parts(
         head=head,
         recompute=cfg.train.recompute,
         # Megatron's hand-fused element-wise kernels count as compiled (module docstring).
-        compile=cfg.backend.compile or cfg.backend.name == "megatron",
+        compile=cfg.backend.compile or backend_of(cfg).fused_elementwise,
         m_limit=m_limit,
     )
     return _parts(key)
