@@ -38,7 +38,7 @@ DEGREE_WORDS = {
     "cp": "context parallel",
     "ep": "expert parallel",
 }
-# Model features a backend may or may not run (the table of docs/backends.md lists them in this order).
+# Model features a backend may or may not run (docs/backends.md's table lists them in this order).
 FEATURES = {
     "moe": "mixture-of-experts layers",
     "moe+tp": "mixture-of-experts layers with tp > 1",
