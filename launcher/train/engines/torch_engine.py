@@ -322,6 +322,11 @@ class TorchEngine(Engine):
                 self.device.type, grid, mesh_dim_names=("pp", "edp", "ep", "cp", "tp")
             )
 
+        # The loss over chunks of tokens, never the full logits (launcher.train.chunked_loss),
+        # where the whole head is on this rank inside the model's forward: not under tp (the
+        # head is column-parallel with its logits gathered) nor pp (the schedule computes the
+        # loss from the last stage's output).
+        self.chunked_loss = lay.tp == 1 and lay.pp == 1
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -366,6 +371,7 @@ class TorchEngine(Engine):
         if lay.tp > 1:
             self._apply_tp(model, first_chunk=first)
         apply_recompute(model, cfg.train.recompute)
+        model.chunked_loss = self.chunked_loss
         if cfg.backend.compile:
             for name, block in list(model.layers.items()):
                 model.layers[name] = cast(nn.Module, torch.compile(block))
@@ -708,7 +714,9 @@ class TorchEngine(Engine):
                 else:
                     mbs = lay.micro_batch_size
                     parts = [
-                        _loss(self.parts[0](inputs[i : i + mbs]), targets[i : i + mbs]).float()
+                        self._model_loss(
+                            self.parts[0], inputs[i : i + mbs], targets[i : i + mbs]
+                        ).float()
                         for i in range(0, inputs.shape[0], mbs)
                     ]
                     loss = torch.stack(parts).mean()
@@ -720,6 +728,14 @@ class TorchEngine(Engine):
         dist.all_reduce(total)
         return float(total)
 
+    def _model_loss(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss of one micro-batch: chunked inside the model's forward where it applies."""
+        if self.chunked_loss:
+            return cast(torch.Tensor, model(inputs, targets))
+        return _loss(model(inputs), targets)
+
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         lay = self.layout
         model = self.parts[0]
@@ -729,7 +745,7 @@ class TorchEngine(Engine):
             chunk = slice(i * mbs, (i + 1) * mbs)
             with self._grad_sync(i == accum - 1):
                 with self._autocast():
-                    loss = _loss(model(inputs[chunk]), targets[chunk])
+                    loss = self._model_loss(model, inputs[chunk], targets[chunk])
                 scaled = loss / accum
                 torch.autograd.backward(
                     self.scaler.scale(scaled) if self.scaler is not None else scaled
@@ -854,6 +870,7 @@ class TorchEngine(Engine):
             if self.fp8
             else 0,
             "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
+            "loss": "chunked" if self.chunked_loss else "full logits",
             "chunks": self.chunk_ids,
             "params_local": sum(
                 (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
