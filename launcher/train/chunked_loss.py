@@ -14,9 +14,8 @@ The softmax gradient (softmax - one-hot, in [-1, 1]) is cast to the compute dtyp
 1/N of the mean and the backward's scale (gradient accumulation, a loss scaler) are applied in
 backward, so fp16 gradients do not underflow before the loss scale is known.
 
-Chunk size: tokens per chunk = ``CHUNK_ELEMENTS // V`` (at least 1): the fp32 logits of a chunk
-hold at most 2**27 elements (512 MiB); at V = 128k that is ~1k tokens, a GEMM of
-[1k x h x 128k], large enough to run at full speed on a GPU.
+Chunk size: ``launcher.backends.engine_choices.loss_chunk_tokens`` (2**27 // V tokens, ~1k at
+V = 128k), which ``plan`` prices too.
 """
 
 from __future__ import annotations
@@ -25,11 +24,9 @@ from typing import Any, cast
 
 import torch
 
-CHUNK_ELEMENTS = 2**27
+from launcher.backends.engine_choices import loss_chunk_tokens as chunk_tokens
 
-
-def chunk_tokens(vocab: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(1, vocab))
+__all__ = ["chunk_tokens", "chunked_cross_entropy"]
 
 
 def _dtype(hidden: torch.Tensor) -> torch.dtype:

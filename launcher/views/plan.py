@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from launcher.backends.engine_choices import engine_choices
 from launcher.plan.bands import ErrorBand
 from launcher.plan.memory import GIB
 from launcher.plan.planner import Plan
@@ -54,6 +55,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         },
         "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
         "backend": plan.config.backend.name,
+        "engine": _engine_json(plan),
         "layout": {
             "world_size": plan.layout.world_size,
             "tp": plan.layout.tp,
@@ -210,6 +212,21 @@ VERDICT_TEXT = {
 }
 
 
+def _engine_json(plan: Plan) -> dict[str, Any]:
+    """What the engine runs (launcher.backends.engine_choices), as the plan prices it."""
+    c = engine_choices(plan.config)
+    return {
+        "compile": c.compile,
+        "compile_why": c.compile_why,
+        "fp8_recipe": c.fp8_recipe,
+        "fp8_layers": list(c.fp8_layers),
+        "bf16_layers": list(c.bf16_layers),
+        "chunked_loss": c.chunked_loss,
+        "loss_why": c.loss_why,
+        "moe": c.moe,
+    }
+
+
 def render_plan(plan: Plan, console: Console) -> None:
     from rich.panel import Panel
     from rich.table import Table
@@ -228,7 +245,7 @@ def render_plan(plan: Plan, console: Console) -> None:
             f"{_gib(mem.capacity)} ({mem.headroom:.0%} headroom): {verdict}\n"
             f"memory {band_text(plan.memory_band)}\n"
             f"step time {_dur(plan.time.step_s)} with backend={plan.config.backend.name}, "
-            f"{band_text(plan.time_band)}",
+            f"{band_text(plan.time_band)}\n" + "\n".join(engine_choices(plan.config).lines()),
             title="llmtrain plan",
         )
     )

@@ -117,6 +117,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.backends import raw_refusals
 from launcher.backends.common import precision_of
+from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
@@ -295,7 +296,9 @@ class TorchEngine(Engine):
                 raise TorchEngineError(problem)
         # The tensor-parallel styles of the block projections (torchao's float8 ones for fp8).
         self.tp_styles: tuple[type[Any], type[Any]] = (
-            fp8.tp_styles() if self.fp8 else (ColwiseParallel, RowwiseParallel)
+            fp8.tp_styles(cfg.precision.fp8_recipe)
+            if self.fp8
+            else (ColwiseParallel, RowwiseParallel)
         )
         self.grad_dtype = DTYPES[cfg.precision.grad_dtype]
         self.zero = cfg.zero.stage
@@ -325,8 +328,9 @@ class TorchEngine(Engine):
         # The loss over chunks of tokens, never the full logits (launcher.train.chunked_loss),
         # where the whole head is on this rank inside the model's forward: not under tp (the
         # head is column-parallel with its logits gathered) nor pp (the schedule computes the
-        # loss from the last stage's output).
-        self.chunked_loss = lay.tp == 1 and lay.pp == 1
+        # loss from the last stage's output); train.chunked_loss=false turns it off.
+        self.choices = engine_choices(cfg)  # compile, fp8 layers, loss (launcher.backends)
+        self.chunked_loss = self.choices.chunked_loss
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -364,7 +368,12 @@ class TorchEngine(Engine):
             copy_into(model, self.init_state)
         if self.fp8:
             # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
-            fp8.convert(model, emulate=cfg.precision.fp8_emulate, fsdp=self.fsdp)
+            fp8.convert(
+                model,
+                emulate=cfg.precision.fp8_emulate,
+                fsdp=self.fsdp,
+                recipe=cfg.precision.fp8_recipe,
+            )
         if lay.cp > 1:
             cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
             apply_context_parallel(model, cp)
@@ -372,7 +381,9 @@ class TorchEngine(Engine):
             self._apply_tp(model, first_chunk=first)
         apply_recompute(model, cfg.train.recompute)
         model.chunked_loss = self.chunked_loss
-        if cfg.backend.compile:
+        if self.choices.compile:
+            # Per block: compile time grows with the distinct blocks, not the depth (the blocks
+            # share one compiled graph when their shapes and guards agree).
             for name, block in list(model.layers.items()):
                 model.layers[name] = cast(nn.Module, torch.compile(block))
         return self._apply_dp(model)
@@ -680,7 +691,7 @@ class TorchEngine(Engine):
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.fp8 and self.fsdp:
+        if self.fp8 and self.fsdp and self.cfg.precision.fp8_recipe == "tensorwise":
             # fp8 all-gather: the new weights' scales, all layers in one all-reduce (torchao).
             for part in self.parts:
                 fp8.precompute_fsdp_scales(part)
@@ -880,7 +891,8 @@ class TorchEngine(Engine):
     def _fp8_kind(self) -> str | None:
         if not self.fp8:
             return None
-        return ("emulated " if self.cfg.precision.fp8_emulate else "") + "torchao float8 tensorwise"
+        recipe = self.cfg.precision.fp8_recipe
+        return ("emulated " if self.cfg.precision.fp8_emulate else "") + f"torchao float8 {recipe}"
 
     def close(self) -> None:
         self.schedule = None
