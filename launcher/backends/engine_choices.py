@@ -102,6 +102,17 @@ class EngineChoices:
     loss_why: str
     moe: str | None
 
+    def summary(self) -> str:
+        """One short line for plan's first screen (the full lines come with --detail)."""
+        parts = ["compiled per block" if self.compile else "eager"]
+        if self.fp8_recipe is not None:
+            total = len(self.fp8_layers) + len(self.bf16_layers)
+            parts.append(f"fp8 {self.fp8_recipe} on {len(self.fp8_layers)}/{total} block GEMMs")
+        parts.append("chunked loss" if self.chunked_loss else "full-logits loss")
+        if self.moe:
+            parts.append("grouped-GEMM experts")
+        return ", ".join(parts)
+
     def lines(self) -> list[str]:
         mode = "per transformer block" if self.compile else "off (eager)"
         out = [f"compile: {mode} ({self.compile_why})"]

@@ -181,13 +181,13 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tens
     return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
 
 
-def _padded(
-    x: torch.Tensor, w: torch.Tensor, expert: torch.Tensor, slot: torch.Tensor, capacity: int
-) -> torch.Tensor:
-    """The same product by ``torch.bmm`` over [E, capacity, in] (zero rows padded)."""
-    padded = x.new_zeros((w.shape[0], capacity, x.shape[-1]))
-    padded = padded.index_put((expert, slot), x)
-    return torch.bmm(padded, w.transpose(-2, -1))[expert, slot]
+def _padded(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The same product by ``torch.bmm`` over [E, capacity, in] (zero rows padded): row i of `x`
+    goes to padded row ``rows[i]`` = expert * capacity + its place within the expert."""
+    experts = w.shape[0]
+    padded = x.new_zeros((experts * capacity, x.shape[-1])).index_copy(0, rows, x)
+    out = torch.bmm(padded.view(experts, capacity, -1), w.transpose(-2, -1))
+    return out.reshape(experts * capacity, -1).index_select(0, rows)
 
 
 def run_sorted(x: torch.Tensor, counts: torch.Tensor, w: StackedExperts) -> torch.Tensor:
@@ -208,9 +208,10 @@ def run_sorted(x: torch.Tensor, counts: torch.Tensor, w: StackedExperts) -> torc
         starts = counts.cumsum(0) - counts
         slot = torch.arange(n, device=x.device) - starts.to(x.device)[expert]
         capacity = int(counts.max()) if n else 0
+        rows = expert * capacity + slot
 
         def mm(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            return _padded(a, weight, expert, slot, capacity)
+            return _padded(a, weight, rows, capacity)
 
     if n == 0:  # no rows: keep every weight in the graph (zero gradients), shapes intact
         used = [t for t in (w.w1, w.w2, w.w3, w.b1, w.b2, w.b3) if t is not None]

@@ -1,27 +1,32 @@
 """fp8 training for the torch engine (``precision=fp8``): torchao's float8 linear layers.
 
-What is converted: the ``nn.Linear`` projections inside the transformer blocks, i.e. attention
-(wq wk wv wo, or MLA's wq/wq_a/wq_b/wkv_a/wkv_b/wo) and the MLP (w1 w2 w3). The token embedding
-and the output head stay in bf16, as torchtitan does (the vocabulary-sized head GEMM is the most
-sensitive to fp8 rounding). MoE models are refused (launcher/backends/torch.py: an expert given
-no tokens cannot be scaled). Each converted
-layer is torchao's ``Float8Linear`` with tensorwise dynamic scaling (``Float8LinearConfig()``, the
-"tensorwise" recipe): per GEMM, the input and weight are cast to e4m3 and the output gradient to
-e5m2, each with one scale = fp8 max / amax of the tensor (Micikevicius et al. 2022, "FP8 Formats
-for Deep Learning"). The weights stay plain tensors in the parameter dtype (fp32 masters), so
-optimizer, checkpoints and export see the same parameters as a bf16 run. Everything outside the
-converted GEMMs computes in bf16 (FSDP2's MixedPrecisionPolicy or ``torch.autocast``).
+What is converted: the ``nn.Linear`` projections inside the transformer blocks whose GEMM gains
+from fp8 by torchao's size rule (``launcher.backends.engine_choices.fp8_converts``, which `plan`
+states; all of them when emulated): attention (wq wk wv wo, or MLA's wq/wq_a/wq_b/wkv_a/wkv_b/wo)
+and the MLP (w1 w2 w3). The token embedding and the output head stay in bf16, as torchtitan does
+(the vocabulary-sized head GEMM is the most sensitive to fp8 rounding). MoE models are refused
+(launcher/backends/torch.py: the experts run as grouped GEMMs, not linear layers). Each converted
+layer is torchao's ``Float8Linear`` with dynamic scaling by ``precision.fp8_recipe``: tensorwise
+(``Float8LinearConfig()``: per GEMM, the input and weight cast to e4m3 and the output gradient to
+e5m2, each with one scale = fp8 max / amax of the tensor; Micikevicius et al. 2022, "FP8 Formats
+for Deep Learning") or rowwise (``Float8LinearConfig.from_recipe_name("rowwise")``: a scale per
+row, e4m3 throughout, power-of-2 scales). The weights stay plain tensors in the parameter dtype
+(fp32 masters), so optimizer, checkpoints and export see the same parameters as a bf16 run.
+Everything outside the converted GEMMs computes in bf16 (FSDP2's MixedPrecisionPolicy or
+``torch.autocast``). On a GPU the blocks are compiled by default (``backend.compile`` null):
+eager float8 runs its casts as separate kernels and was measured 2x slower than bf16.
 
 ``precision.fp8_emulate=true`` is torchao's ``Float8LinearConfig(emulate=True)``: the same casts
 and scales, with the fp8 matmul emulated in higher precision, so fp8 numerics can be checked on a
 CPU (no speedup anywhere). Real fp8 matmuls (``torch._scaled_mm``) need CUDA compute capability
 8.9 or newer (Ada, Hopper, Blackwell).
 
-With FSDP2 (zero.stage=2/3) the weights are all-gathered in fp8
+With FSDP2 (zero.stage=2/3) and tensorwise scaling the weights are all-gathered in fp8
 (``enable_fsdp_float8_all_gather``) and their scales computed for all layers in one all-reduce
 after each optimizer step (``precompute_float8_dynamic_scale_for_fsdp``), as torchao's float8
-README documents; with tensor parallel the converted layers take torchao's
-``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` in place of torch's styles.
+README documents (torchao supports it for tensorwise only); with tensor parallel the converted
+tensorwise layers take torchao's ``Float8ColwiseParallel`` / ``Float8RowwiseParallel``, the other
+layers (and rowwise, as torchtitan does) torch's styles.
 
 torchao is imported here only, inside the training processes (never by plan/validate/render).
 """

@@ -101,9 +101,15 @@ def test_grouped_experts_equal_the_loop(
     monkeypatch.setattr(experts_mod, "grouped_mm_applies", spy)
     moe = _moe(cfg)
     # 3 x 7 tokens, one expert never chosen: its parameters still get a (zero) gradient.
-    x = torch.rand(3, 7, cfg.hidden_size, generator=torch.Generator().manual_seed(0)) + 0.1
-    with torch.no_grad():
-        moe.router.weight[1] = -1.0  # positive inputs: expert 1 is never in the top k
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, cfg.hidden_size, generator=gen)
+    x[..., 0] = 10.0
+    with torch.no_grad():  # tokens spread over experts 0, 2, 3; expert 1 never in the top k
+        moe.router.weight.normal_(0.0, 1.0, generator=gen)
+        moe.router.weight[:, 0] = 0.0
+        moe.router.weight[1, 0] = -100.0
+    chosen = moe.router(x.reshape(-1, cfg.hidden_size)).topk(cfg.moe_top_k or 1).indices
+    assert set(chosen.unique().tolist()) == {0, 2, 3}
     ref_out, ref_grads = _grads(moe, lambda v: loop_reference(moe, v), x)
     out, grads = _grads(moe, moe, x)
     assert calls and calls[0] == (path == "grouped" and case != "unaligned")

@@ -51,11 +51,17 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
    2000 clean steps); its state is saved with the checkpoint.
    precision=fp8: between steps 1 and 2 (after init, before tp and FSDP) the block projections
-   become torchao ``Float8Linear`` (``launcher.train.fp8``; tensorwise dynamic scaling, the
-   parameters unchanged), computed under the same bf16 policy; under tp they take torchao's
-   Float8Colwise/RowwiseParallel, under FSDP2 their weights are all-gathered in fp8 and their
-   scales precomputed after each optimizer step. The device must have CUDA capability 8.9+
-   unless precision.fp8_emulate.
+   that gain from fp8 become torchao ``Float8Linear`` (``launcher.train.fp8``; the
+   precision.fp8_recipe scaling, the parameters unchanged), computed under the same bf16 policy;
+   under tp the tensorwise ones take torchao's Float8Colwise/RowwiseParallel, under FSDP2 their
+   weights are all-gathered in fp8 (tensorwise) and their scales precomputed after each optimizer
+   step. The device must have CUDA capability 8.9+ unless precision.fp8_emulate.
+6. Compilation (``engine_choices.compile_in_force``: backend.compile, or its default: on for fp8
+   on a GPU): each transformer block is compiled on its own, after recompute and before data
+   parallel.
+Loss: with tp = pp = 1 the model's forward computes the loss over chunks of tokens
+(``launcher.train.chunked_loss``, train.chunked_loss); otherwise from full logits.
+MoE experts: grouped GEMMs (``launcher.train.experts``), under ep and tp too.
 
 Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
 weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
