@@ -28,9 +28,19 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _complete_override(incomplete: str) -> list[str]:
+    from launcher.cli_hints import complete_override
+
+    return complete_override(incomplete)
+
+
 Overrides = Annotated[
     list[str] | None,
-    typer.Argument(help="Hydra overrides, e.g. recipe=llama3-70b parallel.tp=8 zero.stage=3"),
+    typer.Argument(
+        help="Hydra overrides, e.g. recipe=llama3-70b parallel.tp=8 zero.stage=3",
+        autocompletion=_complete_override,
+    ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print a JSON document for scripts.")]
 ConfigFile = Annotated[
@@ -53,7 +63,9 @@ def _with_config(config: str | None, overrides: list[str] | None) -> list[str]:
 
 
 out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Errors and notes wrap at the width of a terminal; into a pipe or a file each stays one line,
+# whole, for grep and for the tests that read it.
+err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
 def _print_json(document: Any) -> None:
@@ -187,6 +199,14 @@ def plan(
         bool,
         typer.Option("--json-schema", help="Print the JSON Schema of the --json document."),
     ] = False,
+    detail: Annotated[
+        bool,
+        typer.Option(
+            "--detail",
+            help="Also print memory by bucket and stage, the pipeline timeline, collectives, "
+            "totals and every assumption.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
@@ -227,7 +247,11 @@ def plan(
         if as_json:
             _print_json(search_to_json(result))
         else:
-            render_search(result, out)
+            from launcher.config.provenance import flatten
+
+            render_search(
+                result, out, given_values=None if any_backend else flatten(composed.values)
+            )
         return
 
     from launcher.plan.planner import make_plan
@@ -275,7 +299,7 @@ def plan(
                     f"and submit refuse it until backend={substitute.planned} is set."
                 )
             )
-        render_plan(result_plan, out)
+        render_plan(result_plan, out, detail=detail)
 
 
 @app.command()
@@ -608,6 +632,11 @@ def cancel(target: JobArg, as_json: JsonFlag = False) -> None:
 def entry() -> None:
     """Console-script entry point: user errors print one message and exit 2, no traceback."""
     try:
+        from launcher.cli_hints import override_typed_as_option
+
+        hint = override_typed_as_option(typer.main.get_command(app), sys.argv[1:])
+        if hint:
+            raise UserError(hint)
         app()
     except UserError as exc:
         if "--json" in sys.argv[1:]:

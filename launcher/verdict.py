@@ -23,7 +23,7 @@ from launcher.config.compose import Composed, compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import ConfigError
 from launcher.plan.planner import Plan, make_plan
-from launcher.validate.rules import ERROR, Violation, check
+from launcher.validate.rules import ERROR, Violation, check, value_range_problems
 
 COMMANDS = ("run", "submit")
 
@@ -73,13 +73,33 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
             composed = compose_config(remaining)
         except ConfigError as exc:
             keys = {_problem_key(p) for p in exc.problems}
-            found += [Violation("config", ERROR, (_problem_key(p),), p) for p in exc.problems]
-            culprits = [o for o in remaining if _override_key(o) in keys]
+            seen = {v.message for v in found}
+            found += [
+                Violation("config", ERROR, (_problem_key(p),), p)
+                for p in dict.fromkeys(exc.problems)
+                if p not in seen
+            ]
+            # A problem names a key or one of its parents (`paralel: unknown key` for
+            # `paralel.tp=2`): every override under it is set aside.
+            culprits = [
+                o
+                for o in remaining
+                if any(_override_key(o) == k or _override_key(o).startswith(f"{k}.") for k in keys)
+            ]
             if not culprits:
                 return None, found
             complete = complete and all("." in _override_key(o) for o in culprits)
             remaining = [o for o in remaining if o not in culprits]
             continue
+        if not complete:
+            # A bad group or recipe choice: the layout rules would judge a configuration the
+            # user did not ask for, but the value ranges of the keys given still stand.
+            given = {_override_key(o) for o in remaining}
+            found += [
+                v
+                for v in value_range_problems(composed.config)
+                if v.is_error and set(v.keys) <= given
+            ]
         return (composed if complete else None), found
     return None, found
 

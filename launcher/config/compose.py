@@ -24,7 +24,7 @@ from functools import cache
 from typing import Any
 
 from launcher import resources
-from launcher.config import compose_cache, config_file
+from launcher.config import compose_cache, config_file, hf_model
 from launcher.config.schema import CHOICES, LLMTrainConfig
 from launcher.config.secrets import mask_secret_overrides, redact
 from launcher.errors import ConfigError, did_you_mean
@@ -130,6 +130,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
     try:
         # recipe=PATH -> recipe=<stem>-<content hash> (launcher.config.config_file)
         overrides = config_file.rewrite_recipe_paths(overrides)
+        # model.from_hf=PATH -> the model.* keys of PATH's config.json (launcher.config.hf_model)
+        overrides = hf_model.expand(overrides)
         return _compose(overrides)
     except ConfigError as exc:  # an error message quotes overrides: never a secret's value
         problems = config_file.annotate(exc.problems, overrides)
@@ -224,6 +226,17 @@ class ParsedOverride:
     is_delete: bool
 
 
+def _bare_word_hint(text: str) -> str:
+    """For a bare word that names a recipe or a group's option (`llmtrain run gpt-7b`): the
+    override it most likely meant."""
+    if "=" in text or not text.strip():
+        return ""
+    meant = [f"{g}={text}" for g in groups() if g != "recipe" and text in group_options(g)]
+    if text in group_options("recipe"):
+        meant.insert(0, f"recipe={text}")
+    return f" Did you mean {' or '.join(meant)}?" if meant else ""
+
+
 def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -239,7 +252,7 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
             msg = str(exc).splitlines()[0]
             problems.append(
                 f"override {text!r} is not valid: {msg}. Overrides look like key=value, "
-                "+key=value (add), ~key (delete) or group=option."
+                "+key=value (add), ~key (delete) or group=option." + _bare_word_hint(text)
             )
             continue
         key = ov.key_or_group

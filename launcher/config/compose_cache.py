@@ -104,8 +104,8 @@ def store(overrides: tuple[str, ...], values: dict[str, Any], choices: dict[str,
         entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[: max(0, len(entries) - _MAX_ENTRIES + 1)]:
             old.unlink(missing_ok=True)
-        fsio.write_json_atomic(
-            directory / f"{key(overrides)}.json", {"values": values, "choices": choices}
-        )
+        # Keys in composition order (not sorted): `show` prints the cached values as they are.
+        text = json.dumps({"values": values, "choices": choices}, indent=1) + "\n"
+        fsio.write_atomic(directory / f"{key(overrides)}.json", text.encode("utf-8"))
     except OSError:
         return

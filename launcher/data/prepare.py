@@ -32,7 +32,6 @@ import os
 import shutil
 import sys
 import sysconfig
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from launcher import fsio
+from launcher import fsio, outputs
 from launcher.data.documents import find_inputs, is_saved_dataset, iter_documents, looks_binary
 from launcher.data.hf_tokenizer import HFTokenizerFile
 from launcher.data.megatron_indexed import optimal_dtype
@@ -49,6 +48,7 @@ from launcher.errors import UserError
 
 INDEX_FORMAT = "llmtrain-tokens-v1"
 INDEX_FILE = "index.json"
+COMMAND = "llmtrain data prepare"  # names the outputs marker's writer (launcher.outputs)
 TOKENIZER_FILE = "tokenizer.json"
 EOD_TOKEN = "<|endoftext|>"
 
@@ -253,15 +253,13 @@ def check_vocab(index: PreparedIndex, model_vocab: int) -> None:
 # --- prepare -------------------------------------------------------------------------------------
 def check_output(
     output: Path, inputs: Sequence[Path], files: Sequence[Path], overwrite: bool
-) -> None:
-    """Refuse an output folder that is the current directory, holds or is inside an input, or
-    is an existing folder that is not a prepared dataset (only those may be overwritten)."""
+) -> str:
+    """Refuse an output folder that holds or is inside an input, or one llmtrain must not write
+    (``launcher.outputs.check_target``: the current directory, a run directory, a folder holding
+    one, a non-empty folder without --overwrite, or with it one `data prepare` did not write).
+    What is at `output` now (``outputs.NEW``, ``EMPTY`` or ``REPLACE``)."""
+    outputs.refuse_cwd(output, "--output", "data/tokens")
     out = output.expanduser().resolve()
-    if out == Path.cwd().resolve() or out == Path(out.anchor):
-        raise UserError(
-            f"--output {output}: is the current (or root) directory; name a new folder, e.g. "
-            "--output data/tokens"
-        )
     for given in [*inputs, *files]:
         src = Path(given).expanduser().resolve()
         if src == out or out in src.parents or src in out.parents:
@@ -269,19 +267,7 @@ def check_output(
                 f"--output {output}: overlaps the input {given}; write the shards to a separate "
                 "folder, e.g. --output data/tokens"
             )
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {output}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise UserError(
-                f"--output {output}: already exists and is not empty; pass --overwrite to "
-                "replace an earlier `llmtrain data prepare` there, or choose a new folder"
-            )
-        if not (out / INDEX_FILE).is_file():
-            raise UserError(
-                f"--output {output}: not a prepared dataset (no {INDEX_FILE}); --overwrite only "
-                "replaces a folder `llmtrain data prepare` wrote; choose a new folder"
-            )
+    return outputs.check_target(output, "--output", COMMAND, overwrite, "a prepared dataset")
 
 
 def prepare(
@@ -324,7 +310,7 @@ def prepare(
     if fmt not in FORMATS:
         raise UserError(f"--format={fmt}: must be one of {', '.join(FORMATS)}")
     files = find_inputs(inputs)
-    check_output(output, inputs, files, overwrite)
+    found = check_output(output, inputs, files, overwrite)
     output = output.expanduser().resolve()
     if not allow_binary:
         for f in files:
@@ -341,8 +327,7 @@ def prepare(
         # Binary inputs were refused above, or are allowed: decode what is there.
         return iter_documents(files, text_key=text_key, allow_binary=True)
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    tmp = outputs.temporary_sibling(output)
     try:
         tok: Any
         tokenizer_file = None
@@ -365,7 +350,7 @@ def prepare(
         _write_splits(
             documents(), len(files), tmp, tok, tokenizer_file, split, source or {}, report
         )
-        _install(tmp, output)
+        outputs.install(tmp, output, "--output", COMMAND, found)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -603,19 +588,6 @@ class _ShardWriter:
     def close(self) -> list[ShardInfo]:
         self._flush()
         return self.shards
-
-
-def _install(tmp: Path, output: Path) -> None:
-    """Move the finished temporary directory to `output`, replacing what was there."""
-    old = None
-    if output.exists():
-        old = output.with_name(f".{output.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        os.replace(output, old)
-    os.replace(tmp, output)
-    with contextlib.suppress(OSError):
-        fsio.fsync_dir(output.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # --- the built-in corpus -------------------------------------------------------------------------

@@ -109,10 +109,15 @@ def hardware_problems(cfg: LLMTrainConfig) -> list[str]:
         return []
     visible = _cuda_device_count()
     if visible < c.gpus_per_node:
+        fewer = (
+            f"cluster.gpus_per_node={visible} (the GPUs found, if they are free), "
+            if visible
+            else ""
+        )
         return [
             f"cluster={c.name} needs {c.gpus_per_node} CUDA GPUs on this machine, found "
             f"{visible}; use cluster=cpu (CPU processes, e.g. cluster.gpus_per_node=2), "
-            "cluster.gpus_per_node={visible} if that many are free, or `llmtrain submit`"
+            f"{fewer}or `llmtrain submit`"
         ]
     return []
 

@@ -120,57 +120,94 @@ def _listing(path: Path) -> tuple[dict[str, int], str | None]:
     return files, None
 
 
-def verify(path: Path, deep: bool = True) -> str | None:
-    """None when the checkpoint in `path` is complete and matches its manifest, else what is
-    wrong. `deep=False` skips the sha256 of the data (sizes and the signature still checked)."""
+def checked_manifest(path: Path) -> tuple[dict[str, Any], str | None]:
+    """(the manifest, None) when the checkpoint in `path` is complete and its manifest is
+    signed (with the key set), of this format and step, and lists exactly the files present with
+    their sizes; else ({}, what is wrong). The data's sha256 are not read here: ``verify`` reads
+    them, and ``launcher.train.safe_load.CheckpointFiles`` checks each file's bytes against this
+    manifest as it reads them for loading (the bytes checked are the bytes loaded)."""
     try:
         manifest = json.loads(fsio.read_bytes(path / MANIFEST))
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-            return f"{MANIFEST} is not a checkpoint manifest"
+            return {}, f"{MANIFEST} is not a checkpoint manifest"
     except (OSError, ValueError) as exc:
-        return f"no readable {MANIFEST} ({exc})"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not JSON"
+        return {}, f"no readable {MANIFEST} ({reason})"
     key = signing_key()
     if key is not None:
         signature = manifest.get("hmac_sha256")
         if not isinstance(signature, str):
-            return f"{MANIFEST} is not signed and {KEY_ENV} is set"
+            return {}, f"{MANIFEST} is not signed and {KEY_ENV} is set"
         if not hmac.compare_digest(signature, _signature(manifest, key)):
-            return f"{MANIFEST}: signature does not match (wrong {KEY_ENV}, or tampered)"
+            return {}, f"{MANIFEST}: signature does not match (wrong {KEY_ENV}, or tampered)"
     if manifest.get("format") != FORMAT:
-        return f"{MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT!r}"
+        return {}, f"{MANIFEST}: not of format {FORMAT!r}"
     expected_name = (
         step_dir_name(manifest.get("step", -1)) if isinstance(manifest.get("step"), int) else None
     )
     if expected_name != path.name:
-        return f"{MANIFEST} says step {manifest.get('step')!r}, the folder is named {path.name}"
+        said = manifest.get("step") if isinstance(manifest.get("step"), int) else "no step"
+        return {}, f"{MANIFEST} says step {said}, the folder is named {path.name}"
     files: dict[str, Any] = manifest["files"]
     if TRAINER_STATE not in files or not any(f.startswith(f"{ENGINE_DIR}/") for f in files):
-        return f"{MANIFEST} does not list {TRAINER_STATE} and the engine's files"
+        return {}, f"{MANIFEST} does not list {TRAINER_STATE} and the engine's files"
     present, problem = _listing(path)
     if problem is not None:
-        return problem
+        return {}, problem
     present.pop(MANIFEST, None)
     extra = sorted(set(present) - set(files))
     if extra:
-        return f"files not in {MANIFEST}: {', '.join(extra[:3])}"
+        return {}, f"files not in {MANIFEST}: {', '.join(extra[:3])}"
     total = 0
     for rel, meta in files.items():
         if rel not in present:
-            return f"missing file {rel}"
+            return {}, f"missing file {rel}"
         if not isinstance(meta, dict) or present[rel] != meta.get("size"):
-            return f"{rel}: {present[rel]} bytes, manifest says {meta.get('size')!r}"
+            size = meta.get("size") if isinstance(meta, dict) else None
+            said = size if isinstance(size, int) else "no size"
+            return {}, f"{rel}: {present[rel]} bytes, manifest says {said}"
+        if not isinstance(meta.get("sha256"), str):
+            return {}, f"{rel}: {MANIFEST} gives no sha256"
         total += present[rel]
     if manifest.get("total_bytes") != total:
-        return f"{MANIFEST}: total_bytes {manifest.get('total_bytes')!r}, files hold {total}"
+        return {}, f"{MANIFEST}: total_bytes differs from the {total} bytes the files hold"
+    return manifest, None
+
+
+def checked_bytes(path: Path, rel: str, manifest: dict[str, Any]) -> bytes | None:
+    """The bytes of `path`/`rel`, read once (never through a symbolic link), when they are the
+    size and sha256 that `manifest` (from ``checked_manifest``) lists; None otherwise."""
+    meta = manifest.get("files", {}).get(rel)
+    if not isinstance(meta, dict):
+        return None
+    data = fsio.read_bytes(path / rel)
+    if len(data) != meta.get("size") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        return None
+    return data
+
+
+def verify(path: Path, deep: bool = True) -> str | None:
+    """None when the checkpoint in `path` is complete and matches its manifest, else what is
+    wrong. `deep=False` skips the sha256 of the data (sizes and the signature still checked)."""
+    manifest, problem = checked_manifest(path)
+    if problem is not None:
+        return problem
     if deep:
-        for rel, meta in files.items():
+        for rel, meta in manifest["files"].items():
             if fsio.sha256_file(path / rel) != meta.get("sha256"):
                 return f"{rel}: checksum differs from the manifest"
     return None
 
 
 def read_found(path: Path, step: int) -> Found:
-    state = json.loads(fsio.read_bytes(path / TRAINER_STATE))
+    """The checkpoint's trainer state, read once and checked against its manifest."""
+    manifest, problem = checked_manifest(path)
+    data = None if problem else checked_bytes(path, TRAINER_STATE, manifest)
+    if data is None:
+        raise ValueError(problem or "changed since it was verified")
+    state = json.loads(data)
+    if not isinstance(state, dict):
+        raise ValueError("not a JSON object")
     return Found(path=path, step=step, trainer_state=state)
 
 

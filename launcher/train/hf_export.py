@@ -2,10 +2,14 @@
 
 Steps: the run's own config.yaml gives the model; the newest checkpoint that verifies (or the one
 of ``--step``, refused with the reason when it does not verify: damaged, or unsigned while
-``LLMTRAIN_CHECKPOINT_KEY`` is set) is read back whole (``consolidate.full_state``), mapped to the
-HF layout its shape has (``hf_layout``: Llama, Mixtral or GPT-2; anything else refused with the
-keys that make it so) and written with ``hf_files.write_hf_folder`` (temporary sibling folder,
-then rename): safetensors shards + index, config.json, generation_config.json and the tokenizer.
+``LLMTRAIN_CHECKPOINT_KEY`` is set) is read back whole (``consolidate.full_state``, every file
+read once and checked against the manifest: ``safe_load.CheckpointFiles``), checked tensor by
+tensor against the shapes config.yaml's model gives (config.json is written from it: a mismatch is
+refused), mapped to the HF layout its shape has (``hf_layout``: Llama, Mixtral or GPT-2; anything
+else refused with the keys that make it so) and written with ``hf_files.write_hf_folder`` into a
+temporary sibling, then put in place by ``launcher.outputs`` (its marker, no replacing of what
+appeared meanwhile; --overwrite replaces only an earlier export): safetensors shards + index,
+config.json, generation_config.json and the tokenizer.
 
 Tokenizer: the run's prepared data folder names it in index.json. A ``tokenizer.json`` there (a
 user's own, or the BPE trained by ``data prepare``) is copied; the byte tokenizer is written as an
@@ -15,7 +19,6 @@ equivalent tokenizer.json (``byte_tokenizer``). transformers is never imported.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from launcher.errors import UserError
 from launcher.rundir import RunDir, step_dir_name
 
 GENERATION_CONFIG = "generation_config.json"
+COMMAND = "llmtrain export"  # names the outputs marker's writer (launcher.outputs)
 
 
 @dataclass(frozen=True)
@@ -127,19 +131,17 @@ def export_hf(
     max_shard_bytes: int | None = None,
 ) -> ExportResult:
     """Export `run_dir`'s checkpoint to the Hugging Face folder `out` (see the module docstring)."""
+    import torch
+
+    from launcher import outputs
     from launcher.export.hf_files import DEFAULT_SHARD_BYTES, write_hf_folder
     from launcher.export.hf_layout import LayoutError, hf_architecture, hf_config, to_hf
     from launcher.train.consolidate import ConsolidateError, full_state
-    from launcher.train.engines.dcp_safe import UnsafeCheckpointError
+    from launcher.train.init_from import expected_shapes, mismatches
+    from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError
 
     run_dir, out = Path(run_dir), Path(out)
-    if out.is_symlink():
-        raise UserError(f"--out {out}: is a symbolic link; give a real folder path")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
-    occupied = out.is_dir() and any(out.iterdir())
-    if occupied and not overwrite:
-        raise UserError(f"--out {out}: not empty; choose an empty folder or pass --overwrite")
+    found = outputs.check_target(out, "--out", COMMAND, overwrite, "a model folder")
     cfg = run_config(run_dir)
     try:
         architecture = hf_architecture(cfg.model)
@@ -147,10 +149,31 @@ def export_hf(
         raise UserError(f"{run_dir}: {exc}") from None
     step_done, checkpoint = pick_checkpoint(run_dir, step)
     try:
-        state = full_state(checkpoint / "engine", cfg.model.num_layers)
-        tensors = to_hf(state, cfg.model)
-    except (ConsolidateError, LayoutError, UnsafeCheckpointError, KeyError) as exc:
+        # Each file read once, checked against the manifest, loaded from that buffer.
+        files = CheckpointFiles.verified(checkpoint)
+        state = full_state(checkpoint / "engine", cfg.model.num_layers, files)
+    except (ConsolidateError, UnsafeCheckpointError, KeyError) as exc:
         raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
+    # config.json is written from config.yaml's model.*: every tensor must have the shape that
+    # config gives it, or the folder would describe another model than the weights it holds.
+    have = {k: tuple(v.shape) for k, v in state.items()}
+    misfits = mismatches(have, expected_shapes(cfg.model))
+    try:
+        tensors = to_hf(state, cfg.model) if not misfits else {}
+        if not misfits:
+            shapes = expected_shapes(cfg.model)
+            meta = {k: torch.empty(v, device="meta") for k, v in shapes.items()}
+            want = {k: tuple(v.shape) for k, v in to_hf(meta, cfg.model).items()}
+            misfits = mismatches({k: tuple(v.shape) for k, v in tensors.items()}, want)
+    except (LayoutError, KeyError, RuntimeError) as exc:
+        raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
+    if misfits:
+        shown = misfits[:5] + ([f"... and {len(misfits) - 5} more"] if len(misfits) > 5 else [])
+        raise UserError(
+            f"{checkpoint}: its weights do not fit the model of {RunDir(run_dir).config} (from "
+            "which config.json would be written): " + "; ".join(shown) + ". Was config.yaml "
+            "changed after the checkpoint was written? Nothing was exported"
+        )
     extra, tokenizer, eod_id = _tokenizer_files(cfg)
     dtype = next(iter(tensors.values())).dtype
     config = hf_config(cfg.model, torch_dtype=str(dtype).removeprefix("torch."))
@@ -159,22 +182,28 @@ def export_hf(
         config["eos_token_id"] = generation["eos_token_id"] = eod_id
     extra[GENERATION_CONFIG] = (json.dumps(generation, indent=2, sort_keys=True) + "\n").encode()
     metadata = {"llmtrain_run": run_dir.name, "llmtrain_step": str(step_done)}
-    target = out
-    if occupied:  # --overwrite: write beside, then swap, so a failure keeps the old folder
-        target = out.parent / f".{out.name}.new-{os.getpid()}"
-    write_hf_folder(
-        target,
-        tensors,
-        config,
-        max_shard_bytes=max_shard_bytes or DEFAULT_SHARD_BYTES,
-        metadata=metadata,
-        extra_files=extra,
-    )
-    if occupied:
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
-        os.rename(target, out)
-        shutil.rmtree(old)
+    # Written beside, then renamed into place without replacing anything that appeared meanwhile;
+    # --overwrite replaces only an earlier export (launcher.outputs).
+    staging = outputs.temporary_sibling(out)
+    try:
+        write_hf_folder(
+            staging / "model",
+            tensors,
+            config,
+            max_shard_bytes=max_shard_bytes or DEFAULT_SHARD_BYTES,
+            metadata=metadata,
+            extra_files=extra,
+        )
+        outputs.install(
+            staging / "model",
+            out,
+            "--out",
+            COMMAND,
+            found,
+            extra={"run": str(run_dir.resolve()), "step": step_done},
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return ExportResult(
         out=out,
         step=step_done,

@@ -46,18 +46,19 @@ def _kind(path: Path) -> str:
     )
 
 
-def _checkpoint_engine_dir(path: Path, kind: str) -> Path:
-    from launcher.train.checkpoint import ENGINE_DIR, latest_valid, verify
+def _checkpoint(path: Path, kind: str) -> Path:
+    """The checkpoint folder (step_XXXXXXXX) to read: `path`, or a run's newest that verifies."""
+    from launcher.train.checkpoint import latest_valid, verify
 
     if kind == "checkpoint":
         problem = verify(path)
         if problem is not None:
             raise InitFromError(f"{KEY}={path}: checkpoint refused: {problem}")
-        return path / ENGINE_DIR
+        return path
     found = latest_valid(path / "checkpoints")
     if found is None:
         raise InitFromError(f"{KEY}={path}: the run has no checkpoint that verifies")
-    return found.engine_dir
+    return found.path
 
 
 def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
@@ -88,20 +89,33 @@ def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
 
 def _read(path: Path, m: ModelConfig, meta: bool) -> dict[str, torch.Tensor]:
     from launcher.export.hf_layout import LayoutError, from_hf
+    from launcher.train.checkpoint import ENGINE_DIR
     from launcher.train.consolidate import ConsolidateError, full_state, shapes
+    from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError
 
     kind = _kind(path)
     try:
         if kind == "hf":
             return from_hf(_hf_tensors(path, meta), m)
-        engine_dir = _checkpoint_engine_dir(path, kind)
+        checkpoint = _checkpoint(path, kind)
+        # Every file read once and checked against the manifest (safe_load): what verified is
+        # what loads, even if a file is swapped after `verify` read it.
+        files = CheckpointFiles.verified(checkpoint)
+        engine_dir = checkpoint / ENGINE_DIR
         if meta:
             return {
                 k: torch.empty(s, device="meta")
-                for k, s in shapes(engine_dir, m.num_layers).items()
+                for k, s in shapes(engine_dir, m.num_layers, files).items()
             }
-        return full_state(engine_dir, m.num_layers)
-    except (LayoutError, ConsolidateError, KeyError, OSError, ValueError) as exc:
+        return full_state(engine_dir, m.num_layers, files)
+    except (
+        LayoutError,
+        ConsolidateError,
+        UnsafeCheckpointError,
+        KeyError,
+        OSError,
+        ValueError,
+    ) as exc:
         if isinstance(exc, InitFromError):
             raise
         raise InitFromError(f"{KEY}={path}: {exc}") from None

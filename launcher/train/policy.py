@@ -64,15 +64,9 @@ class CheckpointPolicy:
         if self.every_minutes:
             parts.append(f"every {self.every_minutes:g} min")
         if self.young_daly_s is not None:
-            parts.append(
-                f"every {self.young_daly_s / 60:.1f} min (Young/Daly interval from plan.json; "
-                "set checkpoint.every_steps or checkpoint.every_minutes to change it)"
-            )
-        return (
-            "checkpoints: "
-            + (", ".join(parts) if parts else "at the end only")
-            + (", at the end and on preemption/interrupt")
-        )
+            # Young/Daly from plan.json; checkpoint.every_steps / every_minutes replace it.
+            parts.append(f"every {self.young_daly_s / 60:.1f} min (Young/Daly)")
+        return "checkpoints: " + ", ".join([*parts, "at the end, on interrupt"])
 
     def due(self, done: int) -> str | None:
         """Why step `done` should be saved now (None: not due). The time-based reason is this

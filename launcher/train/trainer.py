@@ -33,6 +33,7 @@ from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
 from launcher.rundir import RunDir
 from launcher.train.checkpoint import (
+    TRAINER_STATE,
     CheckpointWriter,
     Found,
     complete_checkpoints,
@@ -46,6 +47,7 @@ from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, pea
 from launcher.train.model import seed_step
 from launcher.train.optim import learning_rate
 from launcher.train.policy import CheckpointPolicy
+from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
 from launcher.train.sampler import ShardedSampler
 from launcher.train.summary import format_summary, summarize
 from launcher.train.trackers import Trackers
@@ -320,16 +322,23 @@ class Trainer:
         failures = []
         for found in candidates:
             problem = None
+            trainer_state: Any = {}
             try:
-                self.engine.load(found.engine_dir)
-                self.sampler.load_state_dict(found.trainer_state["sampler"])
+                # Every file read once, checked against the (signed) manifest and loaded from
+                # that buffer: a file swapped after the verify above is refused, not loaded.
+                files = CheckpointFiles.verified(found.path)
+                trainer_state = read_json(files, found.path / TRAINER_STATE)
+                if not isinstance(trainer_state, dict):
+                    raise UnsafeCheckpointError(f"{TRAINER_STATE}: not a JSON object")
+                self.engine.load(found.engine_dir, files)
+                self.sampler.load_state_dict(trainer_state["sampler"])
             except Exception as exc:  # a refused or unreadable checkpoint: try an older one
                 problem = f"{type(exc).__name__}: {exc}"
             flag = torch.tensor([1.0 if problem else 0.0], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item() == 0:
                 self.start = found.step
-                self.losses = list(found.trainer_state.get("losses", []))
+                self.losses = list(trainer_state.get("losses", []))
                 self.log(f"resumed from {found.path} (step {self.start})")
                 return
             failures.append(f"{found.path.name}: {problem or 'failed on another rank'}")

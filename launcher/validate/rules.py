@@ -77,6 +77,12 @@ def check(cfg: LLMTrainConfig) -> list[Violation]:
     return sorted(found, key=lambda v: v.severity != ERROR)
 
 
+def value_range_problems(cfg: LLMTrainConfig) -> list[Violation]:
+    """The value-range rule alone (zero.stage=9, parallel.tp=0, ...): what can be said of keys
+    without the rest of the configuration."""
+    return RULES["positive-values"](cfg, derive_layout(cfg))
+
+
 def _with_defaults(cfg: LLMTrainConfig, keys: set[str]) -> tuple[LLMTrainConfig, Layout] | None:
     """`cfg` with these dotted keys at their schema defaults (None if that is still unusable)."""
     sections: dict[str, object] = {}

@@ -30,12 +30,31 @@ def show_config(console: Console, composed: Composed, sources: dict[str, str] | 
         )
         console.file.write(text)
         return
+    values = flatten(composed.values)
+    rows = [(key, _fmt(value), sources.get(key, "")) for key, value in values.items()]
+    widest = max((len(k) + len(v) + len(src) for k, v, src in rows), default=0)
+    if widest + 10 > console.width:
+        # Too narrow for three columns (80 columns cut the source to `backend/torc…`): one
+        # heading per source, its keys below it with their values, nothing cut.
+        console.print(f"recipe={composed.choices.get('recipe')}, keys by where they came from:")
+        by_source: dict[str, list[tuple[str, str]]] = {}
+        for key, value, source in rows:
+            by_source.setdefault(source or "(unknown)", []).append((key, value))
+
+        def rank(source: str) -> int:  # what the user chose first, the schema's defaults last
+            return 0 if source == "command line" else 2 if source == "schema default" else 1
+
+        for source in sorted(by_source, key=rank):
+            console.print(Text(source, style="bold"))
+            for key, value in by_source[source]:
+                console.print(Text("  ") + Text(key, style="cyan") + Text(f" = {value}"))
+        return
     table = Table(title=f"recipe={composed.choices.get('recipe')}", title_justify="left")
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("value", overflow="fold")
     table.add_column("source", style="dim")
-    for key, value in flatten(composed.values).items():
-        table.add_row(key, _fmt(value), sources.get(key, ""))
+    for key, value, source in rows:
+        table.add_row(key, value, source)
     console.print(table)
 
 

@@ -227,7 +227,15 @@ def _engine_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def render_plan(plan: Plan, console: Console) -> None:
+DETAIL_HINT = (
+    "more: --detail (memory by bucket and pipeline stage, the schedule timeline, "
+    "collectives, totals, assumptions)"
+)
+
+
+def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
+    """The answer first, in about 25 lines at 80 columns: the verdict, the smallest changes that
+    fit when it does not, memory, time, throughput, cost. `detail` adds the tables behind it."""
     from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
@@ -235,21 +243,27 @@ def render_plan(plan: Plan, console: Console) -> None:
     mem = plan.memory
     h = mem.heaviest
     lay = plan.layout
+    t = plan.time
+    tot = plan.totals
     verdict = VERDICT_TEXT[mem.verdict]
     console.print(
         Panel(
-            f"{plan.config.model.name} on {lay.world_size} x {plan.hardware.name}  "
+            f"{plan.config.model.name} on {lay.world_size} x {plan.hardware.name}, "
+            f"backend={plan.config.backend.name}\n"
+            f"{verdict}: heaviest rank (stage {h.stage}) {_gib(h.device_total)} of "
+            f"{_gib(mem.capacity)}, {mem.headroom:.0%} headroom kept\n"
             f"tp={lay.tp} pp={lay.pp} vpp={lay.vpp} cp={lay.cp} ep={lay.ep} dp={lay.dp}  "
-            f"mbs={lay.micro_batch_size} gbs={lay.global_batch_size} m={lay.grad_accum}\n"
-            f"heaviest rank: stage {h.stage} -> {_gib(h.device_total)} of "
-            f"{_gib(mem.capacity)} ({mem.headroom:.0%} headroom): {verdict}\n"
-            f"memory {band_text(plan.memory_band)}\n"
-            f"step time {_dur(plan.time.step_s)} with backend={plan.config.backend.name}, "
-            f"{band_text(plan.time_band)}\n" + "\n".join(engine_choices(plan.config).lines()),
+            f"mbs={lay.micro_batch_size} gbs={lay.global_batch_size} accum={lay.grad_accum}\n"
+            f"engine: {engine_choices(plan.config).summary()}",
             title="llmtrain plan",
         )
     )
-
+    if not mem.fits:
+        console.print("[bold]Smallest changes that fit[/] (device GiB):")
+        for f in plan.fixes[:5]:
+            console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}")
+        if not plan.fixes:
+            console.print("  none found among zero/recompute/micro-batch/tp/pp/offload")
     # Stacked bar of memory buckets against capacity.
     width = max(20, min(100, console.width - 10))
     scale = max(mem.capacity, h.device_total)
@@ -276,6 +290,33 @@ def render_plan(plan: Plan, console: Console) -> None:
         item = Text(f"{GLYPHS[name]} " if plain else "■ ", style=colour)
         items.append(item + Text(f"{name} {value / GIB:.1f}"))
     _print_legend(console, items)
+    console.print(
+        f"[bold]peak[/] allocated {_gib(h.allocated)}, reserved {_gib(h.reserved)} (torch), "
+        f"device {_gib(h.device_total)}; {band_text(plan.memory_band)}"
+    )
+    if h.host_bytes:
+        console.print(
+            f"[bold]host[/] (offload) {_gib(h.host_bytes)} per GPU, "
+            f"{_gib(h.host_bytes * plan.hardware.gpus_per_node)} per node"
+        )
+    console.print(
+        f"[bold]step[/] {_dur(t.step_s)}, {band_text(plan.time_band)}: compute "
+        f"{_dur(t.compute_s)}, bubble {_dur(t.bubble_s)} ({t.bubble_fraction:.1%}), exposed "
+        f"communication {_dur(t.exposed_comm_s)}, optimizer {_dur(t.optimizer_s)}"
+    )
+    console.print(
+        f"[bold]throughput[/] {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per "
+        f"GPU), {t.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {t.mfu:.1%}, HFU {t.hfu:.1%}"
+    )
+    console.print(
+        f"[bold]training[/] {tot.steps:,} steps in {_dur(tot.train_s)}, "
+        f"{tot.gpu_hours:,.0f} GPU-hours, ${tot.cost_usd:,.0f}; checkpoint "
+        f"{tot.checkpoint_bytes / 1e9:,.1f} GB every {_dur(tot.checkpoint_interval_s)} "
+        "(Young/Daly)"
+    )
+    if not detail:
+        console.print(f"[dim]{DETAIL_HINT}[/]")
+        return
 
     table = Table(title=f"Memory per GPU, stage {h.stage} (heaviest)")
     table.add_column("bucket")
@@ -306,7 +347,6 @@ def render_plan(plan: Plan, console: Console) -> None:
 
     _render_timeline(plan, console)
 
-    t = plan.time
     tt = Table(title="Time per step")
     tt.add_column("quantity")
     tt.add_column("value", justify="right")
@@ -342,7 +382,6 @@ def render_plan(plan: Plan, console: Console) -> None:
             )
         console.print(ct)
 
-    tot = plan.totals
     to = Table(title="Totals")
     to.add_column("quantity")
     to.add_column("value", justify="right")
@@ -358,16 +397,6 @@ def render_plan(plan: Plan, console: Console) -> None:
     to.add_row("expected time lost", f"{tot.lost_fraction:.1%}")
     to.add_row("expected wall time", _dur(tot.expected_wall_s))
     console.print(to)
-
-    if not mem.fits:
-        ft = Table(title="Smallest changes that fit")
-        ft.add_column("override")
-        ft.add_column("device GiB", justify="right")
-        for f in plan.fixes:
-            ft.add_row(f.line, f"{f.device_bytes / GIB:.1f}")
-        if not plan.fixes:
-            ft.add_row("none found among zero/recompute/micro-batch/tp/pp/offload", "-")
-        console.print(ft)
 
     console.print("[dim]Assumptions:[/]")
     for a in plan.assumptions:

@@ -94,8 +94,27 @@ def _short(overrides: tuple[str, ...]) -> str:
     return " ".join(parts)
 
 
-def render_search(result: SearchResult, console: Console) -> None:
-    """The top layouts, then why the rest of the space was left out."""
+def _differing(overrides: tuple[str, ...], given: dict[str, object] | None) -> str:
+    """The overrides that change the configuration as given (backend= always first), so the
+    line to copy stays short; all of them when the given values are not known."""
+    if given is None:
+        return " ".join(overrides)
+
+    def same(item: str) -> bool:
+        key, _, value = item.partition("=")
+        have = given.get(key)
+        text = "null" if have is None else str(have).lower() if isinstance(have, bool) else have
+        return str(text) == value
+
+    kept = [o for i, o in enumerate(overrides) if i == 0 or not same(o)]
+    return " ".join(kept)
+
+
+def render_search(
+    result: SearchResult, console: Console, given_values: dict[str, object] | None = None
+) -> None:
+    """The top layouts, then why the rest of the space was left out. `given_values`: the
+    configuration as composed (dotted keys), so the lines to copy hold only what changes it."""
     from rich.table import Table
     from rich.text import Text
 
@@ -128,10 +147,14 @@ def render_search(result: SearchResult, console: Console) -> None:
                 f"{c.bubble_fraction:.1%}",
             )
         console.print(table)
-        console.print("Override lines to copy:")
+        console.print(
+            "Override lines to copy (add them to your command):"
+            if given_values is not None
+            else "Override lines to copy:"
+        )
         for i, c in enumerate(result.candidates, 1):
             # Plain text, never wrapped or cut, so it can be pasted as is.
-            console.print(Text(f"{i:>3}  {c.line}"), soft_wrap=True)
+            console.print(Text(f"{i:>3}  {_differing(c.overrides, given_values)}"), soft_wrap=True)
     else:
         console.print(Text("No layout fits.", style="bold red"))
         if result.smallest_cluster is not None:

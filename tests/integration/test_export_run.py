@@ -75,6 +75,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_single_process_export_is_a_complete_hf_folder(single: Path) -> None:
     names = sorted(p.name for p in single.iterdir())
     assert names == [
+        ".llmtrain-output.json",  # the marker: what `export --overwrite` may replace
         "config.json",
         "generation_config.json",
         "model.safetensors",
@@ -143,8 +144,10 @@ def logged_losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in lines]
 
 
-def first_losses(where: Path, *overrides: str) -> tuple[list[float], str]:
-    done = llmtrain(where, "run", *SHORT, *LLAMA, *overrides)
+def first_losses(
+    where: Path, *overrides: str, model: tuple[str, ...] = tuple(LLAMA)
+) -> tuple[list[float], str]:
+    done = llmtrain(where, "run", *SHORT, *model, *overrides)
     assert done.returncode == 0, done.stderr[-3000:]
     return logged_losses(where / "runs" / "b"), done.stdout + done.stderr
 
@@ -182,7 +185,13 @@ def test_init_from_an_export_or_a_run_starts_from_those_weights(
     single: Path, tmp_path: Path
 ) -> None:
     (tmp_path / "hf").mkdir()
-    losses, log = first_losses(tmp_path / "hf", f"train.init_from={single}", "run.name=b")
+    # The model's shape from the export's config.json (model.from_hf), its weights by init_from.
+    losses, log = first_losses(
+        tmp_path / "hf",
+        f"train.init_from={single}",
+        "run.name=b",
+        model=(f"model.from_hf={single}",),
+    )
     assert "initialised from" in log
     expected = reference_loss(single, tmp_path / "hf" / "runs" / "b")
     assert abs(losses[0] - expected) < 1e-4, (losses[0], expected)

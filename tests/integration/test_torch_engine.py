@@ -67,7 +67,9 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
     try:
         engine = build_engine(cfg)  # backend=torch unless the overrides say deepspeed
         if load_dir is not None:
-            engine.load(Path(load_dir))
+            from launcher.train.safe_load import CheckpointFiles
+
+            engine.load(Path(load_dir), CheckpointFiles.unchecked(Path(load_dir)))
         lay = derive_layout(cfg)
         per_dp = lay.grad_accum * lay.micro_batch_size
         losses, norms, files = [], [], []
@@ -132,7 +134,9 @@ def _train_and_resume(
         extra = engine.extra_state()
         engine.close()
         fresh = build_engine(cfg)
-        fresh.load(save_dir)
+        from launcher.train.safe_load import CheckpointFiles
+
+        fresh.load(save_dir, CheckpointFiles.unchecked(save_dir))
         loaded_extra = fresh.extra_state()
         resumed, resumed_norms = run(fresh, save_at)
         fresh.close()
@@ -254,7 +258,9 @@ def _overflow(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]
         after = engine.weights_digest()
         engine.save(Path(opts["save_dir"]))
         fresh = TorchEngine(cfg, seed=cfg.train.seed)
-        fresh.load(Path(opts["save_dir"]))
+        from launcher.train.safe_load import CheckpointFiles
+
+        fresh.load(Path(opts["save_dir"]), CheckpointFiles.unchecked(Path(opts["save_dir"])))
         return {
             "skipped": before == after,
             "grad_norm": result.grad_norm,

@@ -89,7 +89,9 @@ def _train_and_resume(overrides: list[str], nproc: int, save_dir: str) -> dict[s
         extra = engine.extra_state()
         engine.close()
         fresh = build_engine(cfg)
-        fresh.load(Path(save_dir))
+        from launcher.train.safe_load import CheckpointFiles
+
+        fresh.load(Path(save_dir), CheckpointFiles.unchecked(Path(save_dir)))
         resumed, resumed_norms = run(fresh, SAVE_AT)
         fresh.close()
         return {

@@ -35,6 +35,15 @@ def test_cached_result_equals_hydra_result(data_copy: Path) -> None:
     assert cached.config == fresh.config
     assert cached.choices == fresh.choices
 
+    # `show` prints values in their order: the cached composition keeps Hydra's key order
+    # (sorted keys made the second `show` differ from the first).
+    def order(node: object) -> list[str]:
+        if not isinstance(node, dict):
+            return []
+        return [k for key, value in node.items() for k in (key, *order(value))]
+
+    assert order(cached.values) == order(fresh.values)
+
 
 def test_editing_a_config_file_invalidates(data_copy: Path) -> None:
     compose_config(["recipe=tiny"])

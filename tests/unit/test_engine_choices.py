@@ -120,7 +120,11 @@ def test_plan_states_and_prices_the_choices() -> None:
     assert engine["compile"] and engine["fp8_recipe"] == "tensorwise"
     assert engine["bf16_layers"] == ["wk", "wv"] and engine["chunked_loss"]
     shown = runner.invoke(app, ["plan", "recipe=llama3-1b", "precision=fp8", *H100]).stdout
-    assert "compile: per transformer block" in shown and "loss: chunked" in shown
+    assert "engine: compiled per block, fp8 tensorwise on 5/7 block GEMMs, chunked loss" in shown
+    detail = runner.invoke(
+        app, ["plan", "recipe=llama3-1b", "precision=fp8", *H100, "--detail"]
+    ).stdout
+    assert "compile: per transformer block" in detail and "loss: chunked" in detail
     # The chunked loss keeps less than the full logits (10 bytes a logit for 8192 x 128k).
     full = json.loads(runner.invoke(app, [*args, "train.chunked_loss=false"]).stdout)["memory"][
         "activations_bytes"

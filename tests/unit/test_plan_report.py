@@ -64,7 +64,7 @@ def test_json_has_the_public_keys() -> None:
 
 def test_render_draws_bar_timeline_and_tables() -> None:
     buf = io.StringIO()
-    render_plan(_plan(), Console(file=buf, width=140, force_terminal=False))
+    render_plan(_plan(), Console(file=buf, width=140, force_terminal=False), detail=True)
     out = buf.getvalue()
     for needle in ("memory", "Pipeline schedule", "Time per step", "Totals", "MFU", "stage  1"):
         assert needle in out

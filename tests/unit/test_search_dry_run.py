@@ -84,3 +84,20 @@ def test_any_backend_widens_and_never_loses_the_best() -> None:
     result = runner.invoke(COMMAND, ["plan", "--search", "--any-backend", *base, "precision=fp8"])
     assert result.exit_code != 0
     assert "no backend can run this request" in str(result.exception)
+
+
+def test_screen_lines_hold_only_what_changes_the_given_configuration() -> None:
+    # The screen's line to copy keeps backend= and the keys that differ from the configuration as
+    # given (it repeated all ten keys, ~230 characters); added to the command it gives the same
+    # configuration as the full line in --json.
+    base = ("recipe=llama3-8b",)
+    full = [str(c["overrides"]) for c in top5(*base)]
+    screen = runner.invoke(COMMAND, ["plan", "--search", "--top", "5", *base])
+    assert screen.exit_code == 0, screen.output
+    lines = screen.output.split("Override lines to copy", 1)[1].splitlines()[1:6]
+    short = [line.split(None, 1)[1] for line in lines]
+    for line, whole in zip(short, full, strict=True):
+        assert line.startswith("backend=") and len(line) < len(whole)
+        assert compose_config([*base, *line.split()]).config == (
+            compose_config([*base, *whole.split()]).config
+        )

@@ -59,6 +59,27 @@ def test_six_independent_mistakes_are_reported_together() -> None:
         assert (code2, doc2["errors"]) == (2, doc["errors"])
 
 
+def test_bad_keys_bad_choices_and_bad_values_each_once() -> None:
+    # The command: a misspelt section, a word for a number, a bad cluster, a bad choice
+    # and a stage out of range. Before: 3 errors (`paralel` twice: `paralel.tp` was not set
+    # aside for `paralel`) and none of the value errors; a second run then showed them.
+    verdict = assess(
+        [
+            "paralel.tp=2",
+            "parallel.pp=eight",
+            "cluster=h100",
+            "model.activation=relu",
+            "zero.stage=9",
+            "parallel.cp=3",
+        ]
+    )
+    keys = [v.keys[0] for v in verdict.errors]
+    assert sorted(keys) == sorted(
+        ["paralel", "parallel.pp", "cluster", "model.activation", "zero.stage"]
+    ), [v.message for v in verdict.errors]
+    assert verdict.composed is None  # no cluster: the layout rules (cp=3) are not guessed at
+
+
 def test_a_bad_recipe_name_still_reports_the_other_bad_keys() -> None:
     verdict = assess(["recipe=nope", "parallel.tpp=2"])
     assert verdict.composed is None

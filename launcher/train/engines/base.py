@@ -19,10 +19,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from launcher.train.safe_load import CheckpointFiles
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,10 @@ class Engine(ABC):
         Returns the files this rank wrote (the checkpoint manifest checksums them)."""
 
     @abstractmethod
-    def load(self, directory: Path) -> None:
-        """Restore the state written by `save` (a collective)."""
+    def load(self, directory: Path, files: CheckpointFiles) -> None:
+        """Restore the state written by `save` (a collective), reading every file through `files`
+        (``CheckpointFiles.verified`` of the checkpoint: the bytes its manifest lists, read once;
+        see ``launcher.train.safe_load``)."""
 
     @abstractmethod
     def local_tensors(self) -> Iterator[torch.Tensor]:

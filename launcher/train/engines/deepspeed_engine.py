@@ -23,19 +23,12 @@ nothing JIT-builds a fused optimizer on CPU; llmtrain's own schedule sets the le
 every step. Checkpoints are DeepSpeed's own (``save_checkpoint``/``load_checkpoint``).
 
 DeepSpeed 0.19 reads its checkpoint files with ``torch.load(weights_only=False)``, which runs any
-code pickled into them. Two guards: before handing a checkpoint to DeepSpeed, every ``*.pt`` file
-is read with ``weights_only=True`` and the exact classes of ``safe_globals`` (torch matches them by
-full name, no dotted-path resolution); a file that needs anything else is refused and DeepSpeed
-never opens it. Then, during DeepSpeed's own load, its checkpoint engine's ``load`` is replaced by
-the same weights-only read and ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` is set, so a file swapped in
-between the two reads is refused too.
+code pickled into them: ``load`` goes through ``launcher.train.safe_load`` (every file read once,
+checked against the signed manifest, read weights-only, before and while DeepSpeed loads).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,56 +46,9 @@ from launcher.train.engines.dist import engine_device
 from launcher.train.init_from import copy_into
 from launcher.train.model import Transformer, apply_recompute, build_model, loss_fn
 from launcher.train.optim import build_optimizer
+from launcher.train.safe_load import CheckpointFiles, deepspeed_loading, verify_weights_only
 
 TAG = "engine"
-
-
-class UnsafeCheckpointError(RuntimeError):
-    """A checkpoint file holds pickled objects outside the weights-only allow-list."""
-
-
-def safe_globals() -> list[Any]:
-    """Classes DeepSpeed pickles into its checkpoints besides tensors and builtins (found by
-    loading real ZeRO 0-3 checkpoints of this version with weights_only=True)."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
-
-
-def weights_only_load(path: Any, map_location: Any = None) -> Any:
-    """torch.load limited to tensors, builtins and ``safe_globals`` (never runs pickled code)."""
-    try:
-        with torch.serialization.safe_globals(safe_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        reason = str(exc).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
-        raise UnsafeCheckpointError(
-            f"{path}: refused to load: it holds pickled objects that a weights-only load "
-            f"does not allow ({reason}); llmtrain never executes code from checkpoint files"
-        ) from None
-
-
-@contextlib.contextmanager
-def forced_weights_only() -> Iterator[None]:
-    """Every torch.load in this block is weights-only, whatever its caller asks for."""
-    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        with torch.serialization.safe_globals(safe_globals()):
-            yield
-    finally:
-        if previous is None:
-            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
-
-
-def verify_weights_only(directory: Path) -> None:
-    """Refuse a checkpoint any of whose files cannot be read without executing pickled code."""
-    for path in sorted(directory.rglob("*.pt")):
-        weights_only_load(path, map_location="cpu")
 
 
 class PipelineEmbedding(nn.Module):
@@ -309,21 +255,15 @@ class DeepSpeedEngine(Engine):
         self.engine.save_checkpoint(str(directory), tag=TAG)
         return sorted(p for p in set(directory.rglob("*")) - before if p.is_file())
 
-    def load(self, directory: Path) -> None:
-        verify_weights_only(directory)
-        checkpoint_engine = self.engine.checkpoint_engine
-        original = checkpoint_engine.load
-        checkpoint_engine.load = weights_only_load
-        try:
-            with forced_weights_only():
-                path, _ = self.engine.load_checkpoint(
-                    str(directory),
-                    tag=TAG,
-                    load_optimizer_states=True,
-                    load_lr_scheduler_states=False,
-                )
-        finally:
-            checkpoint_engine.load = original
+    def load(self, directory: Path, files: CheckpointFiles) -> None:
+        verify_weights_only(directory, files)  # every *.pt weights-only, before DeepSpeed reads
+        with deepspeed_loading(files):
+            path, _ = self.engine.load_checkpoint(
+                str(directory),
+                tag=TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+            )
         if path is None:
             raise RuntimeError(f"{directory}: DeepSpeed found no checkpoint tagged {TAG!r}")
 

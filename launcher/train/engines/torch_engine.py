@@ -72,6 +72,7 @@ stages all-reduced over the "pp" group.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -129,16 +130,6 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
 from launcher.train import fp8
 from launcher.train.engines.base import Engine, RankInfo, StepResult
-from launcher.train.engines.dcp_safe import (
-    SafeFileSystemReader,
-    TensorOnlyLoadPlanner,
-    UnsafeCheckpointError,
-    checkpoint_failure,
-    first_failure,
-    read_non_tensor_state,
-    split_non_tensor_state,
-    write_non_tensor_state,
-)
 from launcher.train.engines.dist import engine_device
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.init_from import copy_into
@@ -157,6 +148,18 @@ from launcher.train.model import (
 )
 from launcher.train.optim import build_optimizer, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
+from launcher.train.safe_load import (
+    CheckpointFiles,
+    SafeFileSystemReader,
+    TensorOnlyLoadPlanner,
+    UnsafeCheckpointError,
+    checkpoint_failure,
+    first_failure,
+    read_json,
+    read_non_tensor_state,
+    split_non_tensor_state,
+    write_non_tensor_state,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -834,17 +837,18 @@ class TorchEngine(Engine):
             mine += [p for p in directory.iterdir() if p.name == ".metadata"]
         return sorted(mine)
 
-    def load(self, directory: Path) -> None:
-        """Restore from `directory`; never unpickles code (see ``dcp_safe``; the ZeRO-1 shard
-        and the scaler are read weights-only and as JSON)."""
+    def load(self, directory: Path, files: CheckpointFiles) -> None:
+        """Restore from `directory`, every file read once through `files` (checked against the
+        manifest); never unpickles code (see ``safe_load``; the ZeRO-1 shard and the scaler are
+        read weights-only and as JSON)."""
         directory = Path(directory)
         state = self._state()
         tensors, others = split_non_tensor_state(state)
-        saved = read_non_tensor_state(directory)
+        saved = read_non_tensor_state(directory, files)
         try:
             dcp_load(
                 tensors,
-                storage_reader=SafeFileSystemReader(str(directory)),
+                storage_reader=SafeFileSystemReader(str(directory), files),
                 planner=TensorOnlyLoadPlanner(),
             )
         except CheckpointException as exc:  # a BaseException: make it an ordinary error
@@ -859,7 +863,8 @@ class TorchEngine(Engine):
         if isinstance(self.optimizer, ZeroRedundancyOptimizer):
             set_model_state_dict(self._model_arg(), state["model"], options=STATE_OPTIONS)
             shard = directory / ZERO1_OPTIM_FILE.format(rank=dist.get_rank())
-            self.optimizer.optim.load_state_dict(torch.load(shard, weights_only=True))
+            data = io.BytesIO(files.read(shard))
+            self.optimizer.optim.load_state_dict(torch.load(data, weights_only=True))
         else:
             set_state_dict(
                 self._model_arg(),
@@ -869,7 +874,7 @@ class TorchEngine(Engine):
                 options=STATE_OPTIONS,
             )
         if self.scaler is not None:
-            self.scaler.load_state_dict(json.loads((directory / SCALER_FILE).read_text()))
+            self.scaler.load_state_dict(read_json(files, directory / SCALER_FILE))
 
     def extra_state(self) -> dict[str, Any]:
         lay = self.layout
