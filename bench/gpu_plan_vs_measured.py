@@ -4,6 +4,17 @@
         [--micro-batch 1] [--seq 8192] [--cluster NAME] [--band X] [--json FILE] [--workdir DIR]
     python bench/gpu_plan_vs_measured.py --smoke         # CPU plumbing: tiny recipe, a few steps
     python bench/gpu_plan_vs_measured.py --from-run DIR  # compare a finished run directory again
+    python bench/gpu_plan_vs_measured.py --matrix [--only NAME ...]  # MATRIX, with/without profile
+    python bench/gpu_plan_vs_measured.py --smoke --matrix  # the matrix code path on the CPU
+
+--matrix trains each configuration of MATRIX (>= 10: hidden 2k-8k, sequence 2k-8k, micro-batch,
+recompute, compile, bf16/fp8, dense/MoE, torch/DeepSpeed) once and compares its step time and
+peak memory with two plans of it: from published figures (cluster.profile=none) and from a
+profile `llmtrain calibrate` wrote for that configuration on this GPU just before the run. It
+prints each error and the median |error| of each, and exits 1 on a miss (a figure outside the
+stated band) or a failed run. The matrix is held out: no constant was fitted to it (the fitted
+constants come from bench/plan_fit.py on calibration.csv; a profile holds measurements only).
+Large shapes keep their per-layer dimensions with fewer layers so that one GPU holds them.
 
 For each precision (bf16 and fp8 unless --bf16 or --fp8 picks one) it trains `recipe=llama3-1b`
 (Llama 3.2 1B shape, 1.24B parameters) with backend=torch on one GPU through the real CLI
@@ -164,6 +175,119 @@ def smoke_overrides(precision: str, steps: int) -> list[str]:
         f"train.steps={steps}",
         "checkpoint.keep_last=1",
     ]
+
+
+# name -> overrides on top of matrix_base(); held out (module docstring).
+MATRIX: dict[str, list[str]] = {
+    "1b-s8k-bf16": ["recipe=llama3-1b", "precision=bf16"],
+    "1b-s8k-fp8": ["recipe=llama3-1b", "precision=fp8"],
+    "1b-s4k-mbs2": [
+        "recipe=llama3-1b",
+        "model.seq_length=4096",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=2",
+    ],
+    "1b-s8k-full-recompute": ["recipe=llama3-1b", "train.recompute=full"],
+    "1b-s8k-compile": ["recipe=llama3-1b", "backend.compile=true"],
+    "1b-s8k-fp8-compile": ["recipe=llama3-1b", "precision=fp8", "backend.compile=true"],
+    "1b-accum4": ["recipe=llama3-1b", "model.seq_length=4096", "train.global_batch_size=4"],
+    "1b-deepspeed-zero1": ["recipe=llama3-1b", "backend=deepspeed", "zero.stage=1"],
+    "8b-4layers-s4k": ["recipe=llama3-8b", "model.num_layers=4", "model.seq_length=4096"],
+    "8b-4layers-s8k-compile": [
+        "recipe=llama3-8b",
+        "model.num_layers=4",
+        "backend.compile=true",
+    ],
+    "mixtral-1layer-s4k": [
+        "recipe=mixtral-8x7b",
+        "model.num_layers=1",
+        "model.seq_length=4096",
+    ],
+    "70b-1layer-s2k": ["recipe=llama3-70b", "model.num_layers=1", "model.seq_length=2048"],
+}
+# --smoke --matrix: the same code on the CPU, two tiny configurations.
+SMOKE_MATRIX: dict[str, list[str]] = {
+    "tiny-a": ["recipe=tiny", "model.seq_length=128"],
+    "tiny-b": ["recipe=tiny", "model.seq_length=128", "model.num_layers=2"],
+}
+
+
+def matrix_base(cluster: str, steps: int, smoke: bool) -> list[str]:
+    base = [
+        f"cluster={cluster}",
+        "cluster.num_nodes=1",
+        "cluster.gpus_per_node=1",
+        f"train.steps={steps}",
+        "checkpoint.keep_last=1",
+        "parallel.tp=1",
+        "parallel.pp=1",
+        "parallel.cp=1",
+        "parallel.ep=1",
+        "zero.stage=0",
+    ]
+    if smoke:
+        return [*base, "backend=torch", "train.micro_batch_size=2", "train.global_batch_size=2"]
+    return [*base, "train.micro_batch_size=1", "train.global_batch_size=1"]
+
+
+def calibrate_profile(overrides: list[str], profile: Path, workdir: Path) -> None:
+    """`llmtrain calibrate OVERRIDES --out profile --no-cache` (merged into one file)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [sys.executable, "-m", "launcher", "calibrate", *overrides]
+    command += ["--out", str(profile), "--no-cache"]
+    print("$ llmtrain calibrate " + " ".join(overrides), flush=True)
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr.strip() or done.stdout.strip())[-2000:]
+        raise BenchError(f"`llmtrain calibrate` failed (exit {done.returncode}):\n{tail}")
+
+
+def run_matrix_one(
+    name: str, overrides: list[str], workdir: Path, opts: argparse.Namespace, cpu: bool
+) -> list[Outcome]:
+    """One real run, compared with the published-figures plan and with the profile's plan."""
+    published = [*overrides, "cluster.profile=none"]
+    try:
+        cfg = compose_config(published).config
+        profile = workdir / "profile.json"
+        if not opts.no_profile:
+            calibrate_profile(overrides, profile, workdir / "calibrate")
+        run_dir = launch(published, workdir / name)
+        outcomes = [
+            evaluate(f"{name} (published)", published, cfg, run_dir, opts.warmup, opts.band, cpu)
+        ]
+        if not opts.no_profile:
+            measured_cfg = compose_config([*overrides, f"cluster.profile={profile}"]).config
+            figures = measured_figures(run_dir, opts.warmup)
+            rows = compare(make_plan(measured_cfg), figures, opts.band, cpu)
+            outcomes.append(Outcome(f"{name} (profile)", overrides, str(run_dir), None, rows))
+        return outcomes
+    except BenchError as exc:
+        return [Outcome(name, overrides, None, str(exc), [])]
+    except Exception as exc:  # ConfigError and friends: report, exit 1, no traceback
+        return [Outcome(name, overrides, None, f"{type(exc).__name__}: {exc}", [])]
+
+
+def medians(outcomes: list[Outcome]) -> None:
+    """Median and max |error| of step time and peak allocated, per pricing source."""
+    for source in ("published", "profile"):
+        for figure in ("step time", "peak allocated"):
+            errors = [
+                abs(r.error)
+                for o in outcomes
+                if o.precision.endswith(f"({source})")
+                for r in o.rows
+                if r.figure == figure and r.error is not None
+            ]
+            if errors:
+                print(
+                    f"{source:<10} {figure:<15} median |error| {statistics.median(errors):.1%}, "
+                    f"max {max(errors):.1%} over {len(errors)} runs"
+                )
 
 
 def launch(overrides: list[str], workdir: Path) -> Path:
@@ -376,6 +500,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=8192, help="sequence length (GPU)")
     p.add_argument("--band", type=float, help="allowed |error| for every figure (0.1 = ±10%%)")
     p.add_argument("--json", help="write the report here")
+    p.add_argument("--matrix", action="store_true", help="run MATRIX (module docstring)")
+    p.add_argument("--only", nargs="*", help="with --matrix: these configurations only")
+    p.add_argument(
+        "--no-profile", action="store_true", help="with --matrix: published figures only"
+    )
     p.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp folder)")
     opts = p.parse_args(argv)
     if opts.warmup is None:
@@ -431,6 +560,22 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": opts.smoke,
     }
     print(f"device {device}, cluster={cluster}, {opts.steps} steps, first {opts.warmup} skipped")
+    if opts.matrix:
+        table_ = SMOKE_MATRIX if opts.smoke else MATRIX
+        names = opts.only or list(table_)
+        unknown = sorted(set(names) - set(table_))
+        if unknown:
+            print(f"error: --only {unknown}: not in the matrix {sorted(table_)}", file=sys.stderr)
+            return 2
+        with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
+            workdir = opts.workdir or Path(tmp)
+            results: list[Outcome] = []
+            for name in names:
+                base = matrix_base(cluster, opts.steps, opts.smoke)
+                results += run_matrix_one(name, [*base, *table_[name]], workdir, opts, opts.smoke)
+            code = report(results, {**header, "matrix": names}, opts.json)
+            medians(results)
+            return code
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         workdir = opts.workdir or Path(tmp)
         outcomes = []

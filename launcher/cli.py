@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -199,6 +200,14 @@ def plan(
         bool,
         typer.Option("--json-schema", help="Print the JSON Schema of the --json document."),
     ] = False,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="Train the model shrunk to 1 and 2 layers per pipeline chunk for a few real "
+            "steps on this machine and extrapolate step time and memory to the full model.",
+        ),
+    ] = False,
     detail: Annotated[
         bool,
         typer.Option(
@@ -212,6 +221,12 @@ def plan(
     """Predict per-GPU memory, step time, MFU, communication, cost and checkpoint cadence."""
     overrides = _with_config(config, overrides)
     from launcher.config.compose import compose_config
+
+    if measure:
+        if search:
+            raise UserError("--measure and --search: pick one (measure plans one layout)")
+        _plan_measure(list(overrides or []), as_json)
+        return
 
     if json_schema:
         from launcher.views.plan_schema import plan_json_schema
@@ -299,7 +314,31 @@ def plan(
                     f"and submit refuse it until backend={substitute.planned} is set."
                 )
             )
+        if result_plan.profile_note:
+            err.print(Text("note ", style="yellow") + Text(result_plan.profile_note))
         render_plan(result_plan, out, detail=detail)
+
+
+def _plan_measure(overrides: list[str], as_json: bool) -> None:
+    from launcher.config.compose import compose_config
+    from launcher.launch.measure import measure, table, to_json
+    from launcher.validate.rules import check
+    from launcher.views.config import show_violations
+
+    composed = compose_config(overrides)
+    violations = check(composed.config)
+    if any(v.is_error for v in violations):
+        show_violations(err, composed, violations)
+        raise typer.Exit(2)
+
+    def progress(line: str) -> None:
+        err.print(Text(line, style="dim"))
+
+    result = measure(overrides, progress)
+    if as_json:
+        _print_json(to_json(result))
+    else:
+        sys.stdout.write(table(result) + "\n")
 
 
 @app.command()
@@ -359,6 +398,78 @@ def run(
         summary_path = RunDir(prepared.run_dir).summary
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
         _print_json({"run_dir": str(prepared.run_dir), "exit_code": 0, "summary": summary})
+
+
+@app.command()
+def calibrate(
+    overrides: Overrides = None,
+    config: ConfigFile = None,
+    out_path: Annotated[
+        str | None,
+        typer.Option("--out", help="Also write the profile here (merged if it is one already)."),
+    ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Do not write the cache (~/.cache/llmtrain/profiles/GPU.json) that plan reads.",
+        ),
+    ] = False,
+    budget: Annotated[
+        float | None,
+        typer.Option("--budget", help="Seconds to spend (default 60 on the CPU, 120 on a GPU)."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Time, on this machine, the operators the planner prices for this configuration (GEMMs,
+    attention, element-wise work, loss, optimizer, local collectives) and write a profile that
+    `plan` then prices from."""
+    from pathlib import Path
+
+    from launcher.config.compose import compose_config
+    from launcher.validate.rules import check
+    from launcher.views.config import show_violations
+
+    overrides = _with_config(config, overrides)
+    composed = compose_config(overrides or [])
+    violations = check(composed.config)
+    if any(v.is_error for v in violations):
+        show_violations(err, composed, violations)
+        raise typer.Exit(2)
+    if budget is not None and not budget > 0:
+        raise UserError(f"--budget={budget}: must be a positive number of seconds, e.g. 60")
+    if no_cache and out_path is None:
+        raise UserError("--no-cache without --out writes nothing: add --out PATH")
+    seconds = budget or (60.0 if composed.config.cluster.gpu == "cpu" else 120.0)
+    out_file = Path(out_path).expanduser() if out_path else None
+    if out_file is not None and out_file.is_dir():
+        raise UserError(
+            f"--out={out_path}: is a folder; give a file name, e.g. {out_path}/cpu.json"
+        )
+    from launcher.launch.calibrate import calibrate as run_calibration
+
+    def progress(line: str) -> None:
+        err.print(Text(line, style="dim"))
+
+    start = time.monotonic()
+    doc, written = run_calibration(
+        composed.config, list(overrides or []), out_file, not no_cache, progress, seconds
+    )
+    took = time.monotonic() - start
+    counts = {k: len(doc.get(k, [])) for k in ("gemm", "attention", "elementwise", "loss")}
+    if as_json:
+        _print_json({"written": [str(p) for p in written], "seconds": took, "profile": doc})
+        return
+    for note in doc.get("notes", []):
+        err.print(Text("note ", style="yellow") + Text(note))
+    for path in written:
+        out.print(f"profile written: {path}")
+    out.print(
+        f"{counts['gemm']} GEMM shapes, {counts['attention']} attention, "
+        f"{len(doc.get('collectives', []))} collective figures in the profile; measured in "
+        f"{took:.1f} s. `llmtrain plan` now prices this device from it "
+        "(cluster.profile=PATH picks a file; cluster.profile=none ignores profiles)."
+    )
 
 
 data_app = typer.Typer(

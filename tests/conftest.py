@@ -6,13 +6,20 @@ every test that starts processes runs on one worker, one at a time, in file orde
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
 
 os.environ.setdefault("COLUMNS", "200")
 os.environ.setdefault("TERMINAL_WIDTH", "200")
+# plan prices from a cached operator profile (llmtrain calibrate) when one exists: tests read and
+# write an empty cache of their own, never the developer's ~/.cache/llmtrain/profiles.
+os.environ["LLMTRAIN_PROFILE_DIR"] = tempfile.mkdtemp(prefix="llmtrain-test-profiles-")
+atexit.register(shutil.rmtree, os.environ["LLMTRAIN_PROFILE_DIR"], True)
 
 
 # Tests that start processes: torchrun ranks, DeepSpeed, a SLURM cluster on fixed ports,

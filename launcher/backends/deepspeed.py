@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from launcher.backends.common import Backend, Refusal
 from launcher.backends.engine_choices import chunked_loss_elsewhere
-from launcher.config.layout import Layout
+from launcher.backends.fp8_params import fp8_param_gather_not_run
+from launcher.config.layout import Layout, split_keys
+from launcher.config.pipeline_split import SPLIT_KEYS
 from launcher.config.schema import LLMTrainConfig
 
 _NOT_HERE = (
@@ -35,6 +37,18 @@ def _virtual_stages_with_pipeline(cfg: LLMTrainConfig, layout: Layout) -> Refusa
         ("parallel.vpp",),
         f"parallel.vpp={p.vpp}: DeepSpeed's pipeline engine has no virtual stages; use "
         "parallel.vpp=1",
+    )
+
+
+def _megatron_split_keys(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    keys = split_keys(cfg)
+    if not keys.any:
+        return None
+    return Refusal(
+        SPLIT_KEYS,
+        f"{keys.describe()}: DeepSpeed's PipelineModule places the layers itself "
+        "(partition_method, here type:TransformerBlock); drop the split keys, or use "
+        "backend=megatron or backend=torch, which follow them",
     )
 
 
@@ -118,7 +132,9 @@ BACKEND = Backend(
         )
     },
     combos=(
+        fp8_param_gather_not_run,
         _virtual_stages_with_pipeline,
+        _megatron_split_keys,
         _zero_2_or_3_with_pipeline,
         _tensor_parallel_with_pipeline,
         _fp16_on_cpu,

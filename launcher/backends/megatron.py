@@ -12,20 +12,25 @@ Facts from Megatron-LM's ``megatron/training/arguments.py`` and the Megatron-cor
 - MoE parallel folding (Megatron-core MoE docs): the expert layers re-fold the tp x cp x dp ranks
   of a pipeline stage into expert-tensor x expert x expert-data parallel groups, so ep must divide
   tp x cp x dp (with ``--expert-tensor-parallel-size 1`` when ep does not divide dp x cp).
-- Pipeline schedules: 1F1B, interleaved with virtual stages (equal layer counts per virtual
-  stage); only the first and last stage may hold a different layer count.
+- Pipeline schedules: 1F1B, interleaved with virtual stages. Uneven splits through Megatron-Core's
+  own keys (parallel.account_for_embedding/loss_in_pipeline_split,
+  parallel.num_layers_in_first/last_pipeline_stage, parallel.pipeline_layout; conditions in
+  launcher/config/pipeline_split.py); with parallel.pp_layers only the first and last stage may
+  differ, without virtual stages.
 """
 
 from __future__ import annotations
 
 from launcher.backends.common import Backend, Refusal
+from launcher.backends.fp8_params import megatron_fp8_param_gather
 from launcher.config.layout import Layout
+from launcher.config.pipeline_split import even_split_ok, suggestion
 from launcher.config.schema import LLMTrainConfig
 
 
 def _pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     p = cfg.parallel
-    if p.pp <= 1 or not layout.explicit_split:
+    if p.pp <= 1 or p.pp_layers is None:
         return None
     stages = list(layout.stage_layers)
     if len(set(stages[1:-1])) > 1:
@@ -44,15 +49,20 @@ def _pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
 
 
 def _virtual_stages(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    """An uneven layer count with none of Megatron-Core's split keys: Megatron-LM refuses it
+    (megatron/training/arguments.py, transformer_block.py), except with one chunk per stage where
+    only the first and last stage differ (rendered as --decoder-first/last-pipeline-num-layers).
+    The refusal names the split keys that work (launcher/config/pipeline_split.py)."""
     p, layers = cfg.parallel, cfg.model.num_layers
-    chunks = p.pp * p.vpp
-    if p.vpp <= 1 or p.pp <= 1 or layers % chunks == 0:
+    if p.pp <= 1 or layout.explicit_split or even_split_ok(layers, p.pp, p.vpp):
+        return None
+    stages = layout.stage_layers
+    if p.vpp == 1 and len(set(stages[1:-1])) <= 1:
         return None
     return Refusal(
-        ("parallel.vpp", "model.num_layers"),
-        f"model.num_layers={layers} is not divisible by pp x vpp = {chunks}: Megatron-LM's "
-        "interleaved schedule needs equal virtual stages; use a parallel.vpp for which pp x vpp "
-        "divides the layer count, or parallel.vpp=1",
+        ("parallel.pp", "parallel.vpp", "model.num_layers"),
+        f"model.num_layers={layers} does not split evenly over pp x vpp = {p.pp} x {p.vpp}: "
+        "Megatron-Core needs an uneven split said explicitly; " + suggestion(layers, p.pp, p.vpp),
     )
 
 
@@ -82,5 +92,5 @@ BACKEND = Backend(
         {"moe", "moe+tp", "mla", "mla+tp", "tied-embeddings+pp", "sequence-parallel"}
     ),
     expert_span=("tp", "cp", "dp"),
-    combos=(_pipeline_split, _virtual_stages),
+    combos=(_pipeline_split, _virtual_stages, megatron_fp8_param_gather),
 )

@@ -19,6 +19,7 @@ from launcher.backends.engine_choices import (
     chunked_loss_elsewhere,
     compile_in_force,
 )
+from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 
@@ -33,6 +34,20 @@ def _optimizer_offload_alone(cfg: LLMTrainConfig, layout: Layout) -> Refusal | N
             "zero.offload_params=cpu as well",
         )
     return None
+
+
+def _empty_pipeline_stage(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    """The engine builds one torch.distributed.pipelining stage per virtual stage from
+    layout.chunk_layers (any uneven split, Megatron-Core's keys included); a virtual stage without
+    a transformer layer is not built."""
+    if cfg.parallel.pp <= 1 or min(layout.chunk_layers, default=1) >= 1:
+        return None
+    return Refusal(
+        ("parallel.pipeline_layout", "parallel.account_for_embedding_in_pipeline_split"),
+        f"virtual stages {list(layout.chunk_layers)}: llmtrain's torch engine needs a transformer "
+        "layer in every pipeline stage; give each stage a t, or leave the split keys unset (the "
+        "automatic split)",
+    )
 
 
 def _interleaved_rounds(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
@@ -257,7 +272,9 @@ BACKEND = Backend(
     schedules=("1f1b", "gpipe", "interleaved"),
     features=frozenset({"moe", "moe+tp", "mla", "mla+tp", "kv-replication", "sequence-parallel"}),
     combos=(
+        fp8_param_gather_not_run,
         _optimizer_offload_alone,
+        _empty_pipeline_stage,
         _interleaved_rounds,
         _zero1_with_tp_or_pp,
         _cp_with_pp_mla_or_compile,

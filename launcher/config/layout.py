@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
+from launcher.config.pipeline_split import SplitError, SplitKeys, megatron_split
 from launcher.config.schema import LLMTrainConfig
 
 
@@ -31,7 +32,8 @@ class Layout:
     # Transformer layers per pipeline chunk, in execution order: pp * vpp entries; chunk i runs on
     # stage i % pp (Megatron's interleaved assignment). With vpp == 1 this is one entry per stage.
     chunk_layers: tuple[int, ...]
-    # True when the split came from parallel.pp_layers, False when automatic.
+    # True when the split came from parallel.pp_layers or Megatron-Core's split keys
+    # (launcher/config/pipeline_split.py), False when automatic.
     explicit_split: bool
     steps: int
     seq_length: int
@@ -115,14 +117,46 @@ def auto_split(num_layers: int, chunks: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+_NO_SPLIT_KEYS = SplitKeys()
+
+
+def split_keys(cfg: LLMTrainConfig) -> SplitKeys:
+    """Megatron-Core's pipeline split keys as set in the config."""
+    p = cfg.parallel
+    if (
+        p.pipeline_layout is None
+        and p.num_layers_in_first_pipeline_stage is None
+        and p.num_layers_in_last_pipeline_stage is None
+        and not p.account_for_embedding_in_pipeline_split
+        and not p.account_for_loss_in_pipeline_split
+    ):
+        return _NO_SPLIT_KEYS
+    return SplitKeys(
+        first=p.num_layers_in_first_pipeline_stage,
+        last=p.num_layers_in_last_pipeline_stage,
+        embedding=p.account_for_embedding_in_pipeline_split,
+        loss=p.account_for_loss_in_pipeline_split,
+        layout=p.pipeline_layout,
+    )
+
+
 def derive_layout(cfg: LLMTrainConfig) -> Layout:
     p = cfg.parallel
     dp = infer_dp(cfg)
     micro, total, accum = batch_sizes(cfg, dp)
     chunks = max(1, p.pp) * max(1, p.vpp)
-    if p.pp_layers is not None:
+    keys = split_keys(cfg)
+    chunk_layers: tuple[int, ...] | None = None
+    if keys.any:
+        # Megatron-Core's uneven split; when it refuses the keys, the pipeline-split rule says
+        # so and the automatic split stands in.
+        try:
+            chunk_layers = megatron_split(cfg.model.num_layers, p.pp, p.vpp, keys)
+        except SplitError:
+            chunk_layers = None
+    elif p.pp_layers is not None:
         chunk_layers = tuple(p.pp_layers)
-    else:
+    if chunk_layers is None:
         chunk_layers = auto_split(cfg.model.num_layers, chunks)
     return Layout(
         world_size=world_size(cfg),
@@ -137,7 +171,7 @@ def derive_layout(cfg: LLMTrainConfig) -> Layout:
         global_batch_size=total,
         grad_accum=accum,
         chunk_layers=chunk_layers,
-        explicit_split=p.pp_layers is not None,
+        explicit_split=p.pp_layers is not None or keys.any,
         steps=train_steps(cfg, total),
         seq_length=cfg.model.seq_length,
     )

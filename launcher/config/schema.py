@@ -77,6 +77,14 @@ class ParallelConfig:
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
     # Layer count per pipeline stage (length pp); None: automatic split.
     pp_layers: list[int] | None = None
+    # Megatron-Core's uneven splits (launcher/config/pipeline_split.py has the conditions): the
+    # embedding / loss counted as a layer, the first / last stage's own layer count, or an
+    # explicit layout string ("Et|(tt|)*30L": E embedding, t layer, L loss, | between stages).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    pipeline_layout: str | None = None
 
 
 @dataclass
@@ -108,6 +116,9 @@ class PrecisionConfig:
     # torchao float8 scaling: tensorwise (one scale per tensor; fastest) | rowwise (one scale per
     # row; more accurate, slower casts; no fp8 all-gather under FSDP2).
     fp8_recipe: str = "tensorwise"
+    # With fp8 (backend=megatron, --fp8-param-gather): the compute weights kept in fp8 only (no
+    # bf16 copy) and all-gathered in fp8 (launcher/backends/fp8_params.py).
+    fp8_param_gather: bool = False
 
 
 @dataclass
@@ -193,6 +204,10 @@ class ClusterConfig:
     # SLURM GPU request style: gpus-per-node | gres.
     gpu_request: str = "gpus-per-node"
     env: dict[str, str] = field(default_factory=dict)
+    # Operator profile `llmtrain calibrate` wrote (a JSON file) for `plan` to price from; None: the
+    # cached profile of cluster.gpu when there is one (~/.cache/llmtrain/profiles/GPU.json),
+    # "none": published figures only.
+    profile: str | None = None
 
 
 @dataclass

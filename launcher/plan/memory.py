@@ -23,7 +23,8 @@ Conventions stated once here (and in the plan's assumptions):
 - Dropout is on for GPT-style models (LayerNorm; Megatron's default 0.1) and off for Llama-style
   (RMSNorm) ones; it adds 1-byte masks (Korthikanti's 34 sbh + 5 as^2 b counts them).
 - CPU offload moves the optimizer states (offload_optimizer) and the sharded weights
-  (offload_params) to host memory, reported per GPU and per node.
+  (offload_params) to host memory, and the gradients as each engine does (plan/offload.py),
+  reported per GPU and per node.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ from dataclasses import dataclass
 
 from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
 from launcher.config.layout import Layout
+from launcher.config.pipeline_split import layers_in_flight
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.offload import gradient_placement
+from launcher.plan.profile import Rates
 from launcher.plan.schedule import chunk_microbatches_in_flight
 
 GIB = 1024**3
@@ -74,6 +78,9 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
     """Unsharded bytes per parameter of each model-state bucket (ZeRO paper, section 3)."""
     p = cfg.precision
     weights = float(DTYPE_BYTES[p.compute_dtype]) + fp8_weight_copy_bytes(cfg)
+    if p.fp8 and p.fp8_param_gather:
+        # --fp8-param-gather: the fp8 weight and its transpose are the only compute copy.
+        weights = 2.0
     gradients = float(DTYPE_BYTES[p.grad_dtype])
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
     if master and cfg.backend.name == "torch" and cfg.zero.stage >= 3:
@@ -293,6 +300,9 @@ class HardwareView:
     arch: str = "hopper"
     tdp_watts: float | None = None
     scale_up_domain: int = 0  # 0: the node (gpus_per_node)
+    # Figures measured on this machine (llmtrain calibrate; launcher.plan.profile.Rates), or None:
+    # every part priced from the catalog.
+    profile: Rates | None = None
 
 
 @dataclass(frozen=True)
@@ -416,6 +426,8 @@ def stage_states(
 
     weights = sharded(bpp.weights, z.stage >= 3)
     gradients = sharded(bpp.gradients, z.stage >= 2)
+    # Offloading engines keep (part of) the gradients on the host (plan/offload.py).
+    gradients, host = gradient_placement(cfg, gradients, sharded(4.0, True))
     if z.stage >= 2 and pipelined_fsdp_accumulates(cfg, layout):
         # torch FSDP2 under torch.distributed.pipelining: every backward but the schedule's last
         # runs with gradient sync and reshard-after-backward off (PipelineStage.
@@ -429,7 +441,6 @@ def stage_states(
         reduce = cfg.precision.grad_dtype if compute != "fp32" else "fp32"
         gradients += DTYPE_BYTES[reduce] * params.total
     optimizer = sharded(bpp.optimizer, z.stage >= 1)
-    host = 0.0
     if z.offload_optimizer == "cpu":
         host += optimizer
         optimizer = 0.0
@@ -484,7 +495,19 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         layout.vpp,
         stage,
     )
-    activations = per_layer(cfg.train.recompute) * per_chunk * in_flight
+    held = per_chunk * in_flight
+    if len(chunk_layer_count) == max(1, layout.vpp) and layout.pp > 1:
+        # The layer-forwards really alive at the peak, chunk by chunk (an uneven split's chunks
+        # differ: config/pipeline_split.py layers_in_flight; the same as above when equal).
+        held = layers_in_flight(
+            cfg.parallel.pp_schedule,
+            layout.pp,
+            layout.num_microbatches,
+            layout.vpp,
+            stage,
+            tuple(chunk_layer_count),
+        )
+    activations = per_layer(cfg.train.recompute) * held
     if cfg.train.recompute != "none":
         # While a layer is recomputed for its backward its full activations exist once.
         activations += per_layer("none")
@@ -511,7 +534,8 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
     buffers = min(cfg.backend.reduce_bucket_size, rank_params) * bpp.gradients
     if z.stage in (1, 2):
         allgather = min(cfg.backend.allgather_bucket_size, rank_params)
-        buffers += allgather * DTYPE_BYTES[cfg.precision.compute_dtype]
+        gathered = 1 if cfg.precision.fp8 and cfg.precision.fp8_param_gather else None
+        buffers += allgather * (gathered or DTYPE_BYTES[cfg.precision.compute_dtype])
     if z.stage >= 3:
         # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded, plus one
         # layer's unsharded gradients before its reduce-scatter.

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.errors import UserError
 from launcher.plan.bands import ErrorBand, error_band
 from launcher.plan.flops import FlopsPerToken, flops_per_token
 from launcher.plan.hardware import get_gpu
+from launcher.plan.measured import coverage
 from launcher.plan.memory import (
     FRAGMENTATION,
     GIB,
@@ -22,6 +24,8 @@ from launcher.plan.memory import (
     uses_dropout,
 )
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.offload import offload_assumption
+from launcher.plan.profile import ProfileChoice, ProfileError, choose, cpu_threads
 from launcher.plan.timing import HOST_GBPS, TimePlan, estimate_time
 from launcher.plan.totals import FAILURES_PER_GPU_HOUR, Totals, estimate_totals
 
@@ -55,6 +59,11 @@ class Plan:
     # Leave-one-source-out error bands of this configuration's regime (bands.py).
     time_band: ErrorBand | None = None
     memory_band: ErrorBand | None = None
+    # The operator profile the compute was priced from (llmtrain calibrate), or None: published
+    # figures only; `sources` names where each part of the step time came from.
+    profile: ProfileChoice | None = None
+    profile_note: str | None = None
+    sources: tuple[tuple[str, str], ...] = ()
 
 
 def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
@@ -275,7 +284,64 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         )
     if plan_layout.dp_inferred:
         out.append(f"dp inferred as world_size / (tp*pp*cp) = {plan_layout.dp}.")
+    if cfg.zero.offload_optimizer == "cpu" or cfg.zero.offload_params == "cpu":
+        out.append(offload_assumption(cfg))
+    if len(set(plan_layout.stage_layers)) > 1:
+        out.append(
+            "Pipeline split: transformer layers per stage "
+            f"{list(plan_layout.stage_layers)}; embedding on stage 0, loss on the last; "
+            "bubble scaled by (sum - max) / ((pp - 1) max) of the stage layers."
+        )
     return tuple(out)
+
+
+# Band of a plan priced from a profile, not fitted: what operator timings leave out (the training
+# loop's own Python, data loading, logging, allocator work) and the run-to-run noise of a shared
+# machine; parts priced from the catalog add their leave-one-source-out band by their share.
+PROFILE_BAND = 0.10
+
+
+def choose_profile(cfg: LLMTrainConfig) -> tuple[ProfileChoice | None, str | None]:
+    """The profile the plan prices from (cluster.profile, else the cache's for cluster.gpu) and
+    a note; a cluster.profile that cannot be used is a UserError (exit 2) naming the key."""
+    c = cfg.cluster
+    threads = cpu_threads(c.gpus_per_node) if c.gpu == "cpu" else 0
+    try:
+        return choose(c.gpu, c.profile, cfg.precision.compute_dtype, threads)
+    except ProfileError as exc:
+        raise UserError(
+            f"cluster.profile={c.profile}: {exc}. Write one on this machine with `llmtrain "
+            f"calibrate cluster={c.name} --out PATH`, or set cluster.profile=none for published "
+            "figures"
+        ) from None
+
+
+def profile_band(catalog: ErrorBand, sources: dict[str, str], time: TimePlan) -> ErrorBand:
+    """PROFILE_BAND on the measured share of the step, the catalog band on the rest."""
+    measured = 0.0
+    total = max(1e-30, time.step_s)
+    share = {
+        "optimizer": time.optimizer_s,
+        "compute": time.compute_s + time.bubble_s,
+    }
+    if sources.get("optimizer", "").startswith("profile"):
+        measured += share["optimizer"]
+    measured_classes = sum(
+        1
+        for k in ("linear_gemms", "output_layer", "attention", "elementwise")
+        if sources.get(k, "").startswith("profile")
+    )
+    measured += share["compute"] * measured_classes / 4.0
+    frac = min(1.0, measured / total)
+    typical = PROFILE_BAND * frac + catalog.typical * (1.0 - frac)
+    worst = 2.0 * PROFILE_BAND * frac + catalog.worst * (1.0 - frac)
+    return ErrorBand(
+        typical,
+        worst,
+        0,
+        f"profile-based: {frac:.0%} of the step measured on this machine",
+        "profile",
+    )
 
 
 def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
@@ -284,6 +350,9 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
         raise ValueError(f"headroom must be in [0, 1), got {headroom}")
     layout = derive_layout(cfg)
     hw = hardware_view(cfg)
+    profile, profile_note = choose_profile(cfg)
+    if profile is not None:
+        hw = dataclasses.replace(hw, profile=profile.rates)
     shape = ModelShape(cfg.model)
     memory = estimate_memory(cfg, layout, hw, headroom)
     flops = flops_per_token(cfg.model, cfg.train.recompute)
@@ -298,6 +367,16 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
         storage_write_gbps=cfg.cluster.storage_write_gbps,
     )
     fixes = () if memory.verdict == "fits" else suggest_fixes(cfg, hw, headroom)
+    time_band = error_band("time", cfg, hw.arch)
+    sources: dict[str, str] = {}
+    if profile is not None:
+        sources = coverage(cfg, layout, profile.rates)
+        sources["collectives"] = (
+            "profile (measured group sizes on one node), catalog for the rest"
+            if profile.rates.collectives
+            else "catalog"
+        )
+        time_band = profile_band(time_band, sources, time)
     return Plan(
         config=cfg,
         layout=layout,
@@ -310,8 +389,11 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
         totals=totals,
         fixes=fixes,
         assumptions=assumptions(cfg, layout),
-        time_band=error_band("time", cfg, hw.arch),
+        time_band=time_band,
         memory_band=error_band("memory", cfg, hw.arch),
+        profile=profile,
+        profile_note=profile_note,
+        sources=tuple(sources.items()),
     )
 
 

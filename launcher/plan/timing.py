@@ -32,11 +32,13 @@ import functools
 from dataclasses import dataclass
 
 from launcher.config.layout import Layout
+from launcher.config.pipeline_split import bubble_scale
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.comm import Collective, collective_time, place_group
 from launcher.plan.fitted import constants
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
+from launcher.plan.measured import stage_parts as measured_parts
 from launcher.plan.memory import (
     DTYPE_BYTES,
     HardwareView,
@@ -45,7 +47,7 @@ from launcher.plan.memory import (
     pipelined_fsdp_accumulates,
 )
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.schedule import bubble_fraction, bubble_overhead
+from launcher.plan.schedule import bubble_overhead
 
 # CPU Adam (DeepSpeed's AVX implementation) streams the fp32 states at host-memory speed.
 HOST_GBPS = 50.0
@@ -86,7 +88,7 @@ def stage_compute_parts(
             dense = round(m.moe_dense_layers * layers / max(1, m.num_layers))
     else:
         dense = layers
-    return stage_parts(
+    catalog = stage_parts(
         cfg,
         layout,
         hw.arch,
@@ -99,6 +101,12 @@ def stage_compute_parts(
         layers - dense,
         stage == layout.pp - 1,
         m_limit=not exact,
+    )
+    if hw.profile is None or not exact:
+        return catalog
+    # Measured on this machine (llmtrain calibrate): launcher/plan/measured.py.
+    return measured_parts(
+        cfg, layout, hw.profile, dense, layers - dense, stage == layout.pp - 1, catalog
     )
 
 
@@ -163,6 +171,13 @@ def _add_collective(
     domain = max(hw.gpus_per_node, hw.scale_up_domain)
     place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
     total = collective_time(kind, msg, size, place.bus_gbps) * calls
+    # Measured on this machine for this kind and group size (one node only: inter-node links and
+    # other group sizes stay the catalog's).
+    measured = None
+    if hw.profile is not None and size <= hw.gpus_per_node:
+        measured = hw.profile.collective_s(kind, size, msg)
+    if measured is not None:
+        total = measured * calls
     # Overlapped communication is not free: NCCL kernels take SMs and HBM bandwidth from the
     # compute they run beside, which slows by overlap_cost x the hidden communication time.
     if window is None:
@@ -299,7 +314,10 @@ def estimate_time(
 
     t_mb = t_compute_mb + per_mb_exposed
     pipeline_s = t_mb * mb
-    bubble_s = t_mb * mb * bubble_overhead(pp, mb, vpp)
+    # The bubble of the actual split (an uneven one fills and drains faster than pp x the
+    # heaviest stage: config/pipeline_split.py bubble_scale; 1 for an even split).
+    overhead = bubble_overhead(pp, mb, vpp) * bubble_scale(layout.stage_layers)
+    bubble_s = t_mb * mb * overhead
 
     # Data parallel / ZeRO.
     bpp = bytes_per_param(cfg)
@@ -406,6 +424,10 @@ def estimate_time(
     st = stages[stage]
     on_device = 2.0 * st.optimizer + st.gradients + st.weights
     optimizer_s = on_device / (hw.hbm_gbps * 1e9)
+    if hw.profile is not None and bpp.optimizer > 0 and st.host_bytes == 0:
+        # Measured: the engine's optimizer step (clip, step, zero_grad) on this rank's shard.
+        measured = hw.profile.optimizer_s(st.optimizer / bpp.optimizer)
+        optimizer_s = optimizer_s if measured is None else measured
     if st.host_bytes > 0:
         optimizer_s += 2.0 * st.host_bytes / (HOST_GBPS * 1e9)
         optimizer_s += (st.gradients + st.host_bytes / 6.0) / (PCIE_GBPS * 1e9)
@@ -423,7 +445,7 @@ def estimate_time(
         exposed_comm_s=exposed,
         optimizer_s=optimizer_s,
         microbatch_s=t_mb,
-        bubble_fraction=bubble_fraction(pp, mb, vpp),
+        bubble_fraction=overhead / (1.0 + overhead),
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_gpu=per_gpu,
         tflops_per_gpu=model_tflops / 1e12,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 
 from launcher.backends import raw_refusals
-from launcher.config.layout import derive_layout
+from launcher.config.layout import derive_layout, split_keys
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.sources import MegatronData
 
@@ -33,13 +33,29 @@ class MegatronUnsupported(ValueError):
 
 
 def _split_args(cfg: LLMTrainConfig) -> list[str]:
-    """Uneven first/last stages and virtual stages (what Megatron-LM cannot split is refused by
-    launcher/backends/megatron.py before this runs)."""
+    """Uneven splits and virtual stages (what Megatron-LM cannot split is refused by
+    launcher/backends/megatron.py before this runs). Megatron-Core's split keys become its flags
+    (megatron/training/arguments.py); virtual stages are given as
+    --num-virtual-stages-per-pipeline-rank, which arguments.py requires with uneven first/last
+    stages, and not at all with --pipeline-model-parallel-layout (the layout sets them)."""
     layout = derive_layout(cfg)
     p = cfg.parallel
+    keys = split_keys(cfg)
     args: list[str] = []
+    if keys.layout is not None:
+        return ["--pipeline-model-parallel-layout", keys.layout]
     stages = list(layout.stage_layers)
-    if layout.explicit_split and p.pp > 1 and p.vpp == 1 and len(set(stages)) > 1:
+    if keys.first is not None:
+        args += ["--decoder-first-pipeline-num-layers", str(keys.first)]
+    if keys.last is not None:
+        args += ["--decoder-last-pipeline-num-layers", str(keys.last)]
+    if keys.embedding:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if keys.loss:
+        args.append("--account-for-loss-in-pipeline-split")
+    uneven = p.pp > 1 and p.vpp == 1 and len(set(stages)) > 1
+    if uneven and not keys.any:
+        # parallel.pp_layers, or the automatic split, with equal inner stages.
         args += [
             "--decoder-first-pipeline-num-layers",
             str(stages[0]),
@@ -47,10 +63,7 @@ def _split_args(cfg: LLMTrainConfig) -> list[str]:
             str(stages[-1]),
         ]
     if p.vpp > 1:
-        args += [
-            "--num-layers-per-virtual-pipeline-stage",
-            str(cfg.model.num_layers // (p.pp * p.vpp)),
-        ]
+        args += ["--num-virtual-stages-per-pipeline-rank", str(p.vpp)]
     return args
 
 
@@ -231,6 +244,8 @@ def megatron_args(
             args += ["--loss-scale", "1"]
     if prec.fp8:
         args += ["--fp8-format", "hybrid"]
+        if prec.fp8_param_gather:
+            args.append("--fp8-param-gather")
     if t.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif t.recompute == "full":

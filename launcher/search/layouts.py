@@ -44,15 +44,32 @@ Pass ``exhaustive=True`` to switch the bound off (every valid layout's memory is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
+import shlex
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from launcher.backends import all_backends, raw_refusals
 from launcher.backends.common import Backend
-from launcher.config.layout import Layout, derive_layout
+from launcher.config.layout import Layout, auto_split, derive_layout, split_keys
+from launcher.config.pipeline_split import (
+    EMBEDDING,
+    FIRST,
+    LAST,
+    LAYOUT,
+    LOSS,
+    SPLIT_KEYS,
+    SplitError,
+    SplitKeys,
+    accepted_splits,
+    bubble_scale,
+    even_split_ok,
+    megatron_split,
+)
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.flops import FlopsPerToken, flops_per_token
@@ -74,6 +91,7 @@ from launcher.plan.schedule import bubble_overhead
 from launcher.plan.timing import TimePlan, estimate_time, microbatch_compute_s, microbatch_time
 from launcher.validate.rules import check, divisors
 
+_T = TypeVar("_T")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # Default cap on cp: at least this many tokens per context-parallel rank. Below it the attention
 # blocks are too small to hide the K/V ring behind, and the planner's bandwidth-only collective
@@ -95,6 +113,7 @@ SEARCH_KEYS = frozenset(
         "parallel.sequence_parallel",
         "parallel.pp_schedule",
         "parallel.pp_layers",
+        *SPLIT_KEYS,
         "zero.stage",
         "zero.offload_optimizer",
         "zero.offload_params",
@@ -154,7 +173,8 @@ class Candidate:
 
     @property
     def line(self) -> str:
-        return " ".join(self.overrides)
+        """The overrides as one shell line (a layout string is quoted)."""
+        return " ".join(shlex.quote(word) for word in self.overrides)
 
     @property
     def backend(self) -> str:
@@ -199,6 +219,15 @@ class SearchResult:
         return self.num_nodes * self.gpus_per_node
 
 
+def _with(obj: _T, **changes: object) -> _T:
+    """A copy of a config dataclass with some fields changed: dataclasses.replace without the
+    __init__ round trip (the config sections have no __post_init__), which the search does for
+    every layout it asks the backend about."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
+
+
 # --- the space ------------------------------------------------------------------------------------
 
 
@@ -222,6 +251,13 @@ class LayoutSpace:
     backend: Backend | None = None
     # Memo of the backend's refusals (see backend_rule); not part of the space's identity.
     _backend_memo: dict[tuple[object, ...], bool] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    # Memo of the split keys chosen per (pp, vpp) (see split_for).
+    _split_memo: dict[tuple[int, int], SplitKeys] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    _scale_memo: dict[tuple[int, int], float] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
 
@@ -333,7 +369,12 @@ class LayoutSpace:
             return "pipeline-split"
         if sched == "interleaved" and vpp == 1:
             return "pipeline-split"
-        if self._explicit_split():
+        if self._fixed_split_keys():
+            try:
+                megatron_split(layers, pp, vpp, split_keys(self.base), explain=False)
+            except SplitError:
+                return "pipeline-split"
+        elif self._explicit_split():
             counts = list(p.pp_layers or [])
             if len(counts) != pp * vpp or sum(counts) != layers or min(counts) < 1:
                 return "pipeline-split"
@@ -381,6 +422,67 @@ class LayoutSpace:
         )
 
     # Configurations.
+    def _fixed_split_keys(self) -> bool:
+        """The user fixed Megatron-Core's split keys on the command line (they stay as given)."""
+        return self._base_split[1]
+
+    @functools.cached_property
+    def _base_split(self) -> tuple[SplitKeys, bool]:
+        keys = split_keys(self.base)
+        return keys, bool(self.fixed & set(SPLIT_KEYS)) and keys.any
+
+    def split_for(self, pp: int, vpp: int) -> SplitKeys:
+        """Megatron-Core's split keys this layout gets: as fixed by the user; none when the layers
+        split evenly or the backend runs its automatic split; else the first split Megatron-Core
+        accepts (config/pipeline_split.py accepted_splits) that the backend runs."""
+        key = (pp, vpp)
+        if key in self._split_memo:
+            return self._split_memo[key]
+        layers = self.base.model.num_layers
+        if self._fixed_split_keys():
+            self._split_memo[key] = self._base_split[0]
+        elif pp <= 1 or self._explicit_split() or even_split_ok(layers, pp, vpp):
+            self._split_memo[key] = SplitKeys()
+        else:
+            chosen = SplitKeys()
+            sched = "interleaved" if vpp > 1 else "1f1b"
+            probe = Choice(1, 1, pp, 1, 1, sched, vpp, "none", 0, "none", False)
+            if self._refuses_split(self._configure(probe, SplitKeys())):
+                for keys in accepted_splits(layers, pp, vpp):
+                    if keys.any and not self._refuses_split(self._configure(probe, keys)):
+                        chosen = keys
+                        break
+            self._split_memo[key] = chosen
+        return self._split_memo[key]
+
+    def _refuses_split(self, cfg: LLMTrainConfig) -> bool:
+        """The backend refuses this configuration's pipeline split (a refusal naming the layer
+        count or a split key)."""
+        split = {"model.num_layers", "parallel.pp_layers", *SPLIT_KEYS}
+        return any(set(r.keys) & split for r in raw_refusals(cfg.backend.name, cfg))
+
+    def bubble_scale(self, pp: int, vpp: int) -> float:
+        """The bubble of this (pp, vpp)'s split relative to an even one (timing.estimate_time
+        uses the same factor, so the bounds stay bounds)."""
+        if (pp, vpp) not in self._scale_memo:
+            self._scale_memo[(pp, vpp)] = self._bubble_scale(pp, vpp)
+        return self._scale_memo[(pp, vpp)]
+
+    def _bubble_scale(self, pp: int, vpp: int) -> float:
+        layers = self.base.model.num_layers
+        keys = self.split_for(pp, vpp)
+        chunks: tuple[int, ...] | None = None
+        if keys.any:
+            try:
+                chunks = megatron_split(layers, pp, vpp, keys, explain=False)
+            except SplitError:
+                chunks = None
+        elif self._explicit_split() and self.base.parallel.pp_layers:
+            chunks = tuple(self.base.parallel.pp_layers)
+        if chunks is None or len(chunks) != pp * vpp:
+            chunks = auto_split(layers, pp * vpp)
+        return bubble_scale(tuple(sum(chunks[s::pp]) for s in range(pp)))
+
     def _explicit_split(self) -> bool:
         return "parallel.pp_layers" in self.fixed and self.base.parallel.pp_layers is not None
 
@@ -390,9 +492,12 @@ class LayoutSpace:
 
     def apply(self, c: Choice) -> LLMTrainConfig:
         """The configuration with this layout (dp inferred unless fixed)."""
+        return self._configure(c, self.split_for(c.pp, c.vpp))
+
+    def _configure(self, c: Choice, keys: SplitKeys) -> LLMTrainConfig:
         b = self.base
         p = b.parallel
-        parallel = dataclasses.replace(
+        parallel = _with(
             p,
             tp=c.tp,
             pp=c.pp,
@@ -404,20 +509,29 @@ class LayoutSpace:
             pp_schedule=c.pp_schedule,
             pp_layers=list(p.pp_layers) if self._explicit_split() and p.pp_layers else None,
         )
-        zero = dataclasses.replace(
+        if keys != self._base_split[0]:
+            parallel = _with(
+                parallel,
+                account_for_embedding_in_pipeline_split=keys.embedding,
+                account_for_loss_in_pipeline_split=keys.loss,
+                num_layers_in_first_pipeline_stage=keys.first,
+                num_layers_in_last_pipeline_stage=keys.last,
+                pipeline_layout=keys.layout,
+            )
+        zero = _with(
             b.zero,
             stage=c.zero_stage,
             offload_optimizer=c.offload_optimizer,
             offload_params=self._offload_params(),
         )
-        train = dataclasses.replace(
+        train = _with(
             b.train,
             micro_batch_size=c.micro_batch_size,
             recompute=c.recompute,
             global_batch_size=self.global_batch_size,
             grad_accum=b.train.grad_accum if "train.grad_accum" in self.fixed else None,
         )
-        return dataclasses.replace(b, parallel=parallel, zero=zero, train=train)
+        return _with(b, parallel=parallel, zero=zero, train=train)
 
     def overrides(self, c: Choice) -> tuple[str, ...]:
         """The override line that turns the configuration into this layout."""
@@ -442,6 +556,17 @@ class LayoutSpace:
         ]
         if b.parallel.pp_layers is not None and not self._explicit_split():
             out.append("parallel.pp_layers=null")
+        if not self._fixed_split_keys():
+            keys, given = self.split_for(c.pp, c.vpp), split_keys(b)
+            out += keys.overrides()
+            resets = (
+                (given.layout is not None and keys.layout is None, f"{LAYOUT}=null"),
+                (given.first is not None and keys.first is None, f"{FIRST}=null"),
+                (given.last is not None and keys.last is None, f"{LAST}=null"),
+                (given.embedding and not keys.embedding, f"{EMBEDDING}=false"),
+                (given.loss and not keys.loss, f"{LOSS}=false"),
+            )
+            out += [word for needed, word in resets if needed]
         if b.parallel.dp is not None and "parallel.dp" not in self.fixed:
             out.append("parallel.dp=null")
         if b.train.grad_accum is not None and "train.grad_accum" not in self.fixed:
@@ -592,7 +717,8 @@ class _Search:
     ) -> float:
         """Upper bound on tokens/s: the step is at least m x compute x (1 + bubble overhead)."""
         compute = self.unit_compute_s(pp, sched, vpp, recompute) * mbs / (cp * tp)
-        step = compute * m * (1.0 + bubble_overhead(pp, m, vpp))
+        bubble = bubble_overhead(pp, m, vpp) * self.space.bubble_scale(pp, vpp)
+        step = compute * m * (1.0 + bubble)
         tokens = self.space.global_batch_size * self.space.base.model.seq_length
         return tokens / step * (1.0 + _BOUND_SLACK) if step > 0 else math.inf
 
@@ -619,7 +745,8 @@ class _Search:
             cfg, layout = self.build(Choice(tp, cp, pp, ep, 1, sched, vpp, r, z, off, sp))
             per_mb = microbatch_time(cfg, layout, self.hw, self.flops(r))
             self._tight[key] = per_mb.compute_s + per_mb.exposed_s
-        step = self._tight[key] * mbs * m * (1.0 + bubble_overhead(pp, m, vpp))
+        bubble = bubble_overhead(pp, m, vpp) * self.space.bubble_scale(pp, vpp)
+        step = self._tight[key] * mbs * m * (1.0 + bubble)
         tokens = self.space.global_batch_size * self.space.base.model.seq_length
         return tokens / step * (1.0 + _BOUND_SLACK) if step > 0 else math.inf
 

@@ -95,6 +95,43 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
     return found.step, found.path
 
 
+def special_ids(eod_id: int | None, vocab_size: int) -> dict[str, int | None]:
+    """bos/eos/pad ids for config.json and generation_config.json. Written out even when None:
+    transformers' own defaults (GPT-2's 50256) would otherwise name an id outside a small
+    vocabulary. The data's end-of-document token ends each document, so it is the model's eos;
+    with no beginning-of-document token it is also bos (GPT-2's convention), and pad (nothing is
+    padded in pre-training; generate() wants one)."""
+    if eod_id is None or not 0 <= eod_id < vocab_size:
+        return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    return {"bos_token_id": eod_id, "eos_token_id": eod_id, "pad_token_id": eod_id}
+
+
+def tokenizer_extras(
+    files: dict[str, bytes], eod_id: int | None, seq_length: int
+) -> dict[str, bytes]:
+    """tokenizer_config.json and special_tokens_map.json for the exported tokenizer.json, so
+    AutoTokenizer loads it as the fast tokenizer it is (not the architecture's own class, which
+    would add a <s> that is not in the vocabulary) with its special tokens named."""
+    if "tokenizer.json" not in files:
+        return {}
+    special: dict[str, str] = {}
+    if eod_id is not None:
+        vocab = json.loads(files["tokenizer.json"]).get("added_tokens", [])
+        names = [t.get("content") for t in vocab if isinstance(t, dict) and t.get("id") == eod_id]
+        if names and isinstance(names[0], str):
+            special = {"bos_token": names[0], "eos_token": names[0], "pad_token": names[0]}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": seq_length,
+        "clean_up_tokenization_spaces": False,
+        **special,
+    }
+    return {
+        "tokenizer_config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+        "special_tokens_map.json": (json.dumps(special, indent=2, sort_keys=True) + "\n").encode(),
+    }
+
+
 def _tokenizer_files(cfg: LLMTrainConfig) -> tuple[dict[str, bytes], str, int | None]:
     """({file name: bytes}, description, end-of-document id) for the run's tokenizer."""
     from launcher.export.byte_tokenizer import write_byte_tokenizer
@@ -177,9 +214,9 @@ def export_hf(
     extra, tokenizer, eod_id = _tokenizer_files(cfg)
     dtype = next(iter(tensors.values())).dtype
     config = hf_config(cfg.model, torch_dtype=str(dtype).removeprefix("torch."))
-    generation: dict[str, Any] = {}
-    if eod_id is not None:
-        config["eos_token_id"] = generation["eos_token_id"] = eod_id
+    config.update(special_ids(eod_id, cfg.model.vocab_size))
+    extra.update(tokenizer_extras(extra, eod_id, cfg.model.seq_length))
+    generation = {**special_ids(eod_id, cfg.model.vocab_size)}
     extra[GENERATION_CONFIG] = (json.dumps(generation, indent=2, sort_keys=True) + "\n").encode()
     metadata = {"llmtrain_run": run_dir.name, "llmtrain_step": str(step_done)}
     # Written beside, then renamed into place without replacing anything that appeared meanwhile;

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from launcher.backends import expert_span, refusals
-from launcher.config.layout import Layout, auto_split, derive_layout
+from launcher.config.layout import Layout, auto_split, derive_layout, split_keys
+from launcher.config.pipeline_split import SPLIT_KEYS, SplitError, megatron_split
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
 
@@ -476,6 +477,24 @@ def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 "set parallel.vpp=2 or use pp_schedule=1f1b",
             )
         )
+    keys = split_keys(cfg)
+    if keys.any:
+        # Megatron-Core's split keys: exactly its conditions (launcher/config/pipeline_split.py).
+        if p.pp_layers is not None:
+            out.append(
+                _error(
+                    "pipeline-split",
+                    ("parallel.pp_layers", *SPLIT_KEYS),
+                    "parallel.pp_layers and Megatron-Core's split keys both place the layers: "
+                    "set parallel.pp_layers=null or drop " + ", ".join(SPLIT_KEYS),
+                )
+            )
+            return out
+        try:
+            megatron_split(layers, p.pp, p.vpp, keys)
+        except SplitError as exc:
+            out.append(_error("pipeline-split", exc.keys, exc.message))
+        return out
     if p.pp_layers is not None:
         counts = list(p.pp_layers)
         if len(counts) != chunks:

@@ -106,6 +106,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "time": {
             "step_s": t.step_s,
             "error_band": _band_json(plan.time_band),
+            "pricing": pricing_json(plan),
             "tokens_per_s": t.tokens_per_s,
             "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
             "tflops_per_gpu": t.tflops_per_gpu,
@@ -152,6 +153,26 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             for f in plan.fixes
         ],
         "assumptions": list(plan.assumptions),
+    }
+
+
+def pricing_line(plan: Plan) -> str:
+    """Where the step time's figures come from, one line."""
+    if plan.profile is None:
+        return "priced from published figures (GPU catalog + fitted constants)"
+    return plan.profile.line + "; links between nodes and other GPU counts from the catalog"
+
+
+def pricing_json(plan: Plan) -> dict[str, Any]:
+    """time.pricing: the source of each part of the step time (profile or catalog)."""
+    p = plan.profile
+    return {
+        "source": "profile" if p is not None else "published figures",
+        "profile": None
+        if p is None
+        else {"path": p.path, "origin": p.origin, "created": p.created, "device": p.device},
+        "parts": dict(plan.sources) if plan.sources else None,
+        "note": plan.profile_note,
     }
 
 
@@ -304,6 +325,7 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         f"{_dur(t.compute_s)}, bubble {_dur(t.bubble_s)} ({t.bubble_fraction:.1%}), exposed "
         f"communication {_dur(t.exposed_comm_s)}, optimizer {_dur(t.optimizer_s)}"
     )
+    console.print(f"[dim]{pricing_line(plan)}[/]")
     console.print(
         f"[bold]throughput[/] {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per "
         f"GPU), {t.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {t.mfu:.1%}, HFU {t.hfu:.1%}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from launcher.plan.memory import GIB
@@ -74,6 +75,12 @@ _SHORT = {
     "parallel.pp_schedule": "",
     "parallel.sequence_parallel": "sp",
     "zero.offload_optimizer": "offload",
+    # Megatron-Core's uneven pipeline splits (launcher/config/pipeline_split.py).
+    "parallel.account_for_embedding_in_pipeline_split": "E-split",
+    "parallel.account_for_loss_in_pipeline_split": "L-split",
+    "parallel.num_layers_in_first_pipeline_stage": "first",
+    "parallel.num_layers_in_last_pipeline_stage": "last",
+    "parallel.pipeline_layout": "layout",
 }
 
 
@@ -87,7 +94,7 @@ def _short(overrides: tuple[str, ...]) -> str:
         name = _SHORT[key]
         if value == "true":
             parts.append(name)
-        elif name in ("recompute", "offload"):
+        elif name in ("recompute", "offload", "first", "last", "layout"):
             parts.append(f"{name}={value}")
         else:
             parts.append(f"{name}{value}")
@@ -98,7 +105,7 @@ def _differing(overrides: tuple[str, ...], given: dict[str, object] | None) -> s
     """The overrides that change the configuration as given (backend= always first), so the
     line to copy stays short; all of them when the given values are not known."""
     if given is None:
-        return " ".join(overrides)
+        return " ".join(shlex.quote(o) for o in overrides)
 
     def same(item: str) -> bool:
         key, _, value = item.partition("=")
@@ -107,7 +114,7 @@ def _differing(overrides: tuple[str, ...], given: dict[str, object] | None) -> s
         return str(text) == value
 
     kept = [o for i, o in enumerate(overrides) if i == 0 or not same(o)]
-    return " ".join(kept)
+    return " ".join(shlex.quote(o) for o in kept)  # a layout string is quoted for the shell
 
 
 def render_search(

@@ -100,6 +100,54 @@ def test_jsonl_and_tokenizer_json_to_training_with_falling_val_loss(tmp_path: Pa
 
     weights, _ = read_hf_folder(hf)
     assert weights["transformer.wte.weight"].shape == (index["vocab_size"], 64)
+    # The end-of-document token is the model's bos/eos/pad, in config.json, generation_config.json
+    # and the tokenizer's own config (without them transformers falls back to GPT-2's 50256,
+    # outside this 300-token vocabulary, and warns).
+    assert {
+        k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+    } == dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), 0)
+    generation = json.loads((hf / "generation_config.json").read_text())
+    assert generation == {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    tokenizer_config = json.loads((hf / "tokenizer_config.json").read_text())
+    assert tokenizer_config["eos_token"] == "<|endoftext|>"
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    generate_without_warnings(hf)
+
+
+GENERATE = """
+import sys, warnings
+warnings.simplefilter("error")  # any Python warning fails
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+transformers.logging.set_verbosity_warning()
+messages = []
+class Keep:
+    def write(self, text): messages.append(text)
+    def flush(self): pass
+import logging
+logging.getLogger("transformers").addHandler(logging.StreamHandler(Keep()))
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+ids = tok("Once upon a time", return_tensors="pt")
+out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+assert out.shape[1] > ids["input_ids"].shape[1]
+print(repr(tok.decode(out[0])))
+print("TRANSFORMERS-WARNINGS:", [m for m in messages if m.strip()])
+"""
+
+
+def generate_without_warnings(folder: Path) -> None:
+    """transformers (when installed) loads the export and its tokenizer and generates, with no
+    warning from transformers' loggers or Python's warnings."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return  # the files' contents are checked above
+    done = subprocess.run(
+        [sys.executable, "-c", GENERATE, str(folder)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TRANSFORMERS-WARNINGS: []" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 def test_blend_of_prepared_folder_and_megatron_prefix_resumes_bitwise(tmp_path: Path) -> None:

@@ -79,9 +79,15 @@ def test_single_process_export_is_a_complete_hf_folder(single: Path) -> None:
         "config.json",
         "generation_config.json",
         "model.safetensors",
+        "special_tokens_map.json",
         "tokenizer.json",
+        "tokenizer_config.json",
     ]
     from tokenizers import Tokenizer
+
+    from tests.integration.test_data_eval import generate_without_warnings
+
+    generate_without_warnings(single)  # a Llama with the byte tokenizer: loads and generates
 
     tok = Tokenizer.from_file(str(single / "tokenizer.json"))
     text = "héllo, wörld\n"

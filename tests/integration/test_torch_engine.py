@@ -358,6 +358,13 @@ ONE_LAUNCH_CASES: dict[str, tuple[int, list[str], list[str], float]] = {
     ),
     # Stages built from one seed equal the unsplit model; the pipeline's loss is the mean.
     "pp2-1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b"], [UNTIED, *B4], 1e-4),
+    # An uneven split with Megatron-Core's key: 1 layer on the first stage, 4 - 1 = 3 on the last.
+    "pp2-1f1b-first1": (
+        2,
+        ["parallel.pp=2", "parallel.num_layers_in_first_pipeline_stage=1"],
+        [UNTIED, *B4],
+        1e-4,
+    ),
     # The same pipeline with each stage under FSDP2.
     "pp2-1f1b-zero3": (2, ["parallel.pp=2", "zero.stage=3"], [UNTIED, *B4], 1e-4),
     # Ring attention over load-balanced chunks, learned positions at the rank's tokens, GQA.

@@ -32,6 +32,8 @@ print('HEAVY', heavy)
         ["plan", "--search", "recipe=llama3-8b", "--top", "2"],
         ["plan", "--json-schema"],
         ["recipes"],
+        ["calibrate", "--help"],
+        ["plan", "--measure", "--help"],
         ["validate", "precision=fp8", "precision.fp8_emulate=true"],
         ["plan", "recipe=llama3-8b", "precision=fp8", "backend=torch"],
         ["run", "--dry-run", "cluster.gpus_per_node=2", "train.global_batch_size=16"],

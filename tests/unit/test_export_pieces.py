@@ -46,3 +46,31 @@ def test_a_run_made_before_newer_keys_still_reads(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(values))
     cfg = run_config(tmp_path)
     assert cfg.model.num_layers == 3 and cfg.train.init_from is None
+
+
+def test_special_ids_are_written_even_when_absent() -> None:
+    # Without explicit ids transformers' GPT-2 defaults (50256) would name an id outside a small
+    # vocabulary; an end-of-document id outside the vocabulary is not a token either.
+    from launcher.train.hf_export import special_ids
+
+    none = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    assert special_ids(None, 256) == none
+    assert special_ids(256, 256) == none
+    assert special_ids(0, 300) == {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+
+
+def test_tokenizer_config_names_the_end_of_document_token() -> None:
+    import json
+
+    from launcher.train.hf_export import tokenizer_extras
+
+    tokenizer = {"added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}]}
+    files = {"tokenizer.json": json.dumps(tokenizer).encode()}
+    extras = tokenizer_extras(files, 0, 1024)
+    config = json.loads(extras["tokenizer_config.json"])
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert config["eos_token"] == config["bos_token"] == config["pad_token"] == "<|endoftext|>"
+    assert config["model_max_length"] == 1024
+    assert json.loads(extras["special_tokens_map.json"])["eos_token"] == "<|endoftext|>"
+    assert "eos_token" not in json.loads(tokenizer_extras(files, None, 8)["tokenizer_config.json"])
+    assert tokenizer_extras({}, 0, 8) == {}  # no tokenizer.json written: nothing to describe

@@ -5,6 +5,7 @@ backend its override line names."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def top5(*overrides: str) -> list[dict[str, object]]:
 def test_top5_on_this_machine_pass_run_dry_run(base: tuple[str, ...]) -> None:
     backend = compose_config(base).config.backend.name
     for cand in top5(*base):
-        line = str(cand["overrides"]).split()
+        line = shlex.split(str(cand["overrides"]))  # a shell line (layout strings quoted)
         assert line[0] == f"backend={backend}" and cand["backend"] == backend
         verdict = assess([*base, *line])
         assert verdict.exit_code("run") == 0, (line, verdict.errors, verdict.refusals)
@@ -60,7 +61,7 @@ def test_top5_on_gpu_clusters_pass_the_dry_runs(
     (tmp_path / "pretrain_gpt.py").write_text("")
     monkeypatch.setenv("MEGATRON_LM_PATH", str(tmp_path))
     for cand in top5(*base, *(["--any-backend"] if any_backend else [])):
-        line = str(cand["overrides"]).split()
+        line = shlex.split(str(cand["overrides"]))  # a shell line (layout strings quoted)
         assert line[0].startswith("backend=")
         verdict = assess([*base, *line])
         assert verdict.valid, (line, [v.message for v in verdict.errors])
@@ -98,6 +99,6 @@ def test_screen_lines_hold_only_what_changes_the_given_configuration() -> None:
     short = [line.split(None, 1)[1] for line in lines]
     for line, whole in zip(short, full, strict=True):
         assert line.startswith("backend=") and len(line) < len(whole)
-        assert compose_config([*base, *line.split()]).config == (
-            compose_config([*base, *whole.split()]).config
+        assert compose_config([*base, *shlex.split(line)]).config == (
+            compose_config([*base, *shlex.split(whole)]).config
         )

@@ -1,0 +1,421 @@
+"""Operator profiles: what ``llmtrain calibrate`` measured on a machine, read back by ``plan``.
+
+A profile is one plain JSON file (no torch needed to read it):
+
+    {"schema": "llmtrain-profile", "version": 1,
+     "device": {"cluster_gpu": "cpu", "name": "...", "kind": "cpu" | "cuda", "count": 1,
+                "driver": null, "memory_bytes": ...},
+     "software": {"torch": "2.13.0", "cuda": null, "python": "3.11.2", "llmtrain": "..."},
+     "created": "2026-11-25T14:00:00Z",
+     "calibrated": [{"overrides": [...], "seconds": 12.3, "created": "..."}],
+     "gemm": [{"name", "dtype", "threads", "m", "n", "k", "fwd_s", "bwd_s"}],
+     "attention": [{"dtype", "threads", "kind", "batch", "heads", "kv_heads", "seq", "head_dim",
+                    "fwd_s", "bwd_s"}],
+     "elementwise": [{"dtype", "threads", "tokens", "hidden", "ffn", "bytes", "fwd_s", "bwd_s"}],
+     "loss": [{"dtype", "threads", "tokens", "vocab", "fwd_s", "bwd_s"}],
+     "optimizer": [{"threads", "params", "tensors", "seconds"}],
+     "collectives": [{"kind", "ranks", "bytes", "seconds", "backend", "threads"}],
+     "digest": "sha256:<hex of the canonical JSON of everything else>"}
+
+Times are seconds per call (the median of the repeats). `threads` is the CPU threads per process the
+figure was measured with (torch.get_num_threads(); 0 on a GPU, where it does not matter): a CPU
+run with two processes on two cores gives each process one thread (launch/local.worker_env), so a
+figure measured with two threads does not price it.
+
+The digest catches a file edited by hand or cut short (it is no signature: anyone can recompute
+it). A profile is refused when its schema, version or digest is wrong or when it was measured on
+another device (``device.cluster_gpu`` differs from ``cluster.gpu``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "llmtrain-profile"
+VERSION = 1
+SECTIONS = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives")
+
+
+class ProfileError(Exception):
+    """A profile that cannot be used: the message says why."""
+
+
+def cache_dir() -> Path:
+    """$LLMTRAIN_PROFILE_DIR, else $XDG_CACHE_HOME/llmtrain/profiles, else
+    ~/.cache/llmtrain/profiles."""
+    explicit = os.environ.get("LLMTRAIN_PROFILE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "llmtrain" / "profiles"
+
+
+def cache_path(cluster_gpu: str) -> Path:
+    """The cached profile of cluster.gpu, e.g. ~/.cache/llmtrain/profiles/cpu.json."""
+    return cache_dir() / f"{cluster_gpu}.json"
+
+
+def canonical(doc: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def digest(doc: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(canonical(doc)).hexdigest()
+
+
+def host_cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it ('' where there is none); no torch."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_threads(gpus_per_node: int) -> int:
+    """CPU threads per process of a local CPU run (launch/local.worker_env's OMP_NUM_THREADS)."""
+    return max(1, (os.cpu_count() or 1) // max(1, gpus_per_node))
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _check_entries(doc: dict[str, Any]) -> None:
+    times = {
+        "gemm": ("fwd_s", "bwd_s", "m", "n", "k"),
+        "attention": ("fwd_s", "bwd_s", "batch", "heads", "seq", "head_dim"),
+        "elementwise": ("fwd_s", "bwd_s", "bytes", "tokens"),
+        "loss": ("fwd_s", "bwd_s", "tokens", "vocab"),
+        "optimizer": ("seconds", "params"),
+        "collectives": ("seconds", "bytes", "ranks"),
+    }
+    for section, keys in times.items():
+        entries = doc.get(section, [])
+        if not isinstance(entries, list):
+            raise ProfileError(f"'{section}' is not a list")
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise ProfileError(f"{section}[{i}] is not an object")
+            for key in keys:
+                if not _positive(e.get(key)) or not math.isfinite(float(e[key])):
+                    raise ProfileError(
+                        f"{section}[{i}].{key} = {e.get(key)!r}: not a positive number"
+                    )
+
+
+def validate(doc: Any) -> dict[str, Any]:
+    """The document when it is a profile of this schema and version with a matching digest."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ProfileError(f'not an llmtrain profile (no "schema": "{SCHEMA}")')
+    if doc.get("version") != VERSION:
+        raise ProfileError(
+            f"profile version {doc.get('version')!r}; this llmtrain reads version {VERSION} "
+            "(run `llmtrain calibrate` again)"
+        )
+    if doc.get("digest") != digest(doc):
+        raise ProfileError(
+            "its digest does not match its contents (edited or cut short since calibrate wrote "
+            "it; run `llmtrain calibrate` again)"
+        )
+    device = doc.get("device")
+    if not isinstance(device, dict) or not isinstance(device.get("cluster_gpu"), str):
+        raise ProfileError("no device.cluster_gpu")
+    _check_entries(doc)
+    return doc
+
+
+def read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ProfileError("no such file") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read it: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    return validate(doc)
+
+
+# --- looking measured figures up --------------------------------------------------------------
+
+
+def _log_distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    return sum(
+        abs(math.log(max(1.0, x)) - math.log(max(1.0, y))) for x, y in zip(a, b, strict=True)
+    )
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A profile's figures for one dtype and thread count, in hashable form (the planner's
+    memoisation keys hold it). Every lookup returns None when nothing of its class was measured."""
+
+    dtype: str
+    threads: int
+    gemms: tuple[tuple[int, int, int, float, float], ...]  # m, n, k, fwd_s, bwd_s
+    attention: tuple[tuple[str, int, int, int, int, int, float, float], ...]
+    elementwise: tuple[tuple[int, float, float, float], ...]  # tokens, bytes, fwd_s, bwd_s
+    loss: tuple[tuple[float, float, float], ...]  # tokens x vocab, fwd_s, bwd_s
+    optimizer: tuple[tuple[float, float], ...]  # params, seconds
+    collectives: tuple[tuple[str, int, float, float], ...]  # kind, ranks, bytes, seconds
+
+    def gemm(self, m: float, n: float, k: float) -> tuple[float, float, bool] | None:
+        """(forward, backward seconds, measured exactly) of one m x n x k GEMM: the measured
+        figure for that shape, else the nearest measured shape's (log distance over m, n, k) at
+        its FLOP rate.
+
+        e.g. measured 2048 x 128 x 128 in 1.0 ms forward: 2048 x 128 x 256 (twice the FLOPs,
+        not measured) is priced 2.0 ms.
+        """
+        if not self.gemms:
+            return None
+        for gm, gn, gk, f, b in self.gemms:
+            if (gm, gn, gk) == (round(m), round(n), round(k)):
+                return f, b, True
+        near = min(self.gemms, key=lambda g: _log_distance((g[0], g[1], g[2]), (m, n, k)))
+        scale = (m * n * k) / (near[0] * near[1] * near[2])
+        return near[3] * scale, near[4] * scale, False
+
+    def attention_s(
+        self, kind: str, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int
+    ) -> tuple[float, float, bool] | None:
+        """(forward, backward, exact) of the attention core; other shapes scale by the FLOPs of
+        the nearest measured one (batch x heads x seq^2 x head_dim)."""
+        same = [a for a in self.attention if a[0] == kind] or list(self.attention)
+        if not same:
+            return None
+        for a in same:
+            if a[1:6] == (batch, heads, kv_heads, seq, head_dim) and a[0] == kind:
+                return a[6], a[7], True
+        near = min(same, key=lambda a: _log_distance((a[4], a[5], a[2]), (seq, head_dim, heads)))
+        scale = (batch * heads * seq * seq * head_dim) / (
+            near[1] * near[2] * near[4] ** 2 * near[5]
+        )
+        return near[6] * scale, near[7] * scale, False
+
+    def elementwise_per_byte(self, nbytes: float) -> tuple[float, float] | None:
+        """(forward, backward) seconds per forward byte of element-wise work, from the measured
+        layer nearest in size."""
+        if not self.elementwise:
+            return None
+        near = min(self.elementwise, key=lambda e: abs(math.log(e[1] / max(1.0, nbytes))))
+        return near[2] / near[1], near[3] / near[1]
+
+    def loss_s(self, tokens: float, vocab: float) -> tuple[float, float] | None:
+        """(forward, backward) of the loss (and embedding lookup), scaled by tokens x vocab."""
+        if not self.loss:
+            return None
+        size = tokens * vocab
+        near = min(self.loss, key=lambda e: abs(math.log(e[0] / max(1.0, size))))
+        return near[1] * size / near[0], near[2] * size / near[0]
+
+    def optimizer_s(self, params: float) -> float | None:
+        """Seconds of one optimizer step (with gradient clipping and zero_grad) on `params`
+        parameters, at the measured seconds per parameter of the nearest measured size."""
+        if not self.optimizer or params <= 0:
+            return None
+        near = min(self.optimizer, key=lambda e: abs(math.log(e[0] / params)))
+        return near[1] * params / near[0]
+
+    def collective_s(self, kind: str, ranks: int, nbytes: float) -> float | None:
+        """Seconds of one collective: latency + bytes / bandwidth fitted (least squares) to the
+        sizes measured for this kind and group size; None when none was."""
+        rows = [(b, s) for k, r, b, s in self.collectives if k == kind and r == ranks]
+        if not rows:
+            return None
+        if len(rows) == 1:
+            return rows[0][1] * nbytes / rows[0][0]
+        n = len(rows)
+        mx = sum(b for b, _ in rows) / n
+        my = sum(s for _, s in rows) / n
+        var = sum((b - mx) ** 2 for b, _ in rows)
+        slope = sum((b - mx) * (s - my) for b, s in rows) / var if var > 0 else 0.0
+        slope = max(0.0, slope)
+        alpha = max(0.0, my - slope * mx)
+        return alpha + slope * nbytes
+
+
+def rates(doc: dict[str, Any], dtype: str, threads: int) -> Rates:
+    def ok(e: dict[str, Any], with_dtype: bool = True) -> bool:
+        return (not with_dtype or e.get("dtype") == dtype) and int(e.get("threads", 0)) == threads
+
+    return Rates(
+        dtype=dtype,
+        threads=threads,
+        gemms=tuple(
+            sorted(
+                (int(e["m"]), int(e["n"]), int(e["k"]), float(e["fwd_s"]), float(e["bwd_s"]))
+                for e in doc.get("gemm", [])
+                if ok(e)
+            )
+        ),
+        attention=tuple(
+            sorted(
+                (
+                    str(e.get("kind", "flash")),
+                    int(e["batch"]),
+                    int(e["heads"]),
+                    int(e.get("kv_heads", e["heads"])),
+                    int(e["seq"]),
+                    int(e["head_dim"]),
+                    float(e["fwd_s"]),
+                    float(e["bwd_s"]),
+                )
+                for e in doc.get("attention", [])
+                if ok(e)
+            )
+        ),
+        elementwise=tuple(
+            sorted(
+                (int(e["tokens"]), float(e["bytes"]), float(e["fwd_s"]), float(e["bwd_s"]))
+                for e in doc.get("elementwise", [])
+                if ok(e)
+            )
+        ),
+        loss=tuple(
+            sorted(
+                (float(e["tokens"]) * float(e["vocab"]), float(e["fwd_s"]), float(e["bwd_s"]))
+                for e in doc.get("loss", [])
+                if ok(e)
+            )
+        ),
+        optimizer=tuple(
+            sorted(
+                (float(e["params"]), float(e["seconds"]))
+                for e in doc.get("optimizer", [])
+                if ok(e, with_dtype=False)
+            )
+        ),
+        collectives=tuple(
+            sorted(
+                (str(e["kind"]), int(e["ranks"]), float(e["bytes"]), float(e["seconds"]))
+                for e in doc.get("collectives", [])
+                if ok(e, with_dtype=False)
+            )
+        ),
+    )
+
+
+# --- choosing the profile a plan uses ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileChoice:
+    """The profile a plan prices from: where it came from and its figures for the plan's dtype."""
+
+    path: str
+    origin: str  # "cluster.profile" | "cache"
+    created: str
+    device: str
+    rates: Rates
+
+    @property
+    def line(self) -> str:
+        return f"measured on this machine, profile {self.path}, {self.created}"
+
+
+@functools.lru_cache(maxsize=32)
+def _read_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    return read(Path(path))
+
+
+def load(path: Path) -> dict[str, Any]:
+    """read(path), memoised on the file's modification time and size (plan reads it often)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ProfileError("no such file") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read it: {exc.strerror or exc}") from None
+    return _read_cached(str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+def check_device(doc: dict[str, Any], cluster_gpu: str) -> None:
+    measured = doc["device"]["cluster_gpu"]
+    if measured != cluster_gpu:
+        raise ProfileError(
+            f"measured on {doc['device'].get('name', measured)!r} (cluster.gpu={measured}), not "
+            f"on cluster.gpu={cluster_gpu}"
+        )
+
+
+def choose(
+    cluster_gpu: str, explicit: str | None, dtype: str, threads: int
+) -> tuple[ProfileChoice | None, str | None]:
+    """(the profile to price from or None, a note for the user or None).
+
+    explicit (cluster.profile): "none"/"off" uses no profile; a path must be a valid profile of
+    this device, else ProfileError (the caller exits 2 naming cluster.profile). Without it, the
+    cache's profile of cluster.gpu is used when valid and of this device; otherwise it is
+    ignored with a note.
+    """
+    if explicit is not None and explicit.strip().lower() in ("none", "off", "false", ""):
+        return None, None
+    if explicit is not None:
+        path = Path(explicit).expanduser()
+        doc = load(path)
+        check_device(doc, cluster_gpu)
+        origin = "cluster.profile"
+    else:
+        path = cache_path(cluster_gpu)
+        if not path.is_file():
+            return None, None
+        try:
+            doc = load(path)
+            check_device(doc, cluster_gpu)
+            if doc["device"].get("kind") == "cpu":
+                here = host_cpu_name()
+                there = doc["device"].get("name", "")
+                if here and there and here != there:
+                    raise ProfileError(f"measured on {there!r}, this machine is {here!r}")
+        except ProfileError as exc:
+            return None, f"cached profile {path} ignored: {exc}; priced from published figures"
+        origin = "cache"
+    found = rates(doc, dtype, threads)
+    if not (found.gemms or found.attention or found.elementwise or found.loss):
+        return None, (
+            f"profile {path} holds no figures for {dtype} with {threads} thread(s) per process "
+            "(calibrate this configuration to add them); priced from published figures"
+        )
+    return (
+        ProfileChoice(
+            path=str(path),
+            origin=origin,
+            created=str(doc.get("created", "?")),
+            device=str(doc["device"].get("name", doc["device"]["cluster_gpu"])),
+            rates=found,
+        ),
+        None,
+    )
+
+
+__all__ = [
+    "SCHEMA",
+    "VERSION",
+    "ProfileChoice",
+    "ProfileError",
+    "Rates",
+    "cache_dir",
+    "cache_path",
+    "choose",
+    "cpu_threads",
+    "digest",
+    "host_cpu_name",
+    "load",
+    "rates",
+    "read",
+    "validate",
+]

@@ -1,0 +1,110 @@
+"""`llmtrain calibrate` measures this machine (real torch ops) and `plan --measure` trains
+real shrunk runs: the profile written is valid and prices the plan; bad input exits 2 and
+touches nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.config.compose import compose_config
+from launcher.config.layout import derive_layout
+from launcher.plan import profile as prof
+from launcher.plan.operators import operators
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def llmtrain(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def test_calibrate_writes_a_profile_that_plan_prices_from(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    done = llmtrain("calibrate", "cluster=cpu", "--out", str(out), "--no-cache", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[ 1/" in done.stderr and f"profile written: {out}" in done.stdout  # progress shown
+    doc = prof.read(out)  # schema, version, digest, positive finite figures
+    assert doc["device"]["cluster_gpu"] == "cpu" and doc["device"]["kind"] == "cpu"
+    assert doc["software"]["torch"] and doc["created"].endswith("Z")
+    cfg = compose_config(["cluster=cpu"]).config
+    ops = operators(cfg, derive_layout(cfg))
+    wanted = {g.shape for g in (*ops.dense_gemms, ops.head_gemm)}
+    assert {(g["m"], g["n"], g["k"]) for g in doc["gemm"]} == wanted
+    assert len(doc["attention"]) == len(doc["elementwise"]) == len(doc["loss"]) == 1
+    assert doc["optimizer"][0]["params"] > 0
+    assert not list(Path(os.environ["LLMTRAIN_PROFILE_DIR"]).glob("*.json"))  # --no-cache
+
+    planned = llmtrain("plan", "cluster=cpu", f"cluster.profile={out}", "--json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    pricing = json.loads(planned.stdout)["time"]["pricing"]
+    assert pricing["source"] == "profile" and pricing["profile"]["path"] == str(out)
+    assert set(pricing["parts"].values()) <= {"profile", "catalog"}
+
+    # Calibrating another shape merges into the same file: both shapes are then in it.
+    again = llmtrain(
+        "calibrate",
+        "cluster=cpu",
+        "model.seq_length=128",
+        "--out",
+        str(out),
+        "--no-cache",
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0, again.stderr
+    merged = prof.read(out)
+    assert {g["m"] for g in merged["gemm"]} == {2048, 1024}
+    assert len(merged["calibrated"]) == 2
+
+
+def test_calibrate_refuses_bad_input_and_leaves_files_alone(tmp_path: Path) -> None:
+    precious = tmp_path / "notes.json"
+    precious.write_text('{"mine": 1}\n')
+    done = llmtrain("calibrate", "--out", str(precious), "--no-cache", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "--out=" in done.stderr and "not a usable llmtrain profile" in done.stderr
+    assert precious.read_text() == '{"mine": 1}\n'
+    gpu = llmtrain(
+        "calibrate",
+        "cluster=h100-80gb",
+        "cluster.gpus_per_node=1",
+        "--no-cache",
+        "--out",
+        str(tmp_path / "x"),
+        cwd=tmp_path,
+    )
+    if gpu.returncode != 0:  # a machine with a GPU measures it instead
+        assert gpu.returncode == 2 and "no CUDA device on this machine" in gpu.stderr
+    bad = llmtrain("calibrate", "parallel.tp=3", cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_plan_measure_trains_shrunk_runs_and_extrapolates(tmp_path: Path) -> None:
+    done = llmtrain("plan", "--measure", "recipe=tiny", "--json", cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    runs = doc["runs"]
+    assert [r["layers"] for r in runs] == [1, 2] and doc["layers"] == 4
+    for r in runs:
+        assert r["measured_step_s"] > 0 and r["predicted_step_s"] > 0 and r["steps_measured"] >= 3
+        assert r["measured_memory_bytes"] is not None
+    # The line through the two runs, at 4 layers.
+    (a, b) = (runs[0]["measured_step_s"], runs[1]["measured_step_s"])
+    assert doc["measured_step_s"] == pytest.approx(a + (b - a) * 3, rel=1e-9)
+    assert doc["fit"]["per_layer_s"] == pytest.approx(b - a, rel=1e-9)
+    assert doc["predicted_step_s"] > 0
+    assert not list(tmp_path.glob("runs"))  # the temporary run root is gone, nothing left here

@@ -1,0 +1,121 @@
+"""Offload as each engine does it (launcher/plan/offload.py): what stays on the GPU, what the
+host holds, against DeepSpeed's own estimator."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.config.compose import compose_config
+from launcher.plan.memory import GIB
+from launcher.plan.planner import make_plan
+
+pytestmark = pytest.mark.unit
+
+# The issue's example: Llama 3 70B, ZeRO-3 with optimizer and parameter offload on 8 A100s.
+DS70 = (
+    "recipe=llama3-70b",
+    "cluster=a100-80gb",
+    "cluster.num_nodes=1",
+    "parallel.tp=1",
+    "parallel.pp=1",
+    "parallel.sequence_parallel=false",
+    "backend=deepspeed",
+    "zero.stage=3",
+    "zero.offload_optimizer=cpu",
+    "zero.offload_params=cpu",
+    "train.recompute=full",
+)
+
+
+def test_deepspeed_zero3_offload_keeps_fp32_gradients_on_the_host() -> None:
+    plan = make_plan(compose_config(list(DS70)).config)
+    stage = plan.memory.heaviest
+    params = stage.params  # one GPU's parameters before sharding (the whole 70B model here)
+    # Nothing of the model states stays on the GPU (it showed 32.9 GiB of fp32 gradients).
+    assert stage.weights == 0 and stage.gradients == 0 and stage.optimizer == 0
+    assert plan.memory.fits
+    # Host per GPU: a 1/8 partition of 2 (bf16 weights) + 4 (fp32 gradients) + 12 (fp32 master,
+    # Adam m and v) = 18 bytes per parameter; per node x 8 = 18 bytes x all parameters.
+    assert stage.host_bytes == pytest.approx(18 * params / 8)
+    per_node = stage.host_bytes * 8
+    assert 1150 < per_node / GIB < 1200  # 70.6B x 18 = 1.27 TB
+
+
+def test_host_memory_matches_deepspeeds_estimator() -> None:
+    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    plan = make_plan(compose_config(list(DS70)).config)
+    params = plan.memory.heaviest.params
+    cpu_mem, _, _ = stage3.estimate_zero3_model_states_mem_needs(
+        int(params), 1, num_gpus_per_node=8, num_nodes=1, cpu_offload=True,
+        cpu_offload_params=True, zero_init=True,
+    )  # fmt: skip
+    per_node = plan.memory.heaviest.host_bytes * 8
+    # DeepSpeed: params x 18 x 1.5 (its additional_buffer_factor margin).
+    assert cpu_mem == pytest.approx(per_node * 1.5, rel=1e-6)
+    assert any("estimate_zero3_model_states_mem_needs" in a for a in plan.assumptions)
+
+
+def test_deepspeed_stage1_offload_adds_the_fp32_partition_on_the_host() -> None:
+    base = ["recipe=llama3-8b", "cluster.num_nodes=1", "backend=deepspeed", "zero.stage=1"]
+    on = make_plan(compose_config([*base, "zero.offload_optimizer=cpu"]).config).memory.heaviest
+    off = make_plan(compose_config(base).config).memory.heaviest
+    # ZeRO-1 keeps its unsharded gradients on the GPU; the host gets the optimizer states
+    # (12 bytes / 8) and the fp32 gradient partition (4 bytes / 8) per parameter.
+    assert on.gradients == off.gradients
+    assert on.host_bytes == pytest.approx((12 + 4) * on.params / 8)
+
+
+def test_fsdp2_cpu_offload_moves_the_gradients_too() -> None:
+    base = ["recipe=llama3-8b", "cluster.num_nodes=1", "backend=torch", "zero.stage=3"]
+    on = compose_config([*base, "zero.offload_params=cpu", "zero.offload_optimizer=cpu"]).config
+    stage = make_plan(on).memory.heaviest
+    assert stage.gradients == 0 and stage.weights == 0 and stage.optimizer == 0
+    assert stage.host_bytes > 0
+
+
+# --- fp8 parameters (launcher/backends/fp8_params.py) ---------------------------------------------
+
+MEG_FP8 = (
+    "recipe=llama3-70b",
+    "backend=megatron",
+    "precision=fp8",
+    "zero.stage=1",
+    "parallel.pp_layers=null",
+)
+
+
+def test_fp8_param_gather_halves_the_weights_and_the_gather_bucket() -> None:
+    from launcher.config.layout import derive_layout
+    from launcher.plan.memory import stage_buffers
+
+    plain = compose_config(list(MEG_FP8)).config
+    fp8 = compose_config([*MEG_FP8, "precision.fp8_param_gather=true"]).config
+    a, b = make_plan(plain).memory.stages[0], make_plan(fp8).memory.stages[0]
+    # Transformer Engine without it: bf16 weight (2) + fp8 copy (1) + its transpose (1) = 4 bytes;
+    # with it: the fp8 weight and its transpose only, 2 bytes.
+    assert b.weights / a.weights == pytest.approx(2 / 4)
+    assert b.optimizer == a.optimizer and b.gradients == a.gradients
+    # The distributed optimizer's all-gather bucket (zero 1) carries 1 byte per element, not 2.
+    bucket = plain.backend.allgather_bucket_size
+    lay = derive_layout(plain)
+    drop = stage_buffers(plain, lay) - stage_buffers(fp8, derive_layout(fp8))
+    assert 0 < drop <= bucket
+    from launcher.render.megatron_args import megatron_args
+
+    assert "--fp8-param-gather" in megatron_args(fp8)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (("precision=bf16",), "precision"),  # fp8_param needs fp8 mode (transformer_config.py)
+        (("zero.stage=0",), "zero.stage"),  # needs the distributed optimizer or Megatron-FSDP
+        (("backend=torch", "zero.stage=3"), "backend"),  # torchao keeps bf16 weights
+    ],
+)
+def test_fp8_param_gather_refusals(overrides: tuple[str, ...], named: str) -> None:
+    from launcher.backends import raw_refusals
+
+    cfg = compose_config([*MEG_FP8, "precision.fp8_param_gather=true", *overrides]).config
+    found = raw_refusals(cfg.backend.name, cfg)
+    assert any(named in r.keys and "fp8_param_gather" in r.message for r in found), found
