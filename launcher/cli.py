@@ -369,12 +369,16 @@ def run(
         prepare_run_dir,
     )
     from launcher.launch.preflight import preflight
+    from launcher.launch.slurm import refuse_live_jobs
     from launcher.views.plan import plan_to_json
 
     composed = compose_config(overrides or [])
     plan_result = preflight(composed.config, force=force)
-    # Holds the run directory's lock (exit 2 naming the holder when another run has it).
-    prepared = prepare_run_dir(composed, plan_to_json(plan_result), fresh=fresh)
+    # Holds the run directory's lock (exit 2 naming the holder when another run has it), and
+    # refuses a run directory whose SLURM job is queued or running.
+    prepared = prepare_run_dir(
+        composed, plan_to_json(plan_result), fresh=fresh, guard=refuse_live_jobs
+    )
     try:
         if prepared.lock is not None and prepared.lock.note:
             err.print(Text(f"note: {prepared.lock.note}", style="yellow"))
@@ -396,7 +400,12 @@ def run(
         from launcher.rundir import RunDir
 
         summary_path = RunDir(prepared.run_dir).summary
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        from launcher import runfiles
+
+        try:
+            summary = runfiles.read_json_object(summary_path) if summary_path.is_file() else None
+        except (OSError, ValueError):
+            summary = None
         _print_json({"run_dir": str(prepared.run_dir), "exit_code": 0, "summary": summary})
 
 
@@ -633,7 +642,18 @@ def render(
             show_violations(err, composed, violations)
         raise typer.Exit(2)
     files = render_artifacts(composed, out_dir)
-    written = write_artifacts(files, out_dir)
+    from pathlib import Path
+
+    from launcher.rundir import RunDir
+
+    lock = RunDir(Path(out_dir).expanduser()).lock
+    if lock.exists() or lock.is_symlink():  # a run directory: one writer, also for render
+        from launcher.launch import runlock
+
+        with runlock.holding(lock.parent):
+            written = write_artifacts(files, out_dir)
+    else:
+        written = write_artifacts(files, out_dir)
     if as_json:
         _print_json({"out_dir": out_dir, "files": [str(path) for path in written]})
         return
@@ -641,7 +661,86 @@ def render(
         out.print(str(path))
 
 
-JobArg = Annotated[str, typer.Argument(help="A SLURM job id or a run directory.")]
+JobArg = Annotated[
+    str,
+    typer.Argument(
+        help="A run's name (as `llmtrain runs` lists it), a run directory, or a SLURM job id."
+    ),
+]
+RootOption = Annotated[
+    str,
+    typer.Option("--root", help="The folder holding run directories (run.root_dir)."),
+]
+
+
+def _local_run(target: str, root: str) -> Any:
+    """The local run `target` names (a run directory without SLURM jobs, or a run's name under
+    `root`), or None when it is a SLURM job or a run submitted with `llmtrain submit`."""
+    from pathlib import Path
+
+    from launcher.launch.local_runs import find_run, run_info
+
+    folder = find_run(target, Path(root))
+    if folder is None:
+        return None
+    info = run_info(folder)
+    return None if info.slurm_jobs else info
+
+
+def _slurm_target(target: str, root: str) -> str:
+    """A run's name under `root` as its folder, for the SLURM commands."""
+    from pathlib import Path
+
+    from launcher.launch.local_runs import find_run
+    from launcher.runfiles import is_job_id
+
+    folder = find_run(target, Path(root))
+    if folder is not None:
+        return str(folder)
+    if not is_job_id(target) and not Path(target).expanduser().is_dir():
+        raise UserError(
+            f"{target}: no run of that name under {root}/ (`llmtrain runs` lists them), and "
+            "neither a run directory nor a SLURM job id"
+        )
+    return target
+
+
+def _when(epoch: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+@app.command("runs")
+def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
+    """List the runs under the run root: status, progress, last loss, when they started."""
+    from pathlib import Path
+
+    from launcher.launch.local_runs import list_runs
+
+    infos = list_runs(Path(root))
+    if as_json:
+        _print_json({"root": root, "runs": [i.to_json() for i in infos]})
+        return
+    if not infos:
+        out.print(f"no runs under {root}/ (start one with `llmtrain run`)", markup=False)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("name", "recipe", "status", "step", "loss", "started"):
+        table.add_column(column, justify="right" if column in ("step", "loss") else "left")
+    for i in infos:
+        table.add_row(
+            i.name,
+            i.recipe or "?",
+            i.status,
+            f"{i.step if i.step is not None else '-'}/{i.total or '?'}",
+            "-" if i.loss is None else f"{i.loss:.4f}",
+            "-" if i.started is None else _when(i.started),
+        )
+    out.print(table)
+    out.print(Text(f"in {Path(root).resolve()}; llmtrain status|logs|cancel NAME", style="dim"))
 
 
 @app.command()
@@ -679,11 +778,21 @@ def submit(
 
 
 @app.command()
-def status(target: JobArg, as_json: JsonFlag = False) -> None:
-    """State of a submitted job (or a run directory's jobs) and its training progress."""
+def status(target: JobArg, root: RootOption = "runs", as_json: JsonFlag = False) -> None:
+    """Where a run stands: a local run's state and progress, or a submitted job's."""
+    local = _local_run(target, root)
+    if local is not None:
+        from launcher.launch.local_runs import status_lines as local_lines
+
+        if as_json:
+            _print_json(local.to_json())
+        else:
+            for line in local_lines(local):
+                out.print(line, highlight=False, markup=False)
+        return
     from launcher.launch.slurm import resolve, status_document, status_lines
 
-    resolved = resolve(target)
+    resolved = resolve(_slurm_target(target, root))
     if as_json:
         _print_json(status_document(resolved))
         return
@@ -697,42 +806,65 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing until the job finishes.")
     ] = False,
+    root: RootOption = "runs",
     as_json: JsonFlag = False,
 ) -> None:
-    """Print a submitted job's output (stdout and stderr of the batch script and rank 0)."""
-    from launcher.launch.slurm import log_files, resolve, show_logs
+    """Print a run's output: a local run's rank-0 log, or a submitted job's stdout and stderr."""
+    from launcher.launch.slurm import log_files, read_log, resolve, show_logs
 
+    if as_json and follow:
+        raise UserError("--json prints the logs as they are now; drop --follow (or --json)")
+    local = _local_run(target, root)
+    if local is not None:
+        from launcher.launch import local_runs
+
+        if not as_json:
+            local_runs.show_logs(local, _write_flush, follow=follow)
+            return
+        texts = [(path, read_log(path, local.folder)) for path in local_runs.log_files(local)]
     if as_json:
-        if follow:
-            raise UserError("--json prints the logs as they are now; drop --follow (or --json)")
-        files = log_files(resolve(target))
+        if local is None:
+            resolved = resolve(_slurm_target(target, root))
+            texts = [(path, read_log(path, resolved.run_dir)) for path in log_files(resolved)]
         _print_json(
             {
                 "files": [
                     {
                         "path": str(path),
-                        "text": path.read_text(errors="replace") if path.is_file() else None,
+                        "text": data.decode("utf-8", "replace") if data is not None else None,
                     }
-                    for path in files
+                    for path, data in texts
                 ]
             }
         )
         return
 
-    def write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    show_logs(resolve(_slurm_target(target, root)), _write_flush, follow=follow)
 
-    show_logs(resolve(target), write, follow=follow)
+
+def _write_flush(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 @app.command()
-def cancel(target: JobArg, as_json: JsonFlag = False) -> None:
-    """Cancel a submitted job (or every job of a run directory) and wait until it stopped."""
+def cancel(target: JobArg, root: RootOption = "runs", as_json: JsonFlag = False) -> None:
+    """Stop a run: a local one as Ctrl-C would (it checkpoints, then exits), or cancel its
+    submitted jobs; then wait until it stopped."""
+    local = _local_run(target, root)
+    if local is not None:
+        from launcher.launch.local_runs import cancel as cancel_local
+
+        line = cancel_local(local)
+        if as_json:
+            _print_json({"runs": [line]})
+        else:
+            out.print(line, highlight=False, markup=False)
+        return
     from launcher.launch.slurm import cancel as cancel_jobs
     from launcher.launch.slurm import resolve
 
-    lines = cancel_jobs(resolve(target))
+    lines = cancel_jobs(resolve(_slurm_target(target, root)))
     if as_json:
         _print_json({"jobs": lines})
         return

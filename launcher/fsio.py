@@ -181,6 +181,34 @@ READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 # short write, what a full disk or quota gives it, as a RuntimeError "... unexpected pos N vs M";
 # torch.distributed.checkpoint passes it on to every rank inside its own exception.
 _SHORT_WRITE = "unexpected pos"
+# Its other write failures ("basic_ios::clear: iostream error", "file write failed") name no
+# cause: they count as a full disk only when the file system is in fact nearly full.
+_WRITER_IO_ERRORS = ("iostream error", "file write failed")
+# Free space below which a failed write is put down to a full disk: by the ranks (a torch writer's
+# error with no errno) and by the launcher (a rank that died without an error report, because
+# the disk had no room left even for that). One threshold, so the two agree.
+LOW_SPACE_BYTES = 64 << 20
+
+
+def low_on_space(path: Path, need: int = 0) -> bool:
+    """The file system holding `path` has less than max(LOW_SPACE_BYTES, need) bytes free."""
+    free = free_bytes(path)
+    return free is not None and free < max(LOW_SPACE_BYTES, need)
+
+
+def disk_full_error(exc: BaseException, path: Path) -> OSError | None:
+    """`exc` as the OSError(ENOSPC) it stands for when it is a disk-full write error (an errno
+    ENOSPC/EDQUOT, torch's short write, or another torch writer I/O error on a nearly full disk),
+    else None. Raise the result outside the `except` block that caught `exc`: its traceback holds
+    the failed writer's open file, whose space is only freed once it is gone."""
+    if isinstance(exc, OSError):
+        return exc if exc.errno in DISK_FULL_ERRNOS else None
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and (
+        _SHORT_WRITE in text or (any(e in text for e in _WRITER_IO_ERRORS) and low_on_space(path))
+    ):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return None
 
 
 def describe_write_error(exc: BaseException, path: Path) -> str | None:

@@ -1,6 +1,8 @@
 """Every file of a run directory, named in one place (no torch import).
 
 config.yaml       the resolved configuration the ranks train from
+config.next.yaml  a resume's new configuration: the ranks train from it and rank 0 renames it to
+                  config.yaml once the checkpoint loaded (a refused resume leaves config.yaml be)
 plan.json         `llmtrain plan --json` for it (predictions; the MFU denominator)
 ds_config.json    the DeepSpeed config (backend=deepspeed)
 megatron_args.txt Megatron-LM's pretrain_gpt.py arguments for the config (backend=megatron)
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CONFIG = "config.yaml"
+PENDING_CONFIG = "config.next.yaml"
 PLAN = "plan.json"
 DS_CONFIG = "ds_config.json"
 LAUNCH_SCRIPT = "launch.sh"
@@ -46,6 +49,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.root / CONFIG
+
+    @property
+    def pending_config(self) -> Path:
+        return self.root / PENDING_CONFIG
 
     @property
     def plan(self) -> Path:

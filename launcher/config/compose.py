@@ -17,6 +17,7 @@ Hydra and OmegaConf are imported inside the functions that use them: a compositi
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import typing
 from dataclasses import dataclass
@@ -26,7 +27,12 @@ from typing import Any
 from launcher import resources
 from launcher.config import compose_cache, config_file, hf_model
 from launcher.config.schema import CHOICES, LLMTrainConfig
-from launcher.config.secrets import mask_secret_overrides, redact
+from launcher.config.secrets import (
+    mask_environment_values,
+    mask_secret_overrides,
+    redact,
+    spread_problems,
+)
 from launcher.errors import ConfigError, did_you_mean
 
 DEFAULT_RECIPE = "tiny"
@@ -75,8 +81,8 @@ def _register(recipe: str) -> None:
     if not isinstance(node, dict):
         raise ConfigError(
             [
-                f"recipe={recipe}: {path} must hold keys and values (key: value), not "
-                f"{type(node).__name__} {str(node)[:40]!r}"
+                f"recipe={recipe}: {path} must hold keys and values (key: value), not a "
+                f"{type(node).__name__}"
             ]
         )
     shape = _shape_problems(node, "", str(path))
@@ -135,13 +141,19 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
         return _compose(overrides)
     except ConfigError as exc:  # an error message quotes overrides: never a secret's value
         problems = config_file.annotate(exc.problems, overrides)
-        raise ConfigError([mask_secret_overrides(p, overrides) for p in problems]) from None
+        masked = [mask_secret_overrides(p, overrides) for p in problems]
+        raise ConfigError(
+            [mask_environment_values(p, overrides, os.environ) for p in masked]
+        ) from None
 
 
 def _compose(overrides: tuple[str, ...]) -> Composed:
     cached = compose_cache.load(overrides)
     if cached is not None:
         values, choices = cached
+        spread = spread_problems(values, os.environ)  # the environment may hold a new value
+        if spread:
+            raise ConfigError(spread)
         config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
         return Composed(config=config, values=values, choices=choices, overrides=overrides)
     import yaml
@@ -176,6 +188,9 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     values["recipe"] = choices.get("recipe", "none")
     _command_line_budget_wins(parsed, values)
     problems = unknown_key_problems(values) + choice_problems(values) + element_problems(values)
+    # A secret's value copied into another key (`${oc.env:NAME}`): refused before it is cached,
+    # written, shown or put in a job name.
+    problems += spread_problems(values, os.environ)
     if problems:
         raise ConfigError(problems)
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))

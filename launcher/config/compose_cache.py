@@ -11,7 +11,9 @@ removed and composed again. Only successful compositions are
 cached; errors always go through Hydra again, and so does a composition holding a secret's value
 (``launcher.config.secrets``): it is never written to disk. Set LLMTRAIN_NO_CACHE=1 to bypass the
 cache.
-Location: $XDG_CACHE_HOME/llmtrain/compose (default ~/.cache/llmtrain/compose).
+Location: $XDG_CACHE_HOME/llmtrain/compose (default ~/.cache/llmtrain/compose), a folder of mode
+0700 (with its llmtrain parent) holding files of mode 0600; a folder there that is a symlink or
+another user's is not used.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +88,7 @@ def load(overrides: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]] | 
         entry = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         entry = None
     if not _well_formed(entry):
         with contextlib.suppress(OSError):
@@ -99,13 +102,28 @@ def store(overrides: tuple[str, ...], values: dict[str, Any], choices: dict[str,
     if not enabled() or has_secret_values(values):
         return
     try:
-        directory = cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = private_dir()
+        if directory is None:
+            return
         entries = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[: max(0, len(entries) - _MAX_ENTRIES + 1)]:
             old.unlink(missing_ok=True)
         # Keys in composition order (not sorted): `show` prints the cached values as they are.
         text = json.dumps({"values": values, "choices": choices}, indent=1) + "\n"
-        fsio.write_atomic(directory / f"{key(overrides)}.json", text.encode("utf-8"))
+        fsio.write_atomic(directory / f"{key(overrides)}.json", text.encode("utf-8"), mode=0o600)
     except OSError:
         return
+
+
+def private_dir() -> Path | None:
+    """The cache folder, made (or narrowed to) mode 0700 with its llmtrain parent, or None when
+    it is not a folder of this user's (a symlink, someone else's): then nothing is cached."""
+    directory = cache_dir()
+    for folder in (directory.parent, directory):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.chmod(folder, 0o700)
+    return directory

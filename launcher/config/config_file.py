@@ -14,7 +14,8 @@ under ``<stem>-<sha256 of its content>``, so the compose cache keys on its conte
 
 Either file is read defensively: a regular file (not a symbolic link, not a folder) of at most
 ``MAX_BYTES``, YAML without anchors/aliases (no "billion laughs" expansion), a mapping, nested at
-most ``MAX_DEPTH`` deep. Every problem is a ``ConfigError`` (exit 2) naming the file.
+most ``MAX_DEPTH`` deep; a recipe path must end in .yaml or .yml (it is not read otherwise). Every
+problem is a ``ConfigError`` (exit 2) naming the file, never quoting its content.
 """
 
 from __future__ import annotations
@@ -81,10 +82,13 @@ def read_yaml_file(path: Path, what: str) -> tuple[dict[str, Any], str]:
     if node is None:
         node = {}
     if not isinstance(node, dict):
+        # Never quote the content: the file may be anything readable (/etc/passwd, a key file).
+        kinds: dict[type, str] = {list: "a list", str: "plain text"}
+        kind = kinds.get(type(node), f"a single {type(node).__name__}")
         raise ConfigError(
             [
-                f"{what}={path}: must hold keys and values (key: value), not "
-                f"{type(node).__name__} {str(node)[:40]!r}"
+                f"{what}={path}: must hold keys and values (key: value lines as `llmtrain show` "
+                f"prints them), not {kind}; is it the file you meant?"
             ]
         )
     if _depth(node) > MAX_DEPTH:
@@ -110,6 +114,15 @@ def register_recipe_file(option: str, base: Path | None = None) -> str:
     path = Path(option).expanduser()
     if base is not None and not path.is_absolute():
         path = base / path
+    if path.suffix not in (".yaml", ".yml"):
+        # Not read at all: a path that is not a YAML file is a mistake (recipe=/etc/passwd).
+        raise ConfigError(
+            [
+                f"recipe={option}: a recipe given by path is a YAML file named *.yaml or *.yml "
+                "(keys as `llmtrain show` prints them); for a shipped recipe give its name, e.g. "
+                "recipe=tiny (`llmtrain recipes` lists them)"
+            ]
+        )
     node, text = read_yaml_file(path, "recipe")
     del node
     stem = re.sub(r"[^A-Za-z0-9_-]", "_", path.stem) or "recipe"

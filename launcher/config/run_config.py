@@ -114,13 +114,24 @@ def read_values(values: dict[str, Any], path: Path) -> StoredConfig:
     return StoredConfig(path, filled, tuple(missing), unknown, tuple(harmless))
 
 
+# A run's config.yaml is a few KB; anything this large was not written by llmtrain.
+MAX_BYTES = 4 << 20
+
+
 def read_run_config(path: Path) -> StoredConfig:
     """A run's config.yaml (UserError when it is not one this llmtrain can read)."""
     try:
-        values = yaml.safe_load(fsio.read_bytes(path).decode("utf-8"))
+        data = fsio.read_bytes(path)
+        if len(data) > MAX_BYTES:
+            raise ValueError(f"larger than {MAX_BYTES} bytes")
+        values = yaml.safe_load(data.decode("utf-8"))
         if not isinstance(values, dict):
             raise ValueError("not a mapping")
         return read_values(values, path)
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise UserError(
+            f"{path}: not a config.yaml this llmtrain reads (nested too deeply)"
+        ) from None
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise UserError(f"{path}: not a config.yaml this llmtrain reads ({exc})") from None
 

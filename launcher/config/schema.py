@@ -147,6 +147,15 @@ class TrainConfig:
     # Start from these weights (step 0, fresh optimizer): a Hugging Face folder (llmtrain export),
     # a run directory or a checkpoint folder. A run with checkpoints of its own resumes instead.
     init_from: str | None = None
+    # Training health (launcher.health): a step whose loss or gradient norm is NaN or infinite
+    # stops the run (exit 3, nothing checkpointed after the last good step), unless up to this
+    # many such steps may be skipped first (their update withheld, counted in metrics.jsonl).
+    max_nonfinite_skips: int = 0
+    # Loss spikes: a step whose loss lies more than loss_spike_zscore robust standard deviations
+    # (median / MAD) above the previous loss_spike_window losses is warned about and marked in
+    # metrics.jsonl; 0 disables the warning.
+    loss_spike_window: int = 100
+    loss_spike_zscore: float = 6.0
 
 
 @dataclass

@@ -99,6 +99,72 @@ def redact(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Shorter values are not compared (a 3-character "secret" would match ordinary values by chance);
+# values at least this long are also found inside a longer string (`run-${oc.env:KEY}`).
+MIN_COMPARED = 4
+MIN_CONTAINED = 8
+
+
+def declared_values(values: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """name -> value of every secret of composed `values` that has a value now: its cluster.env
+    entry, else the environment's (run.secret_env names)."""
+    cluster, run = values.get("cluster"), values.get("run")
+    env = cluster.get("env") if isinstance(cluster, dict) else None
+    env = env if isinstance(env, dict) else {}
+    declared = run.get("secret_env") if isinstance(run, dict) else None
+    found = {}
+    for name in _names(declared if isinstance(declared, list) else [], env):
+        value = env.get(name, environ.get(name))
+        if isinstance(value, str) and len(value) >= MIN_COMPARED and value != REDACTED:
+            found[name] = value
+    return found
+
+
+def spread_problems(values: dict[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """Keys of composed `values` that hold a declared secret's value anywhere but its own
+    cluster.env entry: pulled in with ``${oc.env:NAME}`` (or typed again) into run.name,
+    slurm.job_name, another cluster.env entry... Such a value would reach config.yaml, `show`, a
+    job name every user of the cluster can read, and the compose cache. Messages name the key and
+    the secret, never the value."""
+    secrets = declared_values(values, environ)
+    if not secrets:
+        return []
+    env = (
+        values.get("cluster", {}).get("env", {}) if isinstance(values.get("cluster"), dict) else {}
+    )
+    own = {f"cluster.env.{name}" for name in secrets if isinstance(env, dict) and name in env}
+    problems = []
+
+    def holds(text: str, secret: str) -> bool:
+        return text == secret or (len(secret) >= MIN_CONTAINED and secret in text)
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, str | int | float) and not isinstance(node, bool) and key not in own:
+            text = str(node)
+            for name, secret in secrets.items():
+                if holds(text, secret):
+                    problems.append(
+                        f"{key}: holds the value of the secret {name} (run.secret_env or a "
+                        f"secret-looking cluster.env name), which would be written to config.yaml, "
+                        "shown, and put in job names and scripts; secrets reach the ranks only "
+                        f"through their environment: drop it from {key}"
+                        + (
+                            f", or add {key.split('.')[-1]} to run.secret_env"
+                            if key.startswith("cluster.env.")
+                            else " (the ranks read $" + name + " themselves)"
+                        )
+                    )
+
+    walk(values, "")
+    return problems
+
+
 def has_secret_values(values: dict[str, Any]) -> bool:
     """Whether composed values hold a secret's value (so they must not be stored anywhere)."""
     return redact(values) != values
@@ -117,6 +183,28 @@ def mask_secret_overrides(message: str, overrides: Iterable[str]) -> str:
             continue
         if is_secret_name(parts[2]) and ".".join(parts) in message:
             message = _mask_value(message, value)
+    return message
+
+
+_ENV_REFERENCE = re.compile(r"oc\.env\s*:\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def mask_environment_values(
+    message: str, overrides: Iterable[str], environ: Mapping[str, str]
+) -> str:
+    """`message` with the value of every environment variable that the overrides read with
+    ``${oc.env:NAME}`` or declare in run.secret_env replaced by REDACTED: an error about a value
+    pulled from the environment (a secret put into train.steps) quotes it."""
+    names: set[str] = set()
+    for text in overrides:
+        names.update(_ENV_REFERENCE.findall(text))
+        key, sep, value = text.partition("=")
+        if sep and key.lstrip("+~") == "run.secret_env":
+            names.update(_ENV_NAME.findall(value))
+    for name in sorted(names):
+        found = environ.get(name)
+        if found is not None and len(found) >= MIN_COMPARED:
+            message = _mask_value(message, found)
     return message
 
 

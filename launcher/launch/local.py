@@ -7,7 +7,7 @@ itself: the run length, checkpoint cadence, logging and launcher settings).
 
 Lifecycle: the caller holds the run directory's lock (``launcher.launch.runlock``) from before the
 first write until torchrun is gone. torchrun runs in its own session with PR_SET_PDEATHSIG
-(SIGKILL) and so does every rank (``launcher.train.trainer.die_with_parent``): when llmtrain dies,
+(SIGKILL) and so does every rank (``launcher.orphans``): when llmtrain dies,
 even by kill -9, torchrun and the ranks die with it. SIGTERM/SIGUSR1 are forwarded (the ranks
 checkpoint and exit 99); Ctrl-C (SIGINT) and SIGHUP are turned into SIGTERM for torchrun, so the
 ranks checkpoint at the step they are in, and llmtrain exits 130 (129 for SIGHUP); a second
@@ -17,7 +17,6 @@ Ctrl-C kills everything at once.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -27,21 +26,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.config.compose import Composed
 from launcher.config.run_config import read_run_config, resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import public_env, secret_env, secret_names
 from launcher.errors import UserError
+from launcher.health import DIVERGED, EXIT_DIVERGED
 from launcher.launch import runlock
+from launcher.orphans import LAUNCHER_PID_ENV, die_with_parent
 from launcher.render.torchrun import launch_script, torchrun_command
 from launcher.rundir import UNFINISHED_PREFIX, RunDir, unfinished_checkpoints
+from launcher.validate.rules import run_name_problem
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
 _NOT_IN_NAME = (
@@ -52,6 +55,11 @@ _NOT_IN_NAME = (
     "train.steps",
     "train.tokens",
     "train.log_every",
+    # Training health: how a diverging run is handled, not what it trains (a run stopped on a
+    # non-finite step resumes with train.max_nonfinite_skips=N in the same directory).
+    "train.max_nonfinite_skips",
+    "train.loss_spike_window",
+    "train.loss_spike_zscore",
     "backend.megatron_path",
 )
 
@@ -60,6 +68,13 @@ class RunFailed(Exception):
     """A rank failed; the message names it and its error. Exit code 1."""
 
     exit_code = 1
+
+
+class RunDiverged(RunFailed):
+    """Training stopped on a non-finite loss or gradient norm (launcher.health); the message
+    names the step, the quantity and the last good checkpoint. Exit code 3."""
+
+    exit_code = EXIT_DIVERGED
 
 
 class RunInterrupted(Exception):
@@ -91,8 +106,9 @@ def run_dir_for(composed: Composed) -> Path:
     cfg = composed.config
     digest = config_digest(composed.values)
     name = cfg.run.name or f"{cfg.recipe}-{digest}"
-    if "/" in name or name in ("", ".", ".."):
-        raise UserError(f"run.name={name!r}: must be a plain folder name (no '/')")
+    problem = run_name_problem(name)
+    if problem is not None:
+        raise UserError(problem)
     path = Path(cfg.run.root_dir).expanduser() / name
     if not cfg.run.name and not path.exists():
         return older_schema_run(path.parent, cfg.recipe, digest) or path
@@ -174,15 +190,23 @@ def _write_problem(exc: OSError, path: Path) -> str:
     )
 
 
-def prepare_run_dir(composed: Composed, plan_json: dict[str, Any], fresh: bool) -> Prepared:
+def prepare_run_dir(
+    composed: Composed,
+    plan_json: dict[str, Any],
+    fresh: bool,
+    guard: Callable[[Path], None] | None = None,
+) -> Prepared:
     """Take the run directory's lock (``launcher.launch.runlock``; exit 2 naming the holder when
-    another run has it), then write its config and artifacts. The caller releases
+    another run has it), call `guard` with the run directory under the lock (`run` passes
+    ``slurm.refuse_live_jobs``), then write its config and artifacts. The caller releases
     ``Prepared.lock`` when the run is over (``launch`` keeps it held in torchrun meanwhile)."""
     cfg = composed.config
     secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     run = RunDir(choose_run_dir(composed, fresh))
     lock = runlock.acquire(run.root)
     try:
+        if guard is not None:
+            guard(run.root)
         if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
             # Resuming a run an older llmtrain started: exit 2 naming the keys this one does
             # not know (launcher.config.run_config), before anything is written or started.
@@ -204,9 +228,17 @@ def _write_run_dir(
     try:
         fsio.check_inside(run.logs, run.root)
         run.logs.mkdir(exist_ok=True)
-        fsio.write_text_atomic(
-            run.config, yaml.safe_dump(composed.values, sort_keys=False), root=run.root
-        )
+        fsio.check_inside(run.torchrun_log, run.root)  # a planted link: refused before any write
+        text = yaml.safe_dump(composed.values, sort_keys=False)
+        if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
+            # A resume: config.yaml (which export and show read) keeps describing the weights
+            # on disk until the ranks have loaded them with the new configuration; rank 0 then
+            # renames this file over it (launcher.train.trainer). A refused resume leaves it be.
+            fsio.write_text_atomic(run.pending_config, text, root=run.root)
+        else:
+            fsio.write_text_atomic(run.config, text, root=run.root)
+            if os.path.lexists(run.pending_config):
+                os.unlink(run.pending_config)
         fsio.write_text_atomic(run.plan, json.dumps(plan_json, indent=2) + "\n", root=run.root)
         if cfg.backend.name == "deepspeed":
             from launcher.render.ds_config import render_ds_config
@@ -252,20 +284,22 @@ def _megatron_worker(cfg: LLMTrainConfig, run: RunDir, env: dict[str, str]) -> l
     return [entry_script(root), *megatron_run_args(cfg, str(run.root), data)]
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-
 def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
     """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
     RunInterrupted. The run's lock stays open in torchrun for its whole life."""
     keep_fds = (prepared.lock.fd,) if prepared.lock is not None else ()
     run = RunDir(prepared.run_dir)
-    env = {**os.environ, **prepared.env, **prepared.secrets}
-    log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)
+    me = os.getpid()
+    # The ranks check that torchrun is still this process's child (launcher.orphans).
+    env = {**os.environ, **prepared.env, **prepared.secrets, LAUNCHER_PID_ENV: str(me)}
+    if prepared.lock is not None:  # every rank checks the lock is still ours before a checkpoint
+        env.update(prepared.lock.identity_env())
+    try:
+        log = fsio.open_append(run.torchrun_log, root=run.root, binary=True)
+    except fsio.UnsafePathError as exc:
+        raise UserError(str(exc.strerror)) from None
+    except OSError as exc:
+        raise UserError(_write_problem(exc, run.root)) from None
     log_offset = log.seek(0, os.SEEK_END)
     started = time.time()
     # torchrun's own messages (and rank 0's stderr) go to the log; rank 0's stdout (progress,
@@ -278,7 +312,8 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         stderr=log,
         start_new_session=True,
         pass_fds=keep_fds,
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        # In the child between fork and exec: die with this process, or now if it already died.
+        preexec_fn=(lambda: die_with_parent(me)) if sys.platform.startswith("linux") else None,
     )
     interrupted: list[int] = []
 
@@ -308,6 +343,8 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
     # mid-save) is never read again, so it goes now rather than fill the disk until the next save.
     for unfinished in unfinished_checkpoints(run.checkpoints):
         fsio.remove_tree(unfinished)
+    if os.path.lexists(run.pending_config):  # a resume the ranks did not accept
+        os.unlink(run.pending_config)
     marker = run.preempted
     checkpointed = marker.is_file() and marker.stat().st_mtime >= started
     if interrupted:
@@ -337,6 +374,10 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
             f"rank {rank} failed first: killed by {signame} (out of memory, or killed by the "
             f"system or a user?){after}\n(see {run.torchrun_log}; every rank was stopped)"
         )
+    if errors and errors[0]["type"] == DIVERGED:
+        raise RunDiverged(
+            f"{errors[0]['message']}\n(logs in {run.logs}; every rank stopped at that step)"
+        )
     if errors:
         first = errors[0]
         raise RunFailed(
@@ -344,10 +385,14 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
             f"(traceback in {run.rank_log(first['rank'])}; every rank was stopped)"
         )
     free = fsio.free_bytes(run.root)
-    if free is not None and free < 1 << 20:
+    if free is not None and fsio.low_on_space(run.root, _newest_checkpoint_bytes(run)):
+        # No rank could say why (no room even for its error file): the same threshold the
+        # ranks use for a write error without an errno (fsio.LOW_SPACE_BYTES), or less room
+        # than the newest checkpoint took.
         raise RunFailed(
             f"torchrun exited with code {code}: the disk holding {run.root} is full "
-            f"({free} bytes free); free space there and run the same command again"
+            f"({free} bytes free, {free / 2**30:.2f} GiB); free space there and run the same "
+            "command again to resume from the last good checkpoint"
         )
     failed = failed_root_cause(run.torchrun_log, log_offset)
     if failed is not None:
@@ -366,6 +411,18 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
 # Signals used to stop a run (torchrun's teardown, preemption, a user): a rank that exits on one of
 # these was stopped, it did not fail by itself.
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+
+
+def _newest_checkpoint_bytes(run: RunDir) -> int:
+    """Bytes of the newest complete checkpoint's files (0 without one): the room the next
+    checkpoint needs."""
+    newest = max(
+        (p for p in run.checkpoints.glob("step_*") if p.is_dir() and not p.is_symlink()),
+        default=None,
+    )
+    if newest is None:
+        return 0
+    return sum(f.stat().st_size for f in newest.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | None:
@@ -413,9 +470,10 @@ def failed_root_cause(torchrun_log: Path, offset: int) -> tuple[int, int] | None
 
 def _marker_step(marker: Path) -> str:
     try:
-        return str(json.loads(fsio.read_bytes(marker))["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        step = runfiles.read_json_object(marker, max_bytes=65536).get("step")
+    except (OSError, ValueError):
         return "?"
+    return str(step) if isinstance(step, int) and not isinstance(step, bool) else "?"
 
 
 def rank_errors(run_dir: Path, since: float) -> list[dict[str, Any]]:
@@ -423,15 +481,21 @@ def rank_errors(run_dir: Path, since: float) -> list[dict[str, Any]]:
     errors = []
     for path in RunDir(run_dir).rank_errors():
         try:
-            error = json.loads(fsio.read_bytes(path))
+            error = runfiles.read_json_object(path, max_bytes=8 << 20)
         except (OSError, ValueError):
             continue
-        if (
-            isinstance(error, dict)
-            and isinstance(error.get("time"), int | float)
-            and (error["time"] >= since)
-        ):
-            errors.append(error)
+        when = error.get("time")
+        if isinstance(when, bool) or not isinstance(when, int | float) or when < since:
+            continue
+        rank = error.get("rank")
+        errors.append(
+            {
+                "time": when,
+                "rank": rank if isinstance(rank, int) and not isinstance(rank, bool) else "?",
+                "type": str(error.get("type", "error"))[:200],
+                "message": str(error.get("message", ""))[:4000],
+            }
+        )
     return sorted(errors, key=lambda e: e["time"])
 
 

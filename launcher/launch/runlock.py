@@ -7,6 +7,16 @@ launcher hands the lock's file to torchrun, which therefore keeps it held while 
 run. What can be left behind is the *record* of a dead holder: the next run says so ("pid P on
 this host is no longer running") and takes over. A second run while the first is alive exits 2,
 naming the holder. (On NFS, Linux maps flock to byte-range locks held by the server.)
+
+A SLURM job takes the same lock from its batch script (job.sbatch, ``launcher.render.sbatch``)
+on the node that runs it, with flock(1), and holds it until the job ends; ``llmtrain run`` also
+refuses a run directory whose slurm.json names a job SLURM still has queued or running.
+
+The lock protects nothing once its file is gone: deleted, a second run creates a new one and
+takes it. So the holder hands the lock's identity (its inode and a random token also written in
+the record, ``launcher.runfiles.LOCK_ENV``) to every rank, and each rank checks it before every
+checkpoint (``launcher.runfiles.lock_problem``): deleted, replaced or rewritten, the run stops
+with that error before writing anything more.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import errno
 import fcntl
 import json
 import os
+import re
+import secrets
 import socket
 import sys
 import time
@@ -24,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.errors import UserError
 from launcher.rundir import RunDir
 
@@ -36,17 +48,39 @@ class RunDirLocked(UserError):
 def _holder_text(holder: dict[str, Any]) -> str:
     started = holder.get("time")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-    return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} (since {when})"
+    who = f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} (since {when})"
+    job = holder.get("slurm_job")
+    return f"SLURM job {job} (batch script {who})" if job else who
+
+
+_PRINTABLE = re.compile(r"[ -~]{1,255}")
 
 
 def _read_holder(fd: int) -> dict[str, Any]:
+    """The lock's record, read back bounded (launcher.runfiles) and with every field checked: a
+    damaged or hostile record shows as '?' fields, never a crash or its raw text."""
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         data = os.read(fd, 65536)
-        holder = json.loads(data) if data.strip() else {}
-        return holder if isinstance(holder, dict) else {}
+        holder = runfiles.loads(data, max_bytes=65536, max_depth=4) if data.strip() else {}
     except (OSError, ValueError):
         return {}
+    if not isinstance(holder, dict):
+        return {}
+    clean: dict[str, Any] = {}
+    pid, started = holder.get("pid"), holder.get("time")
+    if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 31:
+        clean["pid"] = pid
+    if isinstance(started, int | float) and not isinstance(started, bool) and 0 < started < 1e11:
+        clean["time"] = float(started)
+    for key in ("host", "command", "token"):
+        value = holder.get(key)
+        if isinstance(value, str) and _PRINTABLE.fullmatch(value):
+            clean[key] = value
+    job = holder.get("slurm_job")
+    if isinstance(job, str) and runfiles.is_job_id(job):
+        clean["slurm_job"] = job
+    return clean
 
 
 def _pid_alive(pid: int) -> bool:
@@ -82,6 +116,13 @@ class RunLock:
     path: Path
     fd: int
     note: str | None = None
+    token: str = ""
+    inode: int = 0
+
+    def identity_env(self) -> dict[str, str]:
+        """What the ranks need to check, before each checkpoint, that this lock is still the
+        run directory's (launcher.runfiles.lock_problem)."""
+        return {runfiles.LOCK_ENV: f"{self.inode}:{self.token}"}
 
     def release(self) -> None:
         with contextlib.suppress(OSError):
@@ -117,6 +158,7 @@ def acquire(run_dir: Path) -> RunLock:
             "separate run with --fresh or run.name=OTHER"
         ) from None
     note = stale_note(_read_holder(fd))
+    token = secrets.token_hex(8)
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -124,8 +166,9 @@ def acquire(run_dir: Path) -> RunLock:
         # The subcommand and folder only: overrides may carry a secret's value.
         "command": f"llmtrain {sys.argv[1] if len(sys.argv) > 1 else ''}".strip(),
         "cwd": os.getcwd(),
+        "token": token,
     }
-    lock = RunLock(path=path, fd=fd, note=note)
+    lock = RunLock(path=path, fd=fd, note=note, token=token, inode=os.fstat(fd).st_ino)
     try:
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)

@@ -11,10 +11,12 @@ launch.sh, job.sbatch) and runs ``sbatch --parsable``, plus ``slurm.chain`` cont
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
@@ -132,24 +134,49 @@ class Submitted:
 
 
 def read_jobs(run_dir: Path) -> dict[str, Any]:
-    """The run directory's SLURM record; a damaged one is a UserError (exit 2), never a crash."""
+    """The run directory's SLURM record, validated (launcher.runfiles: bounded size and nesting,
+    job ids digits only); a damaged or hostile one is a UserError (exit 2), never a crash."""
     path = RunDir(run_dir).slurm_jobs
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return {"job_ids": [], "submissions": []}
     try:
-        record = json.loads(fsio.read_bytes(path))
-        ids = record["job_ids"]
-        if not isinstance(ids, list) or not all(isinstance(i, str | int) for i in ids):
-            raise ValueError("job_ids is not a list of job ids")
-        if not isinstance(record.get("submissions", []), list):
-            raise ValueError("submissions is not a list")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        record = runfiles.read_json_object(path)
+        ids = record.get("job_ids")
+        if not isinstance(ids, list):
+            raise runfiles.RunFileError("job_ids is not a list of job ids")
+        record["job_ids"] = [runfiles.job_id(i) for i in ids]
+        submissions = record.get("submissions", [])
+        if not isinstance(submissions, list) or not all(isinstance(s, dict) for s in submissions):
+            raise runfiles.RunFileError("submissions is not a list of objects")
+    except (OSError, ValueError) as exc:
         raise UserError(
             f"{path}: not a readable SLURM record ({exc}); it should be JSON like "
             '{"job_ids": ["123"], "submissions": []}. Fix or remove it (jobs it named are '
             "still listed by `squeue --me`)"
         ) from None
     return dict(record)
+
+
+def live_jobs(run_dir: Path) -> list[str]:
+    """Jobs of the run directory's slurm.json that SLURM still has queued or running (none when
+    there is no record; a record that cannot be checked because no SLURM client is on PATH counts
+    as none: the job's own lock on the run directory still keeps a second writer out)."""
+    ids = read_jobs(run_dir)["job_ids"]
+    if not ids or shutil.which("scontrol") is None:
+        return []
+    return [j for j in ids if job_state(j) not in FINISHED | {None}]
+
+
+def refuse_live_jobs(run_dir: Path) -> None:
+    """`llmtrain run` into a run directory whose SLURM job is queued or running: exit 2."""
+    active = live_jobs(run_dir)
+    if active:
+        raise UserError(
+            f"{run_dir} belongs to SLURM job(s) {', '.join(active)}, queued or running: two "
+            f"writers would corrupt the run. Follow it with `llmtrain status {run_dir}`, stop it "
+            f"with `llmtrain cancel {run_dir}` first, or start a separate run with --fresh or "
+            "run.name=OTHER"
+        )
 
 
 def _sbatch(script: Path, dependency: str | None, cwd: str, secrets: dict[str, str]) -> str:
@@ -169,7 +196,10 @@ def _sbatch(script: Path, dependency: str | None, cwd: str, secrets: dict[str, s
     )
     if done.returncode != 0:
         raise UserError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
-    return done.stdout.strip().split(";")[0]
+    job = done.stdout.strip().split(";")[0]
+    if not runfiles.is_job_id(job):
+        raise UserError(f"sbatch answered {job[:80]!r}, not a job id; the job may still be queued")
+    return job
 
 
 def submit(composed: Composed, force: bool = False) -> Submitted:
@@ -186,7 +216,7 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
         launch = render_launch_sh(cfg, python=python, run_dir=str(run_dir), workdir=workdir)
     except RenderError as exc:
         raise UserError(str(exc)) from None
-    active = [j for j in read_jobs(run_dir)["job_ids"] if job_state(j) not in FINISHED | {None}]
+    active = live_jobs(run_dir)
     if active:
         raise UserError(
             f"{run_dir} already has job(s) {', '.join(active)} queued or running; follow them "
@@ -221,7 +251,10 @@ def job_info(job_id: str) -> dict[str, str] | None:
     """`scontrol show job -o` fields, or None when SLURM no longer knows the job."""
     tool = _tool("scontrol")
     done = subprocess.run(
-        [tool, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+        [tool, "show", "job", "-o", "--", runfiles.job_id(job_id)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if done.returncode != 0 or not done.stdout.strip():
         return None
@@ -246,8 +279,8 @@ def resolve(target: str) -> Target:
         ids = read_jobs(path)["job_ids"]
         if not ids:
             raise UserError(f"{target}: no SLURM jobs recorded in {path / JOBS_FILE}")
-        return Target(path.resolve(), [str(i) for i in ids])
-    if not target.replace("_", "").isdigit():
+        return Target(path.resolve(), list(ids))
+    if not runfiles.is_job_id(target):
         raise UserError(f"{target}: neither a SLURM job id nor a run directory")
     info = job_info(target)
     if info is None:
@@ -262,17 +295,23 @@ def resolve(target: str) -> Target:
 
 
 def progress(run_dir: Path) -> str | None:
+    """ "step N, loss L" from the last line of metrics.jsonl (read back bounded and checked)."""
     metrics = RunDir(run_dir).metrics
-    if not metrics.is_file():
+    if not metrics.is_file() and not metrics.is_symlink():
         return None
-    lines = metrics.read_text(errors="replace").splitlines()
     try:
-        last = json.loads(lines[-1]) if lines else None
-    except ValueError:  # a line being written, or a damaged file
-        return "progress unknown (last line of metrics.jsonl is not JSON)"
+        line = runfiles.last_line(metrics)
+        last = runfiles.loads(line, max_bytes=65536) if line else None
+    except (OSError, ValueError):  # a line being written, a damaged or hostile file
+        return "progress unknown (last line of metrics.jsonl is not a metrics record)"
     if not isinstance(last, dict):
         return None
-    return f"step {last.get('step')}, loss {last.get('loss', float('nan')):.4f}"
+    step, loss = last.get("step"), last.get("loss")
+    if isinstance(step, bool) or not isinstance(step, int):
+        return "progress unknown (last line of metrics.jsonl has no step number)"
+    if isinstance(loss, bool) or not isinstance(loss, int | float):
+        return f"step {step}"
+    return f"step {step}, loss {loss:.4f}"
 
 
 def status_document(target: Target) -> dict[str, Any]:
@@ -338,6 +377,29 @@ def log_files(target: Target) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
+def read_log(path: Path, run_dir: Path | None, offset: int = 0) -> bytes | None:
+    """A log's bytes from `offset` (None when it does not exist). A log inside the run directory
+    is never read through a symbolic link (UserError, exit 2): its content is not the run's."""
+    inside = run_dir is not None and Path(path).parent == RunDir(run_dir).logs
+    flags = os.O_RDONLY | os.O_CLOEXEC | (getattr(os, "O_NOFOLLOW", 0) if inside else 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(
+                f"{path} is a symbolic link inside the run directory; llmtrain does not read run "
+                "logs through links (remove it)"
+            ) from None
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise UserError(f"{path} is not a regular file; remove it")
+        f.seek(offset)
+        return f.read()
+
+
 def show_logs(
     target: Target,
     write: Callable[[str], None],
@@ -349,13 +411,9 @@ def show_logs(
 
     def drain() -> None:
         for path in log_files(target):
-            if not path.is_file():
-                continue
-            with open(path, "rb") as f:
-                f.seek(offsets.get(path, 0))
-                data = f.read()
-                offsets[path] = f.tell()
+            data = read_log(path, target.run_dir, offsets.get(path, 0))
             if data:
+                offsets[path] = offsets.get(path, 0) + len(data)
                 write(data.decode("utf-8", "replace"))
 
     drain()
@@ -382,7 +440,8 @@ def still_listed(job_ids: list[str]) -> list[str]:
 def cancel(target: Target, wait_s: float = 60.0) -> list[str]:
     """scancel every job of the target, then wait (bounded) until SLURM has stopped every process
     of them (no longer listed as completing). Returns one status line per job."""
-    _run(["scancel", *target.job_ids], "scancel failed")
+    ids = [runfiles.job_id(j) for j in target.job_ids]
+    _run(["scancel", "--", *ids], "scancel failed")
     deadline = time.monotonic() + wait_s
     while still_listed(target.job_ids) and time.monotonic() < deadline:
         time.sleep(0.3)

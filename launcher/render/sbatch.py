@@ -48,7 +48,8 @@ from launcher.config.secrets import check_lines, public_env, secret_names
 from launcher.render.megatron_args import MegatronUnsupported
 from launcher.render.megatron_launch import ENTRY, ENV_VAR, MEGATRON_TRACKER, megatron_run_args
 from launcher.render.torchrun import WORKER_MODULE
-from launcher.rundir import CHECKPOINTS, LOGS, PREEMPTED, step_dir_name
+from launcher.rundir import CHECKPOINTS, LOCK, LOGS, PREEMPTED, step_dir_name
+from launcher.runfiles import LOCK_ENV
 
 # Rendezvous ports are chosen in [PORT_BASE, PORT_BASE + PORT_SPAN) from the job id.
 PORT_BASE = 20000
@@ -236,6 +237,45 @@ def container_mounts(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> str:
     return _check_line("slurm.container_mounts", ",".join(mounts))
 
 
+def lock_lines() -> list[str]:
+    """Batch-script lines that take the run directory's lock (the one `llmtrain run` takes,
+    launcher.launch.runlock) with flock(1) and hold it, on fd 9, until the job ends: a run or a job
+    already writing there stops this job (exit 2) before it writes anything. The lock's record
+    names the job; its identity (inode and a random token) goes to the ranks, which check it
+    before every checkpoint (launcher.runfiles.lock_problem)."""
+    return [
+        "# One writer per run directory: hold its lock (as `llmtrain run` does) to the job's end.",
+        f'lock="$RUN_DIR/{LOCK}"',
+        "if ! command -v flock >/dev/null; then",
+        '  echo "llmtrain: flock (util-linux) is not installed on $(hostname): cannot lock '
+        '$RUN_DIR" >&2',
+        "  exit 2",
+        "fi",
+        'if [ -L "$lock" ]; then',
+        '  echo "llmtrain: $lock is a symbolic link; remove it (llmtrain never follows it)" >&2',
+        "  exit 2",
+        "fi",
+        'if ! exec 9<>"$lock"; then',
+        '  echo "llmtrain: cannot open the run directory\'s lock $lock" >&2',
+        "  exit 2",
+        "fi",
+        "# A requeued job may start while its previous instance is still being torn down.",
+        'lock_wait=0; [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && lock_wait=60',
+        'if ! flock -w "$lock_wait" 9; then',
+        '  holder=$(head -c 512 "$lock" | tr -cd \'[:alnum:] ._:,"{}-\')',
+        '  echo "llmtrain: run directory $RUN_DIR is in use by another llmtrain run or job'
+        ' ($holder); this job stops without writing anything" >&2',
+        "  exit 2",
+        "fi",
+        'lock_token="job${SLURM_JOB_ID:-}-$$-$RANDOM$RANDOM"',
+        'printf \'{"pid": %d, "host": "%s", "time": %d, "command": "job.sbatch", '
+        '"slurm_job": "%s", "token": "%s"}\\n\' "$$" '
+        '"$(hostname | tr -cd \'A-Za-z0-9._-\')" "$(date +%s)" "${SLURM_JOB_ID:-}" "$lock_token"'
+        ' >"$lock"',
+        f'export {LOCK_ENV}="$(stat -c %i "$lock"):$lock_token"',
+    ]
+
+
 def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str) -> str:
     """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues."""
     s, c = cfg.slurm, cfg.cluster
@@ -343,6 +383,8 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         *_exports(job_env(cfg)),
         *check_lines(secret_names(cfg), "llmtrain submit passes it in the environment of sbatch"),
         *megatron_lines(cfg),
+        "",
+        *lock_lines(),
         "",
         "# Done already (a chained continuation job, or a requeue after the last step): stop.",
         f"if {done}; then",

@@ -4,7 +4,12 @@ metrics.jsonl holds one JSON object per optimizer step: step, loss, lr, grad_nor
 far), step_time_s, tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
 ``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU), elapsed_s
 (the sum of step times) and time (wall clock at the end of the step), plus val_loss and val_ppl
-on the steps that evaluated (``train.eval_every``). The progress display is a
+on the steps that evaluated (``train.eval_every``). Training health (``launcher.health``):
+grad_norm is the global gradient norm before clipping (null where the engine cannot tell),
+loss_zscore the loss's robust z-score against the previous train.loss_spike_window steps (null
+until 10 are known), loss_spike true on a spike, nonfinite_skips the steps skipped so far; a
+non-finite step writes null for the quantities its "nonfinite" list names and "skipped" says
+whether its update was withheld (strict JSON: never NaN). The progress display is a
 Rich bar on a terminal and a plain line per log interval otherwise (logs, CI).
 """
 
@@ -116,10 +121,10 @@ class Display:
     @staticmethod
     def stats(record: dict[str, Any]) -> str:
         mfu = record.get("mfu")
+        loss = record["loss"]  # None: not finite (the record's "nonfinite" says which)
         text = (
-            f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s"
-            f"  mem {record['memory_bytes'] / 2**30:.2f} GiB"
-        )
+            f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE"
+        ) + f"  {record['tokens_per_s']:,.0f} tok/s  mem {record['memory_bytes'] / 2**30:.2f} GiB"
         text += f"  MFU {mfu:.1%}" if mfu is not None else ""
         if record.get("val_loss") is not None:
             text += f"  val_loss {record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"

@@ -10,7 +10,6 @@ All run-directory writes go through ``launcher.fsio`` (no symlinks followed).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -25,12 +24,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
+from launcher.health import DIVERGED, LossSpikes, finite_or_none
 from launcher.rundir import RunDir
 from launcher.train.checkpoint import (
     TRAINER_STATE,
@@ -55,23 +55,22 @@ from launcher.train.trackers import Trackers
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
 EXIT_PREEMPTED = 99
-_PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send `sig` to this process when its parent exits (prctl PR_SET_PDEATHSIG):
-    trainers never outlive their torchrun, torchrun never outlives llmtrain. Elsewhere: no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
-        os.kill(os.getpid(), sig)
+class LockLost(RuntimeError):
+    """The run directory's lock was deleted or replaced while this run held it."""
 
 
 class CheckpointLoadError(RuntimeError):
     """Checkpoints exist but none of them could be loaded (refused or unreadable)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss, gradient norm or weights: the run stops at that step, nothing is
+    checkpointed from it; the rank exits with EXIT_DIVERGED (launcher.health)."""
+
+
+assert TrainingDiverged.__name__ == DIVERGED  # the launcher recognises the rank's error by it
 
 
 def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None = None) -> Engine:
@@ -100,11 +99,11 @@ class Log:
             os.dup2(self.file.fileno(), 1)
             os.dup2(self.file.fileno(), 2)
 
-    def __call__(self, message: str) -> None:
+    def __call__(self, message: str, screen: bool = True) -> None:
         line = f"{time.strftime('%H:%M:%S')} rank{self.rank} {message}"
         self.file.write(line + "\n")
         self.file.flush()
-        if self.rank == 0:
+        if self.rank == 0 and screen:
             with contextlib.suppress(OSError):  # the terminal went away; the log file has it
                 print(message, flush=True)
 
@@ -212,17 +211,26 @@ class Trainer:
         self.step_times: list[float] = []
         self.start = 0
         self.done = 0
+        self.skips = 0  # non-finite steps skipped so far (train.max_nonfinite_skips)
+        self.last_good: tuple[int, Path] | None = None  # the newest checkpoint this run trusts
 
     # --- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
         run = self.run
         # An older llmtrain's config.yaml: added keys take defaults, removed ones refuse by name.
-        stored = resumable_config(run.config)
+        # A resume's new configuration waits in config.next.yaml until its checkpoint loads.
+        source = run.pending_config if run.pending_config.is_file() else run.config
+        stored = resumable_config(source)
         self.cfg = cfg = stored.config
         self.values = stored.values
-        self.plan: dict[str, Any] = (
-            json.loads(fsio.read_bytes(run.plan)) if run.plan.is_file() else {}
-        )
+        try:  # read back bounded and checked (launcher.runfiles): a run file anyone may edit
+            self.plan: dict[str, Any] = (
+                runfiles.read_json_object(run.plan, max_bytes=16 << 20)
+                if run.plan.is_file()
+                else {}
+            )
+        except ValueError as exc:
+            raise UserError(f"{run.plan}: not a plan.json written by llmtrain ({exc})") from None
         self.layout: Layout = derive_layout(cfg)
         init_process_group_from_env()
         self.rank = dist.get_rank()
@@ -262,7 +270,18 @@ class Trainer:
         self.total = self.layout.steps
         if cfg.checkpoint.resume:
             self._resume()
+        if self.rank == 0 and source == run.pending_config:
+            # Resume accepted (every rank loaded the checkpoint): the new configuration becomes
+            # config.yaml, atomically (a rename within the run directory).
+            fsio.check_inside(run.config, run.root)
+            os.replace(source, run.config)
+            fsio.fsync_dir(run.root)
         self.done = self.start
+        self.spikes = LossSpikes(
+            cfg.train.loss_spike_window,
+            cfg.train.loss_spike_zscore,
+            self.losses[-cfg.train.loss_spike_window :],
+        )
         self.policy = CheckpointPolicy.from_config(cfg.checkpoint, self.plan, self.total)
         self.metrics = (
             MetricsWriter(run.root, self.total, self.start, cfg.train.log_every)
@@ -339,6 +358,8 @@ class Trainer:
             if flag.item() == 0:
                 self.start = found.step
                 self.losses = list(trainer_state.get("losses", []))
+                self.skips = int(trainer_state.get("nonfinite_skips", 0))
+                self.last_good = (found.step, found.path)
                 self.log(f"resumed from {found.path} (step {self.start})")
                 return
             failures.append(f"{found.path.name}: {problem or 'failed on another rank'}")
@@ -360,10 +381,63 @@ class Trainer:
         return self.done >= self.total
 
     def save(self, step: int) -> None:
-        state = {"step": step, "sampler": self.sampler.state_dict(), "losses": self.losses}
+        # One writer per run directory: a lock file deleted or replaced under this run may have let
+        # another llmtrain in; stop before writing anything more (launcher.runfiles.lock_problem).
+        lost = runfiles.lock_problem(self.run.lock, os.environ.get(runfiles.LOCK_ENV))
+        if lost is not None:
+            raise LockLost(
+                f"{lost}; another llmtrain may be writing into {self.run.root} now, so this run "
+                f"stops before writing checkpoint step {step} (its last checkpoint is kept). "
+                "Stop the other run, or let it go on alone"
+            )
+        if not self._weights_finite():
+            raise TrainingDiverged(
+                f"step {step}: the weights hold NaN or infinite values; checkpoint not written. "
+                + self._last_good_text()
+            )
+        state = {
+            "step": step,
+            "sampler": self.sampler.state_dict(),
+            "losses": self.losses,
+            "nonfinite_skips": self.skips,
+        }
         path = self.writer.save(step, self.engine.save, state)
+        self.last_good = (step, path)
         self.policy.saved()
         self.log(f"checkpoint {path}")
+
+    def _weights_finite(self) -> bool:
+        """Every rank's parameters are finite (a collective): a non-finite state is never
+        checkpointed, so it can never prune a good checkpoint either."""
+        bad = any(not bool(torch.isfinite(t.detach()).all()) for t in self.engine.local_tensors())
+        flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() == 0
+
+    def _last_good_text(self) -> str:
+        if self.last_good is None:
+            return "No checkpoint was written before it (a rerun starts from step 0)."
+        step, path = self.last_good
+        return (
+            f"The last good checkpoint is {path} (step {step}); the same command resumes from it."
+        )
+
+    def _diverged(self, done: int, bad: tuple[str, ...], applied: bool, values: str) -> str:
+        what = " and ".join("the gradient norm" if q == "grad_norm" else "the loss" for q in bad)
+        limit = self.cfg.train.max_nonfinite_skips
+        why = (
+            f"train.max_nonfinite_skips={limit} exceeded ({self.skips} skipped before)"
+            if limit and not applied
+            else "the update was already applied (it cannot be skipped)"
+            if applied
+            else "stopping (train.max_nonfinite_skips=0)"
+        )
+        return (
+            f"training diverged at step {done}: {what} is not finite ({values}); {why}. "
+            f"Nothing is checkpointed from this step on. {self._last_good_text()} "
+            "To go on: lower optim.lr, keep optim.grad_clip > 0 (e.g. 1.0), or set "
+            "train.max_nonfinite_skips=N to skip up to N such steps"
+        )
 
     def step(self) -> bool:
         """One optimizer step; False when the run must stop now (preempted or interrupted)."""
@@ -387,17 +461,40 @@ class Trainer:
         self.step_times.append(elapsed)
         self.losses.append(result.loss)
         self.done = done = step + 1
+        health: dict[str, Any] = {}
+        if result.nonfinite:  # identical on every rank: they stop, or skip, together
+            values = f"loss {result.loss}, grad norm {result.grad_norm}"
+            health = {"nonfinite": list(result.nonfinite), "skipped": not result.applied}
+            if result.applied or self.skips >= self.cfg.train.max_nonfinite_skips:
+                message = self._diverged(done, result.nonfinite, result.applied, values)
+                self._report(done, lr, result.loss, result.grad_norm, elapsed, None, health)
+                self.log(f"ERROR: {message}", screen=False)  # the launcher prints it
+                raise TrainingDiverged(message)
+            self.skips += 1
+            self.log(
+                f"WARNING: step {done}: {' and '.join(result.nonfinite)} not finite ({values}); "
+                f"update skipped ({self.skips} of train.max_nonfinite_skips="
+                f"{self.cfg.train.max_nonfinite_skips})"
+            )
+        health["nonfinite_skips"] = self.skips
         val = None
         if self.evaluator is not None and eval_due(done, self.total, self.cfg.train.eval_every):
             self.val = val = self.evaluator.run(self.engine, self.cfg.model.seq_length)
-        self._report(done, lr, result.loss, result.grad_norm, elapsed, val)
+        self._report(done, lr, result.loss, result.grad_norm, elapsed, val, health)
         if self.interrupt.agreed(self.device):
             self.save(done)
             if self.rank == 0:
                 marker = {"step": done, "time": time.time(), "signal": self.interrupt.requested}
                 fsio.write_json_atomic(self.run.preempted, marker, root=self.run.root)
-            if self.interrupt.requested in ("SIGINT", "SIGHUP"):
-                self.log(f"interrupted: checkpoint written at step {done}; run again to resume")
+            if self.interrupt.requested in ("SIGINT", "SIGHUP") or not os.environ.get(
+                "SLURM_JOB_ID"
+            ):
+                # Ctrl-C reaches the ranks as the launcher's SIGTERM: outside a SLURM job a
+                # stop is an interruption, never a requeue.
+                self.log(
+                    f"stopped ({self.interrupt.requested}): checkpoint written at step {done}; "
+                    "run the same command again to resume"
+                )
             else:
                 self.log(f"preempted: checkpoint written at step {done}; exiting for requeue")
             return False
@@ -420,21 +517,32 @@ class Trainer:
         done: int,
         lr: float,
         loss: float,
-        grad_norm: float,
+        grad_norm: float | None,
         elapsed: float,
         val: dict[str, float] | None = None,
+        health: dict[str, Any] | None = None,
     ) -> None:
+        z, spike = self.spikes.observe(loss)  # on every rank: the window stays the same
         if self.metrics is None:
             return
+        if spike:
+            self.log(
+                f"WARNING: loss spike at step {done}: loss {loss:.4f} is {z:.1f} robust standard "
+                f"deviations above the median of the last {len(self.spikes.window) - 1} steps "
+                f"(train.loss_spike_zscore={self.cfg.train.loss_spike_zscore:g})"
+            )
         tokens_per_s = self.tokens_per_step / elapsed
         mfu = None
         if self.flops_per_token and self.peak_total:
             mfu = tokens_per_s * self.flops_per_token / self.peak_total
         record = {
             "step": done,
-            "loss": loss,
+            "loss": finite_or_none(loss),
             "lr": lr,
-            "grad_norm": grad_norm,
+            "grad_norm": finite_or_none(grad_norm),
+            "loss_zscore": z,
+            **({"loss_spike": True} if spike else {}),
+            **(health or {}),
             "tokens": done * self.tokens_per_step,
             "step_time_s": elapsed,
             "tokens_per_s": tokens_per_s,

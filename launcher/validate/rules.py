@@ -156,6 +156,7 @@ _POSITIVE = (
     "data.bpe_vocab_size",
     "backend.reduce_bucket_size",
     "backend.allgather_bucket_size",
+    "train.loss_spike_window",
 )
 _POSITIVE_OPTIONAL = (
     "model.num_kv_heads",
@@ -182,6 +183,7 @@ _NON_NEGATIVE = (
     "data.num_workers",
     "slurm.chain",
     "slurm.signal_grace_s",
+    "train.max_nonfinite_skips",
 )
 # Rates and durations (None: the catalog's figure or off): a finite number > 0, or >= 0 where 0
 # means free or disabled. NaN fails both.
@@ -193,7 +195,13 @@ _POSITIVE_NUMBER = (
     "model.rope_theta",
     "model.norm_eps",
 )
-_NON_NEGATIVE_NUMBER = ("cluster.price_per_gpu_hour", "train.hang_timeout_s")
+_NON_NEGATIVE_NUMBER = (
+    "cluster.price_per_gpu_hour",
+    "train.hang_timeout_s",
+    "train.loss_spike_zscore",
+)
+# numpy seeds (Generator, legacy RandomState in Megatron-LM) and torch.manual_seed all take this.
+MAX_SEED = 2**32 - 1
 # Values past these are typos, not plans (the largest published runs are far below them).
 _ABSURD = {
     "cluster.num_nodes": 1_000_000,
@@ -254,9 +262,26 @@ def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"zero.stage={cfg.zero.stage}: must be 0-3",
             )
         )
+    seed = cfg.train.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        out.append(
+            _error(
+                "positive-values",
+                ("train.seed",),
+                f"train.seed={seed}: must be an integer in [0, {MAX_SEED}] (numpy's and "
+                "Megatron-LM's seed range), e.g. 1234",
+            )
+        )
     o = cfg.optim
-    if not o.lr > 0:
-        out.append(_error("positive-values", ("optim.lr",), f"optim.lr={o.lr}: must be > 0"))
+    # Finite numbers only: inf passes `> 0` and would train NaN from the first step.
+    if not (o.lr > 0 and math.isfinite(o.lr)):
+        out.append(
+            _error(
+                "positive-values",
+                ("optim.lr",),
+                f"optim.lr={o.lr}: must be a finite number > 0, e.g. 3e-4",
+            )
+        )
     if not 0 <= o.min_lr <= o.lr:
         out.append(
             _error(
@@ -265,7 +290,9 @@ def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"optim.min_lr={o.min_lr}: must lie between 0 and optim.lr={o.lr}",
             )
         )
-    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+    if len(o.betas) != 2 or not all(
+        isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in o.betas
+    ):
         out.append(
             _error(
                 "positive-values",
@@ -273,14 +300,27 @@ def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"optim.betas={list(o.betas)}: need two values in [0, 1), e.g. [0.9, 0.95]",
             )
         )
-    for key, value in (
-        ("optim.weight_decay", o.weight_decay),
-        ("optim.warmup_steps", o.warmup_steps),
-        ("optim.grad_clip", o.grad_clip),
-        ("optim.eps", o.eps),
+    for key, value, works in (
+        ("optim.weight_decay", o.weight_decay, "0.1 (0: no decay)"),
+        ("optim.warmup_steps", o.warmup_steps, "10 (0: no warmup)"),
+        ("optim.grad_clip", o.grad_clip, "1.0 (0: no clipping)"),
     ):
-        if not value >= 0:  # also NaN
-            out.append(_error("positive-values", (key,), f"{key}={value}: must be >= 0"))
+        if not (value >= 0 and math.isfinite(value)):  # also NaN
+            out.append(
+                _error(
+                    "positive-values",
+                    (key,),
+                    f"{key}={value}: must be a finite number >= 0, e.g. {works}",
+                )
+            )
+    if not (o.eps > 0 and math.isfinite(o.eps)):  # Adam divides by sqrt(v) + eps
+        out.append(
+            _error(
+                "positive-values",
+                ("optim.eps",),
+                f"optim.eps={o.eps}: must be a finite number > 0, e.g. 1e-8",
+            )
+        )
     # Fractions: a dropout probability of 1 would zero every activation.
     for key, value, high_ok in (
         ("model.attention_dropout", cfg.model.attention_dropout, False),
@@ -811,6 +851,56 @@ def data_sources(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 ("train.eval_every",),
                 f"train.eval_every={t.eval_every}: must be >= 0 (0 or null: no evaluation), "
                 "e.g. train.eval_every=100",
+            )
+        )
+    return out
+
+
+def run_name_problem(name: object) -> str | None:
+    """What is wrong with run.name as a run directory's folder name (None: fine). `run` and
+    `validate` both use it (launcher.launch.local names the folder)."""
+    if name is None:
+        return None
+    text = str(name)
+    if "/" in text or "\0" in text or text in ("", ".", ".."):
+        return (
+            f"run.name={text!r}: must be a plain folder name (no '/', not '.' or '..'), e.g. exp1"
+        )
+    return None
+
+
+@rule("run-name")
+def run_name(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    problem = run_name_problem(cfg.run.name)
+    return [_error("run-name", ("run.name",), problem)] if problem else []
+
+
+# Adam-family rates above this diverge on any model size (published runs use 1e-4..1e-2).
+HOT_LR = 1.0
+
+
+@rule("optimizer-values")
+def optimizer_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    """Legal but suspicious optimizer settings: warnings (the hard limits are in
+    positive-values)."""
+    o, out = cfg.optim, []
+    if o.name in ("adam", "adamw", "lion") and math.isfinite(o.lr) and o.lr > HOT_LR:
+        out.append(
+            _warning(
+                "optimizer-values",
+                ("optim.lr",),
+                f"optim.lr={o.lr:g} with {o.name}: far above the usual 1e-4..1e-2; such a run "
+                "usually diverges (it then stops with exit 3 at the first non-finite step)",
+            )
+        )
+    steps = layout.steps
+    if isinstance(steps, int) and 0 < steps < o.warmup_steps:
+        out.append(
+            _warning(
+                "optimizer-values",
+                ("optim.warmup_steps",),
+                f"optim.warmup_steps={o.warmup_steps} > {steps} training steps: the learning "
+                f"rate never reaches optim.lr={o.lr:g}; e.g. optim.warmup_steps={steps // 10}",
             )
         )
     return out

@@ -272,3 +272,106 @@ def test_chained_jobs_continue_past_a_time_limit(cluster: dict[str, str], tmp_pa
     steps = [m["step"] for m in metric_steps(run_dir)]
     assert steps == list(range(1, total + 1)), steps
     assert not trainer_processes(run_dir)
+
+
+def test_one_writer_per_run_directory_across_jobs_and_local_runs(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    # The reproduction: a SLURM job and a local `run` of the same configuration both trained into
+    # one run directory. Now the job's batch script holds the run directory's lock (flock) and
+    # `run` refuses while slurm.json shows a live job; a job started by hand (sbatch job.sbatch,
+    # not in slurm.json) meets the lock of a job or a local run and stops without writing.
+    shared = ["run.name=shared", "checkpoint.every_steps=5"]
+    local = [
+        "model.seq_length=64",
+        "train.micro_batch_size=4",
+        "optim.warmup_steps=2",
+        "cluster=cpu",
+        "cluster.gpus_per_node=1",
+        *shared,
+    ]
+    # Held (pending): no lock is taken yet, slurm.json is what refuses a local run.
+    held = "slurm.extra_sbatch_args=[--hold]"
+    job, run_dir = submit(cluster, tmp_path, "train.steps=100000", held, *shared)
+    jobs = [job]
+    try:
+        refused = llmtrain(cluster, tmp_path, "run", *local, "train.steps=3")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"belongs to SLURM job(s) {job}, queued or running" in refused.stderr
+        subprocess.run(["scontrol", "release", job], env=cluster, check=True, timeout=30)
+        wait_for_state(cluster, job, {"RUNNING"}, timeout=120)
+        # A checkpoint passed the ranks' lock identity check (inode and token from job.sbatch).
+        deadline = time.monotonic() + 180
+        while not (run_dir / "checkpoints" / "step_00000005").is_dir():
+            assert time.monotonic() < deadline, slurm_output(run_dir, job)
+            time.sleep(0.3)
+        record = json.loads((run_dir / ".llmtrain.lock").read_text())
+        assert record["slurm_job"] == job and record["command"] == "job.sbatch"
+
+        # Running: the job's lock refuses a local run, naming the job.
+        refused = llmtrain(cluster, tmp_path, "run", *local, "train.steps=3")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"in use by another llmtrain run: SLURM job {job} (batch script" in refused.stderr
+
+        def by_hand() -> str:
+            """job.sbatch sent with plain sbatch: not in slurm.json, only the lock stops it."""
+            out = subprocess.run(
+                ["sbatch", "--parsable", str(run_dir / "job.sbatch")],
+                cwd=tmp_path,
+                env=cluster,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+            second = out.strip().split(";")[0]
+            jobs.append(second)
+            # The script holds the test's `#SBATCH --hold`: release it.
+            subprocess.run(["scontrol", "release", second], env=cluster, check=True, timeout=30)
+            fields = wait_for_state(cluster, second, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
+            assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "2:0", fields
+            return slurm_output(run_dir, second)
+
+        output = by_hand()
+        assert "is in use by another llmtrain run or job" in output
+        assert f'"slurm_job": "{job}"' in output and "stops without writing anything" in output
+
+        done = llmtrain(cluster, tmp_path, "cancel", str(run_dir))
+        assert done.returncode == 0 and f"job {job}: CANCELLED" in done.stdout, done.stderr
+
+        # A local run holds the lock now (the record's jobs are finished, so `run` goes ahead; it
+        # starts over rather than resume the two-node job's checkpoint on one process).
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "launcher",
+                "run",
+                *local,
+                "train.steps=100000",
+                "checkpoint.resume=false",
+            ],
+            cwd=tmp_path,
+            env=cluster,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while f'"pid": {holder.pid},' not in (run_dir / ".llmtrain.lock").read_text():
+                assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()
+                time.sleep(0.2)
+            output = by_hand()
+            assert holder.poll() is None, holder.communicate()
+            assert f'"pid": {holder.pid}' in output and "stops without writing" in output
+        finally:
+            holder.terminate()  # SIGTERM: checkpoint and exit 99
+            try:
+                holder.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                holder.communicate()
+        assert not trainer_processes(run_dir)
+    finally:  # nothing of this test outlives it
+        subprocess.run(["scancel", "--", *jobs], env=cluster, timeout=30)

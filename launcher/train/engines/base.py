@@ -30,8 +30,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepResult:
+    """One optimizer step's outcome, identical on every rank: the global-batch mean loss, the
+    global gradient norm before clipping (None where the engine cannot tell), which of the two
+    were NaN or infinite (``launcher.health.nonfinite``), and whether the update was applied
+    (engines withhold the update of a non-finite step where they can)."""
+
     loss: float
-    grad_norm: float
+    grad_norm: float | None
+    nonfinite: tuple[str, ...] = ()
+    applied: bool = True
 
 
 @dataclass(frozen=True)

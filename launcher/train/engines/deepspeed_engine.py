@@ -29,6 +29,8 @@ checked against the signed manifest, read weights-only, before and while DeepSpe
 
 from __future__ import annotations
 
+import gc
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,9 +39,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher import fsio
 from launcher.backends import raw_refusals
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.health import nonfinite
 from launcher.render.ds_config import runtime_ds_config
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
@@ -49,6 +53,40 @@ from launcher.train.optim import build_optimizer
 from launcher.train.safe_load import CheckpointFiles, deepspeed_loading, verify_weights_only
 
 TAG = "engine"
+
+
+class NonFiniteGuard:
+    """ZeRO stage 0 in fp32: DeepSpeed calls the torch optimizer's ``step`` as is, after clipping
+    with a norm it does not keep, and applies an update whatever its gradients hold. The guard
+    takes the engine's place in clipping: it computes the global norm the same way (DeepSpeed's
+    model-parallel aware ``clip_grad_norm_``, before clipping), clips, and withholds the update
+    when the norm is NaN or infinite on any rank (every rank calls ``step`` once per optimizer
+    step under stage 0, so the flag's all-reduce is matched everywhere)."""
+
+    def __init__(self, engine: Any, optimizer: torch.optim.Optimizer, max_norm: float):
+        self.norm: float | None = None
+        self.skipped = False
+        self.engine, self.optimizer = engine, optimizer
+        self.max_norm = max_norm if max_norm > 0 else math.inf
+        self.original_step = optimizer.step
+        engine.clip_fp32_gradients = lambda: None  # the guard clips, with the norm it reports
+        optimizer.step = self.step  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.norm, self.skipped = None, False
+
+    def step(self, closure: Any = None) -> Any:
+        from deepspeed.runtime.utils import clip_grad_norm_
+
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norm = float(clip_grad_norm_(params, self.max_norm, mpu=self.engine.mpu))
+        flag = torch.tensor([0.0 if math.isfinite(norm) else 1.0], device=self.engine.device)
+        dist.all_reduce(flag)
+        self.norm = norm if flag.item() == 0 else math.nan
+        if flag.item() > 0:
+            self.skipped = True
+            return None
+        return self.original_step(closure)
 
 
 class PipelineEmbedding(nn.Module):
@@ -170,6 +208,15 @@ class DeepSpeedEngine(Engine):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=config, mpu=mpu, dist_init_required=False
         )
+        self.dynamic_scaling = cfg.precision.loss_scaling == "dynamic"
+        # DeepSpeed's optimizer wrappers (ZeRO 1-3, bf16, fp16) skip an update whose gradient
+        # norm is NaN or infinite and report the norm as inf. Only ZeRO stage 0 in fp32 steps
+        # the torch optimizer as is: the guard does it there.
+        self.guard = (
+            NonFiniteGuard(self.engine, optimizer, cfg.optim.grad_clip)
+            if self.engine.optimizer is optimizer
+            else None
+        )
         if layout.tp > 1:
             from deepspeed.utils import groups
 
@@ -195,38 +242,48 @@ class DeepSpeedEngine(Engine):
     def step(self, rows: torch.Tensor, lr: float) -> StepResult:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.guard is not None:
+            self.guard.reset()
         if self.pipeline:
-            return self._pipeline_step(rows)
-        device = self.engine.device
-        losses = []
-        for micro in torch.split(rows, self.micro_batch_size):
-            micro = micro.to(device)
-            loss = loss_fn(self.engine(micro[:, :-1]), micro[:, 1:])
-            self.engine.backward(loss)
-            self.engine.step()
-            losses.append(loss.detach().float())
-        mean = torch.stack(losses).mean().to(device)
-        # Tensor-parallel peers hold the same loss: average over data parallel only.
-        dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=self.dp_group)
-        norm = self.engine.get_global_grad_norm()
-        return StepResult(
-            loss=float(mean) / self.info.dp_size,
-            grad_norm=float(norm) if norm is not None else float("nan"),
-        )
+            loss = self._pipeline_step(rows)
+        else:
+            device = self.engine.device
+            losses = []
+            for micro in torch.split(rows, self.micro_batch_size):
+                micro = micro.to(device)
+                out = loss_fn(self.engine(micro[:, :-1]), micro[:, 1:])
+                self.engine.backward(out)
+                self.engine.step()
+                losses.append(out.detach().float())
+            mean = torch.stack(losses).mean().to(device)
+            # Tensor-parallel peers hold the same loss: average over data parallel only.
+            dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=self.dp_group)
+            loss = float(mean) / self.info.dp_size
+        return self._result(loss)
 
-    def _pipeline_step(self, rows: torch.Tensor) -> StepResult:
+    def _result(self, loss: float) -> StepResult:
+        """The step's outcome. DeepSpeed checks the gradient norm before the update (its
+        wrappers, or the guard); a non-finite loss with finite gradients is only seen after it,
+        so such an update was applied (the trainer then stops, never skips)."""
+        if self.guard is not None:
+            norm, skipped = self.guard.norm, self.guard.skipped
+        else:
+            reported = self.engine.get_global_grad_norm()
+            norm = float(reported) if reported is not None else None
+            skipped = not getattr(self.engine, "_step_applied", True)
+        bad = nonfinite(loss, norm, self.dynamic_scaling)
+        if self.dynamic_scaling and skipped and not bad:
+            skipped = False  # the loss scaler's own overflow skip: normal under fp16
+        return StepResult(loss=loss, grad_norm=norm, nonfinite=bad, applied=not skipped)
+
+    def _pipeline_step(self, rows: torch.Tensor) -> float:
         """One optimizer step of DeepSpeed's 1F1B schedule over the grad_accum micro-batches.
 
         Its loss is the mean over micro-batches and dp, broadcast from the last stage."""
         device = self.engine.device
         micro = [m.to(device) for m in torch.split(rows, self.micro_batch_size)]
         batches = iter([(m[:, :-1], m[:, 1:]) for m in micro])
-        loss = self.engine.train_batch(data_iter=batches)
-        norm = self.engine.get_global_grad_norm()
-        return StepResult(
-            loss=float(loss),
-            grad_norm=float(norm) if norm is not None else float("nan"),
-        )
+        return float(self.engine.train_batch(data_iter=batches))
 
     def evaluate(self, rows: torch.Tensor) -> float:
         device = self.engine.device
@@ -252,7 +309,20 @@ class DeepSpeedEngine(Engine):
 
     def save(self, directory: Path) -> list[Path]:
         before = set(directory.rglob("*")) if directory.exists() else set()
-        self.engine.save_checkpoint(str(directory), tag=TAG)
+        full: OSError | None = None
+        try:
+            self.engine.save_checkpoint(str(directory), tag=TAG)
+        except (OSError, RuntimeError) as exc:
+            # torch.save reports a full disk as a RuntimeError with no errno: said plainly as
+            # "disk full" by the checkpoint writer, as on the torch backend.
+            full = fsio.disk_full_error(exc, directory)
+            if full is None:
+                raise
+        if full is not None:
+            # Out of the except block, the failed write's traceback (and its open file, holding
+            # disk space on a file system that has none) is gone: the rank's error file fits.
+            gc.collect()
+            raise full
         return sorted(p for p in set(directory.rglob("*")) - before if p.is_file())
 
     def load(self, directory: Path, files: CheckpointFiles) -> None:

@@ -74,6 +74,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,7 @@ from launcher.backends.common import precision_of
 from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.health import nonfinite
 from launcher.plan.model_shape import ModelShape
 from launcher.train import fp8
 from launcher.train.engines.base import Engine, RankInfo, StepResult
@@ -694,22 +696,30 @@ class TorchEngine(Engine):
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = self._clip()
+        # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
+        # every tp peer holds the same value and each cp rank the mean over an equal share of the
+        # tokens, so sum over the world and divide by dp * cp * tp. Reduced before the update,
+        # with a count of the ranks whose gradient norm is NaN or infinite: every rank then
+        # withholds the update of a non-finite step together (launcher.health).
+        dynamic = self.scaler is not None
+        total = loss.detach().float().reshape(1) / (lay.dp * lay.cp * lay.tp)
+        bad_norm = 0.0 if math.isfinite(grad_norm) else 1.0
+        packed = torch.cat([total, torch.tensor([bad_norm], device=total.device)])
+        dist.all_reduce(packed)
+        loss_value, bad_ranks = float(packed[0]), float(packed[1])
+        bad = nonfinite(loss_value, grad_norm if bad_ranks == 0 else math.nan, dynamic)
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
+            if not bad:  # an infinite gradient: the scaler skips the step itself
+                self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
+        elif not bad:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.fp8 and self.fsdp and self.cfg.precision.fp8_recipe == "tensorwise":
+        if self.fp8 and self.fsdp and not bad and self.cfg.precision.fp8_recipe == "tensorwise":
             # fp8 all-gather: the new weights' scales, all layers in one all-reduce (torchao).
             for part in self.parts:
                 fp8.precompute_fsdp_scales(part)
-        # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
-        # every tp peer holds the same value and each cp rank the mean over an equal share of the
-        # tokens, so sum over the world and divide by dp * cp * tp.
-        total = loss.detach().float().reshape(1) / (lay.dp * lay.cp * lay.tp)
-        dist.all_reduce(total)
-        return StepResult(loss=float(total), grad_norm=grad_norm)
+        return StepResult(loss=loss_value, grad_norm=grad_norm, nonfinite=bad, applied=not bad)
 
     def evaluate(self, rows: torch.Tensor) -> float:
         lay = self.layout

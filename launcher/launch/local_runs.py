@@ -1,0 +1,351 @@
+"""Runs on this machine as first-class objects: list them, say where each stands, show its log,
+stop it (`llmtrain runs`, and `status` / `logs` / `cancel` given a run directory or a run's name).
+
+A run's state is read from its folder (launcher/rundir.py names every file), never guessed:
+- running: the folder's lock (``.llmtrain.lock``) is held, as the kernel's lock table says
+  (/proc/locks lists every flock with its pid and inode; reading it takes no lock, so a `run`
+  starting at that moment is never disturbed). Where /proc/locks cannot be read, the lock's record
+  (pid and host) and a live pid stand in.
+- done: summary.json, written by rank 0 after the last step.
+- failed: a rank's error report (logs/rank*.error.json), e.g. a loss that went NaN, an OOM.
+- interrupted: preempted.json (a checkpoint written on Ctrl-C or a signal), or a run that stopped
+  with nothing recorded (kill -9, a power cut): it resumes from its last checkpoint.
+- queued: a SLURM job recorded in slurm.json is still waiting (llmtrain submit).
+Every file is read back bounded and never through a symbolic link (launcher/runfiles.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher import runfiles
+from launcher.errors import UserError
+from launcher.rundir import RunDir
+
+STATUSES = ("running", "queued", "done", "failed", "interrupted")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    folder: Path
+    status: str
+    recipe: str | None
+    step: int | None
+    total: int | None
+    loss: float | None
+    started: float | None  # epoch seconds
+    holder_pid: int | None  # the process holding the lock (running)
+    slurm_jobs: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "folder": str(self.folder),
+            "status": self.status,
+            "recipe": self.recipe,
+            "step": self.step,
+            "total_steps": self.total,
+            "last_loss": self.loss,
+            "started": self.started,
+            "pid": self.holder_pid,
+            "slurm_jobs": list(self.slurm_jobs),
+        }
+
+
+def _kernel_lock_holder(lock: Path) -> int | bool | None:
+    """The pid holding a flock on `lock` per /proc/locks, None when nobody does, False when the
+    table cannot be read (not Linux)."""
+    try:
+        info = os.lstat(lock)
+    except OSError:
+        return None
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    for line in table.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 2553 fe:00:2155300 0 EOF" (blocked waiters carry "->")
+        if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields:
+            continue
+        device_inode = fields[5].rsplit(":", 1)
+        if len(device_inode) == 2 and device_inode[1] == str(info.st_ino):
+            major, _, minor = device_inode[0].partition(":")
+            with contextlib.suppress(ValueError):
+                if os.makedev(int(major, 16), int(minor, 16)) != info.st_dev:
+                    continue
+            with contextlib.suppress(ValueError):
+                return int(fields[4])
+    return None
+
+
+def _record(lock: Path) -> dict[str, Any]:
+    try:
+        data = runfiles.read_bytes(lock, 65536)
+        record = runfiles.loads(data, max_bytes=65536, max_depth=4) if data.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _holder(run: RunDir) -> int | None:
+    """The pid of the process that holds the run's lock now, or None."""
+    if not run.lock.is_file() or run.lock.is_symlink():
+        return None
+    pid = _kernel_lock_holder(run.lock)
+    if pid is not False:
+        return pid if isinstance(pid, int) else None
+    record = _record(run.lock)
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+def _last_metrics(run: RunDir) -> dict[str, Any]:
+    try:
+        line = runfiles.last_line(run.metrics)
+        record = runfiles.loads(line, max_bytes=65536, max_depth=4) if line else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _number(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return kind(value) if kind is float or float(value).is_integer() else None
+
+
+def _config_facts(run: RunDir) -> tuple[str | None, int | None]:
+    """(recipe, total steps) from config.yaml, else plan.json's step count."""
+    import yaml
+
+    recipe, total = None, None
+    try:
+        values = yaml.safe_load(runfiles.read_bytes(run.config, 1 << 20))
+    except (OSError, ValueError, yaml.YAMLError):
+        values = None
+    if isinstance(values, dict):
+        if isinstance(values.get("recipe"), str):
+            recipe = values["recipe"]
+        train = values.get("train")
+        if isinstance(train, dict):
+            total = _number(train.get("steps"), int)
+    if total is None:
+        with contextlib.suppress(OSError, ValueError):
+            plan = runfiles.read_json_object(run.plan)
+            totals = plan.get("totals")
+            if isinstance(totals, dict):
+                total = _number(totals.get("steps"), int)
+    return recipe, total
+
+
+def _slurm_jobs(run: RunDir) -> tuple[str, ...]:
+    if not run.slurm_jobs.exists():
+        return ()
+    from launcher.launch.slurm import read_jobs
+
+    try:
+        return tuple(read_jobs(run.root)["job_ids"])
+    except UserError:
+        return ()
+
+
+def _started(run: RunDir) -> float | None:
+    times = []
+    for path in (run.config, run.plan, run.launch_script):
+        with contextlib.suppress(OSError):
+            times.append(os.lstat(path).st_mtime)
+    return min(times) if times else None
+
+
+def run_info(folder: Path) -> RunInfo:
+    """Where the run in `folder` stands (see the module docstring)."""
+    run = RunDir(Path(folder))
+    recipe, total = _config_facts(run)
+    last = _last_metrics(run)
+    step = _number(last.get("step"), int)
+    loss = _number(last.get("loss"), float)
+    jobs = _slurm_jobs(run)
+    holder = _holder(run)
+    errors = [p for p in run.rank_errors() if not p.is_symlink()] if run.logs.is_dir() else []
+    latest_error = max((_mtime(p) for p in errors), default=0.0)
+    preempted = _mtime(run.preempted)
+    finished = _mtime(run.summary)
+    if holder is not None:
+        status = "running"
+    elif finished and finished >= max(latest_error, preempted):
+        status = "done"
+    elif jobs and _live(run):
+        status = "queued"
+    elif latest_error > preempted:
+        status = "failed"
+    else:
+        status = "interrupted"
+    if status == "done" and step is None:
+        step = total
+    return RunInfo(run.root, status, recipe, step, total, loss, _started(run), holder, jobs)
+
+
+def _mtime(path: Path) -> float:
+    """A regular file's modification time, 0 when absent (or a symbolic link)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return 0.0
+    return info.st_mtime if stat.S_ISREG(info.st_mode) else 0.0
+
+
+def _live(run: RunDir) -> bool:
+    from launcher.launch.slurm import live_jobs
+
+    try:
+        return bool(live_jobs(run.root))
+    except UserError:
+        return False
+
+
+def is_run_dir(folder: Path) -> bool:
+    return folder.is_dir() and not folder.is_symlink() and RunDir(folder).config.is_file()
+
+
+def list_runs(root: Path) -> list[RunInfo]:
+    """Every run directory directly under `root`, newest first."""
+    if not root.is_dir():
+        return []
+    infos = [run_info(p) for p in sorted(root.iterdir()) if is_run_dir(p)]
+    return sorted(infos, key=lambda i: -(i.started or 0.0))
+
+
+def find_run(target: str, root: Path) -> Path | None:
+    """A run directory given by path, by name under `root`, or by a unique prefix of a name."""
+    path = Path(target).expanduser()
+    if is_run_dir(path):
+        return path.resolve()
+    if "/" in target or target in (".", ".."):
+        return None
+    if is_run_dir(root / target):
+        return (root / target).resolve()
+    if root.is_dir():
+        matches = [p for p in sorted(root.iterdir()) if p.name.startswith(target) and is_run_dir(p)]
+        if len(matches) > 1:
+            raise UserError(
+                f"{target}: names {len(matches)} runs under {root} "
+                f"({', '.join(p.name for p in matches[:5])}); give more of the name"
+            )
+        if matches:
+            return matches[0].resolve()
+    return None
+
+
+def _ago(started: float | None) -> str:
+    if started is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
+
+
+def status_lines(info: RunInfo) -> list[str]:
+    progress = f"step {info.step if info.step is not None else '-'}/{info.total or '?'}"
+    if info.loss is not None:
+        progress += f", loss {info.loss:.4f}"
+    lines = [
+        f"run {info.name} ({info.recipe or 'recipe unknown'}): {info.status}",
+        f"progress: {progress}",
+        f"started {_ago(info.started)}; folder {info.folder}",
+    ]
+    if info.status == "running" and info.holder_pid:
+        lines.append(f"held by pid {info.holder_pid}: `llmtrain cancel {info.name}` stops it")
+    elif info.status in ("interrupted", "failed"):
+        lines.append(
+            "the same `llmtrain run` command resumes it from its last checkpoint"
+            + ("; see `llmtrain logs " + info.name + "`" if info.status == "failed" else "")
+        )
+    return lines
+
+
+def log_files(info: RunInfo) -> list[Path]:
+    run = RunDir(info.folder)
+    return [run.rank_log(0), run.torchrun_log]
+
+
+def show_logs(
+    info: RunInfo,
+    write: Callable[[str], None],
+    follow: bool = False,
+    poll_s: float = 0.5,
+) -> None:
+    """Print rank 0's log (and torchrun's); with `follow`, until the run stops running."""
+    from launcher.launch.slurm import read_log
+
+    offsets: dict[Path, int] = {}
+
+    def drain() -> None:
+        for path in log_files(info):
+            data = read_log(path, info.folder, offsets.get(path, 0))
+            if data:
+                offsets[path] = offsets.get(path, 0) + len(data)
+                write(data.decode("utf-8", "replace"))
+
+    drain()
+    while follow and _holder(RunDir(info.folder)) is not None:
+        time.sleep(poll_s)
+        drain()
+    if follow:
+        drain()
+
+
+def _holds_lock(pid: int, lock: Path) -> bool:
+    """Whether process `pid` has the lock file open (its /proc/PID/fd): a recorded or reused pid
+    that is not the run's own launcher is never signalled."""
+    try:
+        target = os.stat(lock)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            info = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
+                return True
+    return False
+
+
+def cancel(info: RunInfo, wait_s: float = 120.0) -> str:
+    """Stop a running local run as Ctrl-C would (it checkpoints, then exits), and wait for it."""
+    run = RunDir(info.folder)
+    pid = _holder(run)
+    if pid is None:
+        raise UserError(f"run {info.name} is not running ({info.status}); nothing to cancel")
+    if not _holds_lock(pid, run.lock):
+        raise UserError(
+            f"run {info.name}: the lock's holder, pid {pid}, cannot be confirmed as this run's "
+            "llmtrain (it does not hold the lock file open here); stop it yourself"
+        )
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + wait_s
+    while _holder(run) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _holder(run) is not None:
+        return f"run {info.name}: asked to stop (SIGINT to pid {pid}); still stopping"
+    after = run_info(info.folder)
+    return f"run {info.name}: stopped at step {after.step or 0} ({after.status})"

@@ -1,0 +1,156 @@
+"""Reading back what a run directory holds: bounded in size and nesting, never through a symlink.
+
+A run directory is a folder anyone with write access to it may have edited (or a damaged disk may
+have cut short), so every JSON document llmtrain reads back from it (slurm.json, the lock's
+record, preempted.json, rank error reports, the last line of metrics.jsonl) goes through
+``read_json``/``loads``: at most ``max_bytes`` read, nesting deeper than ``max_depth`` refused
+before the parser sees it (a 3 MB ``[[[[...`` would otherwise raise RecursionError), and any
+failure is one ``RunFileError`` (a ValueError) that callers turn into a clear message. Values
+taken from such a document that reach a command line are checked by their own rule
+(``job_id``: SLURM job ids are digits, with ``_`` for array tasks), so a value like ``--me`` can
+never become an option of scancel.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+# A SLURM job id as llmtrain records and passes it: digits, or ARRAYJOB_TASK for an array task.
+_JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,20})?")
+
+
+class RunFileError(ValueError):
+    """A run file that is too large, too deeply nested, not JSON, or not what it should hold."""
+
+
+def depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON `text` (strings skipped)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub('""', text))
+    if not brackets:
+        return 0
+    return max(accumulate(1 if ch in "[{" else -1 for ch in brackets))
+
+
+def loads(data: bytes | str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    """json.loads with a size and a nesting bound; RunFileError for anything else."""
+    if len(data) > max_bytes:
+        raise RunFileError(f"larger than {max_bytes} bytes")
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    found = depth(text)
+    if found > max_depth:
+        raise RunFileError(f"nested {found} levels deep (at most {max_depth})")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise RunFileError(f"not JSON ({str(exc)[:80]})") from None
+
+
+def read_bytes(path: Path, max_bytes: int = MAX_BYTES) -> bytes:
+    """At most `max_bytes` of `path` (RunFileError beyond), never following a symlink at its
+    name (RunFileError too). Other OSErrors (missing, unreadable) propagate."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunFileError(
+                "a symbolic link (llmtrain never reads run files through one)"
+            ) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise RunFileError(f"larger than {max_bytes} bytes")
+    return data
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    return loads(read_bytes(path, max_bytes), max_bytes=max_bytes, max_depth=max_depth)
+
+
+def read_json_object(path: Path, *, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+    document = read_json(path, max_bytes=max_bytes)
+    if not isinstance(document, dict):
+        raise RunFileError(f"a JSON {type(document).__name__}, not an object")
+    return document
+
+
+def last_line(path: Path, max_bytes: int = 65536) -> bytes:
+    """The last complete line of `path` (at most `max_bytes` of it), never through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunFileError(
+                "a symbolic link (llmtrain never reads run files through one)"
+            ) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - max_bytes))
+        tail = f.read(max_bytes)
+    lines = [line for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return b""
+    if size > max_bytes and len(lines) == 1 and len(tail) >= max_bytes:
+        raise RunFileError(f"its last line is longer than {max_bytes} bytes")
+    return lines[-1]
+
+
+def job_id(value: object) -> str:
+    """A SLURM job id read back from a file (or SLURM): digits, or NNN_MMM for an array task.
+    RunFileError for anything else (an option such as ``--me``, spaces, a list)."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise RunFileError(f"job id {str(value)[:40]!r} is not a string of digits")
+    text = str(value)
+    if not _JOB_ID.fullmatch(text):
+        raise RunFileError(f"job id {text[:40]!r} is not digits (NNN or NNN_MMM)")
+    return text
+
+
+def is_job_id(text: str) -> bool:
+    return _JOB_ID.fullmatch(text) is not None
+
+
+# The run directory's lock as its holder took it, handed to every rank of the run:
+# "INODE:TOKEN" (launcher.launch.runlock for `llmtrain run`, job.sbatch for a SLURM job). The
+# device number is left out on purpose: on a shared file system each node may number the mount
+# differently, while the inode and the token (also written into the lock's record) are the same.
+LOCK_ENV = "LLMTRAIN_RUN_LOCK"
+
+
+def lock_problem(lock: Path, identity: str | None) -> str | None:
+    """Why the lock file at `lock` is no longer the one its holder took (`identity`, the value of
+    LOCK_ENV), or None while it is. A deleted lock file lets another llmtrain take a new one and
+    write into the same run directory: the holder checks this before each checkpoint and stops."""
+    if not identity:
+        return None
+    ino_text, _, token = identity.partition(":")
+    try:
+        info = os.lstat(lock)
+    except FileNotFoundError:
+        return f"the run directory's lock {lock} was deleted while this run held it"
+    except OSError as exc:
+        return f"the run directory's lock {lock} cannot be checked: {exc.strerror}"
+    if not ino_text.isdigit() or info.st_ino != int(ino_text):
+        return (
+            f"the run directory's lock {lock} was replaced by another file while this run held it"
+        )
+    try:
+        holder = loads(read_bytes(lock, 65536), max_bytes=65536, max_depth=4)
+    except (OSError, ValueError):
+        holder = None
+    if not isinstance(holder, dict) or holder.get("token") != token:
+        return (
+            f"the run directory's lock {lock} was rewritten by someone else while this run held it"
+        )
+    return None
