@@ -5,6 +5,7 @@ Commands here never import torch or deepspeed (see tests/unit/test_cli_imports.p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -134,18 +135,28 @@ def _verdict(command: str, overrides: list[str], *, force: bool, as_json: bool) 
     verdict = assess(overrides, force=force)
     document = verdict_document(verdict, command)
     if command != "validate" and verdict.valid and verdict.composed is not None:
-        from launcher.render.artifacts import render_artifacts
+        from launcher.launch.local import place_of, run_dir_for
+        from launcher.plan.document import plan_to_json
+        from launcher.render.run_files import LOCAL, SLURM, run_files
 
-        files = render_artifacts(verdict.composed, "RUN_DIR")
+        composed = verdict.composed
+        plan_doc = plan_to_json(verdict.plan) if verdict.plan is not None else None
+        mode = LOCAL if command == "run" else SLURM
+        # The files this command would write, byte for byte (launcher.render.run_files).
+        files: dict[str, str] = {}
+        run_dir = None
+        with contextlib.suppress(UserError):  # a refusal the verdict already reports
+            run_dir = run_dir_for(composed).resolve()
+            files = run_files(composed, plan_doc, mode, place_of(composed.config, run_dir))
         script = "launch.sh" if command == "run" else "job.sbatch"
+        document["run_dir"] = str(run_dir) if run_dir else None
         document["artifacts"] = sorted(files)
+        document["files"] = files
         document["script"] = files.get(script)
-        if verdict.plan is not None:
-            from launcher.views.plan import plan_to_json
-
-            document["plan"] = plan_to_json(verdict.plan)
+        if plan_doc is not None:
+            document["plan"] = plan_doc
         if not as_json and script in files:
-            out.print(Text(f"--- {script} (RUN_DIR: the run directory it would create) ---"))
+            out.print(Text(f"--- {script} (in {run_dir}, the run directory it would use) ---"))
             out.file.write(files[script])
             out.file.flush()
     if as_json:
@@ -269,11 +280,12 @@ def plan(
             )
         return
 
+    from launcher.plan.document import plan_to_json
     from launcher.plan.planner import make_plan
     from launcher.validate.rules import check
     from launcher.verdict import substitute_backend
     from launcher.views.config import show_violations
-    from launcher.views.plan import plan_to_json, render_plan
+    from launcher.views.plan import render_plan
 
     violations = check(composed.config)
     substitute = None
@@ -370,7 +382,7 @@ def run(
     )
     from launcher.launch.preflight import preflight
     from launcher.launch.slurm import refuse_live_jobs
-    from launcher.views.plan import plan_to_json
+    from launcher.plan.document import plan_to_json
 
     composed = compose_config(overrides or [])
     plan_result = preflight(composed.config, force=force)
@@ -623,8 +635,8 @@ def render(
     ] = "render",
     as_json: JsonFlag = False,
 ) -> None:
-    """Write config.yaml, launch.sh, job.sbatch, hostfile, megatron_args.txt (and ds_config.json
-    for backend=deepspeed) into --out, replacing an earlier render's files."""
+    """Write config.yaml, plan.json, launch.sh, job.sbatch, hostfile, megatron_args.txt (and
+    ds_config.json for backend=deepspeed) into --out, replacing an earlier render's files."""
     overrides = _with_config(config, overrides)
     from launcher.config.compose import compose_config
     from launcher.render.artifacts import render_artifacts, write_artifacts
@@ -641,7 +653,10 @@ def render(
         else:
             show_violations(err, composed, violations)
         raise typer.Exit(2)
-    files = render_artifacts(composed, out_dir)
+    from launcher.plan.document import plan_to_json
+    from launcher.plan.planner import make_plan
+
+    files = render_artifacts(composed, out_dir, plan_doc=plan_to_json(make_plan(composed.config)))
     from pathlib import Path
 
     from launcher.rundir import RunDir

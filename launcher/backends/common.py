@@ -6,8 +6,16 @@ optimizers, offloads, pipeline schedules and model features it runs, on which de
 ``llmtrain run``/``submit`` can launch it here, and the combinations it refuses beyond the table
 (``combos``: functions returning a ``Refusal`` with the reason and what works instead).
 ``refusals(cfg)`` turns the table into reasons; validate, the search, preflight, the Megatron-LM
-renderer and the engines all call it. Adding a backend is one file here: every module of this
-package with a ``BACKEND`` is found by ``all_backends()``.
+renderer and the engines all call it.
+
+The same object answers what plan, render, launch and train ask of a backend (its behaviour
+fields below: bytes per parameter, fp8 weight copies, the attention kernel, what it runs fused,
+the run directory's extra files, the engine class, what each rank runs). Nothing outside this
+package branches on a backend's name.
+
+Adding a backend is one file here (its module name is its ``backend.name``): every module of this
+package with a ``BACKEND`` is found by ``all_backends()``, and ``launcher.config.schema`` lists
+the same module names as the choices of ``backend.name`` (without importing them).
 
 No torch import, and nothing above ``launcher.config`` is imported (plan/, validate/ and search/
 ask this package, never the other way round).
@@ -16,13 +24,12 @@ ask this package, never the other way round).
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
 from launcher.config.layout import Layout, derive_layout
-from launcher.config.schema import LLMTrainConfig
+from launcher.config.schema import LLMTrainConfig, backend_names
 
 DEGREES = ("tp", "pp", "cp", "ep")
 DEGREE_WORDS = {
@@ -80,8 +87,58 @@ class Backend:
     # Why a precision is not run (shown in the refusal, before what works).
     precision_notes: dict[str, str] = field(default_factory=dict)
 
+    # ---- behaviour: what plan, render, launch and train ask of the backend -----------------
+    # "module:Class" of llmtrain's engine that the trainer builds (imported lazily, inside the
+    # ranks: plan and render never import torch); "" when the ranks run `entry` instead.
+    engine: str = ""
+    # The script each rank runs instead of llmtrain's trainer, at the root of the user's checkout
+    # of the backend (on PYTHONPATH); "" for llmtrain's trainer (`-m launcher.train.loop RUN_DIR`).
+    entry: str = ""
+    # Where `entry` records the step of its newest checkpoint (in RUN_DIR/checkpoints), for the
+    # job script's "all steps done" check; "" for llmtrain's step folders.
+    checkpoint_tracker: str = ""
+    # Whether the ranks checkpoint and stop on SIGUSR1 themselves (llmtrain's trainer); if not,
+    # the job script turns a preemption notice into SIGTERM for the ranks.
+    answers_usr1: bool = True
+    # Environment of the ranks when parallel.tp > 1.
+    tp_env: dict[str, str] = field(default_factory=dict)
+    # Files of the run directory besides config.yaml, plan.json and the scripts
+    # (launcher.render.run_files renders each by name).
+    artifacts: tuple[str, ...] = ()
+    # The package precision=fp8 needs where the ranks run ("" when none is checked).
+    fp8_package: str = ""
+    # Bytes per parameter of the fp8 weight copies kept across a step's micro-batches.
+    fp8_weight_copy_bytes: float = 0.0
+    # From this ZeRO stage on, the sharded parameters are kept in fp32 and are the master copy
+    # (torch FSDP2 with a MixedPrecisionPolicy); None: a separate master copy.
+    fp32_sharded_params_from_stage: int | None = None
+    # From this ZeRO stage on, gradients accumulate unsharded over a step's micro-batches under
+    # pipelining and are reduce-scattered once (torch FSDP2); None: never.
+    pipelined_unsharded_grads_from_stage: int | None = None
+    # The attention kernel when backend.attention_kernel is not set (te | sdpa).
+    attention_kernel: str = "sdpa"
+    # Element-wise work runs fused (hand-written kernels), as if compiled, without backend.compile.
+    fused_elementwise: bool = False
+    # The interleaved pipeline schedule overlaps its point-to-point traffic with compute.
+    overlaps_interleaved_p2p: bool = False
+
     def runs_feature(self, feature: str) -> bool:
         return feature in self.features
+
+    def env(self, cfg: LLMTrainConfig) -> dict[str, str]:
+        """Environment the ranks need for this configuration (besides llmtrain's own)."""
+        return dict(self.tp_env) if cfg.parallel.tp > 1 else {}
+
+    def fp8_copy_bytes(self, cfg: LLMTrainConfig) -> float:
+        return self.fp8_weight_copy_bytes if cfg.precision.fp8 else 0.0
+
+    def fp32_sharded_params(self, cfg: LLMTrainConfig) -> bool:
+        first = self.fp32_sharded_params_from_stage
+        return first is not None and cfg.zero.stage >= first
+
+    def pipelined_unsharded_grads(self, cfg: LLMTrainConfig, pp: int) -> bool:
+        first = self.pipelined_unsharded_grads_from_stage
+        return first is not None and cfg.zero.stage >= first and pp > 1
 
 
 def precision_of(cfg: LLMTrainConfig) -> str:
@@ -118,22 +175,25 @@ def features_of(cfg: LLMTrainConfig) -> list[str]:
 
 @cache
 def all_backends() -> dict[str, Backend]:
-    """Every backend declared in this package, by name."""
-    import launcher.backends as package
-
+    """Every backend declared in this package, by name (the name of its module)."""
     found: dict[str, Backend] = {}
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.name == "common":
-            continue
-        module = importlib.import_module(f"launcher.backends.{info.name}")
+    for name in backend_names():
+        module = importlib.import_module(f"launcher.backends.{name}")
         backend = getattr(module, "BACKEND", None)
-        if isinstance(backend, Backend):
-            found[backend.name] = backend
+        assert isinstance(backend, Backend) and backend.name == name, (
+            f"launcher/backends/{name}.py must declare BACKEND = Backend(name={name!r}, ...)"
+        )
+        found[name] = backend
     return found
 
 
 def get_backend(name: str) -> Backend:
     return all_backends()[name]
+
+
+def backend_of(cfg: LLMTrainConfig) -> Backend:
+    """The configured backend (composition has checked that the name is one of backend_names)."""
+    return all_backends()[cfg.backend.name]
 
 
 def _words(values: Sequence[object]) -> str:

@@ -141,4 +141,6 @@ BACKEND = Backend(
         _compile_requested,
         chunked_loss_elsewhere,
     ),
+    engine="launcher.train.engines.deepspeed_engine:DeepSpeedEngine",
+    artifacts=("ds_config.json",),
 )

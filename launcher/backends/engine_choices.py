@@ -204,3 +204,18 @@ def engine_choices(cfg: LLMTrainConfig) -> EngineChoices:
         loss_why=loss_why,
         moe=moe,
     )
+
+
+def engine_json(cfg: LLMTrainConfig) -> dict[str, object]:
+    """The choices as plan --json carries them (under "engine")."""
+    c = engine_choices(cfg)
+    return {
+        "compile": c.compile,
+        "compile_why": c.compile_why,
+        "fp8_recipe": c.fp8_recipe,
+        "fp8_layers": list(c.fp8_layers),
+        "bf16_layers": list(c.bf16_layers),
+        "chunked_loss": c.chunked_loss,
+        "loss_why": c.loss_why,
+        "moe": c.moe,
+    }

@@ -93,4 +93,21 @@ BACKEND = Backend(
     ),
     expert_span=("tp", "cp", "dp"),
     combos=(_pipeline_split, _virtual_stages, megatron_fp8_param_gather),
+    # Each rank runs Megatron-LM's own training script with the rendered arguments
+    # (launcher/render/megatron_launch.py).
+    entry="pretrain_gpt.py",
+    checkpoint_tracker="latest_checkpointed_iteration.txt",
+    # Megatron-LM does not answer SIGUSR1; --exit-signal-handler checkpoints on SIGTERM.
+    answers_usr1=False,
+    # Megatron-LM's docs: with tensor parallel, orders the communication kernels before the GEMMs
+    # they overlap with.
+    tp_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+    artifacts=("megatron_args.txt",),
+    # Transformer Engine keeps an fp8 copy of each weight and of its transpose (1 + 1 bytes).
+    fp8_weight_copy_bytes=2.0,
+    attention_kernel="te",
+    # Megatron's hand-fused element-wise kernels count as compiled.
+    fused_elementwise=True,
+    # overlap_p2p_comm, on by default with virtual pipeline stages.
+    overlaps_interleaved_p2p=True,
 )

@@ -283,4 +283,12 @@ BACKEND = Backend(
         _fp8,
         chunked_loss_elsewhere,
     ),
+    engine="launcher.train.engines.torch_engine:TorchEngine",
+    fp8_package="torchao",
+    # FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are the
+    # master copy) and casts to the compute dtype when it all-gathers them.
+    fp32_sharded_params_from_stage=3,
+    # FSDP2 under torch.distributed.pipelining: gradients accumulate unsharded over the step's
+    # micro-batches and are reduce-scattered once, after the last backward.
+    pipelined_unsharded_grads_from_stage=2,
 )

@@ -16,7 +16,6 @@ Hydra and OmegaConf are imported inside the functions that use them: a compositi
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import typing
@@ -27,6 +26,16 @@ from typing import Any
 from launcher import resources
 from launcher.config import compose_cache, config_file, hf_model
 from launcher.config.schema import CHOICES, LLMTrainConfig
+from launcher.config.schema_keys import (
+    BUDGET_PARTNER,
+    all_schema_keys,
+    dataclass_of,
+    field_type,
+    groups,
+    is_mapping_field,
+    schema_fields,
+    unknown_key_problems,
+)
 from launcher.config.secrets import (
     mask_environment_values,
     mask_secret_overrides,
@@ -49,11 +58,6 @@ class Composed:
     # Group -> chosen option (model: llama3-70b, recipe: llama3-70b, ...).
     choices: dict[str, str]
     overrides: tuple[str, ...]
-
-
-def groups() -> list[str]:
-    """Config groups a `group=option` override can select."""
-    return [*sorted(p.name for p in resources.conf_dir().iterdir() if p.is_dir()), "recipe"]
 
 
 def group_options(group: str) -> list[str]:
@@ -100,10 +104,10 @@ def _shape_problems(node: dict[str, Any], prefix: str, where: str) -> list[str]:
         if not prefix and key == "defaults":
             continue
         dotted = f"{prefix}{key}"
-        tp = _field_type(dotted)
+        tp = field_type(dotted)
         if tp is None:
             continue
-        section = _dataclass_of(tp)
+        section = dataclass_of(tp)
         origin = typing.get_origin(tp)
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         kinds = {typing.get_origin(a) or a for a in args} | ({origin} if origin else {tp})
@@ -198,12 +202,6 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     return Composed(config=config, values=redact(values), choices=choices, overrides=overrides)
 
 
-# train.steps and train.tokens are two ways to say how long to train; exactly one is set. One given
-# on the command line replaces the other coming from a recipe or group file (a recipe's 300B
-# tokens and `train.steps=20` for a trial mean 20 steps), unless both are given there.
-BUDGET_PARTNER = {"train.steps": "train.tokens", "train.tokens": "train.steps"}
-
-
 def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, Any]) -> None:
     given = {ov.key for ov in parsed if not ov.is_delete and ov.value is not None}
     train = values.get("train")
@@ -225,8 +223,8 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
     Faster than OmegaConf.to_object on the composed tree, which matters for `show` start-up time.
     """
     kwargs = {}
-    for name, tp in _schema_fields(cls).items():
-        sub = _dataclass_of(tp)
+    for name, tp in schema_fields(cls).items():
+        sub = dataclass_of(tp)
         value = values[name]
         kwargs[name] = _build(sub, value) if sub is not None and value is not None else value
     return cls(**kwargs)
@@ -315,7 +313,7 @@ def _check_override_keys(parsed: list[ParsedOverride]) -> list[str]:
         key = _INDEX.sub("", ov.key)
         if ov.is_group or key in known or key in nodes or key.split(".")[0] == "hydra":
             continue
-        if any(key.startswith(f"{k}.") for k in known if _is_mapping_field(k)):
+        if any(key.startswith(f"{k}.") for k in known if is_mapping_field(k)):
             continue
         problems += unknown_key_problems(_nest(key)) or _below_a_value(key)
     return problems
@@ -328,7 +326,7 @@ def _below_a_value(key: str) -> list[str]:
         prefix = ".".join(parts[:i])
         if prefix not in all_schema_keys():
             continue
-        tp = _field_type(prefix)
+        tp = field_type(prefix)
         is_list = any(typing.get_origin(t) is list for t in (tp, *typing.get_args(tp)))
         if is_list and len(parts) == i + 1 and parts[i].isdigit():
             return []
@@ -347,83 +345,6 @@ def _nest(dotted: str) -> dict[str, Any]:
     for part in reversed(dotted.split(".")):
         node = {part: node}
     return node
-
-
-def _is_mapping_field(dotted: str) -> bool:
-    return typing.get_origin(_field_type(dotted)) is dict
-
-
-def _field_type(dotted: str) -> Any:
-    """The schema's type annotation of a dotted key, or None."""
-    cls: type = LLMTrainConfig
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        sub = _dataclass_of(_schema_fields(cls).get(part))
-        if sub is None:
-            return None
-        cls = sub
-    return _schema_fields(cls).get(parts[-1])
-
-
-@cache
-def _schema_fields(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _dataclass_of(tp: Any) -> type | None:
-    """The dataclass behind a field type (also inside Optional[...]), or None."""
-    if dataclasses.is_dataclass(tp):
-        return typing.cast(type, tp)
-    for arg in typing.get_args(tp):
-        if dataclasses.is_dataclass(arg):
-            return typing.cast(type, arg)
-    return None
-
-
-@cache
-def all_schema_keys() -> tuple[str, ...]:
-    """Every leaf key of the schema, dotted (model.num_layers, ...)."""
-    keys: list[str] = []
-
-    def walk(cls: type, prefix: str) -> None:
-        for name, tp in _schema_fields(cls).items():
-            sub = _dataclass_of(tp)
-            if sub is not None:
-                walk(sub, f"{prefix}{name}.")
-            else:
-                keys.append(f"{prefix}{name}")
-
-    walk(LLMTrainConfig, "")
-    return tuple(keys)
-
-
-def unknown_key_problems(values: dict[str, Any]) -> list[str]:
-    """One message per key that the schema does not have, with a suggestion and the valid keys."""
-    problems: list[str] = []
-
-    def walk(node: dict[str, Any], cls: type, prefix: str) -> None:
-        fields = _schema_fields(cls)
-        for key, value in node.items():
-            full = f"{prefix}{key}"
-            if key not in fields:
-                suggestion = did_you_mean(key, fields)
-                if not suggestion:
-                    # A key under the wrong node (train.tp) -> the full key it probably meant.
-                    same_leaf = [k for k in all_schema_keys() if k.rsplit(".", 1)[-1] == key]
-                    suggestion = f" (did you mean {same_leaf[0]!r}?)" if same_leaf else ""
-                node_name = prefix.rstrip(".") or "the top level"
-                problems.append(
-                    f"{full}: unknown key{suggestion}; valid keys of {node_name}: "
-                    f"{', '.join(fields)}"
-                )
-                continue
-            sub = _dataclass_of(fields[key])
-            if sub is not None and isinstance(value, dict):
-                walk(value, sub, f"{full}.")
-
-    walk(values, LLMTrainConfig, "")
-    return problems
 
 
 def choice_problems(values: dict[str, Any]) -> list[str]:
@@ -466,7 +387,7 @@ _TYPE_WORDS = {
 
 
 def _expected_type(full_key: str) -> str:
-    tp = _field_type(_INDEX.sub("", full_key))
+    tp = field_type(_INDEX.sub("", full_key))
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     optional = type(None) in typing.get_args(tp)
     base = args[0] if optional and args else tp
@@ -587,3 +508,9 @@ def _cannot_delete(key: str) -> str:
         f"~{key}: a schema key cannot be deleted; set it instead "
         f"({key}=VALUE, or {key}=null where null is allowed)"
     )
+
+
+# Older names, kept for the callers that imported them from here.
+_field_type = field_type
+__all__ = ["BUDGET_PARTNER", "Composed", "all_schema_keys", "compose_config", "groups"]
+__all__ += ["group_options", "unknown_key_problems"]

@@ -27,6 +27,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from launcher.config.schema_keys import (
+    BUDGET_PARTNER,
+    groups,
+    is_mapping_field,
+    unknown_key_problems,
+)
 from launcher.errors import ConfigError
 
 MAX_BYTES = 1 << 20
@@ -148,12 +154,10 @@ def rewrite_recipe_paths(overrides: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    from launcher.config.compose import _is_mapping_field
-
     out: dict[str, Any] = {}
     for key, value in node.items():
         full = f"{prefix}{key}"
-        if isinstance(value, dict) and value and not _is_mapping_field(full):
+        if isinstance(value, dict) and value and not is_mapping_field(full):
             out.update(_flatten(value, f"{full}."))
         else:
             out[full] = value
@@ -197,8 +201,6 @@ def expand(config: str | None, overrides: list[str]) -> list[str]:
     """The overrides `--config FILE` stands for, followed by `overrides` (which win)."""
     if not config:
         return list(overrides)
-    from launcher.config.compose import BUDGET_PARTNER, groups, unknown_key_problems
-
     path = Path(config).expanduser()
     node, _ = read_yaml_file(path, "--config")
     group_names = set(groups())

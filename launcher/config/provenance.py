@@ -11,7 +11,8 @@ from typing import Any
 
 from launcher import resources
 from launcher.config import config_file
-from launcher.config.compose import BUDGET_PARTNER, Composed
+from launcher.config.compose import Composed
+from launcher.config.schema_keys import BUDGET_PARTNER
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:

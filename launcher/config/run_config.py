@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from launcher import fsio
-from launcher.config.compose import _dataclass_of, _schema_fields, config_from_values
+from launcher.config.compose import config_from_values
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.schema_keys import dataclass_of, schema_fields
 from launcher.errors import UserError
 
 # Keys that older llmtrain versions wrote and this one no longer has, which never changed how the
@@ -90,10 +91,10 @@ def read_values(values: dict[str, Any], path: Path) -> StoredConfig:
     harmless: list[str] = []
 
     def walk(node: dict[str, Any], cls: type, prefix: str) -> dict[str, Any]:
-        fields = _schema_fields(cls)
+        fields = schema_fields(cls)
         out: dict[str, Any] = {}
         for name, tp in fields.items():
-            sub = _dataclass_of(tp)
+            sub = dataclass_of(tp)
             if name not in node:
                 missing.append(prefix + name)
                 out[name] = _default(cls, name)

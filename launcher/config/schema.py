@@ -11,8 +11,26 @@ here: ``launcher.config.layout`` computes them from these values, one source of 
 
 from __future__ import annotations
 
+import pkgutil
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
+
+# How a module of launcher/backends/ declares its backend (its other modules are helpers).
+_DECLARATION = "\nBACKEND = Backend("
+
+
+@cache
+def backend_names() -> tuple[str, ...]:
+    """The choices of ``backend.name``: the modules of launcher/backends/ that declare a
+    ``BACKEND = Backend(...)``, found by reading them, not importing them
+    (launcher.backends.all_backends imports them and checks each BACKEND's name is its module's)."""
+    folder = Path(__file__).resolve().parent.parent / "backends"
+    found = [i.name for i in pkgutil.iter_modules([str(folder)])]
+    return tuple(
+        sorted(n for n in found if _DECLARATION in (folder / f"{n}.py").read_text("utf-8"))
+    )
 
 
 @dataclass
@@ -355,7 +373,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.wsd_decay_style": ("linear", "cosine", "minus_sqrt"),
     "data.tokenizer": ("byte", "bpe"),
     "cluster.gpu_request": ("gpus-per-node", "gres"),
-    "backend.name": ("deepspeed", "torch", "megatron"),
+    "backend.name": backend_names(),
     "launcher.name": ("local", "slurm"),
 }
 

@@ -16,7 +16,7 @@ up, so a profile of a configuration prices that configuration exactly):
   between 2 local processes (gloo on the CPU, NCCL on GPUs), where the backend supports the kind.
 Each figure is the median of repeats after one warm-up call; repeats shrink to keep the whole run
 within the time budget. On the CPU, torch uses the threads one process of the run will have
-(launch/local.worker_env: cores / processes).
+(render/run_files.local_env: cores / processes).
 
 The profile (format: ``launcher.plan.profile``) goes to the cache (keyed by cluster.gpu) and/or to
 --out; a file there that is a profile of the same device is merged (new shapes added, measured

@@ -31,19 +31,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from launcher import fsio, runfiles
+from launcher.backends.common import backend_of
 from launcher.config.compose import Composed
 from launcher.config.run_config import read_run_config, resumable_config
 from launcher.config.schema import LLMTrainConfig
-from launcher.config.secrets import public_env, secret_env, secret_names
+from launcher.config.secrets import secret_env
 from launcher.errors import UserError
 from launcher.health import DIVERGED, EXIT_DIVERGED
 from launcher.launch import runlock
 from launcher.orphans import LAUNCHER_PID_ENV, die_with_parent
-from launcher.render.torchrun import launch_script, torchrun_command
-from launcher.rundir import UNFINISHED_PREFIX, RunDir, unfinished_checkpoints
+from launcher.render.run_files import (
+    EXECUTABLE,
+    LOCAL,
+    LocalLaunch,
+    Place,
+    local_launch,
+    run_files,
+)
+from launcher.rundir import CONFIG, UNFINISHED_PREFIX, RunDir, unfinished_checkpoints
 from launcher.validate.rules import run_name_problem
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
@@ -161,16 +167,6 @@ class Prepared:
             self.lock.release()
 
 
-def worker_env(cfg: LLMTrainConfig, nproc: int) -> dict[str, str]:
-    env = {"PYTHONUNBUFFERED": "1"}
-    if cfg.cluster.gpu == "cpu":
-        env["LLMTRAIN_DEVICE"] = "cpu"
-        env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed otherwise prints a warning to stdout
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    env.update(public_env(cfg))
-    return env
-
-
 def choose_run_dir(composed: Composed, fresh: bool) -> Path:
     """The run directory (created, resolved); --fresh picks a new timestamped one."""
     run_dir = run_dir_for(composed)
@@ -190,16 +186,27 @@ def _write_problem(exc: OSError, path: Path) -> str:
     )
 
 
+def place_of(cfg: LLMTrainConfig, run_dir: Path) -> Place:
+    """Where a run in `run_dir` lives on this machine (this Python, working directory, CPU count,
+    the backend's checkout): what the run directory's renderer needs besides the config."""
+    from launcher.launch.preflight import megatron_root
+
+    checkout = megatron_root(cfg) if backend_of(cfg).entry else None
+    return Place(str(run_dir), sys.executable, os.getcwd(), os.cpu_count() or 1, checkout)
+
+
 def prepare_run_dir(
     composed: Composed,
     plan_json: dict[str, Any],
     fresh: bool,
     guard: Callable[[Path], None] | None = None,
+    mode: str = LOCAL,
 ) -> Prepared:
     """Take the run directory's lock (``launcher.launch.runlock``; exit 2 naming the holder when
     another run has it), call `guard` with the run directory under the lock (`run` passes
-    ``slurm.refuse_live_jobs``), then write its config and artifacts. The caller releases
-    ``Prepared.lock`` when the run is over (``launch`` keeps it held in torchrun meanwhile)."""
+    ``slurm.refuse_live_jobs``), then write its files for `mode` (``launcher.render.run_files``:
+    the same bytes `--dry-run` prints). The caller releases ``Prepared.lock`` when the run is
+    over (``launch`` keeps it held in torchrun meanwhile)."""
     cfg = composed.config
     secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     run = RunDir(choose_run_dir(composed, fresh))
@@ -211,77 +218,38 @@ def prepare_run_dir(
             # Resuming a run an older llmtrain started: exit 2 naming the keys this one does
             # not know (launcher.config.run_config), before anything is written or started.
             resumable_config(run.config)
-        return _write_run_dir(composed, plan_json, run, secrets, lock)
+        place = place_of(cfg, run.root)
+        files = run_files(composed, plan_json, mode, place)  # refusals come before any write
+        launch = local_launch(cfg, place) if mode == LOCAL else LocalLaunch([], {})
+        resuming = cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run)
+        _write_run_dir(run, files, resuming)
+        return Prepared(run.root, launch.command, launch.env, secrets=secrets, lock=lock)
     except BaseException:
         lock.release()
         raise
 
 
-def _write_run_dir(
-    composed: Composed,
-    plan_json: dict[str, Any],
-    run: RunDir,
-    secrets: dict[str, str],
-    lock: runlock.RunLock,
-) -> Prepared:
-    cfg = composed.config
+def _write_run_dir(run: RunDir, files: dict[str, str], resuming: bool) -> None:
     try:
         fsio.check_inside(run.logs, run.root)
         run.logs.mkdir(exist_ok=True)
         fsio.check_inside(run.torchrun_log, run.root)  # a planted link: refused before any write
-        text = yaml.safe_dump(composed.values, sort_keys=False)
-        if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
-            # A resume: config.yaml (which export and show read) keeps describing the weights
-            # on disk until the ranks have loaded them with the new configuration; rank 0 then
-            # renames this file over it (launcher.train.trainer). A refused resume leaves it be.
-            fsio.write_text_atomic(run.pending_config, text, root=run.root)
-        else:
-            fsio.write_text_atomic(run.config, text, root=run.root)
-            if os.path.lexists(run.pending_config):
-                os.unlink(run.pending_config)
-        fsio.write_text_atomic(run.plan, json.dumps(plan_json, indent=2) + "\n", root=run.root)
-        if cfg.backend.name == "deepspeed":
-            from launcher.render.ds_config import render_ds_config
-
-            fsio.write_text_atomic(run.ds_config, render_ds_config(cfg), root=run.root)
-        nproc = cfg.cluster.gpus_per_node
-        env = worker_env(cfg, nproc)
-        worker: list[str] = []
-        if cfg.backend.name == "megatron":
-            worker = _megatron_worker(cfg, run, env)
-        command = torchrun_command(sys.executable, nproc, str(run.root), worker)
-        script = launch_script(command, env, os.getcwd(), secret_names(cfg))
-        fsio.write_text_atomic(run.launch_script, script, root=run.root, mode=0o755)
+        for name, text in files.items():
+            target = run.root / name
+            if name == CONFIG and resuming:
+                # A resume: config.yaml (which export and show read) keeps describing the weights
+                # on disk until the ranks have loaded them with the new configuration; rank 0
+                # then renames this file over it (launcher.train.trainer). A refused resume
+                # leaves it be.
+                target = run.pending_config
+            mode = 0o755 if name in EXECUTABLE else 0o644
+            fsio.write_text_atomic(target, text, root=run.root, mode=mode)
+        if not resuming and os.path.lexists(run.pending_config):
+            os.unlink(run.pending_config)
     except fsio.UnsafePathError as exc:
         raise UserError(str(exc.strerror)) from None
     except OSError as exc:
         raise UserError(_write_problem(exc, run.root)) from None
-    return Prepared(run_dir=run.root, command=command, env=env, secrets=secrets, lock=lock)
-
-
-def _megatron_worker(cfg: LLMTrainConfig, run: RunDir, env: dict[str, str]) -> list[str]:
-    """Megatron-LM's pretrain_gpt.py and its arguments (launcher.render.megatron_launch); adds
-    its environment to `env` and writes megatron_args.txt into the run directory."""
-    from launcher.data.sources import megatron_data
-    from launcher.launch.preflight import megatron_root
-    from launcher.render.megatron_args import render_megatron_args
-    from launcher.render.megatron_launch import (
-        entry_script,
-        how_to_get_megatron,
-        megatron_env,
-        megatron_run_args,
-    )
-
-    root = megatron_root(cfg)
-    if root is None:
-        raise UserError(
-            f"backend=megatron: no Megatron-LM checkout is named; {how_to_get_megatron()}"
-        )
-    env.update(megatron_env(cfg, root))
-    data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
-    text = render_megatron_args(cfg, data, str(run.root))
-    fsio.write_text_atomic(run.megatron_args, text, root=run.root)
-    return [entry_script(root), *megatron_run_args(cfg, str(run.root), data)]
 
 
 def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:

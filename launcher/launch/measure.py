@@ -74,7 +74,7 @@ def _one_run(
         prepare_run_dir,
     )
     from launcher.launch.preflight import preflight
-    from launcher.views.plan import plan_to_json
+    from launcher.plan.document import plan_to_json
 
     composed = compose_config(
         [

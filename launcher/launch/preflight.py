@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.backends import launch_refusal
-from launcher.backends.common import precision_of
+from launcher.backends.common import backend_of, precision_of
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
@@ -46,7 +46,7 @@ def megatron_problems(cfg: LLMTrainConfig, *, local: bool) -> list[str]:
     hold the checkout only inside the image, so there it is only required to be named."""
     from launcher.render.megatron_launch import DATA_ARGS, ENTRY, ENV_VAR, how_to_get_megatron
 
-    if cfg.backend.name != "megatron":
+    if not backend_of(cfg).entry:  # the ranks run llmtrain's trainer, no checkout needed
         return []
     problems = []
     extra = {word.split("=", 1)[0] for word in cfg.backend.megatron_extra_args}
@@ -79,11 +79,12 @@ def fp8_problems(cfg: LLMTrainConfig, *, local: bool) -> list[str]:
     """backend=torch precision=fp8 trains with torchao's float8 layers: torchao must be
     installed where the ranks run (looked up, not imported: importing it imports torch). A job
     in slurm.container_image brings its own packages."""
-    if cfg.backend.name != "torch" or precision_of(cfg) != "fp8":
+    package = backend_of(cfg).fp8_package
+    if not package or precision_of(cfg) != "fp8":
         return []
     if not local and cfg.slurm.container_image is not None:
         return []
-    if importlib.util.find_spec("torchao") is None:
+    if importlib.util.find_spec(package) is None:
         return [
             "precision=fp8 with backend=torch needs torchao (float8 training) in this Python "
             "environment: pip install 'llmtrain[fp8]' (torchao==0.18.0), or use precision=bf16"

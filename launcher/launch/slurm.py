@@ -18,7 +18,6 @@ import shlex
 import shutil
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +29,10 @@ from launcher.config.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError, did_you_mean
-from launcher.launch.local import prepare_run_dir, run_dir_for
+from launcher.launch.local import place_of, prepare_run_dir, run_dir_for
 from launcher.launch.preflight import preflight
-from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
+from launcher.plan.document import plan_to_json
+from launcher.render.run_files import SLURM, run_files
 from launcher.rundir import LOGS, SLURM_JOBS, RunDir
 
 JOBS_FILE = SLURM_JOBS
@@ -210,25 +210,21 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
     if problems:
         raise UserError("cannot submit this job:\n- " + "\n- ".join(problems))
     run_dir = run_dir_for(composed).resolve()
-    workdir, python = os.getcwd(), sys.executable
-    try:
-        script = render_sbatch(cfg, python=python, run_dir=str(run_dir), workdir=workdir)
-        launch = render_launch_sh(cfg, python=python, run_dir=str(run_dir), workdir=workdir)
-    except RenderError as exc:
-        raise UserError(str(exc)) from None
+    workdir = os.getcwd()
+    plan_doc = plan_to_json(plan)
+    # Rendered once before anything is written or queued: a value that cannot be written safely
+    # stops here (validate reports the same, see launcher/config/script_values.py).
+    run_files(composed, plan_doc, SLURM, place_of(cfg, run_dir))
     active = live_jobs(run_dir)
     if active:
         raise UserError(
             f"{run_dir} already has job(s) {', '.join(active)} queued or running; follow them "
             f"with `llmtrain status {run_dir}` or stop them with `llmtrain cancel {run_dir}`"
         )
-    from launcher.views.plan import plan_to_json
-
-    prepared = prepare_run_dir(composed, plan_to_json(plan), fresh=False)  # takes the lock
+    # Takes the lock and writes the run directory (config.yaml, plan.json, job.sbatch, ...).
+    prepared = prepare_run_dir(composed, plan_doc, fresh=False, mode=SLURM)
     try:
         run = RunDir(prepared.run_dir)
-        fsio.write_text_atomic(run.sbatch_script, script, root=run.root, mode=0o755)
-        fsio.write_text_atomic(run.launch_script, launch, root=run.root, mode=0o755)
         ids = [_sbatch(run.sbatch_script, None, workdir, secrets)]
         for _ in range(cfg.slurm.chain):
             ids.append(_sbatch(run.sbatch_script, ids[-1], workdir, secrets))

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from launcher.backends.common import backend_of
 from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
@@ -110,7 +111,7 @@ def attention_kernel(cfg: LLMTrainConfig) -> str:
     """te | sdpa: backend.attention_kernel, else te for megatron and sdpa otherwise."""
     if cfg.backend.attention_kernel:
         return cfg.backend.attention_kernel
-    return "te" if cfg.backend.name == "megatron" else "sdpa"
+    return backend_of(cfg).attention_kernel
 
 
 # Causal flash attention, forward + backward, head dim 128, long sequences: fraction of the bf16

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.backends.common import backend_of
 from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight
@@ -71,7 +72,7 @@ def fp8_weight_copy_bytes(cfg: LLMTrainConfig) -> float:
     (1 + 1 bytes); torchao's float8 training (backend=torch) casts each weight on the fly in
     every forward and backward and keeps no copy (torchao float8_linear.py saves the
     high-precision weight for the backward)."""
-    return 2.0 if cfg.precision.fp8 and cfg.backend.name == "megatron" else 0.0
+    return backend_of(cfg).fp8_copy_bytes(cfg)
 
 
 def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
@@ -83,7 +84,7 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
         weights = 2.0
     gradients = float(DTYPE_BYTES[p.grad_dtype])
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
-    if master and cfg.backend.name == "torch" and cfg.zero.stage >= 3:
+    if master and backend_of(cfg).fp32_sharded_params(cfg):
         # torch FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are
         # the master copy) and casts to the compute dtype when it all-gathers them: 4 bytes of
         # weights and no separate master (the unsharded compute copy is a transient buffer); the
@@ -100,7 +101,7 @@ def pipelined_fsdp_accumulates(cfg: LLMTrainConfig, layout: Layout) -> bool:
     """torch FSDP2 (zero.stage 2/3) under pipelining: gradients accumulate unsharded over the
     step's micro-batches and are reduce-scattered once, after the last backward. Without pp the
     torch engine reduce-scatters every micro-batch, as DeepSpeed's ZeRO-2/3 do."""
-    return cfg.backend.name == "torch" and cfg.zero.stage >= 2 and layout.pp > 1
+    return backend_of(cfg).pipelined_unsharded_grads(cfg, layout.pp)
 
 
 def uses_dropout(cfg: LLMTrainConfig) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import bubble_scale
 from launcher.config.schema import LLMTrainConfig
@@ -288,7 +289,9 @@ def microbatch_time(
             2 * vpp * mb,
             # Megatron overlaps the p2p of the interleaved schedule with compute
             # (overlap_p2p_comm, on by default with virtual pipeline stages).
-            exact_parts.total_s * mb if (vpp > 1 and cfg.backend.name == "megatron") else None,
+            exact_parts.total_s * mb
+            if (vpp > 1 and backend_of(cfg).overlaps_interleaved_p2p)
+            else None,
             "activation forward, gradient backward",
         )
         per_mb_exposed += e / mb

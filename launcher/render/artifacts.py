@@ -7,55 +7,28 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from launcher.config.compose import Composed
-from launcher.data.sources import megatron_data
 from launcher.errors import UserError
-from launcher.render.ds_config import render_ds_config
-from launcher.render.hostfile import static_hostfile
-from launcher.render.megatron_args import render_megatron_args
-from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
-from launcher.rundir import (
-    CONFIG,
-    DS_CONFIG,
-    HOSTFILE,
-    LAUNCH_SCRIPT,
-    MEGATRON_ARGS,
-    SBATCH_SCRIPT,
-)
-
-EXECUTABLE = (LAUNCH_SCRIPT, SBATCH_SCRIPT)
+from launcher.render.run_files import ARTIFACTS, EXECUTABLE, SLURM, Place, run_files
 
 
 def render_artifacts(
-    composed: Composed, out_dir: str, python: str | None = None, workdir: str | None = None
+    composed: Composed,
+    out_dir: str,
+    python: str | None = None,
+    workdir: str | None = None,
+    plan_doc: dict[str, Any] | None = None,
 ) -> dict[str, str]:
-    cfg = composed.config
-    run_dir = str(Path(out_dir).expanduser().resolve())
-    python = python or sys.executable
-    workdir = workdir or os.getcwd()
-    files = {CONFIG: yaml.safe_dump(composed.values, sort_keys=False)}
-    try:
-        if cfg.backend.name == "deepspeed":
-            files[DS_CONFIG] = render_ds_config(cfg)
-        files[LAUNCH_SCRIPT] = render_launch_sh(
-            cfg, python=python, run_dir=run_dir, workdir=workdir
-        )
-        files[SBATCH_SCRIPT] = render_sbatch(cfg, python=python, run_dir=run_dir, workdir=workdir)
-        files[HOSTFILE] = static_hostfile(cfg)
-    except RenderError as exc:
-        raise UserError(str(exc)) from None
-    # Reads only dataset metadata (index.json, .idx headers) when the data is on this machine.
-    data = megatron_data(cfg.data.path, list(cfg.data.blend), cfg.data.valid_path)
-    files[MEGATRON_ARGS] = render_megatron_args(cfg, data, run_dir)
-    return files
-
-
-# Every file a render can produce: one that this render does not produce (ds_config.json after
-# switching to backend=torch) is removed, so DIR never mixes two configurations.
-ARTIFACTS = (CONFIG, DS_CONFIG, LAUNCH_SCRIPT, SBATCH_SCRIPT, HOSTFILE, MEGATRON_ARGS)
+    """The run directory of `submit` (``launcher.render.run_files``, mode slurm) for OUT_DIR,
+    plus megatron_args.txt whatever the backend; plan.json when `plan_doc` is given."""
+    place = Place(
+        run_dir=str(Path(out_dir).expanduser().resolve()),
+        python=python or sys.executable,
+        workdir=workdir or os.getcwd(),
+    )
+    return run_files(composed, plan_doc, SLURM, place, translations=True)
 
 
 def write_artifacts(files: dict[str, str], out_dir: str) -> list[Path]:

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+from launcher.backends.megatron import BACKEND as MEGATRON
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.sources import MegatronData, megatron_data
 from launcher.render.megatron_args import megatron_args
 
 ENV_VAR = "MEGATRON_LM_PATH"
-ENTRY = "pretrain_gpt.py"
+ENTRY = MEGATRON.entry  # pretrain_gpt.py
 # Megatron-LM writes the iteration of its newest checkpoint here (in the --save folder).
-MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+MEGATRON_TRACKER = MEGATRON.checkpoint_tracker
 # The Megatron-LM release whose argument names megatron_args.py follows (megatron-core 0.16.1).
 RELEASE = "core_v0.16.1"
 # Arguments that say where the data comes from; without any of them the run uses --mock-data.
@@ -51,10 +52,7 @@ def how_to_get_megatron() -> str:
 
 def megatron_env(cfg: LLMTrainConfig, root: str) -> dict[str, str]:
     """Environment of the Megatron-LM ranks (besides llmtrain's own, see sbatch.job_env)."""
-    env = {"PYTHONPATH": root}
-    if cfg.parallel.tp > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    return env
+    return {"PYTHONPATH": root, **MEGATRON.env(cfg)}
 
 
 def entry_script(root: str) -> str:

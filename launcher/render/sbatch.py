@@ -42,11 +42,19 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
+from launcher.backends.common import backend_of
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.script_values import (
+    control_problem,
+    data_folders,
+    env_name_problem,
+    extra_sbatch_problem,
+    mount_problem,
+)
 from launcher.config.secrets import check_lines, public_env, secret_names
 from launcher.render.megatron_args import MegatronUnsupported
-from launcher.render.megatron_launch import ENTRY, ENV_VAR, MEGATRON_TRACKER, megatron_run_args
+from launcher.render.megatron_launch import ENTRY, ENV_VAR, megatron_run_args
 from launcher.render.torchrun import WORKER_MODULE
 from launcher.rundir import CHECKPOINTS, LOCK, LOGS, PREEMPTED, step_dir_name
 from launcher.runfiles import LOCK_ENV
@@ -73,12 +81,14 @@ MEGATRON_NODE_WRAPPER = (
 
 
 class RenderError(ValueError):
-    """A value that cannot be rendered safely; the message names the key."""
+    """A value that cannot be rendered safely; the message names the key. validate reports the
+    same problems first (launcher.config.script_values): here they are an invariant."""
 
 
 def _check_line(key: str, value: str) -> str:
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise RenderError(f"{key}={value!r}: control characters (newlines, tabs) are not allowed")
+    problem = control_problem(key, value)
+    if problem:
+        raise RenderError(problem)
     return value
 
 
@@ -101,12 +111,12 @@ def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
     cpus = cfg.slurm.cpus_per_task
     if cpus is not None or cfg.cluster.gpu == "cpu":
         env["OMP_NUM_THREADS"] = str(max(1, (cpus or nproc) // nproc))
-    if cfg.backend.name == "megatron" and cfg.parallel.tp > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM with tensor parallel
+    env.update(backend_of(cfg).env(cfg))  # e.g. Megatron-LM's with tensor parallel
     env.update(public_env(cfg))
     for key, value in env.items():
-        if not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise RenderError(f"cluster.env: {key!r} is not a valid environment variable name")
+        problem = env_name_problem(key)
+        if problem:
+            raise RenderError(problem)
         _check_line(f"cluster.env.{key}", value)
     return env
 
@@ -123,8 +133,9 @@ def _megatron_root(cfg: LLMTrainConfig) -> str:
 
 def megatron_lines(cfg: LLMTrainConfig) -> list[str]:
     """Script lines that give the Megatron-LM ranks their checkout on PYTHONPATH (stopping with
-    exit 2 when $MEGATRON_LM_PATH is needed and unset); none for the other backends."""
-    if cfg.backend.name != "megatron":
+    exit 2 when $MEGATRON_LM_PATH is needed and unset); none for backends whose ranks run
+    llmtrain's trainer."""
+    if not backend_of(cfg).entry:
         return []
     lines = []
     if not cfg.backend.megatron_path:
@@ -152,7 +163,7 @@ def _option_lines(words: Sequence[str]) -> list[str]:
 def worker_words(cfg: LLMTrainConfig, run_dir: str) -> list[str]:
     """What each torchrun process runs: llmtrain's trainer on the run directory, or for
     backend=megatron Megatron-LM's pretrain_gpt.py with its arguments (megatron_launch)."""
-    if cfg.backend.name != "megatron":
+    if not backend_of(cfg).entry:
         return [f"-m {WORKER_MODULE} {shlex.quote(run_dir)}"]
     script = f"{_megatron_root(cfg)}/{ENTRY}"
     try:
@@ -214,22 +225,13 @@ def container_mounts(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> str:
     repeated)."""
     mounts = [m for m in (cfg.slurm.container_mounts or "").split(",") if m]
     targets = [m.split(":")[1] if ":" in m else m for m in mounts]
-    wanted = [run_dir, workdir]
-    # Data (data.path, blend entries, validation data) may be a Megatron prefix (PREFIX.bin/.idx,
-    # no folder of that name) or a prepared folder: the parent folder is mounted, which holds
-    # either (rendering does not look at the disk of the submit host).
-    others = [cfg.data.path or ""] + [str(p) for p in cfg.data.blend[1::2]]
-    others += [cfg.data.valid_path or ""]
-    wanted += [str(PurePosixPath(p).parent) for p in others if p]
+    wanted = [run_dir, workdir] + [folder for _, folder in data_folders(cfg)]
     for path in wanted:
         if not PurePosixPath(path).is_absolute():
             continue  # relative to the working directory, which is mounted
-        if "," in path or ":" in path:
-            raise RenderError(
-                f"{path!r}: pyxis separates mounts with ',' and ':'; a path holding either cannot "
-                "be mounted into slurm.container_image (rename it, or mount it yourself with "
-                "slurm.container_mounts)"
-            )
+        problem = mount_problem(path)
+        if problem:
+            raise RenderError(problem)
         if any(path == t or path.startswith(t.rstrip("/") + "/") for t in targets):
             continue
         mounts.append(f"{path}:{path}")
@@ -311,16 +313,10 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "#SBATCH --requeue" if s.requeue else "#SBATCH --no-requeue",
     ]
     for arg in s.extra_sbatch_args:
-        _check_line("slurm.extra_sbatch_args", arg)
-        if not arg.startswith("-"):
-            raise RenderError(f"slurm.extra_sbatch_args: {arg!r} is not an option (--name=value)")
+        problem = extra_sbatch_problem(cfg, arg)
+        if problem:
+            raise RenderError(problem)
         option, sep, value = arg.partition("=")
-        if option == "--export" and secret_names(cfg) and not value.startswith("ALL"):
-            raise RenderError(
-                f"slurm.extra_sbatch_args: {arg!r} would keep the secrets "
-                f"({', '.join(secret_names(cfg))}) from the job, which gets them from the "
-                "environment of sbatch; drop it or use --export=ALL"
-            )
         head.append(f"#SBATCH {q(option)}={q(value)}" if sep else f"#SBATCH {q(option)}")
 
     srun = [
@@ -337,23 +333,25 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
             f"--container-workdir={q(workdir)}",
         ]
     srun += [q(_check_line("slurm.extra_srun_args", a)) for a in s.extra_srun_args]
-    megatron = cfg.backend.name == "megatron"
-    node_wrapper = q(MEGATRON_NODE_WRAPPER if megatron else NODE_WRAPPER)
+    backend = backend_of(cfg)
+    # Ranks that do not answer USR1 themselves get SIGTERM on a preemption notice instead.
+    term_ranks = not backend.answers_usr1
+    node_wrapper = q(MEGATRON_NODE_WRAPPER if term_ranks else NODE_WRAPPER)
     srun.append(f"bash -c {node_wrapper} llmtrain-node")
     srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
 
     final = q(f"{run_dir}/{CHECKPOINTS}/{step_dir_name(steps)}")
     done = f"[ -d {final} ]"
-    if cfg.backend.name == "megatron":
+    if backend.checkpoint_tracker:
         # Megatron-LM records its newest checkpoint's iteration in this file.
-        final = q(f"{run_dir}/{CHECKPOINTS}/{MEGATRON_TRACKER}")
+        final = q(f"{run_dir}/{CHECKPOINTS}/{backend.checkpoint_tracker}")
         done = f'[ "$(cat {final} 2>/dev/null)" = {steps} ]'
     marker = q(f"{run_dir}/{PREEMPTED}")
     stopped = '  echo "llmtrain: checkpointed on a preemption signal; requeueing $SLURM_JOB_ID"'
     usr1 = 'echo "llmtrain: USR1: checkpoint and stop"; forward USR1'
     # llmtrain's trainer leaves the marker after its checkpoint; Megatron-LM leaves none.
     preempted = f"[ -f {marker} ]"
-    if megatron:
+    if term_ranks:
         usr1 = (
             'preempted=1; echo "llmtrain: USR1: Megatron-LM ranks get SIGTERM (checkpoint and '
             'stop)"; forward USR1'
@@ -407,7 +405,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         "",
         "srun_pid=",
         "cancelled=0",
-        *(["preempted=0"] if megatron else []),
+        *(["preempted=0"] if term_ranks else []),
         "forward() {  # forward SIG: hand a signal to every process of the training step",
         '  [ -n "$srun_pid" ] && kill -"$1" "$srun_pid" 2>/dev/null',
         "}",

@@ -56,6 +56,20 @@ from typing import TypeVar
 from launcher.backends import all_backends, raw_refusals
 from launcher.backends.common import Backend
 from launcher.config.layout import Layout, auto_split, derive_layout, split_keys
+from launcher.config.layout_rules import (
+    chunks_have_layers,
+    cp_splits_sequence,
+    ep_divides_experts,
+    ep_fits_span,
+    microbatches,
+    pipeline_fills,
+    sp_splits_sequence,
+    split_counts_fit,
+    tp_divides_heads,
+    tp_fits_kv_heads,
+    tp_splits,
+    virtual_stages_scheduled,
+)
 from launcher.config.pipeline_split import (
     EMBEDDING,
     FIRST,
@@ -311,18 +325,22 @@ class LayoutSpace:
                                                 )
 
     # The rules' error conditions for the values that vary, level by level (None: allowed).
+    # (launcher.config.layout_rules: the predicates validate's rules call too)
     def tp_rule(self, tp: int) -> str | None:
         m = self.base.model
         shape = ModelShape(m)
-        kv = shape.kv_heads
-        if m.num_attention_heads % tp or (not shape.is_mla and kv % tp and tp % kv):
+        if not tp_divides_heads(m.num_attention_heads, tp) or (
+            not shape.is_mla and not tp_fits_kv_heads(shape.kv_heads, tp)
+        ):
             return "attention-heads"
-        if m.ffn_hidden_size % tp or (m.moe_ffn_hidden_size and m.moe_ffn_hidden_size % tp):
+        if not tp_splits(m.ffn_hidden_size, tp) or (
+            m.moe_ffn_hidden_size and not tp_splits(m.moe_ffn_hidden_size, tp)
+        ):
             return "tensor-parallel-shapes"
         return None
 
     def cp_rule(self, cp: int) -> str | None:
-        if cp != 1 and self.base.model.seq_length % (2 * cp):
+        if not cp_splits_sequence(self.base.model.seq_length, cp):
             return "context-parallel"
         return None
 
@@ -342,32 +360,20 @@ class LayoutSpace:
         span = dp * cp
         if self.backend is not None and "tp" in self.backend.expert_span:
             span *= tp
-        if experts % ep or span % ep:
+        if not ep_divides_experts(experts, ep) or not ep_fits_span(span, ep):
             return "expert-parallel"
         return None
 
     def microbatches(self, mbs: int, dp: int, pp: int) -> int | None:
         """Micro-batches per step, or None when the batch arithmetic fails."""
-        gbs = self.global_batch_size
-        t = self.base.train
-        if "train.grad_accum" in self.fixed and t.grad_accum is not None:
-            if mbs * dp * t.grad_accum != gbs:
-                return None
-            m = t.grad_accum
-        else:
-            if gbs % (mbs * dp):
-                return None
-            m = max(1, gbs // (mbs * dp))
-        if pp > 1 and m < pp:
-            return None
-        return m
+        accum = self.base.train.grad_accum if "train.grad_accum" in self.fixed else None
+        m = microbatches(self.global_batch_size, mbs, dp, accum)
+        return m if m is not None and pipeline_fills(m, pp) else None
 
     def schedule_rule(self, pp: int, sched: str, vpp: int) -> str | None:
         p = self.base.parallel
         layers = self.base.model.num_layers
-        if vpp > 1 and (pp == 1 or sched != "interleaved"):
-            return "pipeline-split"
-        if sched == "interleaved" and vpp == 1:
+        if not virtual_stages_scheduled(pp, sched, vpp):
             return "pipeline-split"
         if self._fixed_split_keys():
             try:
@@ -375,15 +381,14 @@ class LayoutSpace:
             except SplitError:
                 return "pipeline-split"
         elif self._explicit_split():
-            counts = list(p.pp_layers or [])
-            if len(counts) != pp * vpp or sum(counts) != layers or min(counts) < 1:
+            if not split_counts_fit(list(p.pp_layers or []), pp * vpp, layers):
                 return "pipeline-split"
-        elif layers < pp * vpp:
+        elif not chunks_have_layers(layers, pp * vpp):
             return "pipeline-split"
         return None
 
     def free_rule(self, tp: int, cp: int, pp: int, zero: int, offload: str, sp: bool) -> str | None:
-        if sp and tp > 1 and (self.base.model.seq_length // cp) % tp:
+        if sp and tp > 1 and not sp_splits_sequence(self.base.model.seq_length, cp, tp):
             return "tensor-parallel-shapes"
         return None
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.plan.document import PlanFigures
+
 
 @dataclass
 class CheckpointPolicy:
@@ -31,14 +33,12 @@ class CheckpointPolicy:
         self.last_save = self.clock()
 
     @classmethod
-    def from_config(
-        cls, checkpoint: Any, plan: dict[str, Any], total_steps: int
-    ) -> CheckpointPolicy:
-        """`checkpoint` is the config's checkpoint section; `plan` the plan.json document."""
+    def from_config(cls, checkpoint: Any, plan: PlanFigures, total_steps: int) -> CheckpointPolicy:
+        """`checkpoint` is the config's checkpoint section; `plan` the figures of plan.json."""
         interval = None
         if not checkpoint.every_steps and not checkpoint.every_minutes:
-            value = (plan.get("checkpoint") or {}).get("interval_s")
-            interval = float(value) if isinstance(value, int | float) and value > 0 else None
+            value = plan.checkpoint_interval_s
+            interval = value if value is not None and value > 0 else None
         return cls(
             total_steps=total_steps,
             every_steps=checkpoint.every_steps or None,

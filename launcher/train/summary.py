@@ -6,12 +6,13 @@ import statistics
 from typing import Any
 
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan.document import PlanFigures
 from launcher.train.metrics import peak_memory
 
 
 def summarize(
     cfg: LLMTrainConfig,
-    plan: dict[str, Any],
+    plan: PlanFigures,
     losses: list[float],
     step_times: list[float],
     start: int,
@@ -26,10 +27,10 @@ def summarize(
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "measured_step_s": statistics.median(steady) if steady else None,
-        "predicted_step_s": plan.get("time", {}).get("step_s"),
+        "predicted_step_s": plan.step_s,
         "measured_peak_memory": peak_memory(runtime_rss),
-        "predicted_memory_allocated_bytes": plan.get("memory", {}).get("allocated_bytes"),
-        "predicted_memory_reserved_bytes": plan.get("memory", {}).get("reserved_bytes"),
+        "predicted_memory_allocated_bytes": plan.allocated_bytes,
+        "predicted_memory_reserved_bytes": plan.reserved_bytes,
         "world_size": world_size,
         "recipe": cfg.recipe,
     }

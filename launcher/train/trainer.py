@@ -10,6 +10,7 @@ All run-directory writes go through ``launcher.fsio`` (no symlinks followed).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -25,12 +26,14 @@ import torch
 import torch.distributed as dist
 
 from launcher import fsio, runfiles
+from launcher.backends.common import backend_of
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
 from launcher.health import DIVERGED, LossSpikes, finite_or_none
+from launcher.plan.document import PlanFigures
 from launcher.rundir import RunDir
 from launcher.train.checkpoint import (
     TRAINER_STATE,
@@ -74,13 +77,17 @@ assert TrainingDiverged.__name__ == DIVERGED  # the launcher recognises the rank
 
 
 def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None = None) -> Engine:
-    if cfg.backend.name == "deepspeed":
-        from launcher.train.engines.deepspeed_engine import DeepSpeedEngine
-
-        return DeepSpeedEngine(cfg, seed=cfg.train.seed, init_state=init_state)
-    from launcher.train.engines.torch_engine import TorchEngine
-
-    return TorchEngine(cfg, seed=cfg.train.seed, init_state=init_state)
+    """The configured backend's engine (Backend.engine names its class, imported here)."""
+    backend = backend_of(cfg)
+    if not backend.engine:
+        raise ValueError(
+            f"backend={backend.name}: its ranks run {backend.entry}, not llmtrain's trainer"
+        )
+    module, _, name = backend.engine.partition(":")
+    engine: Engine = getattr(importlib.import_module(module), name)(
+        cfg, seed=cfg.train.seed, init_state=init_state
+    )
+    return engine
 
 
 class Log:
@@ -185,16 +192,6 @@ def fault_injection(rank: int) -> int | None:
     return None
 
 
-def plan_peak_flops(plan: dict[str, Any]) -> float | None:
-    """Peak FLOP/s per device exactly as `plan` divided by for its MFU (plan.json's time section:
-    mfu = tflops_per_gpu / peak), so measured and predicted MFU share one denominator."""
-    t = plan.get("time") or {}
-    tflops, mfu = t.get("tflops_per_gpu"), t.get("mfu")
-    if isinstance(tflops, int | float) and isinstance(mfu, int | float) and mfu > 0:
-        return float(tflops) * 1e12 / float(mfu)
-    return None
-
-
 @dataclass
 class StepRecord:
     done: int
@@ -224,7 +221,7 @@ class Trainer:
         self.cfg = cfg = stored.config
         self.values = stored.values
         try:  # read back bounded and checked (launcher.runfiles): a run file anyone may edit
-            self.plan: dict[str, Any] = (
+            self.plan = PlanFigures.from_json(
                 runfiles.read_json_object(run.plan, max_bytes=16 << 20)
                 if run.plan.is_file()
                 else {}
@@ -291,8 +288,8 @@ class Trainer:
         self.trackers = (  # W&B / MLflow (logging.*), rank 0
             Trackers(cfg, run.root, self.values, self.log) if self.metrics is not None else None
         )
-        self.flops_per_token = (self.plan.get("flops") or {}).get("per_token_model")
-        peak = plan_peak_flops(self.plan)
+        self.flops_per_token = self.plan.flops_per_token
+        peak = self.plan.peak_flops
         self.peak_total = peak * info.world_size if peak else None
         self.tokens_per_step = self.layout.global_batch_size * cfg.model.seq_length
         self.fail_at = fault_injection(self.rank)

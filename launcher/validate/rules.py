@@ -22,12 +22,28 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any, cast
 
 from launcher.backends import expert_span, refusals
 from launcher.config.layout import Layout, auto_split, derive_layout, split_keys
+from launcher.config.layout_rules import (
+    chunks_have_layers,
+    cp_splits_sequence,
+    ep_divides_experts,
+    ep_fits_span,
+    microbatches,
+    pipeline_fills,
+    sp_splits_sequence,
+    split_counts_fit,
+    tp_divides_heads,
+    tp_fits_kv_heads,
+    tp_splits,
+    virtual_stages_scheduled,
+)
 from launcher.config.pipeline_split import SPLIT_KEYS, SplitError, megatron_split
 from launcher.config.schema import LLMTrainConfig
+from launcher.config.script_values import script_problems
 from launcher.plan.model_shape import ModelShape
 
 ERROR = "error"
@@ -393,7 +409,7 @@ def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 )
             )
         return out
-    if experts % p.ep:
+    if not ep_divides_experts(experts, p.ep):
         out.append(
             _error(
                 "expert-parallel",
@@ -403,7 +419,7 @@ def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
             )
         )
     names, span = expert_span(cfg, layout)
-    if _dp_consistent(layout) and span % p.ep:
+    if _dp_consistent(layout) and not ep_fits_span(span, p.ep):
         ok = [d for d in divisors(span) if experts % d == 0]
         product = " x ".join(names)
         values = " x ".join(str(getattr(layout, n)) for n in names)
@@ -443,7 +459,7 @@ def attention_heads(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     shape = ModelShape(m)
     heads, kv = m.num_attention_heads, shape.kv_heads
     out = []
-    if heads % tp:
+    if not tp_divides_heads(heads, tp):
         out.append(
             _error(
                 "attention-heads",
@@ -461,7 +477,7 @@ def attention_heads(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"valid: {_join(divisors(heads))}",
             )
         )
-    elif not shape.is_mla and kv % tp and tp % kv:
+    elif not shape.is_mla and not tp_fits_kv_heads(kv, tp):
         valid = sorted(set(divisors(kv)) | {t for t in divisors(heads) if t % kv == 0})
         out.append(
             _error(
@@ -498,7 +514,8 @@ def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     p, layers = cfg.parallel, cfg.model.num_layers
     chunks = p.pp * p.vpp
     out = []
-    if p.vpp > 1 and (p.pp == 1 or p.pp_schedule != "interleaved"):
+    scheduled = virtual_stages_scheduled(p.pp, p.pp_schedule, p.vpp)
+    if not scheduled and p.vpp > 1:
         out.append(
             _error(
                 "pipeline-split",
@@ -508,7 +525,7 @@ def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 "with pp >= 2, or parallel.vpp=1",
             )
         )
-    if p.pp_schedule == "interleaved" and p.vpp == 1:
+    if not scheduled and p.vpp == 1:
         out.append(
             _error(
                 "pipeline-split",
@@ -546,7 +563,7 @@ def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                     f"chunk, pp x vpp = {chunks}",
                 )
             )
-        elif sum(counts) != layers or min(counts) < 1:
+        elif not split_counts_fit(counts, chunks, layers):
             out.append(
                 _error(
                     "pipeline-split",
@@ -556,7 +573,7 @@ def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 )
             )
         return out
-    if layers < chunks:
+    if not chunks_have_layers(layers, chunks):
         out.append(
             _error(
                 "pipeline-split",
@@ -588,7 +605,7 @@ def pipeline_split(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
 @rule("context-parallel")
 def context_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     cp, s = cfg.parallel.cp, cfg.model.seq_length
-    if cp == 1 or s % (2 * cp) == 0:
+    if cp_splits_sequence(s, cp):
         return []
     valid = [c for c in divisors(s // 2) if c > 1] if s % 2 == 0 else []
     return [
@@ -611,7 +628,7 @@ def tensor_parallel_shapes(cfg: LLMTrainConfig, layout: Layout) -> list[Violatio
     if m.moe_ffn_hidden_size:
         sizes.append(("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size))
     for key, size in sizes:
-        if size % tp:
+        if not tp_splits(size, tp):
             out.append(
                 _error(
                     "tensor-parallel-shapes",
@@ -639,7 +656,7 @@ def tensor_parallel_shapes(cfg: LLMTrainConfig, layout: Layout) -> list[Violatio
                     "parallel.sequence_parallel=true has no effect with parallel.tp=1",
                 )
             )
-        elif (m.seq_length // p.cp) % tp:
+        elif not sp_splits_sequence(m.seq_length, p.cp, tp):
             out.append(
                 _error(
                     "tensor-parallel-shapes",
@@ -679,9 +696,11 @@ def batch_arithmetic(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     if not _dp_consistent(layout):
         return out
     per_pass = layout.micro_batch_size * layout.dp
-    if t.global_batch_size is not None:
+    if t.global_batch_size is not None and (
+        microbatches(t.global_batch_size, layout.micro_batch_size, layout.dp, t.grad_accum) is None
+    ):
         accum = t.grad_accum
-        if accum is None and t.global_batch_size % per_pass:
+        if accum is None:
             lower = max(per_pass, t.global_batch_size // per_pass * per_pass)
             out.append(
                 _error(
@@ -697,7 +716,7 @@ def batch_arithmetic(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                     f"nearest valid global batch: {lower}, {lower + per_pass}",
                 )
             )
-        elif accum is not None and per_pass * accum != t.global_batch_size:
+        else:
             out.append(
                 _error(
                     "batch-arithmetic",
@@ -709,7 +728,7 @@ def batch_arithmetic(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
             )
     pp = cfg.parallel.pp
     m = layout.num_microbatches
-    if pp > 1 and m < pp:
+    if not pipeline_fills(m, pp):
         out.append(
             _error(
                 "batch-arithmetic",
@@ -799,6 +818,14 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
 @rule("backend-capabilities")
 def backend_capabilities(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return [_error("backend-capabilities", ("backend", *r.keys), r.message) for r in refusals(cfg)]
+
+
+# Values the run's scripts cannot hold (control characters, environment names, sbatch options,
+# secrets kept from the job, unmountable paths): the renderers refuse the same, as an invariant.
+@rule("script-values")
+def script_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    run_dir = str(PurePosixPath(cfg.run.root_dir) / (cfg.run.name or "RUN"))
+    return [_error("script-values", p.keys, p.message) for p in script_problems(cfg, run_dir)]
 
 
 # Files are checked before launch (launcher.launch.preflight.data_problems); here only the shape.

@@ -7,9 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.engine_choices import engine_choices
 from launcher.plan.bands import ErrorBand
+from launcher.plan.document import plan_to_json
 from launcher.plan.memory import GIB
 from launcher.plan.planner import Plan
 from launcher.plan.schedule import timeline
+
+__all__ = ["band_text", "plan_to_json", "render_plan"]
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,143 +40,11 @@ GLYPHS = {
 }
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-def plan_to_json(plan: Plan) -> dict[str, Any]:
-    """The public, stable document: the keys listed in issue 3, plus extras."""
-    mem = plan.memory
-    h = mem.heaviest
-    t = plan.time
-    tot = plan.totals
-    return {
-        "model": {
-            "name": plan.config.model.name,
-            "total_params": plan.total_params,
-            "active_params": plan.active_params,
-        },
-        "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
-        "backend": plan.config.backend.name,
-        "engine": _engine_json(plan),
-        "layout": {
-            "world_size": plan.layout.world_size,
-            "tp": plan.layout.tp,
-            "pp": plan.layout.pp,
-            "vpp": plan.layout.vpp,
-            "cp": plan.layout.cp,
-            "ep": plan.layout.ep,
-            "dp": plan.layout.dp,
-            "micro_batch_size": plan.layout.micro_batch_size,
-            "global_batch_size": plan.layout.global_batch_size,
-            "grad_accum": plan.layout.grad_accum,
-        },
-        "memory": {
-            "weights_bytes": int(h.weights),
-            "gradients_bytes": int(h.gradients),
-            "optimizer_bytes": int(h.optimizer),
-            "activations_bytes": int(h.activations),
-            "buffers_bytes": int(h.buffers),
-            "overhead_bytes": int(h.overhead),
-            "allocated_bytes": int(h.allocated),
-            "reserved_bytes": int(h.reserved),
-            "device_bytes": int(h.device_total),
-            "capacity_bytes": int(mem.capacity),
-            "usable_bytes": int(mem.usable),
-            "headroom": mem.headroom,
-            "fits": mem.fits,
-            "verdict": mem.verdict,
-            "error_band": _band_json(plan.memory_band),
-            "heaviest_stage": h.stage,
-            "host_bytes_per_gpu": int(h.host_bytes),
-            "host_bytes_per_node": int(h.host_bytes * plan.hardware.gpus_per_node),
-            "stages": [
-                {
-                    "stage": s.stage,
-                    "layers": s.layers,
-                    "in_flight": s.in_flight,
-                    "allocated_bytes": int(s.allocated),
-                    "device_bytes": int(s.device_total),
-                }
-                for s in mem.stages
-            ],
-        },
-        "flops": {
-            "per_token_model": plan.flops.model,
-            "per_token_hardware": plan.flops.hardware,
-            "per_token_executed": plan.flops.executed,
-        },
-        "time": {
-            "step_s": t.step_s,
-            "error_band": _band_json(plan.time_band),
-            "pricing": pricing_json(plan),
-            "tokens_per_s": t.tokens_per_s,
-            "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
-            "tflops_per_gpu": t.tflops_per_gpu,
-            "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
-            "mfu": t.mfu,
-            "hfu": t.hfu,
-            "bubble_fraction": t.bubble_fraction,
-            "compute_s": t.compute_s,
-            "bubble_s": t.bubble_s,
-            "exposed_comm_s": t.exposed_comm_s,
-            "optimizer_s": t.optimizer_s,
-            "collectives": [
-                {
-                    "name": c.name,
-                    "kind": c.kind,
-                    "group": c.group,
-                    "group_size": c.group_size,
-                    "message_bytes": int(c.message_bytes),
-                    "calls_per_step": c.calls_per_step,
-                    "bus_gbps": c.bus_gbps,
-                    "time_s": c.time_s,
-                    "exposed_s": c.exposed_s,
-                }
-                for c in t.collectives
-            ],
-        },
-        "totals": {
-            "steps": tot.steps,
-            "train_s": tot.train_s,
-            "gpu_hours": tot.gpu_hours,
-            "cost_usd": tot.cost_usd,
-            "expected_interruptions": tot.expected_interruptions,
-            "lost_fraction": tot.lost_fraction,
-            "expected_wall_s": tot.expected_wall_s if math.isfinite(tot.expected_wall_s) else None,
-        },
-        "checkpoint": {
-            "size_bytes": int(tot.checkpoint_bytes),
-            "write_s": tot.checkpoint_write_s,
-            "interval_s": _finite(tot.checkpoint_interval_s),
-            "mtbf_s": _finite(tot.mtbf_s),
-        },
-        "fixes": [
-            {"overrides": list(f.overrides), "device_bytes": int(f.device_bytes)}
-            for f in plan.fixes
-        ],
-        "assumptions": list(plan.assumptions),
-    }
-
-
 def pricing_line(plan: Plan) -> str:
     """Where the step time's figures come from, one line."""
     if plan.profile is None:
         return "priced from published figures (GPU catalog + fitted constants)"
     return plan.profile.line + "; links between nodes and other GPU counts from the catalog"
-
-
-def pricing_json(plan: Plan) -> dict[str, Any]:
-    """time.pricing: the source of each part of the step time (profile or catalog)."""
-    p = plan.profile
-    return {
-        "source": "profile" if p is not None else "published figures",
-        "profile": None
-        if p is None
-        else {"path": p.path, "origin": p.origin, "created": p.created, "device": p.device},
-        "parts": dict(plan.sources) if plan.sources else None,
-        "note": plan.profile_note,
-    }
 
 
 def _gib(x: float) -> str:
@@ -207,18 +78,6 @@ def _bucket_values(plan: Plan) -> list[float]:
     ]
 
 
-def _band_json(band: ErrorBand | None) -> dict[str, object] | None:
-    if band is None:
-        return None
-    return {
-        "typical": band.typical,
-        "worst": band.worst,
-        "rows": band.rows,
-        "regime": band.regime,
-        "method": band.source,
-    }
-
-
 def band_text(band: ErrorBand | None) -> str:
     """e.g. 'typically within +-8% (dense bf16, H100; leave-one-source-out)'."""
     if band is None:
@@ -231,21 +90,6 @@ VERDICT_TEXT = {
     "tight": "[bold yellow]tight[/] (over the headroom, within the prediction's error band)",
     "does_not_fit": "[bold red]does not fit[/]",
 }
-
-
-def _engine_json(plan: Plan) -> dict[str, Any]:
-    """What the engine runs (launcher.backends.engine_choices), as the plan prices it."""
-    c = engine_choices(plan.config)
-    return {
-        "compile": c.compile,
-        "compile_why": c.compile_why,
-        "fp8_recipe": c.fp8_recipe,
-        "fp8_layers": list(c.fp8_layers),
-        "bf16_layers": list(c.bf16_layers),
-        "chunked_loss": c.chunked_loss,
-        "loss_why": c.loss_why,
-        "moe": c.moe,
-    }
 
 
 DETAIL_HINT = (

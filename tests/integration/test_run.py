@@ -50,6 +50,18 @@ def losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in lines]
 
 
+def assert_dry_run_wrote_the_same(cwd: Path, run_dir: Path, *args: str) -> None:
+    """`run --dry-run` shows, byte for byte, the files the real `run` wrote (same folder)."""
+    dry = llmtrain(cwd, "run", "--dry-run", "--json", *args, timeout=120)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    document = json.loads(dry.stdout)
+    assert document["run_dir"] == str(run_dir)
+    files = document["files"]
+    assert {"config.yaml", "plan.json", "launch.sh"} <= set(files)
+    for name, text in files.items():
+        assert (run_dir / name).read_text() == text, name
+
+
 def test_default_recipe_trains_and_fills_the_run_directory(tmp_path: Path) -> None:
     done = llmtrain(tmp_path, "run", *SHORT)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -67,6 +79,7 @@ def test_default_recipe_trains_and_fills_the_run_directory(tmp_path: Path) -> No
     # Running the same command again finds the finished run and does nothing.
     again = llmtrain(tmp_path, "run", *SHORT)
     assert again.returncode == 0 and "run already complete: 12/12" in again.stdout
+    assert_dry_run_wrote_the_same(tmp_path, run_dir, *SHORT)
 
 
 def resume_matches(tmp_path: Path, overrides: list[str]) -> Path:
@@ -130,6 +143,9 @@ def test_deepspeed_zero_stages_train_on_two_processes(tmp_path: Path, stage: int
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert_deepspeed_trained(only_run_dir(tmp_path), stage)
+    if stage == 3:  # ds_config.json too
+        args = (*SHORT, "backend=deepspeed", "zero.stage=3", "cluster.gpus_per_node=2")
+        assert_dry_run_wrote_the_same(tmp_path, only_run_dir(tmp_path), *args)
 
 
 def test_deepspeed_optimizer_offload(tmp_path: Path) -> None:

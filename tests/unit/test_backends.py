@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from launcher.backends import all_backends, launch_refusal, raw_refusals, refusals
+from launcher.backends.common import backend_of
 from launcher.config.compose import compose_config
+from launcher.config.schema import CHOICES
+from launcher.plan.kernels import attention_kernel
+from launcher.plan.memory import bytes_per_param, fp8_weight_copy_bytes
+from launcher.render.run_files import BACKEND_FILES
 from launcher.validate.rules import check
 
 pytestmark = pytest.mark.unit
@@ -239,3 +246,52 @@ def test_megatron_args_render_fsdp_and_parallel_folding() -> None:
     assert "--use-megatron-fsdp" in args and "--use-distributed-optimizer" not in args
     assert args[args.index("--expert-model-parallel-size") + 1] == "8"
     assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"  # ep spans tp ranks
+
+
+# --- one object answers every backend question (issue 20) ---------------------------------------
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
+# A behaviour chosen by comparing the backend's name (==, !=, in (...)), outside launcher/backends/.
+NAME_BRANCH = re.compile(r"backend\.name\s*(==|!=|\bin\b|\bnot in\b)|==\s*cfg\.backend\.name")
+
+
+def test_nothing_outside_the_backends_branches_on_a_backend_name() -> None:
+    found = [
+        f"{path.relative_to(LAUNCHER.parent)}:{n}: {line.strip()}"
+        for path in sorted(LAUNCHER.rglob("*.py"))
+        if "backends" not in path.relative_to(LAUNCHER).parts
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if NAME_BRANCH.search(line)
+    ]
+    assert found == []
+
+
+def test_the_backend_choices_are_the_backend_modules() -> None:
+    assert CHOICES["backend.name"] == tuple(all_backends())
+    for name, backend in all_backends().items():
+        assert backend.name == name
+
+
+def test_engine_and_artifact_names_resolve() -> None:
+    for backend in all_backends().values():
+        # Each rank runs llmtrain's engine or the backend's own script, not both, not neither.
+        assert bool(backend.engine) != bool(backend.entry), backend.name
+        if backend.engine:
+            module, _, cls = backend.engine.partition(":")
+            source = LAUNCHER.parent / (module.replace(".", "/") + ".py")
+            assert f"class {cls}(" in source.read_text(), backend.engine
+        assert set(backend.artifacts) <= set(BACKEND_FILES), backend.name
+
+
+def test_behaviour_comes_from_the_backend() -> None:
+    torch_fp8 = compose_config(["recipe=llama3-8b", "precision=fp8"]).config
+    megatron_fp8 = compose_config(["recipe=llama3-8b", "precision=fp8", "backend=megatron"]).config
+    assert fp8_weight_copy_bytes(torch_fp8) == 0.0
+    assert fp8_weight_copy_bytes(megatron_fp8) == 2.0
+    assert attention_kernel(torch_fp8) == "sdpa" and attention_kernel(megatron_fp8) == "te"
+    zero3 = compose_config(["recipe=llama3-8b", "zero.stage=3"]).config
+    ds_zero3 = compose_config(["recipe=llama3-8b", "zero.stage=3", "backend=deepspeed"]).config
+    assert bytes_per_param(zero3).weights == 4.0 and bytes_per_param(ds_zero3).weights == 2.0
+    assert backend_of(megatron_fp8).env(compose_config(["parallel.tp=2"]).config) == {
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1"
+    }

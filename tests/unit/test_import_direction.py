@@ -1,6 +1,7 @@
 """The package's import graph, read from the source (ast, every import statement, also those inside
 functions): plan/ never imports validate/ or search/; render/ never imports train/; no import
-cycle between launcher's top-level subpackages."""
+cycle between launcher's top-level subpackages, nor between any two modules; and no import runs
+back up the layers (LAYERS, lowest first)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,109 @@ def test_the_graph_is_read() -> None:
     found = set(imports())
     assert ("launcher/cli.py", "launcher.search.layouts") in found
     assert ("launcher/search/layouts.py", "launcher.validate.rules") in found
+
+
+# The layers of the flow, lowest first: a module imports only from layers below its own (or from
+# its own subpackage). compose -> validate -> plan -> render -> launch -> train reads, as modules:
+# the schema and its helpers, the backends' tables and the data formats, the planner, the rules
+# and the renderers (beside each other), the search, the training runtime (the ranks: it uses
+# render's ds_config and export's formats), the launchers (which check the runtime's
+# preconditions), the verdict, the views, the CLI.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("health", "orphans", "runfiles"),
+    ("__init__", "errors", "fsio", "resources", "rundir"),
+    ("outputs",),
+    ("config",),
+    ("backends", "data"),
+    ("plan",),
+    ("validate", "render", "export"),
+    ("search",),
+    ("train",),
+    ("launch",),
+    ("verdict",),
+    ("views",),
+    ("cli_hints",),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def unit(module_or_file: str) -> str:
+    """The subpackage or top-level module (launcher/cli.py: cli; launcher.plan.memory: plan)."""
+    parts = module_or_file.replace("/", ".").removesuffix(".py").split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_no_import_runs_back_up_the_layers() -> None:
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    found = {
+        unit(str(p.relative_to(ROOT.parent))) for p in ROOT.iterdir() if p.name != "__pycache__"
+    }
+    assert found - set(rank) == set(), "place each new subpackage or module in LAYERS"
+    upward = sorted(
+        (f, m)
+        for f, m in imports()
+        if unit(f) != unit(m) and rank.get(unit(m), -1) >= rank[unit(f)]
+    )
+    assert upward == []
+
+
+def modules_graph() -> dict[str, set[str]]:
+    """module -> the launcher modules it imports (a package's __init__ by the package's name)."""
+
+    def name(path: Path) -> str:
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name(p) for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for f, m in imports():
+        a = name(ROOT.parent / f)
+        if m in modules and m != a:
+            graph.setdefault(a, set()).add(m)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_cycle_between_modules() -> None:
+    assert cycles(modules_graph()) == []
+
+
+def test_cycles_are_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}}) == []
 
 
 def module_of(name: str) -> str | None:

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from launcher.plan.document import PlanFigures
 from launcher.train.policy import CheckpointPolicy
 
 pytestmark = pytest.mark.unit
@@ -38,7 +39,7 @@ def test_every_minutes_from_the_last_save() -> None:
 
 def test_young_daly_is_the_default_when_nothing_is_set() -> None:
     clock = Clock()
-    plan = {"checkpoint": {"interval_s": 1800.0}}
+    plan = PlanFigures.from_json({"checkpoint": {"interval_s": 1800.0}})
     unset = SimpleNamespace(every_steps=None, every_minutes=None)
     policy = CheckpointPolicy.from_config(unset, plan, total_steps=1000)
     policy.clock = clock
@@ -53,6 +54,8 @@ def test_young_daly_is_the_default_when_nothing_is_set() -> None:
     assert CheckpointPolicy.from_config(explicit, plan, 1000).young_daly_s is None
     # A plan without a finite interval (no failures modelled) gives none.
     assert (
-        CheckpointPolicy.from_config(unset, {"checkpoint": {"interval_s": None}}, 10).interval_s
+        CheckpointPolicy.from_config(
+            unset, PlanFigures.from_json({"checkpoint": {"interval_s": None}}), 10
+        ).interval_s
         is None
     )

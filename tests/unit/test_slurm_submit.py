@@ -133,6 +133,7 @@ def test_render_writes_every_artifact(tmp_path: Path) -> None:
     names = {p.name for p in (tmp_path / "out").iterdir()}
     assert names == {
         "config.yaml",
+        "plan.json",
         "ds_config.json",
         "launch.sh",
         "job.sbatch",
@@ -159,7 +160,14 @@ def test_render_again_replaces_the_earlier_files(tmp_path: Path) -> None:
     again = llmtrain(tmp_path, "render", *TWO_NODES, "backend=torch", "--out", "out", path=path)
     assert again.returncode == 0, again.stderr
     names = {p.name for p in (tmp_path / "out").iterdir()}
-    assert names == {"config.yaml", "launch.sh", "job.sbatch", "hostfile", "megatron_args.txt"}
+    assert names == {
+        "config.yaml",
+        "plan.json",
+        "launch.sh",
+        "job.sbatch",
+        "hostfile",
+        "megatron_args.txt",
+    }
     assert "name: torch" in (tmp_path / "out" / "config.yaml").read_text()
 
 

@@ -1,0 +1,206 @@
+"""The plan document (plan.json): what `plan --json` prints and what `run` / `submit` write into
+the run directory, and its typed reader for the training runtime (``PlanFigures``).
+
+Defined here, beside the planner and below launch/ and train/: ``launch`` writes it, ``train``
+reads the figures it compares against (predicted step time and memory, the Young/Daly checkpoint
+interval, FLOPs per token, the peak MFU divides by) without importing the views.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.backends.engine_choices import engine_json
+from launcher.plan.bands import ErrorBand
+from launcher.plan.planner import Plan
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """The public, stable document: the keys listed in issue 3, plus extras."""
+    mem = plan.memory
+    h = mem.heaviest
+    t = plan.time
+    tot = plan.totals
+    return {
+        "model": {
+            "name": plan.config.model.name,
+            "total_params": plan.total_params,
+            "active_params": plan.active_params,
+        },
+        "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
+        "backend": plan.config.backend.name,
+        "engine": engine_json(plan.config),
+        "layout": {
+            "world_size": plan.layout.world_size,
+            "tp": plan.layout.tp,
+            "pp": plan.layout.pp,
+            "vpp": plan.layout.vpp,
+            "cp": plan.layout.cp,
+            "ep": plan.layout.ep,
+            "dp": plan.layout.dp,
+            "micro_batch_size": plan.layout.micro_batch_size,
+            "global_batch_size": plan.layout.global_batch_size,
+            "grad_accum": plan.layout.grad_accum,
+        },
+        "memory": {
+            "weights_bytes": int(h.weights),
+            "gradients_bytes": int(h.gradients),
+            "optimizer_bytes": int(h.optimizer),
+            "activations_bytes": int(h.activations),
+            "buffers_bytes": int(h.buffers),
+            "overhead_bytes": int(h.overhead),
+            "allocated_bytes": int(h.allocated),
+            "reserved_bytes": int(h.reserved),
+            "device_bytes": int(h.device_total),
+            "capacity_bytes": int(mem.capacity),
+            "usable_bytes": int(mem.usable),
+            "headroom": mem.headroom,
+            "fits": mem.fits,
+            "verdict": mem.verdict,
+            "error_band": _band_json(plan.memory_band),
+            "heaviest_stage": h.stage,
+            "host_bytes_per_gpu": int(h.host_bytes),
+            "host_bytes_per_node": int(h.host_bytes * plan.hardware.gpus_per_node),
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "layers": s.layers,
+                    "in_flight": s.in_flight,
+                    "allocated_bytes": int(s.allocated),
+                    "device_bytes": int(s.device_total),
+                }
+                for s in mem.stages
+            ],
+        },
+        "flops": {
+            "per_token_model": plan.flops.model,
+            "per_token_hardware": plan.flops.hardware,
+            "per_token_executed": plan.flops.executed,
+        },
+        "time": {
+            "step_s": t.step_s,
+            "error_band": _band_json(plan.time_band),
+            "pricing": pricing_json(plan),
+            "tokens_per_s": t.tokens_per_s,
+            "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+            "tflops_per_gpu": t.tflops_per_gpu,
+            "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
+            "mfu": t.mfu,
+            "hfu": t.hfu,
+            "bubble_fraction": t.bubble_fraction,
+            "compute_s": t.compute_s,
+            "bubble_s": t.bubble_s,
+            "exposed_comm_s": t.exposed_comm_s,
+            "optimizer_s": t.optimizer_s,
+            "collectives": [
+                {
+                    "name": c.name,
+                    "kind": c.kind,
+                    "group": c.group,
+                    "group_size": c.group_size,
+                    "message_bytes": int(c.message_bytes),
+                    "calls_per_step": c.calls_per_step,
+                    "bus_gbps": c.bus_gbps,
+                    "time_s": c.time_s,
+                    "exposed_s": c.exposed_s,
+                }
+                for c in t.collectives
+            ],
+        },
+        "totals": {
+            "steps": tot.steps,
+            "train_s": tot.train_s,
+            "gpu_hours": tot.gpu_hours,
+            "cost_usd": tot.cost_usd,
+            "expected_interruptions": tot.expected_interruptions,
+            "lost_fraction": tot.lost_fraction,
+            "expected_wall_s": tot.expected_wall_s if math.isfinite(tot.expected_wall_s) else None,
+        },
+        "checkpoint": {
+            "size_bytes": int(tot.checkpoint_bytes),
+            "write_s": tot.checkpoint_write_s,
+            "interval_s": _finite(tot.checkpoint_interval_s),
+            "mtbf_s": _finite(tot.mtbf_s),
+        },
+        "fixes": [
+            {"overrides": list(f.overrides), "device_bytes": int(f.device_bytes)}
+            for f in plan.fixes
+        ],
+        "assumptions": list(plan.assumptions),
+    }
+
+
+def pricing_json(plan: Plan) -> dict[str, Any]:
+    """time.pricing: the source of each part of the step time (profile or catalog)."""
+    p = plan.profile
+    return {
+        "source": "profile" if p is not None else "published figures",
+        "profile": None
+        if p is None
+        else {"path": p.path, "origin": p.origin, "created": p.created, "device": p.device},
+        "parts": dict(plan.sources) if plan.sources else None,
+        "note": plan.profile_note,
+    }
+
+
+def _band_json(band: ErrorBand | None) -> dict[str, object] | None:
+    if band is None:
+        return None
+    return {
+        "typical": band.typical,
+        "worst": band.worst,
+        "rows": band.rows,
+        "regime": band.regime,
+        "method": band.source,
+    }
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """The figures of plan.json the trainer uses; each None when the document lacks it (a run
+    directory written without a plan, or by an older llmtrain)."""
+
+    step_s: float | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    checkpoint_interval_s: float | None = None
+    flops_per_token: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+
+    @property
+    def peak_flops(self) -> float | None:
+        """Peak FLOP/s per device exactly as `plan` divided by for its MFU (mfu = tflops_per_gpu /
+        peak), so measured and predicted MFU share one denominator."""
+        if self.tflops_per_gpu is None or self.mfu is None or self.mfu <= 0:
+            return None
+        return self.tflops_per_gpu * 1e12 / self.mfu
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> PlanFigures:
+        def number(section: str, key: str) -> float | None:
+            part = doc.get(section)
+            value = part.get(key) if isinstance(part, dict) else None
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                return None
+            return float(value) if math.isfinite(value) else None
+
+        def whole(section: str, key: str) -> int | None:
+            value = number(section, key)
+            return None if value is None else int(value)
+
+        return cls(
+            step_s=number("time", "step_s"),
+            allocated_bytes=whole("memory", "allocated_bytes"),
+            reserved_bytes=whole("memory", "reserved_bytes"),
+            checkpoint_interval_s=number("checkpoint", "interval_s"),
+            flops_per_token=number("flops", "per_token_model"),
+            tflops_per_gpu=number("time", "tflops_per_gpu"),
+            mfu=number("time", "mfu"),
+        )
