@@ -155,6 +155,10 @@ def _verdict(command: str, overrides: list[str], *, force: bool, as_json: bool) 
         document["script"] = files.get(script)
         if plan_doc is not None:
             document["plan"] = plan_doc
+        if not as_json and verdict.plan is not None:
+            from launcher.views.plan import plan_headline
+
+            out.print(plan_headline(verdict.plan))
         if not as_json and script in files:
             out.print(Text(f"--- {script} (in {run_dir}, the run directory it would use) ---"))
             out.file.write(files[script])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from launcher.backends import launch_refusal, planning_preset_needs, runnable_by
 from launcher.config.compose import Composed, compose_config
@@ -118,7 +119,9 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     cfg = composed.config
     notes: list[str] = []
     if any(v.is_error for v in violations):
-        return Verdict(overrides, composed, tuple(violations))
+        return Verdict(
+            overrides, composed, tuple(violations), tuple(agreed_values(cfg, violations))
+        )
     preset = launch_refusal(cfg)
     if preset:
         notes.append(f"planning preset: run/submit need {planning_preset_needs(cfg)} ({preset})")
@@ -130,6 +133,40 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     for command, problems in refusals.items():
         notes += [f"`llmtrain {command}` would refuse: {p}" for p in problems if p != preset]
     return Verdict(overrides, composed, tuple(violations), tuple(notes), refusals, plan)
+
+
+# Degrees several rules judge at once; each rule names the values it accepts, and the verdict adds
+# the values every rule accepts (parallel.tp=6 on llama3-8b: world size, heads, kv heads and the
+# MLP width each gave a list of their own).
+CONSOLIDATED = ("parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.vpp")
+_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+def agreed_values(cfg: LLMTrainConfig, violations: Sequence[Violation]) -> list[str]:
+    """One note per degree that two or more errors name: the values of it (others unchanged)
+    with which no rule reports an error naming it."""
+    notes = []
+    for key in CONSOLIDATED:
+        naming = [v for v in violations if v.is_error and key in v.keys]
+        if len(naming) < 2:
+            continue
+        name = key.split(".")[1]
+        current = getattr(cfg.parallel, name)
+        good = []
+        for value in _CANDIDATES:
+            if value == current:
+                continue
+            changes: dict[str, Any] = {name: value}
+            trial = replace(cfg, parallel=replace(cfg.parallel, **changes))
+            if not any(v.is_error and key in v.keys for v in check(trial)):
+                good.append(str(value))
+        rules = ", ".join(dict.fromkeys(v.rule for v in naming))
+        answer = ", ".join(good) if good else f"none of {', '.join(map(str, _CANDIDATES))}"
+        notes.append(
+            f"{key}={current}: {len(naming)} errors above ({rules}); valid {name} with every "
+            f"rule: {answer}"
+        )
+    return notes
 
 
 BACKEND_RULE = "backend-capabilities"

@@ -383,12 +383,18 @@ def world_size_rule(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     others = p.pp * p.cp
     valid_tp = [t for t in divisors(world) if world % (t * others) == 0]
     tp_hint = f"valid tp with pp={p.pp}, cp={p.cp}: {_join(valid_tp)}; " if valid_tp else ""
+    if c.num_nodes == 1:
+        # One machine (a laptop's CPU processes, one GPU node): more processes on it, not nodes.
+        per_node = math.lcm(model_parallel, c.gpus_per_node)
+        more = f"or cluster.gpus_per_node={per_node} (processes or GPUs on this one node)"
+    else:
+        more = f"or use a multiple of {nodes_ok} nodes"
     return [
         _error(
             "world-size",
             ("parallel.tp", "parallel.pp", "parallel.cp", "cluster.num_nodes"),
             f"tp={p.tp} x pp={p.pp} x cp={p.cp} = {model_parallel} does not divide the world size "
-            f"{where}, so dp cannot be inferred; {tp_hint}or use a multiple of {nodes_ok} nodes",
+            f"{where}, so dp cannot be inferred; {tp_hint}{more}",
         )
     ]
 

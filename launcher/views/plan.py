@@ -98,6 +98,19 @@ DETAIL_HINT = (
 )
 
 
+def plan_headline(plan: Plan) -> str:
+    """The plan in one sentence (`run --dry-run`, `submit --dry-run`): verdict, memory of the
+    heaviest rank, step time, throughput and MFU."""
+    mem, t = plan.memory, plan.time
+    verdict = {"fits": "fits", "tight": "tight", "does_not_fit": "does not fit"}[mem.verdict]
+    return (
+        f"[bold]plan[/]: {verdict}, {_gib(mem.heaviest.device_total)} of {_gib(mem.capacity)} "
+        f"per device (stage {mem.heaviest.stage}, {mem.headroom:.0%} headroom); step "
+        f"{_dur(t.step_s)}, {t.tokens_per_s:,.0f} tokens/s, MFU {t.mfu:.1%} "
+        f"(backend={plan.config.backend.name}; `llmtrain plan` for the rest)"
+    )
+
+
 def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
     """The answer first, in about 25 lines at 80 columns: the verdict, the smallest changes that
     fit when it does not, memory, time, throughput, cost. `detail` adds the tables behind it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -119,3 +120,20 @@ def test_plan_refuses_an_invalid_layout_but_search_takes_it() -> None:
     assert bad.returncode == 2 and "valid tp" in bad.stderr
     searched = runner.invoke(app, ["plan", "--search", "recipe=llama3-8b", "parallel.tp=6"])
     assert searched.exit_code in (0, 2), searched.output
+
+
+def test_run_dry_run_answers_with_the_plan_and_the_folder_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the script: the plan's verdict, memory, step time and MFU, then the run directory
+    # it would use (not a RUN_DIR placeholder); --json carries both, and nothing is written.
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run", "--dry-run", "train.steps=5"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("plan: fits, ") and "MFU" in result.output
+    assert f"(in {tmp_path}/runs/tiny-" in result.output and "RUN_DIR" not in result.output
+    doc = json.loads(runner.invoke(app, ["run", "--dry-run", "--json"]).output)
+    assert doc["run_dir"].startswith(f"{tmp_path}/runs/tiny-")
+    assert doc["plan"]["memory"]["verdict"] == "fits" and doc["plan"]["time"]["mfu"] > 0
+    assert not (tmp_path / "runs").exists()

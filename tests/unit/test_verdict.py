@@ -240,3 +240,22 @@ def test_plan_predicts_a_layout_the_backend_refuses_with_one_that_runs_it() -> N
     # Arithmetic errors are never planned around, whatever another backend runs.
     code, doc = invoke(["plan"], (*base, "train.global_batch_size=2047"))
     assert code == 2 and "time" not in doc
+
+
+def test_one_consolidated_answer_per_degree() -> None:
+    # llama3-8b on 512 GPUs at tp=6: world size, query heads, kv heads and the MLP width each
+    # refuse it with their own list; the verdict adds the values every rule accepts: the
+    # divisors of 32 heads that also divide 8 kv heads (or are divided by them), 14336 and 512.
+    verdict = assess(["recipe=llama3-8b", "parallel.tp=6"])
+    assert len([v for v in verdict.errors if "parallel.tp" in v.keys]) >= 3
+    (note,) = [n for n in verdict.notes if n.startswith("parallel.tp=6")]
+    assert note.endswith("valid tp with every rule: 1, 2, 4, 8, 16, 32"), note
+
+
+def test_one_node_advice_is_processes_not_nodes() -> None:
+    # On one CPU machine tp=2 with one process: more processes on this node, not "2 nodes".
+    (error,) = [v for v in assess(["parallel.tp=2"]).errors if v.rule == "world-size"]
+    assert (
+        "cluster.gpus_per_node=2" in error.message
+        and "nodes" not in error.message.split("or cluster")[1].split("(")[0]
+    )
