@@ -17,6 +17,7 @@ on CPU (DeepSpeed's CPU accelerator refuses it).
 from __future__ import annotations
 
 from launcher.backends.common import Backend, Refusal
+from launcher.backends.engine_choices import chunked_loss_elsewhere
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.config.layout import Layout, split_keys
 from launcher.config.pipeline_split import SPLIT_KEYS
@@ -85,6 +86,17 @@ def _fp16_on_cpu(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
     )
 
 
+def _compile_requested(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
+    if not cfg.backend.compile:
+        return None
+    return Refusal(
+        ("backend.compile",),
+        "backend.compile=true with backend=deepspeed: llmtrain's DeepSpeed engine runs the model "
+        "eager (it has no compile path), so the setting would be ignored; leave backend.compile "
+        "unset (null) or false, or use backend=torch to compile each block",
+    )
+
+
 BACKEND = Backend(
     name="deepspeed",
     summary=(
@@ -126,6 +138,8 @@ BACKEND = Backend(
         _zero_2_or_3_with_pipeline,
         _tensor_parallel_with_pipeline,
         _fp16_on_cpu,
+        _compile_requested,
+        chunked_loss_elsewhere,
     ),
     engine="launcher.train.engines.deepspeed_engine:DeepSpeedEngine",
     artifacts=("ds_config.json",),

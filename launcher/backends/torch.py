@@ -14,6 +14,11 @@ from dataclasses import replace
 from typing import Any
 
 from launcher.backends.common import Backend, Refusal, device_of, precision_of
+from launcher.backends.engine_choices import (
+    FP8_EAGER_NOTE,
+    chunked_loss_elsewhere,
+    compile_in_force,
+)
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
@@ -90,11 +95,17 @@ def _cp_with_pp_mla_or_compile(cfg: LLMTrainConfig, layout: Layout) -> Refusal |
             f"parallel.cp={p.cp} with multi-head latent attention: the torch backend's ring "
             "attention covers standard attention only; use parallel.cp=1",
         )
-    if cfg.backend.compile:
+    compile_on, why = compile_in_force(cfg)
+    if compile_on:
+        fix = (
+            "set backend.compile=false"
+            if cfg.backend.compile
+            else "use precision=bf16 (fp8 runs compiled; eager fp8 is slower than bf16)"
+        )
         return Refusal(
             ("parallel.cp", "backend.compile"),
-            f"parallel.cp={p.cp} with backend.compile=true: ring attention is not compiled by "
-            "the torch backend; set backend.compile=false, or parallel.cp=1",
+            f"parallel.cp={p.cp} with blocks compiled ({why}): ring attention is not compiled "
+            f"by the torch backend; {fix}, or parallel.cp=1",
         )
     return None
 
@@ -196,14 +207,23 @@ def _fp8(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
             "with emulated matmuls: numerics only, no speedup)",
         )
     if (cfg.model.num_experts or 0) > 1:
-        # Measured: llmtrain runs every expert on every step, also on zero tokens, and torchao's
-        # tensorwise scale of an empty input fails (amax of an empty tensor).
+        # The routed experts run as grouped GEMMs on stacked weights (launcher/train/experts.py),
+        # which torchao's float8 linear conversion does not reach; converting only the attention
+        # would leave the larger share of the FLOPs in bf16 under an "fp8" label.
         return Refusal(
             ("model.num_experts", "precision"),
-            "precision=fp8 with a mixture-of-experts model: torchao's float8 layers cannot scale "
-            "an expert's empty token batch (amax of an empty tensor), which dropless routing "
-            "produces; use precision=bf16 for MoE models, or a dense model "
+            "precision=fp8 with a mixture-of-experts model: the experts run as grouped GEMMs in "
+            "bf16, which torchao's float8 linear layers do not cover (and per-expert float8 "
+            "layers cannot scale an expert's empty token batch, which dropless routing "
+            "produces); use precision=bf16 for MoE models, or a dense model "
             "(model.num_experts=null) with fp8",
+        )
+    if cfg.backend.compile is False and not prec.fp8_emulate:
+        return Refusal(
+            ("backend.compile", "precision"),
+            "precision=fp8 with backend.compile=false: eager fp8 is slower than bf16 "
+            f"({FP8_EAGER_NOTE}); leave backend.compile unset (null: fp8 compiles each block) "
+            "or set it to true, or use precision=bf16 for an eager run",
         )
     if device_of(cfg) == "cpu" and cfg.parallel.sequence_parallel and cfg.parallel.tp > 1:
         # Measured: Float8RowwiseParallel's backward all-gathers e5m2 gradients over the
@@ -261,6 +281,7 @@ BACKEND = Backend(
         _ep_with_pp_cp_or_sharding,
         _loss_scaling_with_pipeline,
         _fp8,
+        chunked_loss_elsewhere,
     ),
     engine="launcher.train.engines.torch_engine:TorchEngine",
     fp8_package="torchao",

@@ -131,6 +131,9 @@ class PrecisionConfig:
     # With fp8: emulate the fp8 matmuls in higher precision (torchao's Float8LinearConfig(emulate=
     # True)): the fp8 casts and scaling numerics on any device (CPU included), no speedup.
     fp8_emulate: bool = False
+    # torchao float8 scaling: tensorwise (one scale per tensor; fastest) | rowwise (one scale per
+    # row; more accurate, slower casts; no fp8 all-gather under FSDP2).
+    fp8_recipe: str = "tensorwise"
     # With fp8 (backend=megatron, --fp8-param-gather): the compute weights kept in fp8 only (no
     # bf16 copy) and all-gathered in fp8 (launcher/backends/fp8_params.py).
     fp8_param_gather: bool = False
@@ -147,6 +150,9 @@ class TrainConfig:
     steps: int | None = 100
     tokens: int | None = None
     recompute: str = "none"  # none | selective | full
+    # The loss over chunks of tokens, never the full fp32 logits (backend=torch with tp=1, pp=1;
+    # launcher/train/chunked_loss.py). null: wherever it applies; false: full logits.
+    chunked_loss: bool | None = None
     seed: int = 1234
     log_every: int = 1
     # A rank that makes no progress (a step or checkpoint) for this long is declared hung and the
@@ -238,7 +244,10 @@ class BackendConfig:
     reduce_bucket_size: int = 25_000_000
     allgather_bucket_size: int = 25_000_000
     overlap_comm: bool = True
-    compile: bool = False
+    # torch.compile each transformer block (backend=torch). null: the backend's default (on for
+    # precision=fp8 on a GPU, off otherwise; launcher/backends/engine_choices.py); true / false:
+    # as set.
+    compile: bool | None = None
     # Overlap tensor-parallel collectives with the linear layers' GEMMs: Megatron-core's
     # --tp-comm-overlap (Transformer Engine userbuffers) or torchtitan's async TP.
     tp_comm_overlap: bool = False
@@ -354,6 +363,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "zero.offload_optimizer": ("none", "cpu"),
     "zero.offload_params": ("none", "cpu"),
     "precision.name": ("bf16", "fp16", "fp32", "fp8"),
+    "precision.fp8_recipe": ("tensorwise", "rowwise"),
     "precision.compute_dtype": ("fp32", "bf16", "fp16"),
     "precision.grad_dtype": ("fp32", "bf16", "fp16"),
     "precision.loss_scaling": ("none", "dynamic"),

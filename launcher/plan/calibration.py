@@ -182,8 +182,13 @@ def _cfg(
         ),
         zero=ZeroConfig(stage=zero),
         precision=prec,
+        # Published runs materialize the full logits (llmtrain's chunked loss is its own).
         train=TrainConfig(
-            micro_batch_size=mbs, global_batch_size=gbs, steps=1, recompute=recompute
+            micro_batch_size=mbs,
+            global_batch_size=gbs,
+            steps=1,
+            recompute=recompute,
+            chunked_loss=False,
         ),
         cluster=ClusterConfig(name=gpu, gpu=gpu, num_nodes=max(1, gpus // gpn), gpus_per_node=gpn),
         backend=BackendConfig(

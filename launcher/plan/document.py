@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.backends.engine_choices import engine_json
 from launcher.plan.bands import ErrorBand
 from launcher.plan.planner import Plan
 
@@ -34,6 +35,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         },
         "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
         "backend": plan.config.backend.name,
+        "engine": engine_json(plan.config),
         "layout": {
             "world_size": plan.layout.world_size,
             "tp": plan.layout.tp,

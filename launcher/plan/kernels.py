@@ -44,6 +44,7 @@ import functools
 from dataclasses import dataclass
 
 from launcher.backends.common import backend_of
+from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
@@ -266,8 +267,8 @@ def stage_parts(
         moe_layers=moe_layers,
         head=head,
         recompute=cfg.train.recompute,
-        # Megatron's hand-fused element-wise kernels count as compiled (module docstring).
-        compile=cfg.backend.compile or backend_of(cfg).fused_elementwise,
+        # As the engine runs (engine_choices); Megatron's hand-fused kernels count as compiled.
+        compile=compile_in_force(cfg)[0],
         m_limit=m_limit,
     )
     return _parts(key)

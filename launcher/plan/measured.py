@@ -17,6 +17,7 @@ fp8 linear layers are priced from the catalog (calibrate times the compute dtype
 
 from __future__ import annotations
 
+from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import constants
@@ -102,7 +103,7 @@ def stage_parts(
         layer = elementwise_bytes(ops, DTYPE_BYTES[cfg.precision.compute_dtype])
         fwd_b, bwd_b = per_byte
         bytes_s = (dense_layers + moe_layers) * layer * (fwd_b * (1 + e_x) + bwd_b)
-        if cfg.backend.compile:
+        if compile_in_force(cfg)[0]:  # as the engine runs (fp8 compiles by default)
             bytes_s *= constants("default").compile_bytes
     return ComputeParts(linear_s, other_s, attention_s, bytes_s)
 
@@ -139,7 +140,7 @@ def coverage(cfg: LLMTrainConfig, layout: Layout, rates: Rates) -> dict[str, str
         out["elementwise"] = "catalog (not measured)"
     else:
         out["elementwise"] = "profile" + (
-            " x compile_bytes (fitted)" if cfg.backend.compile else ""
+            " x compile_bytes (fitted)" if compile_in_force(cfg)[0] else ""
         )
     out["loss"] = "profile" if rates.loss else "catalog (not measured)"
     out["optimizer"] = (

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.backends.common import backend_of
+from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight
 from launcher.config.schema import LLMTrainConfig
@@ -217,7 +218,15 @@ def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
     (dtype + 4 + 4) / tp / cp (vocab-parallel cross-entropy, Megatron)."""
     m = cfg.model
     tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
-    per = DTYPE_BYTES[cfg.precision.compute_dtype] + 8.0
+    dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
+    per = dtype + 8.0
+    if engine_choices(cfg).chunked_loss:
+        # launcher/train/chunked_loss.py: one chunk's logits at a time (the same 10 bytes per
+        # logit), plus the gradients it computes in forward and keeps for backward: the input's
+        # [tokens, h] in the compute dtype and the head weight's [V, h] in fp32.
+        chunk = min(tokens, loss_chunk_tokens(m.vocab_size))
+        held = tokens * m.hidden_size * dtype + m.vocab_size * m.hidden_size * 4.0
+        return chunk * m.vocab_size * per + held
     return tokens * m.vocab_size * per / max(1, layout.tp)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
@@ -224,8 +225,14 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "Selective recompute: with eager attention recompute the attention core (Korthikanti); "
         "with flash, PyTorch op-level SAC (every other matmul output saved).",
         "Full recompute keeps each layer's input plus one layer's activations while recomputing.",
-        "Last stage holds the logits for one micro-batch: compute dtype + fp32 copy + fp32 softmax "
-        "(10 bytes per logit in bf16), split over tp.",
+        (
+            "Loss chunked (train.chunked_loss): one chunk of tokens' logits at a time (10 bytes "
+            "per logit in bf16) plus the gradients it keeps for backward (input [tokens, h], "
+            "head weight [V, h] fp32)."
+            if engine_choices(cfg).chunked_loss
+            else "Last stage holds the logits for one micro-batch: compute dtype + fp32 copy + "
+            "fp32 softmax (10 bytes per logit in bf16), split over tp."
+        ),
         "1F1B: stage i holds min(m, pp - i) micro-batches; gpipe all m; interleaved per Megatron.",
         "Model FLOPs: 6 x matmul params (active experts, output head, no embedding lookup) + "
         "12 l h s attention (PaLM appendix B; full s x s, not halved for the causal mask).",
@@ -259,6 +266,7 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "Train time, GPU-hours and cost count training steps only; 'expected wall time' adds "
         "checkpoint writes and work redone after failures (train time / (1 - time lost)).",
     ]
+    out += [f"Engine: {line}." for line in engine_choices(cfg).lines()]
     if cfg.precision.fp8 and cfg.precision.fp8_emulate:
         out.append(
             "fp8 emulated (precision.fp8_emulate): GEMMs at the compute dtype's peak; the fp8 "

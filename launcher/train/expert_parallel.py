@@ -7,8 +7,10 @@ capacity factor). Each ep rank holds experts [rank * E/ep, (rank + 1) * E/ep). P
 1. sort this rank's assignments by expert (stable, so token order is kept within an expert);
 2. exchange the per-expert counts (one ``all_to_all_single`` of E integers);
 3. send the tokens (``all_to_all_single`` with the counts as split sizes, differentiable: its
-   backward is the reverse exchange), run each local expert on what it received;
-4. send the outputs back the same way, weight them by their gates and add them up per token.
+   backward is the reverse exchange), sort what arrived by local expert and run the local experts
+   on it as grouped GEMMs (``launcher.train.experts``);
+4. send the outputs back the same way; the caller weights them by their gates and adds them up
+   per token.
 gloo has ``all_to_all_single`` on CPU, so this runs on the same collectives as NCCL.
 """
 
@@ -57,36 +59,46 @@ def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -
     return out
 
 
+def sort_by_expert(expert_of: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, counts): the stable permutation sorting `expert_of` [N] by expert (token order kept
+    within an expert) and the rows per expert [num_experts]."""
+    order = torch.argsort(expert_of, stable=True)
+    counts = torch.bincount(expert_of, minlength=num_experts)
+    return order, counts
+
+
+def inverse(order: torch.Tensor) -> torch.Tensor:
+    """The inverse of the permutation `order`."""
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel(), device=order.device)
+    return inv
+
+
 def dispatch_combine(
     flat: torch.Tensor,
     top_index: torch.Tensor,
-    gates: torch.Tensor,
-    experts: Callable[[int, torch.Tensor], torch.Tensor],
+    run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     num_experts: int,
     ep: ExpertParallel,
 ) -> torch.Tensor:
-    """The routed experts' output [T, h] for tokens `flat` [T, h] routed to `top_index` [T, k]
-    with weights `gates` [T, k]; ``experts(e, x)`` runs local expert `e` (a global index)."""
+    """The outputs [T*k, h] of the experts that tokens `flat` [T, h] are routed to by `top_index`
+    [T, k], in assignment order (row t*k + j: token t's j-th expert). ``run(x, counts)`` computes
+    this rank's E/ep experts on rows `x` sorted by local expert, `counts` rows each."""
     top_k = top_index.shape[1]
     per = num_experts // ep.size
-    expert_of = top_index.reshape(-1)
-    order = torch.argsort(expert_of, stable=True)
-    token_of = order // top_k
-    counts = torch.bincount(expert_of, minlength=num_experts)
+    order, counts = sort_by_expert(top_index.reshape(-1), num_experts)
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts, group=ep.group)
     send = counts.view(ep.size, per).sum(1).tolist()
     recv = recv_counts.view(ep.size, per).sum(1).tolist()
-    received = _all_to_all(flat[token_of], send, recv, ep.group)
-    # Received tokens come by source rank, then by expert: label each with its local expert.
+    received = _all_to_all(flat[order // top_k], send, recv, ep.group)
+    # Received rows come by source rank, then by expert: sort them by local expert (stable).
     local_id = torch.repeat_interleave(
-        torch.arange(per, device=flat.device).repeat(ep.size), recv_counts.to(flat.device)
+        torch.arange(per, device=flat.device).repeat(ep.size),
+        recv_counts.to(flat.device),
+        output_size=received.shape[0],
     )
-    out = torch.zeros_like(received)
-    first = ep.rank * per
-    for e in range(per):
-        rows = torch.nonzero(local_id == e).squeeze(1)
-        out = out.index_copy(0, rows, experts(first + e, received[rows]))
+    local_order, local_counts = sort_by_expert(local_id, per)
+    out = run(received[local_order], local_counts)[inverse(local_order)]
     back = _all_to_all(out, recv, send, ep.group)
-    weighted = back * gates.reshape(-1)[order, None]
-    return torch.zeros_like(flat).index_add(0, token_of, weighted)
+    return back[inverse(order)]

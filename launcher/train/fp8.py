@@ -1,33 +1,39 @@
 """fp8 training for the torch engine (``precision=fp8``): torchao's float8 linear layers.
 
-What is converted: the ``nn.Linear`` projections inside the transformer blocks, i.e. attention
-(wq wk wv wo, or MLA's wq/wq_a/wq_b/wkv_a/wkv_b/wo) and the MLP (w1 w2 w3). The token embedding
-and the output head stay in bf16, as torchtitan does (the vocabulary-sized head GEMM is the most
-sensitive to fp8 rounding). MoE models are refused (launcher/backends/torch.py: an expert given
-no tokens cannot be scaled). Each converted
-layer is torchao's ``Float8Linear`` with tensorwise dynamic scaling (``Float8LinearConfig()``, the
-"tensorwise" recipe): per GEMM, the input and weight are cast to e4m3 and the output gradient to
-e5m2, each with one scale = fp8 max / amax of the tensor (Micikevicius et al. 2022, "FP8 Formats
-for Deep Learning"). The weights stay plain tensors in the parameter dtype (fp32 masters), so
-optimizer, checkpoints and export see the same parameters as a bf16 run. Everything outside the
-converted GEMMs computes in bf16 (FSDP2's MixedPrecisionPolicy or ``torch.autocast``).
+What is converted: the ``nn.Linear`` projections inside the transformer blocks whose GEMM gains
+from fp8 by torchao's size rule (``launcher.backends.engine_choices.fp8_converts``, which `plan`
+states; all of them when emulated): attention (wq wk wv wo, or MLA's wq/wq_a/wq_b/wkv_a/wkv_b/wo)
+and the MLP (w1 w2 w3). The token embedding and the output head stay in bf16, as torchtitan does
+(the vocabulary-sized head GEMM is the most sensitive to fp8 rounding). MoE models are refused
+(launcher/backends/torch.py: the experts run as grouped GEMMs, not linear layers). Each converted
+layer is torchao's ``Float8Linear`` with dynamic scaling by ``precision.fp8_recipe``: tensorwise
+(``Float8LinearConfig()``: per GEMM, the input and weight cast to e4m3 and the output gradient to
+e5m2, each with one scale = fp8 max / amax of the tensor; Micikevicius et al. 2022, "FP8 Formats
+for Deep Learning") or rowwise (``Float8LinearConfig.from_recipe_name("rowwise")``: a scale per
+row, e4m3 throughout, power-of-2 scales). The weights stay plain tensors in the parameter dtype
+(fp32 masters), so optimizer, checkpoints and export see the same parameters as a bf16 run.
+Everything outside the converted GEMMs computes in bf16 (FSDP2's MixedPrecisionPolicy or
+``torch.autocast``). On a GPU the blocks are compiled by default (``backend.compile`` null):
+eager float8 runs its casts as separate kernels and was measured 2x slower than bf16.
 
 ``precision.fp8_emulate=true`` is torchao's ``Float8LinearConfig(emulate=True)``: the same casts
 and scales, with the fp8 matmul emulated in higher precision, so fp8 numerics can be checked on a
 CPU (no speedup anywhere). Real fp8 matmuls (``torch._scaled_mm``) need CUDA compute capability
 8.9 or newer (Ada, Hopper, Blackwell).
 
-With FSDP2 (zero.stage=2/3) the weights are all-gathered in fp8
+With FSDP2 (zero.stage=2/3) and tensorwise scaling the weights are all-gathered in fp8
 (``enable_fsdp_float8_all_gather``) and their scales computed for all layers in one all-reduce
 after each optimizer step (``precompute_float8_dynamic_scale_for_fsdp``), as torchao's float8
-README documents; with tensor parallel the converted layers take torchao's
-``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` in place of torch's styles.
+README documents (torchao supports it for tensorwise only); with tensor parallel the converted
+tensorwise layers take torchao's ``Float8ColwiseParallel`` / ``Float8RowwiseParallel``, the other
+layers (and rowwise, as torchtitan does) torch's styles.
 
 torchao is imported here only, inside the training processes (never by plan/validate/render).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,7 +43,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from launcher.backends.torch import FP8_DIM_MULTIPLE
+from launcher.backends.engine_choices import fp8_converts
 
 # Real fp8 matmuls need CUDA compute capability 8.9 (Ada) or newer.
 FP8_MIN_CAPABILITY = (8, 9)
@@ -76,38 +82,45 @@ def float8() -> ModuleType:
     return cast(ModuleType, module)
 
 
-def float8_config(*, emulate: bool, fsdp: bool) -> Any:
-    """Tensorwise dynamic scaling (torchao's default recipe); fp8 all-gather under FSDP2."""
-    return float8().Float8LinearConfig(emulate=emulate, enable_fsdp_float8_all_gather=fsdp)
-
-
-def is_block_projection(module: nn.Module, fqn: str) -> bool:
-    """The linears converted to fp8: those inside the transformer blocks (``layers.<i>.``)."""
-    return (
-        isinstance(module, nn.Linear)
-        and fqn.split(".")[0] == "layers"
-        and module.in_features % FP8_DIM_MULTIPLE == 0
-        and module.out_features % FP8_DIM_MULTIPLE == 0
-    )
-
-
-def convert(model: nn.Module, *, emulate: bool, fsdp: bool) -> list[str]:
-    """Swap the block projections of `model` for Float8Linear in place; return their names."""
+def float8_config(*, emulate: bool, fsdp: bool, recipe: str = "tensorwise") -> Any:
+    """torchao's config for `recipe` (tensorwise: ``Float8LinearConfig()``; rowwise: its
+    ``from_recipe_name("rowwise")``); fp8 all-gather under FSDP2 with tensorwise only (torchao
+    supports it for tensorwise scaling only)."""
     f8 = float8()
-    wanted = [
-        name
-        for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and name.split(".")[0] == "layers"
-    ]
-    f8.convert_to_float8_training(
+    if recipe == "rowwise":
+        return dataclasses.replace(
+            f8.Float8LinearConfig.from_recipe_name("rowwise"), emulate=emulate
+        )
+    return f8.Float8LinearConfig(emulate=emulate, enable_fsdp_float8_all_gather=fsdp)
+
+
+def _block_linear(module: nn.Module, fqn: str) -> bool:
+    return isinstance(module, nn.Linear) and fqn.split(".")[0] == "layers"
+
+
+def convert(
+    model: nn.Module, *, emulate: bool, fsdp: bool, recipe: str = "tensorwise"
+) -> list[str]:
+    """Swap the block projections of `model` that gain from fp8 (``engine_choices.fp8_converts``:
+    torchao's size rule; all of them when emulated) for Float8Linear in place; return their
+    names."""
+
+    def wanted(module: nn.Module, fqn: str) -> bool:
+        return _block_linear(module, fqn) and fp8_converts(
+            cast(nn.Linear, module).out_features,
+            cast(nn.Linear, module).in_features,
+            recipe,
+            emulate,
+        )
+
+    expected = [name for name, m in model.named_modules() if wanted(m, name)]
+    float8().convert_to_float8_training(
         model,
-        module_filter_fn=is_block_projection,
-        config=float8_config(emulate=emulate, fsdp=fsdp),
+        module_filter_fn=wanted,
+        config=float8_config(emulate=emulate, fsdp=fsdp, recipe=recipe),
     )
     converted = [name for name, m in model.named_modules() if is_float8_linear(m)]
-    # Invariant: validation refused every shape whose block projections do not divide by 16.
-    skipped = set(wanted) - set(converted)
-    assert not skipped, f"block projections left in bf16: {sorted(skipped)}"
+    assert converted == expected, f"float8 layers {converted}, expected {expected}"
     return converted
 
 
@@ -117,14 +130,37 @@ def is_float8_linear(module: nn.Module) -> bool:
     return isinstance(module, Float8Linear)
 
 
-def tp_styles() -> tuple[type[Any], type[Any]]:
-    """torchao's (Float8ColwiseParallel, Float8RowwiseParallel)."""
+def tp_styles(recipe: str) -> tuple[type[Any], type[Any]]:
+    """(colwise, rowwise) tensor-parallel styles that pick, per module, torchao's
+    Float8ColwiseParallel / Float8RowwiseParallel for a tensorwise Float8Linear (they cast the
+    activations with tensorwise scales) and torch's ColwiseParallel / RowwiseParallel otherwise
+    (bf16 layers, and the rowwise recipe, as torchtitan does)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+
     with _quiet_import():
         from torchao.float8.float8_tensor_parallel import (
             Float8ColwiseParallel,
             Float8RowwiseParallel,
         )
-    return Float8ColwiseParallel, Float8RowwiseParallel
+
+    def adaptive(fp8_style: type[Any], plain: type[Any]) -> type[Any]:
+        class Style(ParallelStyle):
+            def __init__(self, **kwargs: Any):
+                super().__init__()
+                self.kwargs = kwargs
+
+            def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+                use_fp8 = recipe == "tensorwise" and is_float8_linear(module)
+                style = (fp8_style if use_fp8 else plain)(**self.kwargs)
+                return cast(nn.Module, style._apply(module, device_mesh))
+
+        Style.__name__ = f"Adaptive{plain.__name__}"
+        return Style
+
+    return (
+        adaptive(Float8ColwiseParallel, ColwiseParallel),
+        adaptive(Float8RowwiseParallel, RowwiseParallel),
+    )
 
 
 def precompute_fsdp_scales(model: nn.Module) -> None:

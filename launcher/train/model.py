@@ -33,11 +33,14 @@ Choices worth knowing:
   resumed run draws the same masks as an uninterrupted one.
 - MoE: token-choice top-k, dropless; gate weights: a softmax over the k selected router logits
   (Mixtral style; DeepSeek-V3's sigmoid gating and its router bias are not modelled); no auxiliary
-  loss; experts run in a plain loop and every expert runs even on zero tokens, so all parameters
-  get a gradient (DDP needs no ``find_unused_parameters``). Under expert parallel
+  loss; the experts run as grouped GEMMs over tokens sorted by expert (``launcher.train.experts``:
+  ``torch._grouped_mm`` where the build has it, a padded ``bmm`` elsewhere; no loop over experts),
+  their weights stacked per forward, so every expert's parameters join the graph even on zero
+  tokens and all get a gradient (DDP needs no ``find_unused_parameters``). Under expert parallel
   (``apply_expert_parallel``) each rank keeps E/ep experts and tokens travel by all-to-all
   (``launcher.train.expert_parallel``). Under tensor parallel the engine shards each expert like
-  an MLP and replicates the router; the code here is unchanged (it sees local tensors).
+  an MLP and replicates the router; the experts then use their local shards and sum their output
+  over tp themselves (``launcher.train.experts``).
 - Context parallel (``apply_context_parallel``): positions and attention follow the rank's
   load-balanced chunks; attention is ring attention (``launcher.train.ring_attention``).
 - Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,
@@ -62,7 +65,9 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
-from launcher.train.expert_parallel import ExpertParallel, dispatch_combine
+from launcher.train.chunked_loss import chunked_cross_entropy
+from launcher.train.expert_parallel import ExpertParallel
+from launcher.train.experts import compute_dtype, routed, stack
 from launcher.train.ring_attention import ContextParallel
 
 ROPE_THETA = 10_000.0
@@ -306,6 +311,7 @@ class MoE(nn.Module):
         ffn = cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size
         self.top_k = cfg.moe_top_k or 1
         self.num_experts = experts
+        self.activation = cfg.activation
         self.expert_parallel: ExpertParallel | None = None
         self.router = nn.Linear(h, experts, bias=False)
         # Keyed by the global expert index (names as a ModuleList's); expert parallel ranks
@@ -322,22 +328,9 @@ class MoE(nn.Module):
         logits = _call(self.router, flat)
         top_logits, top_index = logits.topk(self.top_k, dim=-1)
         gates = top_logits.float().softmax(dim=-1).to(flat.dtype)
-        if self.expert_parallel is not None:
-            out = dispatch_combine(
-                flat,
-                top_index,
-                gates,
-                lambda e, tokens: _call(self.experts[str(e)], tokens),
-                self.num_experts,
-                self.expert_parallel,
-            )
-        else:
-            out = torch.zeros_like(flat)
-            for key, expert in self.experts.items():
-                token, slot = torch.where(top_index == int(key))
-                # Runs on zero tokens too: the expert's parameters join the graph (zero grads).
-                y = _call(expert, flat[token]) * gates[token, slot, None]
-                out = out.index_add(0, token, y)
+        # All local experts in one grouped GEMM per projection (launcher.train.experts).
+        weights = stack(list(self.experts.values()), self.activation, compute_dtype(flat))
+        out = routed(flat, top_index, gates, weights, self.expert_parallel, self.num_experts)
         for shared in self.shared_experts:
             out = out + _call(shared, flat)
         return out.view_as(x)
@@ -381,7 +374,8 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """Decoder-only transformer; any of its parts may be None on a pipeline stage.
 
-    forward(tokens [b, s] int) -> logits [b, s, V]. Partial models:
+    forward(tokens [b, s] int) -> logits [b, s, V]; forward(tokens, targets) -> the mean loss.
+    Partial models:
     - input: integer tokens are embedded when ``tok_embeddings`` is present; a floating-point input
       is taken as hidden states [b, s, h] (later pipeline stages; a tied last stage keeps
       ``tok_embeddings`` for its head and still receives hidden states);
@@ -394,6 +388,10 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.context_parallel: ContextParallel | None = None
+        # forward(tokens, targets): the loss over chunks of tokens (set by the engine where it
+        # applies; launcher.train.chunked_loss), tokens per chunk (None: its default).
+        self.chunked_loss = False
+        self.loss_chunk_tokens: int | None = None
         h = cfg.hidden_size
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, h)
         self.pos_embeddings: nn.Embedding | None = (
@@ -407,7 +405,21 @@ class Transformer(nn.Module):
             None if cfg.tie_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
         )
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def head_weight(self) -> torch.Tensor | None:
+        """The output layer's weight [V, h] (the embedding when tied), or None on a stage
+        without the head."""
+        if self.norm is None:
+            return None
+        if self.output is not None:
+            return self.output.weight
+        if self.config.tie_embeddings and self.tok_embeddings is not None:
+            return self.tok_embeddings.weight
+        return None
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [b, s, V] (or hidden states, see the class doc); with `targets` [b, s], the mean
+        fp32 cross-entropy instead, over chunks of tokens when ``chunked_loss`` is set (the full
+        logits never exist, ``launcher.train.chunked_loss``), else over the full logits."""
         if self.tok_embeddings is not None and not tokens.is_floating_point():
             h = _call(self.tok_embeddings, tokens)
             if self.pos_embeddings is not None:
@@ -424,11 +436,16 @@ class Transformer(nn.Module):
             h = _call(layer, h)
         if self.norm is not None:
             h = _call(self.norm, h)
+        weight = self.head_weight()
+        if targets is not None and self.chunked_loss and weight is not None:
+            return chunked_cross_entropy(h, weight, targets, self.loss_chunk_tokens)
         if self.output is not None:
-            return _call(self.output, h)
-        if self.config.tie_embeddings and self.norm is not None and self.tok_embeddings is not None:
-            return F.linear(h, self.tok_embeddings.weight)
-        return h
+            logits = _call(self.output, h)
+        elif weight is not None:
+            logits = F.linear(h, weight)
+        else:
+            logits = h
+        return logits if targets is None else loss_fn(logits, targets)
 
 
 def _param_seed(seed: int, name: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from launcher.backends.engine_choices import engine_choices
 from launcher.plan.bands import ErrorBand
 from launcher.plan.document import plan_to_json
 from launcher.plan.memory import GIB
@@ -130,7 +131,8 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
             f"{verdict}: heaviest rank (stage {h.stage}) {_gib(h.device_total)} of "
             f"{_gib(mem.capacity)}, {mem.headroom:.0%} headroom kept\n"
             f"tp={lay.tp} pp={lay.pp} vpp={lay.vpp} cp={lay.cp} ep={lay.ep} dp={lay.dp}  "
-            f"mbs={lay.micro_batch_size} gbs={lay.global_batch_size} accum={lay.grad_accum}",
+            f"mbs={lay.micro_batch_size} gbs={lay.global_batch_size} accum={lay.grad_accum}\n"
+            f"engine: {engine_choices(plan.config).summary()}",
             title="llmtrain plan",
         )
     )

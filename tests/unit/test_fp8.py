@@ -144,7 +144,11 @@ def test_torchao_import_noise_is_filtered() -> None:
         [sys.executable, "-c", "import torchao.float8"], capture_output=True, text=True
     )
     quiet = subprocess.run(
-        [sys.executable, "-c", "from launcher.train import fp8; fp8.float8(); fp8.tp_styles()"],
+        [
+            sys.executable,
+            "-c",
+            "from launcher.train import fp8; fp8.float8(); fp8.tp_styles('tensorwise')",
+        ],
         capture_output=True,
         text=True,
     )
@@ -205,3 +209,20 @@ def test_emulate_without_fp8_warns() -> None:
     cfg = compose_config(["recipe=tiny", "precision=bf16", EMULATE]).config
     (found,) = [v for v in check(cfg) if "fp8_emulate" in v.message]
     assert not found.is_error and "precision=fp8" in found.message, found
+
+
+def test_real_fp8_converts_only_the_gemms_that_gain() -> None:
+    """Not emulated: torchao's size rule (engine_choices) picks the layers; llama3-1b's wk/wv
+    (N = 512) stay bf16, as `plan` states. Built on the meta device (nothing allocated)."""
+    pytest.importorskip("torchao")
+    from launcher.backends.engine_choices import engine_choices
+    from launcher.train import fp8
+    from launcher.train.model import build_model
+
+    config = compose_config(["recipe=llama3-1b", "model.num_layers=1"]).config
+    model = build_model(config.model, "meta")
+    names = fp8.convert(model, emulate=False, fsdp=False)
+    short = tuple(n.rsplit(".", 1)[-1] for n in names)
+    assert set(short) == {"wq", "wo", "w1", "w2", "w3"}
+    fp8_config = compose_config(["recipe=llama3-1b", "precision=fp8", "cluster=h100-80gb"]).config
+    assert set(engine_choices(fp8_config).fp8_layers) == set(short)

@@ -55,3 +55,14 @@ def test_optimizer_for_each_name() -> None:
     assert optimizer_class(OptimConfig(name="sgd", betas=[0.8, 0.99]))[1]["momentum"] == 0.8
     with pytest.raises(ValueError, match=r"optim\.name='rmsprop'"):
         optimizer_class(OptimConfig(name="rmsprop"))
+
+
+def test_fused_adam_on_request_only_for_adam() -> None:
+    """The DeepSpeed engine asks for torch's fused Adam kernel on CUDA (one pass over ZeRO's
+    flat fp32 partition); SGD and Lion have none and ignore the request."""
+    params = [torch.nn.Parameter(torch.zeros(4, 4))]
+    for name in ("adamw", "adam"):
+        assert build_optimizer(params, OptimConfig(name=name), fused=True).defaults["fused"]
+        assert not build_optimizer(params, OptimConfig(name=name)).defaults.get("fused")
+    for name in ("sgd", "lion"):
+        assert not build_optimizer(params, OptimConfig(name=name), fused=True).defaults.get("fused")

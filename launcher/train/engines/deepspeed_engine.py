@@ -190,7 +190,13 @@ class DeepSpeedEngine(Engine):
             groups._init_tp_mesh_device(tensor_model_parallel_size=layout.tp)
             mpu = groups
             self.dp_group = groups.get_data_parallel_group()
-        optimizer = build_optimizer(module.parameters(), cfg.optim)
+        # ZeRO-1/2 hand the client optimizer one flat fp32 partition per parameter group
+        # (deepspeed/runtime/zero/stage_1_and_2.py: param_groups[i]["params"] =
+        # [single_partition_of_fp32_groups[i]]): the fused Adam kernel updates it in one pass
+        # where the default foreach implementation makes one pass per operation. On CUDA only,
+        # so CPU runs keep their numerics (fused and foreach round differently).
+        fused = engine_device().type == "cuda"
+        optimizer = build_optimizer(module.parameters(), cfg.optim, fused=fused)
         config: dict[str, Any] = runtime_ds_config(cfg)
         if cfg.zero.offload_optimizer != "none":
             # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.

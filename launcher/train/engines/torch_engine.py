@@ -51,11 +51,17 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
    2000 clean steps); its state is saved with the checkpoint.
    precision=fp8: between steps 1 and 2 (after init, before tp and FSDP) the block projections
-   become torchao ``Float8Linear`` (``launcher.train.fp8``; tensorwise dynamic scaling, the
-   parameters unchanged), computed under the same bf16 policy; under tp they take torchao's
-   Float8Colwise/RowwiseParallel, under FSDP2 their weights are all-gathered in fp8 and their
-   scales precomputed after each optimizer step. The device must have CUDA capability 8.9+
-   unless precision.fp8_emulate.
+   that gain from fp8 become torchao ``Float8Linear`` (``launcher.train.fp8``; the
+   precision.fp8_recipe scaling, the parameters unchanged), computed under the same bf16 policy;
+   under tp the tensorwise ones take torchao's Float8Colwise/RowwiseParallel, under FSDP2 their
+   weights are all-gathered in fp8 (tensorwise) and their scales precomputed after each optimizer
+   step. The device must have CUDA capability 8.9+ unless precision.fp8_emulate.
+6. Compilation (``engine_choices.compile_in_force``: backend.compile, or its default: on for fp8
+   on a GPU): each transformer block is compiled on its own, after recompute and before data
+   parallel.
+Loss: with tp = pp = 1 the model's forward computes the loss over chunks of tokens
+(``launcher.train.chunked_loss``, train.chunked_loss); otherwise from full logits.
+MoE experts: grouped GEMMs (``launcher.train.experts``), under ep and tp too.
 
 Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
 weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
@@ -119,6 +125,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.backends import raw_refusals
 from launcher.backends.common import precision_of
+from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
@@ -300,7 +307,9 @@ class TorchEngine(Engine):
                 raise TorchEngineError(problem)
         # The tensor-parallel styles of the block projections (torchao's float8 ones for fp8).
         self.tp_styles: tuple[type[Any], type[Any]] = (
-            fp8.tp_styles() if self.fp8 else (ColwiseParallel, RowwiseParallel)
+            fp8.tp_styles(cfg.precision.fp8_recipe)
+            if self.fp8
+            else (ColwiseParallel, RowwiseParallel)
         )
         self.grad_dtype = DTYPES[cfg.precision.grad_dtype]
         self.zero = cfg.zero.stage
@@ -327,6 +336,12 @@ class TorchEngine(Engine):
                 self.device.type, grid, mesh_dim_names=("pp", "edp", "ep", "cp", "tp")
             )
 
+        # The loss over chunks of tokens, never the full logits (launcher.train.chunked_loss),
+        # where the whole head is on this rank inside the model's forward: not under tp (the
+        # head is column-parallel with its logits gathered) nor pp (the schedule computes the
+        # loss from the last stage's output); train.chunked_loss=false turns it off.
+        self.choices = engine_choices(cfg)  # compile, fp8 layers, loss (launcher.backends)
+        self.chunked_loss = self.choices.chunked_loss
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -364,14 +379,22 @@ class TorchEngine(Engine):
             copy_into(model, self.init_state)
         if self.fp8:
             # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
-            fp8.convert(model, emulate=cfg.precision.fp8_emulate, fsdp=self.fsdp)
+            fp8.convert(
+                model,
+                emulate=cfg.precision.fp8_emulate,
+                fsdp=self.fsdp,
+                recipe=cfg.precision.fp8_recipe,
+            )
         if lay.cp > 1:
             cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
             apply_context_parallel(model, cp)
         if lay.tp > 1:
             self._apply_tp(model, first_chunk=first)
         apply_recompute(model, cfg.train.recompute)
-        if cfg.backend.compile:
+        model.chunked_loss = self.chunked_loss
+        if self.choices.compile:
+            # Per block: compile time grows with the distinct blocks, not the depth (the blocks
+            # share one compiled graph when their shapes and guards agree).
             for name, block in list(model.layers.items()):
                 model.layers[name] = cast(nn.Module, torch.compile(block))
         return self._apply_dp(model)
@@ -692,7 +715,7 @@ class TorchEngine(Engine):
         elif not bad:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.fp8 and self.fsdp and not bad:
+        if self.fp8 and self.fsdp and not bad and self.cfg.precision.fp8_recipe == "tensorwise":
             # fp8 all-gather: the new weights' scales, all layers in one all-reduce (torchao).
             for part in self.parts:
                 fp8.precompute_fsdp_scales(part)
@@ -721,7 +744,9 @@ class TorchEngine(Engine):
                 else:
                     mbs = lay.micro_batch_size
                     parts = [
-                        _loss(self.parts[0](inputs[i : i + mbs]), targets[i : i + mbs]).float()
+                        self._model_loss(
+                            self.parts[0], inputs[i : i + mbs], targets[i : i + mbs]
+                        ).float()
                         for i in range(0, inputs.shape[0], mbs)
                     ]
                     loss = torch.stack(parts).mean()
@@ -733,6 +758,14 @@ class TorchEngine(Engine):
         dist.all_reduce(total)
         return float(total)
 
+    def _model_loss(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss of one micro-batch: chunked inside the model's forward where it applies."""
+        if self.chunked_loss:
+            return cast(torch.Tensor, model(inputs, targets))
+        return _loss(model(inputs), targets)
+
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         lay = self.layout
         model = self.parts[0]
@@ -742,7 +775,7 @@ class TorchEngine(Engine):
             chunk = slice(i * mbs, (i + 1) * mbs)
             with self._grad_sync(i == accum - 1):
                 with self._autocast():
-                    loss = _loss(model(inputs[chunk]), targets[chunk])
+                    loss = self._model_loss(model, inputs[chunk], targets[chunk])
                 scaled = loss / accum
                 torch.autograd.backward(
                     self.scaler.scale(scaled) if self.scaler is not None else scaled
@@ -869,6 +902,7 @@ class TorchEngine(Engine):
             if self.fp8
             else 0,
             "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
+            "loss": "chunked" if self.chunked_loss else "full logits",
             "chunks": self.chunk_ids,
             "params_local": sum(
                 (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
@@ -878,7 +912,8 @@ class TorchEngine(Engine):
     def _fp8_kind(self) -> str | None:
         if not self.fp8:
             return None
-        return ("emulated " if self.cfg.precision.fp8_emulate else "") + "torchao float8 tensorwise"
+        recipe = self.cfg.precision.fp8_recipe
+        return ("emulated " if self.cfg.precision.fp8_emulate else "") + f"torchao float8 {recipe}"
 
     def close(self) -> None:
         self.schedule = None

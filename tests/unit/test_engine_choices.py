@@ -1,0 +1,132 @@
+"""What the engine runs, decided in one place (launcher.backends.engine_choices) and stated by
+`plan`: compile default per backend/precision, fp8 recipe and layers, chunked loss; the refusals
+that keep an explicit setting from being silently ignored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from launcher.backends import raw_refusals
+from launcher.backends.engine_choices import (
+    block_projections,
+    engine_choices,
+    fp8_converts,
+    fp8_gemm_gains,
+)
+from launcher.cli import app
+from launcher.config.compose import compose_config
+from launcher.config.schema import LLMTrainConfig
+
+pytestmark = pytest.mark.unit
+
+H100 = ["cluster=h100-80gb", "cluster.gpus_per_node=1", "cluster.num_nodes=1"]
+
+
+def cfg(*overrides: str) -> LLMTrainConfig:
+    return compose_config(list(overrides)).config
+
+
+def messages(backend: str, *overrides: str) -> list[str]:
+    return [r.message for r in raw_refusals(backend, cfg(*overrides))]
+
+
+def test_compile_defaults() -> None:
+    bf16 = engine_choices(cfg("recipe=llama3-1b", *H100))
+    assert not bf16.compile and "not yet measured on a GPU" in bf16.compile_why
+    fp8 = engine_choices(cfg("recipe=llama3-1b", "precision=fp8", *H100))
+    assert fp8.compile and "precision=fp8" in fp8.compile_why
+    emulated = engine_choices(cfg("recipe=tiny", "precision=fp8", "precision.fp8_emulate=true"))
+    assert not emulated.compile  # numerics check on CPU: nothing to gain from compiling
+    explicit = engine_choices(cfg("recipe=tiny", "backend.compile=true"))
+    assert explicit.compile and explicit.compile_why == "backend.compile=true"
+    assert not engine_choices(cfg("recipe=tiny", "backend=deepspeed")).compile
+
+
+def test_fp8_with_compile_explicitly_off_is_refused_with_the_measurement() -> None:
+    (found,) = messages(
+        "torch", "recipe=llama3-1b", "precision=fp8", "backend.compile=false", *H100
+    )
+    assert "470 ms" in found and "240 ms" in found and "backend.compile" in found, found
+    assert messages("torch", "recipe=llama3-1b", "precision=fp8", *H100) == []
+    # Emulated fp8 (CPU numerics) may run eager.
+    assert (
+        messages(
+            "torch",
+            "recipe=tiny",
+            "precision=fp8",
+            "precision.fp8_emulate=true",
+            "backend.compile=false",
+        )
+        == []
+    )
+
+
+def test_deepspeed_refuses_compile_it_would_ignore() -> None:
+    (found,) = messages("deepspeed", "recipe=tiny", "backend=deepspeed", "backend.compile=true")
+    assert "backend.compile=true" in found and "eager" in found, found
+    assert messages("deepspeed", "recipe=tiny", "backend=deepspeed") == []
+
+
+def test_fp8_size_rule_is_torchaos() -> None:
+    # torchao 0.18 _auto_filter_for_tensorwise / _auto_filter_for_rowwise thresholds.
+    assert not fp8_gemm_gains(1024, 4096, "tensorwise")  # K <= 4096 and N <= 1024
+    assert fp8_gemm_gains(1024, 8192, "tensorwise")
+    assert fp8_gemm_gains(2048, 2048, "tensorwise")
+    assert not fp8_gemm_gains(2048, 8192, "rowwise")  # N <= 2048
+    assert not fp8_gemm_gains(4096, 2048, "rowwise")  # N <= 4096 and K <= 2048
+    assert fp8_gemm_gains(8192, 2048, "rowwise")
+    assert not fp8_gemm_gains(8200, 8200, "tensorwise")  # not a multiple of 16
+    assert fp8_converts(64, 32, "tensorwise", emulate=True)  # emulated: every aligned layer
+
+
+def test_fp8_layers_for_llama_shapes() -> None:
+    one_b = engine_choices(cfg("recipe=llama3-1b", "precision=fp8", *H100))
+    assert one_b.fp8_recipe == "tensorwise"
+    assert one_b.fp8_layers == ("wq", "wo", "w1", "w2", "w3") and one_b.bf16_layers == ("wk", "wv")
+    rowwise = engine_choices(
+        cfg("recipe=llama3-1b", "precision=fp8", "precision.fp8_recipe=rowwise", *H100)
+    )
+    # rowwise gains on larger GEMMs only: N = 2048 (wq, wo, w2) and N = 512 (wk, wv) stay bf16.
+    assert rowwise.fp8_layers == ("w1", "w3")
+    eight_b = engine_choices(cfg("recipe=llama3-8b", "precision=fp8", *H100))
+    assert eight_b.bf16_layers == ("wk", "wv")  # N = 1024, K = 4096
+    names = [n for n, _, _ in block_projections(cfg("recipe=llama3-8b").model)]
+    assert names == ["wq", "wk", "wv", "wo", "w1", "w2", "w3"]
+
+
+def test_chunked_loss_where_it_applies() -> None:
+    assert engine_choices(cfg("recipe=tiny")).chunked_loss
+    assert not engine_choices(cfg("recipe=tiny", "train.chunked_loss=false")).chunked_loss
+    tp = engine_choices(cfg("recipe=tiny", "parallel.tp=2", "cluster.gpus_per_node=2"))
+    assert not tp.chunked_loss and "tp" in tp.loss_why
+    (found,) = messages(
+        "torch",
+        "recipe=tiny",
+        "parallel.tp=2",
+        "cluster.gpus_per_node=2",
+        "train.chunked_loss=true",
+    )
+    assert "train.chunked_loss=true" in found and "parallel.tp=1" in found, found
+
+
+def test_plan_states_and_prices_the_choices() -> None:
+    runner = CliRunner()
+    args = ["plan", "recipe=llama3-1b", "precision=fp8", *H100, "--json"]
+    doc = json.loads(runner.invoke(app, args).stdout)
+    engine = doc["engine"]
+    assert engine["compile"] and engine["fp8_recipe"] == "tensorwise"
+    assert engine["bf16_layers"] == ["wk", "wv"] and engine["chunked_loss"]
+    shown = runner.invoke(app, ["plan", "recipe=llama3-1b", "precision=fp8", *H100]).stdout
+    assert "engine: compiled per block, fp8 tensorwise on 5/7 block GEMMs, chunked loss" in shown
+    detail = runner.invoke(
+        app, ["plan", "recipe=llama3-1b", "precision=fp8", *H100, "--detail"]
+    ).stdout
+    assert "compile: per transformer block" in detail and "loss: chunked" in detail
+    # The chunked loss keeps less than the full logits (10 bytes a logit for 8192 x 128k).
+    full = json.loads(runner.invoke(app, [*args, "train.chunked_loss=false"]).stdout)["memory"][
+        "activations_bytes"
+    ]
+    assert doc["memory"]["activations_bytes"] < full - 5e9
