@@ -307,11 +307,16 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         log.close()
     if code == 0:
         return
+    # Cleaning up is for the run directory's owner only: a run whose lock file was deleted or
+    # replaced meanwhile may share the folder with another llmtrain, whose half-written
+    # checkpoint and staged config.next.yaml are not ours to remove.
+    identity = prepared.lock.identity_env()[runfiles.LOCK_ENV] if prepared.lock else None
+    owner = identity is None or runfiles.lock_problem(run.lock, identity) is None
     # Every rank has stopped; a checkpoint they left half-written (a full disk, a rank killed
     # mid-save) is never read again, so it goes now rather than fill the disk until the next save.
-    for unfinished in unfinished_checkpoints(run.checkpoints):
+    for unfinished in unfinished_checkpoints(run.checkpoints) if owner else []:
         fsio.remove_tree(unfinished)
-    if os.path.lexists(run.pending_config):  # a resume the ranks did not accept
+    if owner and os.path.lexists(run.pending_config):  # a resume the ranks did not accept
         os.unlink(run.pending_config)
     marker = run.preempted
     checkpointed = marker.is_file() and marker.stat().st_mtime >= started
