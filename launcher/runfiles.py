@@ -55,17 +55,23 @@ def loads(data: bytes | str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX
         raise RunFileError(f"not JSON ({str(exc)[:80]})") from None
 
 
-def read_bytes(path: Path, max_bytes: int = MAX_BYTES) -> bytes:
-    """At most `max_bytes` of `path` (RunFileError beyond), never following a symlink at its
-    name (RunFileError too). Other OSErrors (missing, unreadable) propagate."""
+def _open_no_follow(path: Path) -> int:
+    """A read-only descriptor of `path`, RunFileError when its name is a symbolic link; other
+    OSErrors (missing, unreadable) propagate."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise RunFileError(
                 "a symbolic link (llmtrain never reads run files through one)"
             ) from None
         raise
+
+
+def read_bytes(path: Path, max_bytes: int = MAX_BYTES) -> bytes:
+    """At most `max_bytes` of `path` (RunFileError beyond), never following a symlink at its
+    name (RunFileError too). Other OSErrors (missing, unreadable) propagate."""
+    fd = _open_no_follow(path)
     with os.fdopen(fd, "rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
@@ -86,14 +92,7 @@ def read_json_object(path: Path, *, max_bytes: int = MAX_BYTES) -> dict[str, Any
 
 def last_line(path: Path, max_bytes: int = 65536) -> bytes:
     """The last complete line of `path` (at most `max_bytes` of it), never through a symlink."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RunFileError(
-                "a symbolic link (llmtrain never reads run files through one)"
-            ) from None
-        raise
+    fd = _open_no_follow(path)
     with os.fdopen(fd, "rb") as f:
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - max_bytes))
