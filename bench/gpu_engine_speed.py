@@ -43,28 +43,19 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_plan_vs_measured import (
+    MATRIX,
     BenchError,
     cluster_for,
     detect_gpu,
     launch,
+    matrix_base,
     measured_figures,
+    prune_checkpoints,
 )
-
-LLAMA_1B = ["recipe=llama3-1b"]
-LLAMA_8B4 = ["recipe=llama3-8b", "model.num_layers=4"]
-MIXTRAL_1 = [
-    "recipe=mixtral-8x7b",
-    "model.num_layers=1",
-    "parallel.ep=1",
-    "parallel.cp=1",
-    "parallel.pp=1",
-    "parallel.tp=1",
-    "parallel.sequence_parallel=false",
-    "zero.stage=0",
-]
 
 
 @dataclass(frozen=True)
@@ -74,25 +65,31 @@ class Case:
     seq: int
     mbs: int
     hidden: int
+    # The entry of bench/gpu_plan_vs_measured.py's MATRIX this case is (the same overrides on the
+    # same base): --from-matrix takes its figures from that bench's JSON instead of running it.
+    matrix: str | None = None
 
 
-CASES = (
-    Case("1b-bf16-eager", (*LLAMA_1B, "precision=bf16", "backend.compile=false"), 8192, 1, 2048),
-    Case("1b-bf16-compile", (*LLAMA_1B, "precision=bf16", "backend.compile=true"), 8192, 1, 2048),
-    Case("1b-fp8", (*LLAMA_1B, "precision=fp8"), 8192, 1, 2048),
-    Case("8b4-bf16-compile", (*LLAMA_8B4, "precision=bf16", "backend.compile=true"), 8192, 1, 4096),
-    Case("8b4-fp8", (*LLAMA_8B4, "precision=fp8"), 8192, 1, 4096),
-    Case("mixtral1-bf16", (*MIXTRAL_1, "precision=bf16", "backend.compile=false"), 4096, 2, 4096),
-    Case("1b-s4k-torch", (*LLAMA_1B, "precision=bf16", "zero.stage=1"), 4096, 2, 2048),
-    Case(
-        "1b-s4k-deepspeed",
-        (*LLAMA_1B, "precision=bf16", "zero.stage=1", "backend=deepspeed"),
-        4096,
-        2,
-        2048,
-    ),
+def _matrix_case(name: str, entry: str, hidden: int) -> Case:
+    overrides = tuple(MATRIX[entry])
+    seq = next((int(o.split("=")[1]) for o in overrides if o.startswith("model.seq_length=")), 8192)
+    mbs = next(
+        (int(o.split("=")[1]) for o in overrides if o.startswith("train.micro_batch_size=")), 1
+    )
+    return Case(name, overrides, seq, mbs, hidden, entry)
+
+
+CASES: tuple[Case, ...] = (
+    _matrix_case("1b-bf16-eager", "1b-s8k-bf16", 2048),
+    _matrix_case("1b-bf16-compile", "1b-s8k-compile", 2048),
+    _matrix_case("1b-fp8", "1b-s8k-fp8", 2048),
+    _matrix_case("8b4-bf16-compile", "8b-4layers-s8k-compile", 4096),
+    _matrix_case("8b4-fp8", "8b-4layers-s8k-fp8", 4096),
+    _matrix_case("mixtral1-bf16", "mixtral-1layer-s4k-mbs2", 4096),
+    _matrix_case("1b-s4k-torch", "1b-s4k-mbs2", 2048),
+    _matrix_case("1b-s4k-deepspeed", "1b-s4k-mbs2-deepspeed", 2048),
 )
-SMOKE_CASES = (
+SMOKE_CASES: tuple[Case, ...] = (
     Case("tiny-bf16", ("recipe=tiny", "precision=bf16"), 64, 2, 128),
     Case(
         "tiny-moe",
@@ -138,9 +135,12 @@ class Result:
     hidden: int = 0
     precision: str = "bf16"
     problem: str | None = None
+    first_step_s: float | None = None  # step 1: start-up and, compiled, the compilation
 
 
 def case_overrides(case: Case, cluster: str, steps: int, smoke: bool) -> list[str]:
+    if case.matrix is not None:  # exactly the plan bench's run of the same entry
+        return [*matrix_base(cluster, steps, smoke), *case.overrides]
     out = [*case.overrides, f"cluster={cluster}", "cluster.num_nodes=1", "cluster.gpus_per_node=1"]
     out += [f"model.seq_length={case.seq}", f"train.micro_batch_size={case.mbs}"]
     out += [f"train.global_batch_size={case.mbs}", f"train.steps={steps}"]
@@ -156,15 +156,39 @@ def run_case(case: Case, cluster: str, opts: argparse.Namespace) -> Result:
     try:
         run_dir = launch(case_overrides(case, cluster, opts.steps, opts.smoke), opts.workdir)
         figures = measured_figures(run_dir, opts.warmup)
+        prune_checkpoints(run_dir)
     except BenchError as exc:
         result.problem = str(exc)
         return result
+    return with_figures(result, figures)
+
+
+def with_figures(result: Result, figures: dict[str, Any]) -> Result:
     result.tokens_per_s, result.mfu, result.step_s = (
         figures["tokens_per_s"],
         figures["mfu"],
         figures["step_s"],
     )
+    result.first_step_s = figures.get("first_step_s")
     return result
+
+
+def from_matrix(case: Case, docs: list[dict[str, Any]]) -> Result | None:
+    """The case's figures from bench/gpu_plan_vs_measured.py --matrix --json output (None: not
+    there; a failed run there is a failed case here)."""
+    if case.matrix is None:
+        return None
+    precision = "fp8" if any(o.startswith("precision=fp8") for o in case.overrides) else "bf16"
+    for doc in docs:
+        for run in doc.get("runs", []):
+            if run.get("precision") not in (case.matrix, f"{case.matrix} (published)"):
+                continue
+            result = Result(case.name, hidden=case.hidden, precision=precision)
+            if run.get("problem") or not run.get("figures"):
+                result.problem = run.get("problem") or "no figures recorded"
+                return result
+            return with_figures(result, run["figures"])
+    return None
 
 
 def hf_loop(opts: argparse.Namespace) -> Result | None:
@@ -241,7 +265,7 @@ def verdicts(results: dict[str, Result]) -> list[str]:
 
 
 def table(results: dict[str, Result]) -> str:
-    lines = [f"{'case':20} {'tokens/s':>12} {'MFU':>7} {'step':>10}"]
+    lines = [f"{'case':20} {'tokens/s':>12} {'MFU':>7} {'step':>10} {'step 1':>9}"]
     for r in results.values():
         if r.problem:
             lines.append(f"{r.name:20} {'FAILED':>12}")
@@ -249,7 +273,8 @@ def table(results: dict[str, Result]) -> str:
         tps = f"{r.tokens_per_s:,.0f}" if r.tokens_per_s is not None else "-"
         mfu = f"{r.mfu:.1%}" if r.mfu is not None else "-"
         step = f"{r.step_s * 1e3:.1f} ms" if r.step_s is not None else "-"
-        lines.append(f"{r.name:20} {tps:>12} {mfu:>7} {step:>10}")
+        first = f"{r.first_step_s:.1f} s" if r.first_step_s is not None else "-"
+        lines.append(f"{r.name:20} {tps:>12} {mfu:>7} {step:>10} {first:>9}")
     return "\n".join(lines)
 
 
@@ -262,6 +287,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", default=None)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--from-matrix",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="JSON files of bench/gpu_plan_vs_measured.py --matrix: take the figures of the "
+        "cases that are matrix entries from there instead of running them again",
+    )
     opts = parser.parse_args(argv)
     opts.steps = opts.steps or (3 if opts.smoke else 30)
     opts.warmup = opts.warmup if opts.warmup is not None else (1 if opts.smoke else 5)
@@ -285,9 +318,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown GPU {gpu[0]!r}: pass --cluster NAME", file=sys.stderr)
             return 2
         cluster = found
+    docs = [json.loads(p.read_text()) for p in opts.from_matrix]
     results: dict[str, Result] = {}
     for case in cases:
-        results[case.name] = run_case(case, cluster, opts)
+        found = from_matrix(case, docs) if docs else None
+        results[case.name] = found if found is not None else run_case(case, cluster, opts)
     if not opts.smoke and (not opts.only or "hf-loop" in opts.only):
         loop = hf_loop(opts)
         if loop is not None:

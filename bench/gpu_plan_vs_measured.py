@@ -51,10 +51,12 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.config.compose import compose_config, config_from_values  # noqa: E402
 from launcher.config.schema import LLMTrainConfig  # noqa: E402
+from launcher.plan.document import pricing_json  # noqa: E402
 from launcher.plan.planner import Plan, make_plan  # noqa: E402
 
 GIB = 2**30
@@ -103,6 +106,7 @@ class Outcome:
     run_dir: str | None
     problem: str | None  # why the run gave no figures (failed, refused), else None
     rows: list[Row]
+    figures: dict[str, float | None] | None = None  # what the run measured (measured_figures)
 
     @property
     def ok(self) -> bool:
@@ -179,29 +183,51 @@ def smoke_overrides(precision: str, steps: int) -> list[str]:
 
 # name -> overrides on top of matrix_base(); held out (module docstring).
 MATRIX: dict[str, list[str]] = {
-    "1b-s8k-bf16": ["recipe=llama3-1b", "precision=bf16"],
+    "1b-s8k-bf16": ["recipe=llama3-1b", "precision=bf16", "backend.compile=false"],
+    "1b-s8k-compile": ["recipe=llama3-1b", "precision=bf16", "backend.compile=true"],
+    # precision=fp8 compiles by default (launcher/backends/engine_choices.py).
     "1b-s8k-fp8": ["recipe=llama3-1b", "precision=fp8"],
+    "1b-s8k-full-recompute": ["recipe=llama3-1b", "train.recompute=full"],
     "1b-s4k-mbs2": [
         "recipe=llama3-1b",
         "model.seq_length=4096",
         "train.micro_batch_size=2",
         "train.global_batch_size=2",
     ],
-    "1b-s8k-full-recompute": ["recipe=llama3-1b", "train.recompute=full"],
-    "1b-s8k-compile": ["recipe=llama3-1b", "backend.compile=true"],
-    "1b-s8k-fp8-compile": ["recipe=llama3-1b", "precision=fp8", "backend.compile=true"],
+    "1b-s4k-mbs2-deepspeed": [
+        "recipe=llama3-1b",
+        "model.seq_length=4096",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=2",
+        "backend=deepspeed",
+        "zero.stage=1",
+    ],
     "1b-accum4": ["recipe=llama3-1b", "model.seq_length=4096", "train.global_batch_size=4"],
-    "1b-deepspeed-zero1": ["recipe=llama3-1b", "backend=deepspeed", "zero.stage=1"],
     "8b-4layers-s4k": ["recipe=llama3-8b", "model.num_layers=4", "model.seq_length=4096"],
     "8b-4layers-s8k-compile": [
         "recipe=llama3-8b",
         "model.num_layers=4",
+        "precision=bf16",
         "backend.compile=true",
+        "train.recompute=none",
     ],
-    "mixtral-1layer-s4k": [
+    "8b-4layers-s8k-fp8": [
+        "recipe=llama3-8b",
+        "model.num_layers=4",
+        "precision=fp8",
+        "train.recompute=none",
+    ],
+    "mixtral-1layer-s4k-mbs2": [
         "recipe=mixtral-8x7b",
+        "backend=torch",
         "model.num_layers=1",
         "model.seq_length=4096",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=2",
+        "parallel.sequence_parallel=false",
+        "precision=bf16",
+        "backend.compile=false",
+        "train.recompute=none",
     ],
     "70b-1layer-s2k": ["recipe=llama3-70b", "model.num_layers=1", "model.seq_length=2048"],
 }
@@ -230,8 +256,9 @@ def matrix_base(cluster: str, steps: int, smoke: bool) -> list[str]:
     return [*base, "train.micro_batch_size=1", "train.global_batch_size=1"]
 
 
-def calibrate_profile(overrides: list[str], profile: Path, workdir: Path) -> None:
-    """`llmtrain calibrate OVERRIDES --out profile --no-cache` (merged into one file)."""
+def calibrate_profile(overrides: list[str], profile: Path, workdir: Path) -> float:
+    """`llmtrain calibrate OVERRIDES --out profile --no-cache` (merged into one file); its
+    wall-clock seconds."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -240,10 +267,14 @@ def calibrate_profile(overrides: list[str], profile: Path, workdir: Path) -> Non
     command = [sys.executable, "-m", "launcher", "calibrate", *overrides]
     command += ["--out", str(profile), "--no-cache"]
     print("$ llmtrain calibrate " + " ".join(overrides), flush=True)
+    started = time.monotonic()
     done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env)
+    elapsed = time.monotonic() - started
     if done.returncode != 0:
         tail = (done.stderr.strip() or done.stdout.strip())[-2000:]
         raise BenchError(f"`llmtrain calibrate` failed (exit {done.returncode}):\n{tail}")
+    print(f"  calibrated in {elapsed:.1f} s", flush=True)
+    return elapsed
 
 
 def run_matrix_one(
@@ -253,18 +284,22 @@ def run_matrix_one(
     published = [*overrides, "cluster.profile=none"]
     try:
         cfg = compose_config(published).config
-        profile = workdir / "profile.json"
+        profile = workdir / f"profile-{name}.json"
+        calibrate_s = None
         if not opts.no_profile:
-            calibrate_profile(overrides, profile, workdir / "calibrate")
+            calibrate_s = calibrate_profile(overrides, profile, workdir / "calibrate")
         run_dir = launch(published, workdir / name)
         outcomes = [
             evaluate(f"{name} (published)", published, cfg, run_dir, opts.warmup, opts.band, cpu)
         ]
         if not opts.no_profile:
             measured_cfg = compose_config([*overrides, f"cluster.profile={profile}"]).config
-            figures = measured_figures(run_dir, opts.warmup)
+            figures = {**measured_figures(run_dir, opts.warmup), "calibrate_s": calibrate_s}
             rows = compare(make_plan(measured_cfg), figures, opts.band, cpu)
-            outcomes.append(Outcome(f"{name} (profile)", overrides, str(run_dir), None, rows))
+            outcomes.append(
+                Outcome(f"{name} (profile)", overrides, str(run_dir), None, rows, figures)
+            )
+        prune_checkpoints(run_dir)
         return outcomes
     except BenchError as exc:
         return [Outcome(name, overrides, None, str(exc), [])]
@@ -342,7 +377,15 @@ def measured_figures(run_dir: Path, warmup: int) -> dict[str, float | None]:
         "peak_allocated_bytes": peak.get("max_allocated"),
         "peak_reserved_bytes": peak.get("max_reserved"),
         "steps_measured": len(steady),
+        # Step 1 holds the CUDA start-up and, with compile, the compilation: what compile costs.
+        "first_step_s": records[0].get("step_time_s") if records else None,
     }
+
+
+def prune_checkpoints(run_dir: Path) -> None:
+    """Drop the run's checkpoints once its figures are read (16 bytes a parameter each; a
+    matrix of 1-8B runs on /dev/shm fills the host memory otherwise)."""
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
 def compare(
@@ -419,7 +462,7 @@ def evaluate(
             f"{plan.time.step_s:.6f} s: the configurations differ"
         )
     rows = compare(plan, figures, band, cpu)
-    return Outcome(precision, overrides, str(run_dir), None, rows)
+    return Outcome(precision, overrides, str(run_dir), None, rows, figures)
 
 
 def run_one(
@@ -445,6 +488,58 @@ def from_run(run_dir: Path, opts: argparse.Namespace) -> Outcome:
         return evaluate(cfg.precision.name, [], cfg, run_dir, opts.warmup, opts.band, cpu)
     except BenchError as exc:
         return Outcome(cfg.precision.name, [], str(run_dir), str(exc), [])
+
+
+def rescore(folder: Path, band: float | None) -> int:
+    """Re-price recorded runs: FOLDER/measured.json (what --matrix measured on a GPU: each
+    entry's overrides and figures, and the profile calibrate wrote for its shapes) against the
+    plan of today's code, from published figures and from the profile. No GPU needed; nothing is
+    fitted to these runs (they are the held-out matrix)."""
+    doc = json.loads((folder / "measured.json").read_text())
+    print(f"recorded on {doc['device']}, {doc['date']}; {doc['warmup_steps']} warm-up steps")
+    results: list[Outcome] = []
+    for name, entry in doc["entries"].items():
+        overrides = [*doc["base"], *entry["overrides"]]
+        figures = entry["figures"]
+        if entry.get("note"):
+            print(f"{name}: {entry['note']}")
+        published = [*overrides, "cluster.profile=none"]
+        plan = make_plan(compose_config(published).config)
+        results.append(
+            Outcome(
+                f"{name} (published)",
+                published,
+                None,
+                None,
+                compare(plan, figures, band, False),
+                figures,
+            )
+        )
+        if entry.get("profile") is None:
+            print(f"{name}: no profile comparison ({entry.get('profile_note', 'none recorded')})")
+            continue
+        profiled = [*overrides, f"cluster.profile={folder / entry['profile']}"]
+        plan = make_plan(compose_config(profiled).config)
+        parts = pricing_json(plan).get("parts", {})
+        scaled = sorted(k for k, v in parts.items() if v != "profile")
+        if scaled:
+            print(
+                f"{name}: not priced from exact measurements: "
+                + ", ".join(f"{k} ({parts[k]})" for k in scaled)
+            )
+        results.append(
+            Outcome(
+                f"{name} (profile)",
+                profiled,
+                None,
+                None,
+                compare(plan, figures, band, False),
+                figures,
+            )
+        )
+    code = report(results, {"rescore": str(folder)}, None)
+    medians(results)
+    return code
 
 
 def report(outcomes: list[Outcome], header: dict[str, Any], json_path: str | None) -> int:
@@ -477,6 +572,7 @@ def report(outcomes: list[Outcome], header: dict[str, Any], json_path: str | Non
                     "run_dir": o.run_dir,
                     "ok": o.ok,
                     "problem": o.problem,
+                    "figures": o.figures,
                     "rows": [{**asdict(r), "error": r.error} for r in o.rows],
                 }
                 for o in outcomes
@@ -493,6 +589,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     which.add_argument("--fp8", action="store_true", help="only precision=fp8")
     p.add_argument("--smoke", action="store_true", help="CPU plumbing run (tiny recipe)")
     p.add_argument("--from-run", type=Path, help="compare this finished run directory")
+    p.add_argument(
+        "--rescore",
+        type=Path,
+        help="re-price the runs recorded in this folder (measured.json + profiles; no GPU)",
+    )
     p.add_argument("--cluster", help="conf/cluster name (default: from the GPU found)")
     p.add_argument("--steps", type=int, help="steps per run (default 30; smoke 4)")
     p.add_argument("--warmup", type=int, help=f"steps left out (default {WARMUP}; smoke 1)")
@@ -522,6 +623,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse(argv)
+    if opts.rescore is not None:
+        return rescore(opts.rescore, opts.band)
     if opts.from_run is not None:
         outcome = from_run(opts.from_run, opts)
         return report([outcome], {"from_run": str(opts.from_run)}, opts.json)

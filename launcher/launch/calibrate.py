@@ -14,7 +14,8 @@ up, so a profile of a configuration prices that configuration exactly):
   zero_grad) on this rank's share of the parameters;
 - when the layout spans several processes on one node: its collectives at their message sizes,
   between 2 local processes (gloo on the CPU, NCCL on GPUs), where the backend supports the kind.
-Each figure is the median of repeats after one warm-up call; repeats shrink to keep the whole run
+Each figure is the median of repeats after one warm-up call (on a GPU: the median of three batches
+of back-to-back calls, each synchronised once, Timer.measure); repeats shrink to keep the whole run
 within the time budget. On the CPU, torch uses the threads one process of the run will have
 (render/run_files.local_env: cores / processes).
 
@@ -76,6 +77,22 @@ class Timer:
         left = max(0.0, self.deadline - time.monotonic())
         budget = min(OP_BUDGET_S, left / 4)
         repeats = int(min(MAX_REPEATS, max(MIN_REPEATS, budget / max(first, 1e-6))))
+        if self.device.type == "cuda":
+            # Back to back, one synchronisation per batch: the host queues the next kernels while
+            # the GPU runs these, as it does inside a training step. Synchronising after every
+            # call would add the host's launch and dispatch time to each (Python, autograd,
+            # autocast), which a step overlaps with the GPU's work: measured on one H100 80GB
+            # (2026-11-25), one llama3-1b layer's element-wise work timed that way at 1.5 ms
+            # forward for ~0.8 GB of traffic, about 5x what the memory moves in.
+            batch = max(1, repeats // 3)
+            means = []
+            for _ in range(3):
+                start = time.perf_counter()
+                for _ in range(batch):
+                    fn()
+                self.sync()
+                means.append((time.perf_counter() - start) / batch)
+            return float(statistics.median(means))
         times = [first]
         for _ in range(repeats - 1):
             start = time.perf_counter()
@@ -199,7 +216,10 @@ def measure_loss(
 
 
 def rank_params(cfg: LLMTrainConfig) -> tuple[int, int]:
-    """(parameters this rank's optimizer updates, parameter tensors), from the plan."""
+    """(parameters this rank's optimizer updates, tensors the optimizer steps), from the plan.
+    DeepSpeed ZeRO-1/2 hand the optimizer one flat fp32 partition per parameter group
+    (launcher/train/engines/deepspeed_engine.py), two groups (decay / no decay); elsewhere the
+    optimizer steps each parameter tensor."""
     from launcher.plan.memory import bytes_per_param
     from launcher.plan.planner import make_plan
 
@@ -207,20 +227,41 @@ def rank_params(cfg: LLMTrainConfig) -> tuple[int, int]:
     st = plan.memory.heaviest
     per = bytes_per_param(cfg).optimizer
     params = int(st.optimizer / per) if per > 0 else 0
+    if cfg.backend.name == "deepspeed" and cfg.zero.stage in (1, 2):
+        return params, 2
     return params, max(1, 12 * st.layers + 4)
 
 
-def measure_optimizer(
-    cfg: LLMTrainConfig, params: int, tensors: int, timer: Timer, device: torch.device
-) -> tuple[int, float]:
-    """(parameters measured, seconds) of clip + step + zero_grad on up to 64M parameters."""
+# Parameters the optimizer is timed on at most: on the CPU a bound on calibrate's time; on a GPU
+# what fits in a share of the free memory at OPTIMIZER_BYTES_PER_PARAM (fp32 weight, gradient,
+# two Adam states, the gradients' source copy and the foreach temporaries).
+CPU_OPTIMIZER_PARAMS = 64_000_000
+OPTIMIZER_BYTES_PER_PARAM = 28
+OPTIMIZER_MEMORY_SHARE = 0.5
+
+
+def optimizer_sizes(params: int, tensors: int, device: torch.device) -> tuple[int, int]:
+    """(large, small) parameter counts to time the optimizer step at: the rank's own count when
+    the device holds it, and a quarter of it, so that the step's fixed cost (a kernel launch per
+    tensor and operation, clipping's norm, zero_grad) and its cost per parameter are told apart
+    (plan.profile.Rates.optimizer_s fits the line through them)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        cap = int(free * OPTIMIZER_MEMORY_SHARE / OPTIMIZER_BYTES_PER_PARAM)
+    else:
+        cap = CPU_OPTIMIZER_PARAMS
+    large = max(tensors, min(params, cap))
+    return large, max(tensors, large // 4)
+
+
+def _time_optimizer(
+    cfg: LLMTrainConfig, size: int, tensors: int, fused: bool, timer: Timer, device: torch.device
+) -> float:
     from launcher.train.optim import build_optimizer
 
-    measured = max(tensors, min(params, 64_000_000))
-    size = max(1, measured // tensors)
     weights = [torch.nn.Parameter(torch.randn(size, device=device)) for _ in range(tensors)]
     grads = [torch.randn(size, device=device) * 1e-3 for _ in range(tensors)]
-    optimizer = build_optimizer(weights, cfg.optim)
+    optimizer = build_optimizer(weights, cfg.optim, fused=fused)
     clip = cfg.optim.grad_clip
 
     def step() -> None:
@@ -231,7 +272,24 @@ def measure_optimizer(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return size * tensors, timer.measure(step)
+    return timer.measure(step)
+
+
+def measure_optimizer(
+    cfg: LLMTrainConfig, params: int, tensors: int, timer: Timer, device: torch.device
+) -> list[tuple[int, float]]:
+    """[(parameters measured, seconds)] of clip + step + zero_grad as the engines run them (the
+    fused Adam kernel on CUDA, train.optim.fused_on), at optimizer_sizes."""
+    from launcher.train.optim import fused_on
+
+    fused = fused_on(device)
+    out: list[tuple[int, float]] = []
+    for measured in optimizer_sizes(params, tensors, device):
+        size = max(1, measured // tensors)
+        out.append((size * tensors, _time_optimizer(cfg, size, tensors, fused, timer, device)))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the large size's tensors, freed on return
+    return out
 
 
 # --- collectives between local processes --------------------------------------------------------
@@ -573,19 +631,20 @@ def calibrate(
     )
     params, tensors = rank_params(cfg)
     if params > 0:
-        n, s = measure_optimizer(cfg, params, tensors, timer, device)
-        doc["optimizer"].append(
-            {
-                "threads": threads,
-                "params": n,
-                "tensors": tensors,
-                "seconds": s,
-                "name": cfg.optim.name,
-            }
-        )
+        timed = measure_optimizer(cfg, params, tensors, timer, device)
+        for n, s in timed:
+            doc["optimizer"].append(
+                {
+                    "threads": threads,
+                    "params": n,
+                    "tensors": tensors,
+                    "seconds": s,
+                    "name": cfg.optim.name,
+                }
+            )
         say(
-            f"optimizer step ({cfg.optim.name}, clip, zero_grad) on {n:,} parameters: "
-            f"{s * 1e3:.3f} ms"
+            f"optimizer step ({cfg.optim.name}, clip, zero_grad): "
+            + ", ".join(f"{s * 1e3:.3f} ms on {n:,} parameters" for n, s in timed)
         )
     else:
         say("optimizer: no optimizer states on this rank")

@@ -100,3 +100,23 @@ def test_the_cluster_follows_the_gpu_torch_names() -> None:
     assert module.cluster_for("NVIDIA H200", 141 * GIB) == "h200"
     assert module.cluster_for("NVIDIA H100 NVL", 94 * GIB) is None
     assert module.cluster_for("NVIDIA A100-SXM4-80GB", 80 * GIB) is None
+
+
+def test_rescore_reprices_the_recorded_h100_matrix_without_a_gpu() -> None:
+    """The committed H100 runs (bench/results/...) against today's plan, published figures and
+    profile: every entry reported, medians printed, exit 1 on a figure outside its band and 0
+    when every band is wide."""
+    folder = REPO / "bench" / "results" / "h100-80gb-2026-11-25"
+    entries = json.loads((folder / "measured.json").read_text())["entries"]
+    strict = bench("--rescore", str(folder), timeout=120)
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    for name, entry in entries.items():
+        assert f"precision={name} (published)" in strict.stdout
+        if entry["profile"] is not None:
+            assert f"precision={name} (profile)" in strict.stdout
+    assert "published  step time       median |error|" in strict.stdout
+    assert "profile    step time       median |error|" in strict.stdout
+    # A run killed before its summary has no peak reserved: reported, not invented.
+    assert "not measured" in strict.stdout
+    wide = bench("--rescore", str(folder), "--band", "100", timeout=120)
+    assert "MISS" not in wide.stdout

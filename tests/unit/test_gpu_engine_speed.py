@@ -70,3 +70,26 @@ def test_a_missing_reference_case_skips_its_target() -> None:
     results = _met(bench)
     del results["hf-loop"]  # transformers not installed
     assert bench.verdicts(results) == []
+
+
+def test_cases_are_matrix_entries_and_take_their_figures_from_its_json() -> None:
+    """Each case is an entry of the plan bench's matrix (one run serves both benches): with
+    --from-matrix its figures come from that JSON, a failed run there is a failed case, and an
+    entry the JSON lacks is run (None)."""
+    bench = _bench()
+    case = next(c for c in bench.CASES if c.name == "1b-bf16-compile")
+    assert case.matrix == "1b-s8k-compile" and case.seq == 8192 and case.mbs == 1
+    figures = {"step_s": 0.2, "tokens_per_s": 40_960.0, "mfu": 0.44, "first_step_s": 12.9}
+    doc = {
+        "runs": [
+            {"precision": "1b-s8k-compile (published)", "problem": None, "figures": figures},
+            {"precision": "1b-s8k-fp8 (published)", "problem": "`llmtrain run` failed"},
+        ]
+    }
+    got = bench.from_matrix(case, [doc])
+    assert (got.tokens_per_s, got.mfu, got.step_s, got.first_step_s) == (40_960.0, 0.44, 0.2, 12.9)
+    fp8 = next(c for c in bench.CASES if c.name == "1b-fp8")
+    failed = bench.from_matrix(fp8, [doc])
+    assert failed.problem == "`llmtrain run` failed" and failed.precision == "fp8"
+    mixtral = next(c for c in bench.CASES if c.name == "mixtral1-bf16")
+    assert bench.from_matrix(mixtral, [doc]) is None

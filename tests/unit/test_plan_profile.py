@@ -144,6 +144,21 @@ def test_lookups_scale_unmeasured_shapes_by_flops() -> None:
     assert prof.rates(doc, "bf16", prof.cpu_threads(1)).gemm(2048, 128, 128) is None
 
 
+def test_optimizer_fits_fixed_cost_plus_cost_per_parameter() -> None:
+    """Two sizes measured (calibrate times the rank's count and a quarter of it): the step's
+    fixed cost is not scaled with the parameters, as one proportional size would."""
+    doc = tiny_profile()
+    doc["optimizer"] = [
+        {"threads": prof.cpu_threads(1), "params": 1_000_000_000, "seconds": 10 * MS},
+        {"threads": prof.cpu_threads(1), "params": 250_000_000, "seconds": 4 * MS},
+    ]
+    r = prof.rates(doc, "fp32", prof.cpu_threads(1))
+    # slope (10 - 4) ms / 7.5e8 = 8 ms per 1e9, intercept 10 - 8 = 2 ms: 2e9 -> 2 + 16 = 18 ms
+    # (from 2.5e8 alone, proportionally: 32 ms; from 1e9 alone: 20 ms).
+    assert r.optimizer_s(2_000_000_000) == pytest.approx(18 * MS)
+    assert r.optimizer_s(1_000_000_000) == pytest.approx(10 * MS)
+
+
 def test_collectives_fit_latency_plus_bandwidth() -> None:
     doc = tiny_profile()
     doc["collectives"] = [

@@ -49,7 +49,7 @@ from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.init_from import copy_into
 from launcher.train.model import Transformer, apply_recompute, build_model, loss_fn
-from launcher.train.optim import build_optimizer
+from launcher.train.optim import build_optimizer, fused_on
 from launcher.train.safe_load import CheckpointFiles, deepspeed_loading, verify_weights_only
 
 TAG = "engine"
@@ -195,8 +195,7 @@ class DeepSpeedEngine(Engine):
         # [single_partition_of_fp32_groups[i]]): the fused Adam kernel updates it in one pass
         # where the default foreach implementation makes one pass per operation. On CUDA only,
         # so CPU runs keep their numerics (fused and foreach round differently).
-        fused = engine_device().type == "cuda"
-        optimizer = build_optimizer(module.parameters(), cfg.optim, fused=fused)
+        optimizer = build_optimizer(module.parameters(), cfg.optim, fused=fused_on(engine_device()))
         config: dict[str, Any] = runtime_ds_config(cfg)
         if cfg.zero.offload_optimizer != "none":
             # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.

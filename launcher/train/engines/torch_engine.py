@@ -148,7 +148,7 @@ from launcher.train.model import (
     init_weights,
     loss_fn,
 )
-from launcher.train.optim import build_optimizer, optimizer_class, param_groups
+from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
 from launcher.train.safe_load import (
     CheckpointFiles,
@@ -552,15 +552,16 @@ class TorchEngine(Engine):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         params = [param for part in self.parts for param in part.parameters()]
+        fused = fused_on(self.device)
         if self.zero == 1:
-            cls, options = optimizer_class(self.cfg.optim)
+            cls, options = optimizer_class(self.cfg.optim, fused)
             return ZeroRedundancyOptimizer(
                 cast(Any, param_groups(params, self.cfg.optim)),
                 optimizer_class=cls,
                 process_group=self.dp_mesh.get_group(),
                 **options,
             )
-        return build_optimizer(params, self.cfg.optim)
+        return build_optimizer(params, self.cfg.optim, fused=fused)
 
     def _build_schedule(self) -> Any:
         lay = self.layout
