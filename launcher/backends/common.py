@@ -121,6 +121,9 @@ class Backend:
     fused_elementwise: bool = False
     # The interleaved pipeline schedule overlaps its point-to-point traffic with compute.
     overlaps_interleaved_p2p: bool = False
+    # ZeRO stages at which the optimizer steps one flat fp32 partition per parameter group
+    # (DeepSpeed ZeRO-1/2) instead of each parameter tensor.
+    flat_optimizer_stages: tuple[int, ...] = ()
 
     def runs_feature(self, feature: str) -> bool:
         return feature in self.features

@@ -99,6 +99,9 @@ def _compile_requested(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
 
 BACKEND = Backend(
     name="deepspeed",
+    # deepspeed/runtime/zero/stage_1_and_2.py: param_groups[i]["params"] =
+    # [single_partition_of_fp32_groups[i]] (launcher/train/engines/deepspeed_engine.py).
+    flat_optimizer_stages=(1, 2),
     summary=(
         "DeepSpeed: ZeRO 0-3 data parallel, CPU offload, PipelineModule 1F1B, AutoTP tensor "
         "parallel (ds_config.json)"

@@ -217,9 +217,10 @@ def measure_loss(
 
 def rank_params(cfg: LLMTrainConfig) -> tuple[int, int]:
     """(parameters this rank's optimizer updates, tensors the optimizer steps), from the plan.
-    DeepSpeed ZeRO-1/2 hand the optimizer one flat fp32 partition per parameter group
-    (launcher/train/engines/deepspeed_engine.py), two groups (decay / no decay); elsewhere the
+    A backend that flattens the optimizer's partitions (Backend.flat_optimizer_stages: DeepSpeed
+    ZeRO-1/2) steps one tensor per parameter group, two (decay / no decay); elsewhere the
     optimizer steps each parameter tensor."""
+    from launcher.backends.common import backend_of
     from launcher.plan.memory import bytes_per_param
     from launcher.plan.planner import make_plan
 
@@ -227,7 +228,7 @@ def rank_params(cfg: LLMTrainConfig) -> tuple[int, int]:
     st = plan.memory.heaviest
     per = bytes_per_param(cfg).optimizer
     params = int(st.optimizer / per) if per > 0 else 0
-    if cfg.backend.name == "deepspeed" and cfg.zero.stage in (1, 2):
+    if cfg.zero.stage in backend_of(cfg).flat_optimizer_stages:
         return params, 2
     return params, max(1, 12 * st.layers + 4)
 

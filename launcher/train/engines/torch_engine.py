@@ -56,9 +56,9 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    under tp the tensorwise ones take torchao's Float8Colwise/RowwiseParallel, under FSDP2 their
    weights are all-gathered in fp8 (tensorwise) and their scales precomputed after each optimizer
    step. The device must have CUDA capability 8.9+ unless precision.fp8_emulate.
-6. Compilation (``engine_choices.compile_in_force``: backend.compile, or its default: on for fp8
-   on a GPU): each transformer block is compiled on its own, after recompute and before data
-   parallel.
+6. Compilation (``engine_choices.compile_in_force``: backend.compile, or its default on a GPU: on
+   for fp8 and for dense runs of 1,000+ steps): each transformer block is compiled on its own,
+   after recompute and before data parallel.
 Loss: with tp = pp = 1 the model's forward computes the loss over chunks of tokens
 (``launcher.train.chunked_loss``, train.chunked_loss); otherwise from full logits.
 MoE experts: grouped GEMMs (``launcher.train.experts``), under ep and tp too.
