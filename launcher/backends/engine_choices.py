@@ -115,6 +115,9 @@ class EngineChoices:
     chunked_loss: bool
     loss_why: str
     moe: str | None
+    # The blocks run under torch.compile (llmtrain's torch engine), whose partitioner recomputes
+    # point-wise results instead of saving them (plan.memory.layer_activation_terms).
+    compiled_blocks: bool = False
 
     def summary(self) -> str:
         """One short line for plan's first screen (the full lines come with --detail)."""
@@ -229,6 +232,7 @@ def engine_choices(cfg: LLMTrainConfig) -> EngineChoices:
         chunked_loss=chunked,
         loss_why=loss_why,
         moe=moe,
+        compiled_blocks=compile_on and torch_engine,
     )
 
 
