@@ -124,6 +124,18 @@ class Backend:
     # ZeRO stages at which the optimizer steps one flat fp32 partition per parameter group
     # (DeepSpeed ZeRO-1/2) instead of each parameter tensor.
     flat_optimizer_stages: tuple[int, ...] = ()
+    # The loss on full logits is PyTorch's eager F.cross_entropy(logits.float()) (llmtrain's
+    # engines; plan.memory.logits_bytes counts its fp32 backward), not Megatron's vocab-parallel
+    # cross-entropy with its gradient written in place.
+    eager_loss: bool = True
+    # Context parallel's ring: how many buffers of the rank's K/V size are in flight beyond the
+    # saved K/V, and whether in fp32 (plan.memory.cp_ring_bytes): llmtrain's ring attention sends
+    # K, V, dK, dV in fp32 and receives a copy of each.
+    cp_ring_kv_buffers: float = 4.0
+    cp_ring_fp32: bool = True
+    # The MoE token dispatcher the ranks run (plan.memory.dispatcher_bytes): "alltoall"
+    # (llmtrain's expert_parallel.dispatch_combine) or "allgather" (Megatron-core's default).
+    moe_dispatcher: str = "alltoall"
 
     def runs_feature(self, feature: str) -> bool:
         return feature in self.features
@@ -391,3 +403,24 @@ def expert_span(cfg: LLMTrainConfig, layout: Layout) -> tuple[tuple[str, ...], i
     for n in names:
         size *= getattr(layout, n)
     return names, size
+
+
+def expert_tensor_parallel(cfg: LLMTrainConfig, layout: Layout) -> int:
+    """How many ranks split each expert's weights (Megatron-core's expert tensor parallel size).
+
+    Megatron-core's MoE parallel folding (its MoE docs; --expert-tensor-parallel-size, default tp)
+    re-folds a stage's tp x cp x dp ranks into expert-tensor x expert x expert-data parallel
+    groups. llmtrain renders --expert-tensor-parallel-size 1 when ep does not divide dp x cp (the
+    expert groups then span tensor-parallel ranks; launcher/render/megatron_args.py): each expert
+    whole on its rank. Everywhere else the experts split over tp like the dense weights."""
+    if cfg.backend.name == "megatron" and layout.ep > 1 and (layout.dp * layout.cp) % layout.ep:
+        return 1
+    return max(1, layout.tp)
+
+
+def expert_data_parallel(cfg: LLMTrainConfig, layout: Layout) -> float:
+    """Ranks that hold the same expert shard (what ZeRO / the distributed optimizer shards expert
+    states over): tp x cp x dp / (ep x expert tensor parallel); dp x cp / ep when the experts
+    split over tp."""
+    ranks = max(1, layout.tp) * max(1, layout.cp) * max(1, layout.dp)
+    return max(1.0, ranks / (max(1, layout.ep) * expert_tensor_parallel(cfg, layout)))

@@ -110,4 +110,11 @@ BACKEND = Backend(
     fused_elementwise=True,
     # overlap_p2p_comm, on by default with virtual pipeline stages.
     overlaps_interleaved_p2p=True,
+    # Vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py): in-place backward.
+    eager_loss=False,
+    # Transformer Engine's AttnFuncWithCPAndKVP2P: received K/V, received dK/dV, own dK/dV.
+    cp_ring_kv_buffers=3.0,
+    cp_ring_fp32=False,
+    # --moe-token-dispatcher-type defaults to allgather; llmtrain renders no other.
+    moe_dispatcher="allgather",
 )

@@ -19,7 +19,12 @@ Conventions stated once here (and in the plan's assumptions):
 - ZeRO / FSDP shards over dp * cp (Megatron's distributed optimizer and torchtitan's FSDP both shard
   over the data and context parallel ranks together); expert parameters over dp * cp / ep.
 - Expert weights are split over ep and, like the dense weights, over tp (Megatron-core's expert
-  tensor parallel size defaults to tp).
+  tensor parallel size defaults to tp), except where llmtrain renders
+  --expert-tensor-parallel-size 1 (MoE parallel folding, backends.common.expert_tensor_parallel):
+  then each expert is whole on its rank and its states shard over tp x cp x dp / ep.
+- Transient working sets that exist once, for the layer being computed, not per layer: context
+  parallel's key/value ring buffers (``cp_ring_bytes``) and the MoE token dispatcher's buffers
+  (``dispatcher_bytes``).
 - Dropout is on for GPT-style models (LayerNorm; Megatron's default 0.1) and off for Llama-style
   (RMSNorm) ones; it adds 1-byte masks (Korthikanti's 34 sbh + 5 as^2 b counts them).
 - CPU offload moves the optimizer states (offload_optimizer) and the sharded weights
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.backends.common import backend_of
+from launcher.backends.common import backend_of, expert_data_parallel, expert_tensor_parallel
 from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight
@@ -230,10 +235,88 @@ def layer_activation_bytes(
     return tokens * (rep + t.sharded / tp + t.scores * seq / tp)
 
 
+# The eager PyTorch loss on full logits (llmtrain's torch engine, launcher/train/model.py loss_fn;
+# torchtitan's loss_fn, not compiled: "TODO: compiling loss function causes CUDA errors" in its
+# train.py of 2024-25) is F.cross_entropy(logits.float()): log_softmax then nll_loss, each its own
+# fp32 tensor. The caller drops the logits before the backward (torchtitan: "del pred ... need to
+# free to before bwd to avoid peaking memory"; llmtrain's model returns only the loss). The
+# forward holds the logits, their fp32 copy and the fp32 log-softmax (dtype + 8 bytes a logit);
+# the backward's peak is in log_softmax_backward: the saved fp32 log-softmax, nll_loss's fp32
+# gradient and the fp32 gradient it writes (aten _log_softmax_backward_data allocates its
+# result): 12 bytes a logit, 4 more than Megatron's vocab-parallel cross-entropy, whose backward
+# writes the gradient into its saved softmax in place (tensor_parallel/cross_entropy.py).
+EAGER_LOSS_BACKWARD_BYTES = 12.0
+# With tp > 1 the vocabulary-split loss of PyTorch (torch/distributed/tensor/parallel/loss.py,
+# loss_parallel, torchtitan's default with TP) computes the backward of nll_loss and log_softmax
+# together as (zeros_like(x) scattered + exp(x)) * grad: the saved fp32 log-softmax x, the zeros,
+# exp(x) and their sum (then the product) are four fp32 tensors at once: 16 bytes a logit (its
+# forward: the logits, the fp32 copy, the shifted logits and their exp, 14).
+LOSS_PARALLEL_BACKWARD_BYTES = 16.0
+
+
+def cp_ring_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
+    """Context parallel's key/value buffers in flight on one GPU, for the one layer whose attention
+    runs (0 without cp). The stored activations already split over cp (every rank keeps only its
+    own tokens' q, k, v, output and log-sum-exp: ring attention saves no score matrix).
+
+    Megatron-core (Transformer Engine's AttnFuncWithCPAndKVP2P): a double buffer of the rank's
+    K/V chunk in the forward; in the backward the K/V chunk and its gradient dK/dV travel together
+    in double buffers: the received K/V, the received dK/dV and the rank's own dK/dV, three local
+    K/V sizes in the compute dtype beyond the saved K/V.
+    llmtrain's torch engine (launcher/train/ring_attention.py, backward): K, V, dK, dV travel in
+    fp32 ("work" dtype) and batch_isend_irecv receives a copy of all four: 2 x 2 x 4 = 16 bytes
+    per local K/V element."""
+    if layout.cp <= 1:
+        return 0.0
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    if shape.is_mla:
+        kv_dim = m.num_attention_heads * (shape.head_dim + shape.rope_dim + shape.v_dim)
+    else:
+        kv_dim = 2 * shape.kv_heads * shape.head_dim
+    elements = layout.micro_batch_size * m.seq_length / layout.cp * kv_dim / max(1, layout.tp)
+    b = backend_of(cfg)
+    dtype = 4 if b.cp_ring_fp32 else DTYPE_BYTES[cfg.precision.compute_dtype]
+    return b.cp_ring_kv_buffers * elements * dtype
+
+
+def dispatcher_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
+    """The MoE token dispatcher's buffers on one GPU for the one MoE layer being computed, beyond
+    what the layer stores (each routed copy's expert input and output: layer_activation_terms).
+
+    Megatron-core's default dispatcher (--moe-token-dispatcher-type allgather; llmtrain renders
+    no other): MoEAllGatherTokenDispatcher all-gathers the hidden states of the tp x ep group's
+    tokens (the rank's s/tp tokens with sequence parallel, x tp x ep) into a global buffer and
+    unpermutes the expert outputs into one of the same size before the reduce-scatter: 2 x
+    gathered tokens x h in the compute dtype (when tp x ep > 1).
+    llmtrain's torch engine with ep > 1 (launcher/train/expert_parallel.py dispatch_combine): the
+    all-to-all's send copy (flat[order // top_k]) and received rows beside the sorted expert input,
+    and the same two on the way back: 2 x tokens x top_k x h. Without ep the sorted copy is the
+    experts' input (already counted)."""
+    m = cfg.model
+    if not (m.num_experts or 0) > 1:
+        return 0.0
+    dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
+    tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
+    if backend_of(cfg).moe_dispatcher == "allgather":
+        if layout.tp * layout.ep <= 1:
+            return 0.0
+        sp = layout.tp if cfg.parallel.sequence_parallel else 1
+        gathered = tokens / sp * layout.tp * layout.ep
+        return 2.0 * gathered * m.hidden_size * dtype
+    if layout.ep <= 1:
+        return 0.0
+    # Shared experts run on the rank's own tokens, outside the dispatcher.
+    return 2.0 * tokens * (m.moe_top_k or 1) * m.hidden_size * dtype
+
+
 def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
-    """Output logits and loss on the last stage for one micro-batch: the logits in the compute dtype
-    plus an fp32 copy for the loss and fp32 softmax (its gradient reuses that buffer): s b V
-    (dtype + 4 + 4) / tp / cp (vocab-parallel cross-entropy, Megatron)."""
+    """Output logits and loss on the last stage for one micro-batch, at their peak.
+
+    Megatron: the logits in the compute dtype plus an fp32 copy for the loss and fp32 softmax
+    (its gradient reuses that buffer): s b V (dtype + 4 + 4) / tp / cp. The eager PyTorch loss
+    (backend torch / deepspeed): the larger of its forward (dtype + 8) and its backward per logit
+    (EAGER_LOSS_BACKWARD_BYTES; LOSS_PARALLEL_BACKWARD_BYTES with the vocabulary split over tp)."""
     m = cfg.model
     tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
     dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
@@ -245,6 +328,9 @@ def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
         chunk = min(tokens, loss_chunk_tokens(m.vocab_size))
         held = tokens * m.hidden_size * dtype + m.vocab_size * m.hidden_size * 4.0
         return chunk * m.vocab_size * per + held
+    if backend_of(cfg).eager_loss:
+        split = layout.tp > 1
+        per = max(per, LOSS_PARALLEL_BACKWARD_BYTES if split else EAGER_LOSS_BACKWARD_BYTES)
     return tokens * m.vocab_size * per / max(1, layout.tp)
 
 
@@ -264,6 +350,7 @@ def stage_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> StageParams
     shape = ModelShape(cfg.model)
     m = cfg.model
     tp, ep = max(1, layout.tp), max(1, layout.ep)
+    etp = expert_tensor_parallel(cfg, layout)
     first_layer = sum(layout.stage_layers[:stage]) if layout.vpp == 1 else None
     dense = 0.0
     expert = 0.0
@@ -285,7 +372,7 @@ def stage_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> StageParams
         is_moe_layer = shape.is_moe and i >= m.moe_dense_layers
         params = moe_layer if is_moe_layer else dense_layer
         if is_moe_layer:
-            expert += routed / (ep * tp)
+            expert += routed / (ep * etp)
             dense += (params - routed) / tp
         else:
             dense += params / tp
@@ -436,7 +523,8 @@ def stage_states(
     if params is None:
         params = stage_params(cfg, layout, stage)
     shard = zero_shard(layout)
-    expert_shard = max(1, shard // max(1, layout.ep))
+    # Expert states shard over the expert-data-parallel ranks (MoE parallel folding).
+    expert_shard = expert_data_parallel(cfg, layout)
 
     def sharded(per_param: float, on: bool) -> float:
         if not on:
@@ -472,9 +560,9 @@ def stage_states(
 def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[float, int]:
     """(activation bytes, chunk-micro-batches in flight) of one GPU of `stage` at its peak.
 
-    Reads the model and precision sections, parallel.sequence_parallel and pp_schedule,
-    train.recompute, and the layout's micro-batch size, micro-batches, tp, cp, pp, vpp and chunk
-    split.
+    Reads the model and precision sections, the backend, parallel.sequence_parallel and
+    pp_schedule, train.recompute, and the layout's micro-batch size, micro-batches, tp, cp, pp,
+    vpp, ep and chunk split.
     """
     shape = ModelShape(cfg.model)
     m = cfg.model
@@ -492,6 +580,10 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
     moe_here = shape.is_moe and first_index + layers_here > m.moe_dense_layers
     dropout = uses_dropout(cfg)
     compiled = engine_choices(cfg).compiled_blocks
+    # With cp > 1 attention is ring attention whatever model.attention says: it saves q, k, v, the
+    # output and the fp32 log-sum-exp, never a score matrix (Transformer Engine's CP attention;
+    # launcher/train/ring_attention.py save_for_backward(q, k, v, out, lse)).
+    attention = "flash" if layout.cp > 1 else m.attention
 
     def per_layer(recompute: str) -> float:
         return layer_activation_bytes(
@@ -503,7 +595,7 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             layout.cp,
             cfg.parallel.sequence_parallel,
             recompute,
-            m.attention,
+            attention,
             dropout,
             cfg.precision.fp8,
             compiled,
@@ -532,6 +624,10 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
     if cfg.train.recompute != "none":
         # While a layer is recomputed for its backward its full activations exist once.
         activations += per_layer("none")
+    # One layer's transient buffers: cp's K/V ring, the MoE dispatcher's.
+    activations += cp_ring_bytes(cfg, layout)
+    if moe_here:
+        activations += dispatcher_bytes(cfg, layout)
     if stage == layout.pp - 1:
         activations += logits_bytes(cfg, layout)
     return activations, in_flight

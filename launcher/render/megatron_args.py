@@ -19,6 +19,7 @@ from __future__ import annotations
 import shlex
 
 from launcher.backends import raw_refusals
+from launcher.backends.common import expert_tensor_parallel
 from launcher.config.layout import derive_layout, split_keys
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.sources import MegatronData
@@ -199,7 +200,7 @@ def megatron_args(
     ]  # fmt: skip
     if p.ep > 1:
         args += ["--expert-model-parallel-size", str(p.ep)]
-        if (layout.dp * p.cp) % p.ep:
+        if expert_tensor_parallel(cfg, layout) != max(1, p.tp):
             # MoE parallel folding: the expert groups span tensor-parallel ranks too.
             args += ["--expert-tensor-parallel-size", "1"]
     if p.sequence_parallel:

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from launcher.backends import all_backends, raw_refusals
-from launcher.backends.common import Backend
+from launcher.backends.common import Backend, expert_tensor_parallel
 from launcher.config.layout import Layout, auto_split, derive_layout, split_keys
 from launcher.config.layout_rules import (
     chunks_have_layers,
@@ -966,7 +966,8 @@ class _Search:
         layers = self.stage_layers(layout)
         stages: list[StageMemory | None] = [None] * pp
         for stage in (0, *range(pp - 1, 0, -1)):
-            akey = (mbs, m, tp, cp, pp, vpp, sched, sp, r, stage)
+            # ep: the MoE dispatcher's buffers (memory.dispatcher_bytes).
+            akey = (mbs, m, tp, cp, pp, vpp, ep, sched, sp, r, stage)
             act = self._acts.get(akey)
             if act is None:
                 # Activations do not depend on the ZeRO stage: the group's configuration will do.
@@ -1030,7 +1031,9 @@ class _Search:
         layers = self.stage_layers(layout)
 
         def one(s: int) -> StageStates:
-            pkey = (layout.tp, layout.ep, layout.pp, layout.vpp, s)
+            # The expert tensor parallel size folds in dp x cp (backends.expert_tensor_parallel).
+            etp = expert_tensor_parallel(cfg, layout)
+            pkey = (layout.tp, layout.ep, etp, layout.pp, layout.vpp, s)
             if pkey not in self._params:
                 self._params[pkey] = stage_params(cfg, layout, s)
             return stage_states(cfg, layout, s, self._params[pkey])

@@ -125,8 +125,9 @@ def test_logits_fp32_on_last_stage() -> None:
         model=LLAMA,
         parallel=ParallelConfig(tp=2),
         cluster=ClusterConfig(gpu="h100-sxm", gpus_per_node=2),
+        backend=BackendConfig(name="megatron"),
     )
-    # s b V (2 bf16 + 4 fp32 copy + 4 fp32 softmax) / tp.
+    # Megatron: s b V (2 bf16 + 4 fp32 copy + 4 fp32 softmax) / tp.
     assert logits_bytes(cfg, derive_layout(cfg)) == pytest.approx(4096 * 32000 * 10 / 2)
 
 
