@@ -143,6 +143,33 @@ def attention_efficiency(
     return rate * c.attn_efficiency * block / (block + ATTN_HALF_SEQ)
 
 
+# Not fitted (an estimate): a gather or scatter of whole hidden-state rows (4-14 KB each) is a
+# streaming device copy; device-to-device copies reach about 0.8-0.9 of the HBM datasheet bandwidth
+# (cudaMemcpy D2D / nvbandwidth on A100 and H100); the lower end, for the index reads.
+COPY_EFFICIENCY = 0.8
+
+
+def moe_routing_bytes(h: int, top_k: int, experts: int, act_bytes: int) -> float:
+    """HBM bytes per token and MoE layer, forward, of the router's non-GEMM work and the token
+    permutation (Megatron-Core moe_utils permute / unpermute, Transformer Engine's fused
+    moe_permute, torchtitan's MoE generate_permute_indices + index gather):
+
+    - router: fp32 logits written, softmax (or sigmoid) read + written, top-k read, the load
+      balancing loss read: 5 x 4 bytes per expert score;
+    - permute: top_k copies of the token gathered into expert order (read + write top_k x h);
+    - unpermute: the top_k expert outputs read, weighted by their fp32 probabilities and summed
+      into one token (read top_k x h, write h).
+
+    e.g. h 2048, top_k 8, 128 experts, bf16: 20 x 128 + (2 x 8 + 8 + 1) x 2048 x 2 + 8 x 4
+    = 2,560 + 102,400 + 32 = 104,992 bytes. The backward moves the same again twice (gradients
+    unpermuted and permuted back; the caller's byte passes).
+    """
+    router = 5.0 * 4.0 * experts
+    permute = 2.0 * top_k * h * act_bytes
+    unpermute = (top_k + 1.0) * h * act_bytes + 4.0 * top_k
+    return router + permute + unpermute
+
+
 def clock_factor(power_limit_w: float | None, tdp_w: float | None) -> float:
     """Clock fraction under a power cap: (P / TDP)^(1/3), 1 without a cap (module docstring)."""
     if not power_limit_w or not tdp_w or power_limit_w >= tdp_w:
@@ -361,8 +388,6 @@ def _parts(k: _Key) -> ComputeParts:
     if k.experts > 1:
         f_e = k.moe_ffn
         moe_elem = (3.0 if k.gated else 2.0) * (k.top_k * f_e + k.shared * f_e) / tp
-        # Permute to experts and back (read + write h per routed copy, twice), router probs fp32.
-        moe_elem += 4.0 * k.top_k * h + 4.0 * k.experts
     if k.fp8:
         # Cast of each linear GEMM's input to fp8: read 2 bytes, write 1 (QKV, O, FC1, FC2).
         cast_dense = 3.0 * (2.0 * h + k.q_dim / tp + k.ffn / tp)
@@ -395,6 +420,13 @@ def _parts(k: _Key) -> ComputeParts:
         # Logits (compute dtype) + fp32 copy + softmax + loss, forward and backward (~30 B/logit).
         layer_bytes += 30.0 * k.vocab / tp
     bytes_s = t * layer_bytes * bytes_scale
+    if k.experts > 1:
+        # Routing and token (un)permutation: streaming copies at COPY_EFFICIENCY of HBM, not the
+        # fitted bytes_factor of the small fused ops (moe_routing_bytes); same passes as above.
+        bytes_s += (
+            t * byte_passes * n_m * moe_routing_bytes(h, k.top_k, k.experts, ab)
+            / (COPY_EFFICIENCY * k.hbm_gbps * 1e9)
+        )
     return ComputeParts(
         linear_s=linear_s / k.clock,
         other_gemm_s=other_s / k.clock,
@@ -405,10 +437,12 @@ def _parts(k: _Key) -> ComputeParts:
 
 __all__ = [
     "ATTENTION_KERNEL_RATE",
+    "COPY_EFFICIENCY",
     "ComputeParts",
     "attention_efficiency",
     "clock_factor",
     "gemm_efficiency",
     "gemm_time",
+    "moe_routing_bytes",
     "stage_parts",
 ]

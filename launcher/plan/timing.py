@@ -35,7 +35,12 @@ from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import bubble_scale
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.comm import Collective, collective_time, place_group
+from launcher.plan.comm import (
+    Collective,
+    collective_time,
+    expert_alltoall_bus_gbps,
+    place_group,
+)
 from launcher.plan.fitted import constants
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
@@ -166,12 +171,17 @@ def _add_collective(
     calls: int,
     window: float | None,
     note: str,
+    top_k: int = 0,
 ) -> tuple[float, float]:
-    """Time one collective per step, append its row, return (total, exposed) seconds."""
+    """Time one collective per step, append its row, return (total, exposed) seconds.
+    top_k > 0: an expert dispatch / combine of top_k copies per token (comm.py)."""
     # A group inside one NVLink domain (a node, or a GB200 NVL72 rack) gets NVLink bandwidth.
     domain = max(hw.gpus_per_node, hw.scale_up_domain)
     place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
-    total = collective_time(kind, msg, size, place.bus_gbps) * calls
+    bus = place.bus_gbps
+    if top_k > 0:
+        bus = expert_alltoall_bus_gbps(place, top_k, hw.intra_gbps, hw.inter_gbps)
+    total = collective_time(kind, msg, size, bus) * calls
     # Measured on this machine for this kind and group size (one node only: inter-node links and
     # other group sizes stay the catalog's).
     measured = None
@@ -187,7 +197,7 @@ def _add_collective(
         hidden = min(total, window)
         exposed = total - hidden + constants(hw.arch).overlap_cost * hidden
     colls.append(
-        Collective(name, kind, group, size, msg, calls, place.bus_gbps, total, exposed, note)
+        Collective(name, kind, group, size, msg, calls, bus, total, exposed, note)
     )
     return total, exposed
 
@@ -275,6 +285,7 @@ def microbatch_time(
             4 * moe_layers * mb,
             None,
             "dispatch + combine, fwd + bwd",
+            top_k=m.moe_top_k or 1,
         )
         per_mb_exposed += e / mb
     if pp > 1:
