@@ -424,7 +424,10 @@ def _parts(k: _Key) -> ComputeParts:
         # Routing and token (un)permutation: streaming copies at COPY_EFFICIENCY of HBM, not the
         # fitted bytes_factor of the small fused ops (moe_routing_bytes); same passes as above.
         bytes_s += (
-            t * byte_passes * n_m * moe_routing_bytes(h, k.top_k, k.experts, ab)
+            t
+            * byte_passes
+            * n_m
+            * moe_routing_bytes(h, k.top_k, k.experts, ab)
             / (COPY_EFFICIENCY * k.hbm_gbps * 1e9)
         )
     return ComputeParts(

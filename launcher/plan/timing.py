@@ -196,9 +196,7 @@ def _add_collective(
     else:
         hidden = min(total, window)
         exposed = total - hidden + constants(hw.arch).overlap_cost * hidden
-    colls.append(
-        Collective(name, kind, group, size, msg, calls, bus, total, exposed, note)
-    )
+    colls.append(Collective(name, kind, group, size, msg, calls, bus, total, exposed, note))
     return total, exposed
 
 
