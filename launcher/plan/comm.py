@@ -19,6 +19,10 @@ remote node it is routed to and forwards it over NVLink there (DeepSeek-V3 repor
 kernels, whose bottleneck is the RDMA bandwidth per GPU). With balanced routing of top_k copies
 over N nodes a token reaches (N - 1) x (1 - (1 - 1/N)^top_k) remote nodes on average; the NVLink
 share is the top_k copies x (n - 1) / n; both links run at once (the slower one sets the time).
+That is the node-deduplicating dispatch of DeepEP (Megatron-Core's flex dispatcher, NeMo
+AutoModel, torchtitan's DeepEP option), which the published fine-grained runs use; a dispatcher
+that sends every copy (torch all_to_all_single, Megatron's alltoall dispatcher) moves up to
+top_k x (n - k) / n per token over the NIC, which this does not price (a known under-estimate).
 """
 
 from __future__ import annotations

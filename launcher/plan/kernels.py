@@ -13,7 +13,12 @@ One place per formula; the fitted constants (``fitted.py``) are dimensionless an
   GEMMs at the fp8 peak (Transformer Engine / torchao keep the output head and attention in bf16),
   at fp8_gemm_ratio of the bf16 efficiency.
 - Grouped expert GEMMs at the shape each expert really gets: m = tokens x top_k x ep / experts
-  per local expert (balanced routing; Megatron-core / DeepEP dispatch).
+  per local expert (balanced routing; Megatron-core / DeepEP dispatch): few tokens per expert
+  (fine-grained MoE without enough expert parallelism) run far below peak through
+  gemm_efficiency (m = 256 at half_dim 128: 2/3 of the large-GEMM rate). The router's GEMM is
+  h x experts on every token; its softmax / top-k / load-balancing loss and the token permutation
+  and unpermutation (top_k copies of the hidden state gathered and scattered, forward and
+  backward) are HBM copies (moe_routing_bytes, at COPY_EFFICIENCY of the bandwidth).
 - Attention core with flash attention (Dao et al. 2022, 2023; Shah et al. 2024): causal FLOPs
   (half of the full s x s product) at the kernel's published benchmark rate (ATTENTION_KERNEL_RATE;
   te: Transformer Engine / cuDNN; sdpa: PyTorch's FlashAttention-2) times one fitted realisation
@@ -23,7 +28,7 @@ One place per formula; the fitted constants (``fitted.py``) are dimensionless an
   QK^T: five matmuls against two). Eager attention (Megatron 2021) is two batched GEMMs per head
   (QK^T and AV, smallest dimension head_dim) plus its softmax as bytes below.
 - Everything else -- norms, residual adds, rotary, activation functions, dropout, the softmax of
-  eager attention, MoE routing and permutation, fp8 casts, the cross-entropy over the vocabulary --
+  eager attention, fp8 casts, the cross-entropy over the vocabulary (MoE routing: see above) --
   is memory-bound: the bytes each op reads and writes (per token: multiples of h, f/tp, V/tp),
   times bytes_factor (achieved vs peak HBM bandwidth and the small ops not listed), over the HBM
   bandwidth. It scales with b*s*h per layer, not with FLOPs. torch.compile fuses elementwise ops:

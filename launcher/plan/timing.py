@@ -13,7 +13,8 @@
 - Context parallel: ring exchange of K and V, (cp-1) steps forward, K,V and their gradients
   backward; hidden behind the attention core's compute, the excess exposed.
 - Expert parallel: 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
-  backward) of top_k * tokens * h; exposed.
+  backward) of top_k * tokens * h; exposed. A group spanning nodes is bound by each GPU's NIC, one
+  copy per remote node a token reaches (comm.expert_alltoall_bus_gbps).
 - Data parallel / ZeRO (Rajbhandari et al. 2020): stage 0 all-reduces gradients once per step;
   stage 1 reduce-scatters gradients and all-gathers parameters once per step; stage 2
   reduce-scatters per micro-batch; stage 3 all-gathers parameters forward and backward and
