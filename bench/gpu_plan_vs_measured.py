@@ -6,6 +6,8 @@
     python bench/gpu_plan_vs_measured.py --from-run DIR  # compare a finished run directory again
     python bench/gpu_plan_vs_measured.py --matrix [--only NAME ...]  # MATRIX, with/without profile
     python bench/gpu_plan_vs_measured.py --smoke --matrix  # the matrix code path on the CPU
+    python bench/gpu_plan_vs_measured.py --rescore DIR   # re-price recorded runs (no GPU), e.g.
+        bench/results/h100-80gb-2026-11-25 (measured.json + the profiles calibrate wrote)
 
 --matrix trains each configuration of MATRIX (>= 10: hidden 2k-8k, sequence 2k-8k, micro-batch,
 recompute, compile, bf16/fp8, dense/MoE, torch/DeepSpeed) once and compares its step time and
