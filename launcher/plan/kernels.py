@@ -209,6 +209,7 @@ class _Key:
     top_k: int
     moe_ffn: int
     shared: int
+    imbalance: float
     rope: bool
     dropout: bool
     eager: bool
@@ -284,6 +285,7 @@ def stage_parts(
         top_k=m.moe_top_k or 1,
         moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
         shared=m.moe_shared_experts,
+        imbalance=max(1.0, float(m.moe_load_imbalance)),
         rope=m.position == "rope",
         dropout=uses_dropout(cfg),
         eager=m.attention == "eager",
@@ -354,10 +356,13 @@ def _parts(k: _Key) -> ComputeParts:
     moe_mlp = 0.0
     router = 0.0
     if k.experts > 1:
-        per_expert_tokens = t * k.top_k * k.ep / k.experts
+        # The busiest rank's experts get `imbalance` x the mean tokens and set the pace.
+        per_expert_tokens = t * k.top_k * k.ep / k.experts * k.imbalance
         f_e = k.moe_ffn
-        moe_mlp = k.top_k * gemm(
-            2.0 * h * f_e * (g + 1) / tp, per_expert_tokens, f_e / tp, h, lin_peak, eff8
+        moe_mlp = (
+            k.imbalance
+            * k.top_k
+            * gemm(2.0 * h * f_e * (g + 1) / tp, per_expert_tokens, f_e / tp, h, lin_peak, eff8)
         )
         if k.shared:
             f_s = f_e * k.shared
@@ -392,7 +397,7 @@ def _parts(k: _Key) -> ComputeParts:
     moe_elem = 0.0
     if k.experts > 1:
         f_e = k.moe_ffn
-        moe_elem = (3.0 if k.gated else 2.0) * (k.top_k * f_e + k.shared * f_e) / tp
+        moe_elem = (3.0 if k.gated else 2.0) * (k.imbalance * k.top_k * f_e + k.shared * f_e) / tp
     if k.fp8:
         # Cast of each linear GEMM's input to fp8: read 2 bytes, write 1 (QKV, O, FC1, FC2).
         cast_dense = 3.0 * (2.0 * h + k.q_dim / tp + k.ffn / tp)

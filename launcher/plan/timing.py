@@ -273,7 +273,9 @@ def microbatch_time(
             for i in range(sum(layout.stage_layers[:stage]), sum(layout.stage_layers[: stage + 1]))
             if i >= m.moe_dense_layers
         )
+        # The busiest rank receives (and returns) moe_load_imbalance x the mean tokens.
         msg = (m.moe_top_k or 1) * tokens * m.hidden_size * act_bytes / sp_div
+        msg *= max(1.0, float(m.moe_load_imbalance))
         _, e = add(
             "expert all-to-all",
             "all-to-all",

@@ -22,6 +22,7 @@ from launcher.config.schema import (
 from launcher.plan.comm import collective_time, expert_alltoall_bus_gbps, place_group
 from launcher.plan.kernels import COPY_EFFICIENCY, gemm_efficiency, moe_routing_bytes, stage_parts
 from launcher.plan.planner import hardware_view, make_plan
+from launcher.validate.rules import check
 
 pytestmark = pytest.mark.unit
 
@@ -132,3 +133,29 @@ def test_few_tokens_per_expert_run_far_below_peak() -> None:
     cfg_few = dataclasses.replace(_moe(128), model=few)
     # Same active FLOPs (top_k 8 of equally wide experts), 8x fewer tokens per expert: slower.
     assert make_plan(cfg_few).time.compute_s > 1.2 * make_plan(_moe(128)).time.compute_s
+
+
+def test_load_imbalance_paces_the_busiest_rank() -> None:
+    # model.moe_load_imbalance 1.25 (a capacity factor of 1.25): the busiest rank receives 1.25x
+    # the mean tokens, so each all-to-all moves 1.25 x 8 x 4,096 x 2048 x 2 B = 167.8 MB, and its
+    # experts run 1.25 x 256 = 320 tokens each (ep 1, 128 experts) at 1.25x the FLOPs.
+    base = _moe(128, ep=64, nodes=8)
+    heavy = dataclasses.replace(
+        base, model=dataclasses.replace(base.model, moe_load_imbalance=1.25)
+    )
+    a2a = [next(c for c in make_plan(x).time.collectives if c.group == "ep") for x in (base, heavy)]
+    assert a2a[1].message_bytes == pytest.approx(1.25 * 8 * 4096 * 2048 * 2)
+    assert a2a[1].time_s == pytest.approx(1.25 * a2a[0].time_s)
+    one = _moe(128)
+    skew = dataclasses.replace(one, model=dataclasses.replace(one.model, moe_load_imbalance=1.25))
+    t1, t2 = make_plan(one).time.compute_s, make_plan(skew).time.compute_s
+    assert t1 < t2 < 1.25 * t1  # only the routed experts' part grows
+
+
+def test_load_imbalance_below_one_is_refused_naming_the_key() -> None:
+    cfg = _moe(128)
+    bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_load_imbalance=0.8))
+    errors = [v for v in check(bad) if v.is_error]
+    assert [v.keys for v in errors] == [("model.moe_load_imbalance",)]
+    assert "1.25" in errors[0].message
+    assert not [v for v in check(cfg) if v.is_error]
