@@ -63,6 +63,11 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
+    # Planning only: tokens on the busiest expert-parallel rank over the mean (>= 1). The busiest
+    # rank sets the pace of the experts' GEMMs and of the all-to-all. 1.0: balanced routing; with
+    # a capacity factor c and token dropping (GShard, Lepikhin et al. 2020; Switch Transformer,
+    # Fedus et al. 2022; Megatron-Core --moe-expert-capacity-factor) the busiest expert gets c.
+    moe_load_imbalance: float = 1.0
     # Multi-head latent attention (DeepSeek-V2/V3): set kv_lora_rank to enable it.
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None

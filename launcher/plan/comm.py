@@ -11,6 +11,18 @@ one node when stride * size <= gpus_per_node; then it uses the intra-node (NVLin
 group
 that spans nodes with k members per node runs k rail-aligned rings (NCCL), one per member's NIC, so
 its bus bandwidth is min(intra, k * inter) where inter is the per-GPU network bandwidth.
+
+The expert-parallel all-to-all is no ring: what leaves a node crosses the sending GPU's own NIC,
+NVLink cannot carry it. A group spanning N nodes with k members per node sends each token once per
+remote node it is routed to and forwards it over NVLink there (DeepSeek-V3 report, arXiv
+2412.19437 section 3.2.2: IB to the GPU of the same in-node index, then NVLink; DeepEP's internode
+kernels, whose bottleneck is the RDMA bandwidth per GPU). With balanced routing of top_k copies
+over N nodes a token reaches (N - 1) x (1 - (1 - 1/N)^top_k) remote nodes on average; the NVLink
+share is the top_k copies x (n - 1) / n; both links run at once (the slower one sets the time).
+That is the node-deduplicating dispatch of DeepEP (Megatron-Core's flex dispatcher, NeMo
+AutoModel, torchtitan's DeepEP option), which the published fine-grained runs use; a dispatcher
+that sends every copy (torch all_to_all_single, Megatron's alltoall dispatcher) moves up to
+top_k x (n - k) / n per token over the NIC, which this does not price (a known under-estimate).
 """
 
 from __future__ import annotations
@@ -56,6 +68,28 @@ def place_group(
         return GroupPlacement(size, stride, False, size, intra_gbps)
     per_node = max(1, min(size, gpn // stride)) if stride < gpn else 1
     return GroupPlacement(size, stride, True, per_node, min(intra_gbps, per_node * inter_gbps))
+
+
+def expert_alltoall_bus_gbps(
+    place: GroupPlacement, top_k: int, intra_gbps: float, inter_gbps: float
+) -> float:
+    """Bus bandwidth (collective_time's, all-to-all kind) of a dispatch or combine of top_k copies
+    of each token over the expert-parallel group `place` (module docstring). Inside one node, or
+    with top_k 1, the ring figure of place_group.
+
+    e.g. ep 64 over 8 nodes of 8 H100s (450 GB/s NVLink, 50 GB/s NIC), top_k 8: a token reaches
+    7 x (1 - (7/8)^8) = 4.59 remote nodes; per token-byte the NIC moves 4.59 / 50 and NVLink
+    8 x 63/64 / 450, so the NIC sets the time, 0.0919 s per GB; collective_time charges
+    8 x 63/64 = 7.875 bytes per token-byte, so the bus bandwidth is 7.875 / 0.0919 = 85.7 GB/s.
+    """
+    n, k = place.size, place.members_per_node
+    if not place.spans_nodes or n <= 1 or top_k <= 1 or k >= n:
+        return place.bus_gbps
+    nodes = n / k
+    remote = (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    charged = top_k * (n - 1) / n
+    seconds_per_gb = max(remote / inter_gbps, charged / intra_gbps)
+    return charged / seconds_per_gb
 
 
 @dataclass(frozen=True)

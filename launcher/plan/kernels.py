@@ -13,7 +13,12 @@ One place per formula; the fitted constants (``fitted.py``) are dimensionless an
   GEMMs at the fp8 peak (Transformer Engine / torchao keep the output head and attention in bf16),
   at fp8_gemm_ratio of the bf16 efficiency.
 - Grouped expert GEMMs at the shape each expert really gets: m = tokens x top_k x ep / experts
-  per local expert (balanced routing; Megatron-core / DeepEP dispatch).
+  per local expert (balanced routing; Megatron-core / DeepEP dispatch): few tokens per expert
+  (fine-grained MoE without enough expert parallelism) run far below peak through
+  gemm_efficiency (m = 256 at half_dim 128: 2/3 of the large-GEMM rate). The router's GEMM is
+  h x experts on every token; its softmax / top-k / load-balancing loss and the token permutation
+  and unpermutation (top_k copies of the hidden state gathered and scattered, forward and
+  backward) are HBM copies (moe_routing_bytes, at COPY_EFFICIENCY of the bandwidth).
 - Attention core with flash attention (Dao et al. 2022, 2023; Shah et al. 2024): causal FLOPs
   (half of the full s x s product) at the kernel's published benchmark rate (ATTENTION_KERNEL_RATE;
   te: Transformer Engine / cuDNN; sdpa: PyTorch's FlashAttention-2) times one fitted realisation
@@ -23,7 +28,7 @@ One place per formula; the fitted constants (``fitted.py``) are dimensionless an
   QK^T: five matmuls against two). Eager attention (Megatron 2021) is two batched GEMMs per head
   (QK^T and AV, smallest dimension head_dim) plus its softmax as bytes below.
 - Everything else -- norms, residual adds, rotary, activation functions, dropout, the softmax of
-  eager attention, MoE routing and permutation, fp8 casts, the cross-entropy over the vocabulary --
+  eager attention, fp8 casts, the cross-entropy over the vocabulary (MoE routing: see above) --
   is memory-bound: the bytes each op reads and writes (per token: multiples of h, f/tp, V/tp),
   times bytes_factor (achieved vs peak HBM bandwidth and the small ops not listed), over the HBM
   bandwidth. It scales with b*s*h per layer, not with FLOPs. torch.compile fuses elementwise ops:
@@ -143,6 +148,33 @@ def attention_efficiency(
     return rate * c.attn_efficiency * block / (block + ATTN_HALF_SEQ)
 
 
+# Not fitted (an estimate): a gather or scatter of whole hidden-state rows (4-14 KB each) is a
+# streaming device copy; device-to-device copies reach about 0.8-0.9 of the HBM datasheet bandwidth
+# (cudaMemcpy D2D / nvbandwidth on A100 and H100); the lower end, for the index reads.
+COPY_EFFICIENCY = 0.8
+
+
+def moe_routing_bytes(h: int, top_k: int, experts: int, act_bytes: int) -> float:
+    """HBM bytes per token and MoE layer, forward, of the router's non-GEMM work and the token
+    permutation (Megatron-Core moe_utils permute / unpermute, Transformer Engine's fused
+    moe_permute, torchtitan's MoE generate_permute_indices + index gather):
+
+    - router: fp32 logits written, softmax (or sigmoid) read + written, top-k read, the load
+      balancing loss read: 5 x 4 bytes per expert score;
+    - permute: top_k copies of the token gathered into expert order (read + write top_k x h);
+    - unpermute: the top_k expert outputs read, weighted by their fp32 probabilities and summed
+      into one token (read top_k x h, write h).
+
+    e.g. h 2048, top_k 8, 128 experts, bf16: 20 x 128 + (2 x 8 + 8 + 1) x 2048 x 2 + 8 x 4
+    = 2,560 + 102,400 + 32 = 104,992 bytes. The backward moves the same again twice (gradients
+    unpermuted and permuted back; the caller's byte passes).
+    """
+    router = 5.0 * 4.0 * experts
+    permute = 2.0 * top_k * h * act_bytes
+    unpermute = (top_k + 1.0) * h * act_bytes + 4.0 * top_k
+    return router + permute + unpermute
+
+
 def clock_factor(power_limit_w: float | None, tdp_w: float | None) -> float:
     """Clock fraction under a power cap: (P / TDP)^(1/3), 1 without a cap (module docstring)."""
     if not power_limit_w or not tdp_w or power_limit_w >= tdp_w:
@@ -177,6 +209,7 @@ class _Key:
     top_k: int
     moe_ffn: int
     shared: int
+    imbalance: float
     rope: bool
     dropout: bool
     eager: bool
@@ -252,6 +285,7 @@ def stage_parts(
         top_k=m.moe_top_k or 1,
         moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
         shared=m.moe_shared_experts,
+        imbalance=max(1.0, float(m.moe_load_imbalance)),
         rope=m.position == "rope",
         dropout=uses_dropout(cfg),
         eager=m.attention == "eager",
@@ -322,10 +356,13 @@ def _parts(k: _Key) -> ComputeParts:
     moe_mlp = 0.0
     router = 0.0
     if k.experts > 1:
-        per_expert_tokens = t * k.top_k * k.ep / k.experts
+        # The busiest rank's experts get `imbalance` x the mean tokens and set the pace.
+        per_expert_tokens = t * k.top_k * k.ep / k.experts * k.imbalance
         f_e = k.moe_ffn
-        moe_mlp = k.top_k * gemm(
-            2.0 * h * f_e * (g + 1) / tp, per_expert_tokens, f_e / tp, h, lin_peak, eff8
+        moe_mlp = (
+            k.imbalance
+            * k.top_k
+            * gemm(2.0 * h * f_e * (g + 1) / tp, per_expert_tokens, f_e / tp, h, lin_peak, eff8)
         )
         if k.shared:
             f_s = f_e * k.shared
@@ -360,9 +397,7 @@ def _parts(k: _Key) -> ComputeParts:
     moe_elem = 0.0
     if k.experts > 1:
         f_e = k.moe_ffn
-        moe_elem = (3.0 if k.gated else 2.0) * (k.top_k * f_e + k.shared * f_e) / tp
-        # Permute to experts and back (read + write h per routed copy, twice), router probs fp32.
-        moe_elem += 4.0 * k.top_k * h + 4.0 * k.experts
+        moe_elem = (3.0 if k.gated else 2.0) * (k.imbalance * k.top_k * f_e + k.shared * f_e) / tp
     if k.fp8:
         # Cast of each linear GEMM's input to fp8: read 2 bytes, write 1 (QKV, O, FC1, FC2).
         cast_dense = 3.0 * (2.0 * h + k.q_dim / tp + k.ffn / tp)
@@ -395,6 +430,16 @@ def _parts(k: _Key) -> ComputeParts:
         # Logits (compute dtype) + fp32 copy + softmax + loss, forward and backward (~30 B/logit).
         layer_bytes += 30.0 * k.vocab / tp
     bytes_s = t * layer_bytes * bytes_scale
+    if k.experts > 1:
+        # Routing and token (un)permutation: streaming copies at COPY_EFFICIENCY of HBM, not the
+        # fitted bytes_factor of the small fused ops (moe_routing_bytes); same passes as above.
+        bytes_s += (
+            t
+            * byte_passes
+            * n_m
+            * moe_routing_bytes(h, k.top_k, k.experts, ab)
+            / (COPY_EFFICIENCY * k.hbm_gbps * 1e9)
+        )
     return ComputeParts(
         linear_s=linear_s / k.clock,
         other_gemm_s=other_s / k.clock,
@@ -405,10 +450,12 @@ def _parts(k: _Key) -> ComputeParts:
 
 __all__ = [
     "ATTENTION_KERNEL_RATE",
+    "COPY_EFFICIENCY",
     "ComputeParts",
     "attention_efficiency",
     "clock_factor",
     "gemm_efficiency",
     "gemm_time",
+    "moe_routing_bytes",
     "stage_parts",
 ]

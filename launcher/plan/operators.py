@@ -10,7 +10,7 @@ Per GPU (tensor-parallel shards divided by tp, tokens t = micro_batch x seq / cp
   (separate nn.Linear calls in the engine, not one fused QKV GEMM);
 - MLP: w1 (and w3 for SwiGLU) h -> f/tp, w2 f/tp -> h;
 - MoE layers: router h -> E, E/ep local experts each on t x top_k x ep / E tokens (balanced
-  routing), shared experts on all t tokens;
+  routing; x model.moe_load_imbalance on the busiest rank), shared experts on all t tokens;
 - output layer over the vocabulary: h -> V/tp (last stage);
 - attention core: causal SDPA of [b, heads/tp, s/cp, d];
 - element-wise work of one layer: two norms, two residual adds, rotary on q and k, the MLP's
@@ -104,7 +104,8 @@ def operators(cfg: LLMTrainConfig, layout: Layout) -> Operators:
         top_k = m.moe_top_k or 1
         fe = _i((m.moe_ffn_hidden_size or m.ffn_hidden_size) / tp)
         local = max(1, experts // ep)
-        per_expert = _i(t * top_k * ep / experts)
+        # The busiest rank's experts (model.moe_load_imbalance x the mean tokens).
+        per_expert = _i(t * top_k * ep / experts * max(1.0, float(m.moe_load_imbalance)))
         moe = (
             *attn,
             Gemm("moe router", t, experts, h),

@@ -13,7 +13,8 @@
 - Context parallel: ring exchange of K and V, (cp-1) steps forward, K,V and their gradients
   backward; hidden behind the attention core's compute, the excess exposed.
 - Expert parallel: 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
-  backward) of top_k * tokens * h; exposed.
+  backward) of top_k * tokens * h; exposed. A group spanning nodes is bound by each GPU's NIC, one
+  copy per remote node a token reaches (comm.expert_alltoall_bus_gbps).
 - Data parallel / ZeRO (Rajbhandari et al. 2020): stage 0 all-reduces gradients once per step;
   stage 1 reduce-scatters gradients and all-gathers parameters once per step; stage 2
   reduce-scatters per micro-batch; stage 3 all-gathers parameters forward and backward and
@@ -35,7 +36,12 @@ from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import bubble_scale
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.comm import Collective, collective_time, place_group
+from launcher.plan.comm import (
+    Collective,
+    collective_time,
+    expert_alltoall_bus_gbps,
+    place_group,
+)
 from launcher.plan.fitted import constants
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
@@ -166,12 +172,17 @@ def _add_collective(
     calls: int,
     window: float | None,
     note: str,
+    top_k: int = 0,
 ) -> tuple[float, float]:
-    """Time one collective per step, append its row, return (total, exposed) seconds."""
+    """Time one collective per step, append its row, return (total, exposed) seconds.
+    top_k > 0: an expert dispatch / combine of top_k copies per token (comm.py)."""
     # A group inside one NVLink domain (a node, or a GB200 NVL72 rack) gets NVLink bandwidth.
     domain = max(hw.gpus_per_node, hw.scale_up_domain)
     place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
-    total = collective_time(kind, msg, size, place.bus_gbps) * calls
+    bus = place.bus_gbps
+    if top_k > 0:
+        bus = expert_alltoall_bus_gbps(place, top_k, hw.intra_gbps, hw.inter_gbps)
+    total = collective_time(kind, msg, size, bus) * calls
     # Measured on this machine for this kind and group size (one node only: inter-node links and
     # other group sizes stay the catalog's).
     measured = None
@@ -186,9 +197,7 @@ def _add_collective(
     else:
         hidden = min(total, window)
         exposed = total - hidden + constants(hw.arch).overlap_cost * hidden
-    colls.append(
-        Collective(name, kind, group, size, msg, calls, place.bus_gbps, total, exposed, note)
-    )
+    colls.append(Collective(name, kind, group, size, msg, calls, bus, total, exposed, note))
     return total, exposed
 
 
@@ -264,7 +273,9 @@ def microbatch_time(
             for i in range(sum(layout.stage_layers[:stage]), sum(layout.stage_layers[: stage + 1]))
             if i >= m.moe_dense_layers
         )
+        # The busiest rank receives (and returns) moe_load_imbalance x the mean tokens.
         msg = (m.moe_top_k or 1) * tokens * m.hidden_size * act_bytes / sp_div
+        msg *= max(1.0, float(m.moe_load_imbalance))
         _, e = add(
             "expert all-to-all",
             "all-to-all",
@@ -275,6 +286,7 @@ def microbatch_time(
             4 * moe_layers * mb,
             None,
             "dispatch + combine, fwd + bwd",
+            top_k=m.moe_top_k or 1,
         )
         per_mb_exposed += e / mb
     if pp > 1:

@@ -447,6 +447,16 @@ def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"model.moe_top_k={m.moe_top_k}: must be between 1 and model.num_experts={experts}",
             )
         )
+    imbalance = m.moe_load_imbalance
+    if not isinstance(imbalance, (int, float)) or not 1.0 <= imbalance <= 16.0:
+        out.append(
+            _error(
+                "expert-parallel",
+                ("model.moe_load_imbalance",),
+                f"model.moe_load_imbalance={imbalance}: must be a number from 1.0 (balanced "
+                "routing) to 16.0, e.g. 1.25 for a capacity factor of 1.25",
+            )
+        )
     if m.moe_dense_layers > m.num_layers:
         out.append(
             _error(
