@@ -75,9 +75,11 @@ def error_band(metric: str, cfg: LLMTrainConfig, arch: str) -> ErrorBand:
         if key in table and table[key][2] >= MIN_ROWS:
             typical, worst, rows = table[key]
             if key.startswith("*") and keys[0] != "dense":
-                # No cross-validated rows of this model kind: be as unsure as the worst row seen.
+                # No cross-validated rows of this model kind: be as unsure as the worst row seen,
+                # on any GPU (rows of other kinds on this family say little about this kind).
+                typical, worst, rows = table["*|*|*|*"]
                 return ErrorBand(
-                    worst, worst, int(rows), label(key) + " (worst; no rows of this kind)"
+                    worst, worst, int(rows), label("*|*|*|*") + " (worst; no rows of this kind)"
                 )
             return ErrorBand(typical, worst, int(rows), label(key))
     typical, worst, rows = table["*|*|*|*"]

@@ -24,12 +24,11 @@ Choices made where a source is silent (each also stated in the CSV's last column
 - AM (AutoModel, FSDP2, TE, DeepEP, fake balanced gate): full activation checkpointing.
 - MP (Composer FSDP FULL_SHARD): MPT blocks (LayerNorm without bias, GELU MLP of 4h, no dropout,
   tied embeddings), flash attention.
-- AO1: B200 "power limited" with the limit not stated: its time is not scored. Nor is its memory:
-  the torchtitan of 2025 it ran compiles the loss with the model when compile is on
-  (components/loss.py build_cross_entropy_loss: torch.compile(loss_fn)), a fused loss without
-  the fp32 log-softmax tensors, which llmtrain's engines do not do and no key expresses (the T
-  rows, torchtitan of 2024, ran the loss eager: "TODO: compiling loss function causes CUDA
-  errors").
+- AO1: B200 "power limited" with the limit not stated: its time is not scored, its memory is (a
+  known miss: the torchtitan of 2025 it ran compiles the loss with the model when compile is on,
+  components/loss.py build_cross_entropy_loss: torch.compile(loss_fn), a fused loss without the
+  fp32 log-softmax tensors, which llmtrain's engines do not do and no key expresses; the T rows,
+  torchtitan of 2024, ran the loss eager: "TODO: compiling loss function causes CUDA errors").
 - PT1 (pith-train Qwen3-30B-A3B, DualPipeV): not used: tp, dp, micro-batch, sequence length and
   recompute are all "?" in the source.
 """
@@ -591,18 +590,7 @@ def _memory_points() -> list[CalibrationPoint]:
     ao = _cfg(
         "AO1", l8, "b200", 8, gbs=8, recompute="selective", backend="torch", zero=3, compile=True
     )
-    out.append(
-        CalibrationPoint(
-            "AO1",
-            "reserved_bytes",
-            33.71 * GIB,
-            ao,
-            "peak memory, loss compiled by the torchtitan of 2025 (torch.compile(loss_fn)), "
-            "which llmtrain's engines do not do",
-            "AO",
-            scored=False,
-        )
-    )
+    out.append(CalibrationPoint("AO1", "reserved_bytes", 33.71 * GIB, ao, "peak memory", "AO"))
     return out
 
 

@@ -480,7 +480,9 @@ class MemoryPlan:
 
         fits: as `fits`. tight: it does not fit with headroom, but allocated + overhead (what
         must be resident; the caching allocator frees its cache before failing) is within the
-        prediction's error band of the capacity: (allocated + overhead) x (1 - band) <= capacity.
+        prediction's error band of the capacity: (allocated + overhead) x (1 - band) <= capacity,
+        with the band's worst error (a refusal is said only when even the worst over-prediction
+        cross-validation has seen could not make it fit).
         does_not_fit: even the band's optimistic end exceeds the capacity.
         """
         if self.fits:
@@ -718,5 +720,5 @@ def estimate_memory(
     from launcher.plan.bands import error_band
 
     stages = tuple(stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp)))
-    band = error_band("memory", cfg, hw.arch).typical
+    band = error_band("memory", cfg, hw.arch).worst
     return MemoryPlan(stages=stages, capacity=float(hw.memory_bytes), headroom=headroom, band=band)

@@ -243,7 +243,8 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "at the kernel's published rate x one fitted factor, norms/activations/rotary/casts/"
         "routing as bytes over HBM; constants fitted on calibration.csv (fitted.py).",
         "Error bands: leave-one-source-out cross-validation on calibration.csv, by regime; "
-        "'tight' = does not fit with headroom but within the memory band of capacity.",
+        "'tight' = does not fit with headroom but within the memory band's worst error of "
+        "capacity.",
         "Rank placement, innermost first: tp, cp, dp (ep carved from dp), pp; a group spanning "
         "nodes with k members per node gets min(intra, k x inter) bus bandwidth.",
         "Ring collectives, bandwidth term only: all-reduce 2(n-1)/n, reduce-scatter/all-gather "
