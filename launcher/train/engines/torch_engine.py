@@ -552,7 +552,9 @@ class TorchEngine(Engine):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         params = [param for part in self.parts for param in part.parameters()]
-        fused = fused_on(self.device)
+        # With CPUOffloadPolicy the sharded parameters and their optimizer states live on the
+        # host: the foreach implementation steps them there as before.
+        fused = fused_on(self.device) and self.cfg.zero.offload_params == "none"
         if self.zero == 1:
             cls, options = optimizer_class(self.cfg.optim, fused)
             return ZeroRedundancyOptimizer(
