@@ -27,24 +27,12 @@ from launcher.plan.memory import (
     stage_states,
 )
 from launcher.render.megatron_args import megatron_args
+from tests.unit.test_plan_memory import LLAMA
+
+# LLAMA: h 2048, 16 heads of 128, 4 kv heads (k, v 512 wide each), SwiGLU f 8192, V 32000, s 4096.
 
 pytestmark = pytest.mark.unit
 
-# h 2048, 16 heads of 128, 4 kv heads (k, v 512 wide each), SwiGLU f 8192, V 32000, s 4096.
-LLAMA = ModelConfig(
-    name="llama",
-    num_layers=16,
-    hidden_size=2048,
-    ffn_hidden_size=8192,
-    num_attention_heads=16,
-    num_kv_heads=4,
-    vocab_size=32000,
-    seq_length=4096,
-    activation="swiglu",
-    norm="rmsnorm",
-    position="rope",
-    tie_embeddings=False,
-)
 # 8 experts of f 1024, top-2, h 1024, s 2048.
 MOE = dataclasses.replace(
     LLAMA,
