@@ -3,10 +3,11 @@
 The operators of a micro-batch (``launcher.plan.operators``, the list calibrate measured) are looked
 up in the profile (``launcher.plan.profile.Rates``): a GEMM shape measured is its measured forward
 and backward time; a shape not measured takes the FLOP rate of the nearest measured shape; the
-attention core likewise (FLOPs of batch x heads x seq^2 x head_dim); element-wise work is the
-layer's counted bytes (``operators.elementwise_bytes``) at the seconds per byte measured for the
-nearest layer; the loss scales by tokens x vocabulary. A class the profile has nothing for keeps
-the catalog's price (``launcher.plan.kernels``) and is named so (``coverage``).
+attention core likewise (FLOPs of batch x heads x seq^2 x head_dim; with context parallelism cp
+times the causal block of s / cp measured: the ring runs cp blocks on a rank); element-wise work
+is the layer's counted bytes (``operators.elementwise_bytes``) at the seconds per byte measured
+for the nearest layer; the loss scales by tokens x vocabulary. A class the profile has nothing
+for keeps the catalog's price (``launcher.plan.kernels``) and is named so (``coverage``).
 
 Passes as kernels.py counts them: forward + backward measured directly; full recompute adds one
 more forward of every layer, op-level selective recompute (flash attention) half the layer GEMM
@@ -93,7 +94,9 @@ def stage_parts(
     found_attn = rates.attention_s(a.kind, a.batch, a.heads, a.kv_heads, a.seq, a.head_dim)
     if found_attn is not None:
         fwd, bwd, _ = found_attn
-        attention_s = (dense_layers + moe_layers) * (fwd * (1 + a_x) + bwd)
+        # With context parallelism each rank runs cp blocks of s / cp keys (the ring), the
+        # causal one measured: cp x its time (kernels.py prices the same s^2 / cp per rank).
+        attention_s = (dense_layers + moe_layers) * (fwd * (1 + a_x) + bwd) * max(1, layout.cp)
 
     bytes_s = catalog.bytes_s
     per_byte = rates.elementwise_per_byte(

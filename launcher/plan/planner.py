@@ -317,6 +317,25 @@ def choose_profile(cfg: LLMTrainConfig) -> tuple[ProfileChoice | None, str | Non
         ) from None
 
 
+def priced_hardware(
+    cfg: LLMTrainConfig,
+) -> tuple[HardwareView, ProfileChoice | None, str | None]:
+    """hardware_view with the profile's figures attached when one is chosen (choose_profile):
+    what `plan` and `plan --search` price from, the profile, and the note about it."""
+    hw = hardware_view(cfg)
+    profile, note = choose_profile(cfg)
+    if profile is not None:
+        hw = dataclasses.replace(hw, profile=profile.rates)
+    return hw, profile, note
+
+
+def pricing_line(profile: ProfileChoice | None) -> str:
+    """Where the step time's figures come from, one line (plan and plan --search)."""
+    if profile is None:
+        return "priced from published figures (GPU catalog + fitted constants)"
+    return profile.line + "; links between nodes and other GPU counts from the catalog"
+
+
 def profile_band(catalog: ErrorBand, sources: dict[str, str], time: TimePlan) -> ErrorBand:
     """PROFILE_BAND on the measured share of the step, the catalog band on the rest."""
     measured = 0.0
@@ -350,10 +369,7 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom must be in [0, 1), got {headroom}")
     layout = derive_layout(cfg)
-    hw = hardware_view(cfg)
-    profile, profile_note = choose_profile(cfg)
-    if profile is not None:
-        hw = dataclasses.replace(hw, profile=profile.rates)
+    hw, profile, profile_note = priced_hardware(cfg)
     shape = ModelShape(cfg.model)
     memory = estimate_memory(cfg, layout, hw, headroom)
     flops = flops_per_token(cfg.model, cfg.train.recompute)
@@ -398,4 +414,13 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
     )
 
 
-__all__ = ["GIB", "Fix", "Plan", "hardware_view", "make_plan", "suggest_fixes"]
+__all__ = [
+    "GIB",
+    "Fix",
+    "Plan",
+    "hardware_view",
+    "make_plan",
+    "priced_hardware",
+    "pricing_line",
+    "suggest_fixes",
+]

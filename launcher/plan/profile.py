@@ -29,6 +29,7 @@ another device (``device.cluster_gpu`` differs from ``cluster.gpu``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -171,6 +172,19 @@ class Rates:
     loss: tuple[tuple[float, float, float], ...]  # tokens x vocab, fwd_s, bwd_s
     optimizer: tuple[tuple[float, float], ...]  # params, seconds
     collectives: tuple[tuple[str, int, float, float], ...]  # kind, ranks, bytes, seconds
+    # True: every compute lookup at the fastest rate measured in its class (``optimistic``).
+    bound: bool = False
+
+    def optimistic(self) -> Rates:
+        """These figures with every compute lookup (GEMM, attention, element-wise, loss) at the
+        fastest rate measured in its class, whatever the shape: never slower than the exact
+        lookups, and proportional to the work, so a step priced from it at one sequence per
+        micro-batch and scaled bounds every larger micro-batch (the layout search's bound,
+        search/layouts.py).
+
+        e.g. GEMMs measured at 100 and 400 GFLOP/s forward: every forward GEMM is priced at 400.
+        """
+        return dataclasses.replace(self, bound=True)
 
     def gemm(self, m: float, n: float, k: float) -> tuple[float, float, bool] | None:
         """(forward, backward seconds, measured exactly) of one m x n x k GEMM: the measured
@@ -182,6 +196,13 @@ class Rates:
         """
         if not self.gemms:
             return None
+        if self.bound:
+            work = m * n * k
+            return (
+                work * min(g[3] / (g[0] * g[1] * g[2]) for g in self.gemms),
+                work * min(g[4] / (g[0] * g[1] * g[2]) for g in self.gemms),
+                False,
+            )
         for gm, gn, gk, f, b in self.gemms:
             if (gm, gn, gk) == (round(m), round(n), round(k)):
                 return f, b, True
@@ -197,6 +218,14 @@ class Rates:
         same = [a for a in self.attention if a[0] == kind] or list(self.attention)
         if not same:
             return None
+        if self.bound:
+            work = batch * heads * seq * seq * head_dim
+            per = [a[1] * a[2] * a[4] ** 2 * a[5] for a in same]
+            return (
+                work * min(a[6] / w for a, w in zip(same, per, strict=True)),
+                work * min(a[7] / w for a, w in zip(same, per, strict=True)),
+                False,
+            )
         for a in same:
             if a[1:6] == (batch, heads, kv_heads, seq, head_dim) and a[0] == kind:
                 return a[6], a[7], True
@@ -211,6 +240,11 @@ class Rates:
         layer nearest in size."""
         if not self.elementwise:
             return None
+        if self.bound:
+            return (
+                min(e[2] / e[1] for e in self.elementwise),
+                min(e[3] / e[1] for e in self.elementwise),
+            )
         near = min(self.elementwise, key=lambda e: abs(math.log(e[1] / max(1.0, nbytes))))
         return near[2] / near[1], near[3] / near[1]
 
@@ -219,6 +253,10 @@ class Rates:
         if not self.loss:
             return None
         size = tokens * vocab
+        if self.bound:
+            return size * min(e[1] / e[0] for e in self.loss), size * min(
+                e[2] / e[0] for e in self.loss
+            )
         near = min(self.loss, key=lambda e: abs(math.log(e[0] / max(1.0, size))))
         return near[1] * size / near[0], near[2] * size / near[0]
 

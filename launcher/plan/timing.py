@@ -109,11 +109,14 @@ def stage_compute_parts(
         stage == layout.pp - 1,
         m_limit=not exact,
     )
-    if hw.profile is None or not exact:
+    if hw.profile is None:
         return catalog
-    # Measured on this machine (llmtrain calibrate): launcher/plan/measured.py.
+    # Measured on this machine (llmtrain calibrate): launcher/plan/measured.py. Not exact (the
+    # search's bound): every measured class at its fastest measured rate (Rates.optimistic),
+    # the others from the catalog with unbounded token dimensions.
+    rates = hw.profile if exact else hw.profile.optimistic()
     return measured_parts(
-        cfg, layout, hw.profile, dense, layers - dense, stage == layout.pp - 1, catalog
+        cfg, layout, rates, dense, layers - dense, stage == layout.pp - 1, catalog
     )
 
 

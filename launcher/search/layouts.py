@@ -38,6 +38,9 @@ How it stays fast while using the planner's own formulas (nothing is re-derived 
    asked only whether any layout fits (``first_fit``): the model states of the first, last and
    largest stages reject most layouts before the other stages are computed, and the backend's
    refusals are asked only of the layouts that fit.
+Step times are priced as `plan` prices them (``planner.priced_hardware``): from a profile of
+``llmtrain calibrate`` when one is chosen, and then the bound takes every measured operator class
+at its fastest measured rate (``profile.Rates.optimistic``), so it still bounds.
 Pass ``exhaustive=True`` to switch the bound off (every valid layout's memory is evaluated).
 """
 
@@ -100,7 +103,13 @@ from launcher.plan.memory import (
     stage_states,
 )
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.planner import Plan, hardware_view, make_plan
+from launcher.plan.planner import (
+    Plan,
+    hardware_view,
+    make_plan,
+    priced_hardware,
+    pricing_line,
+)
 from launcher.plan.schedule import bubble_overhead
 from launcher.plan.timing import TimePlan, estimate_time, microbatch_compute_s, microbatch_time
 from launcher.validate.rules import check, divisors
@@ -227,6 +236,7 @@ class SearchResult:
     given_rank: int | None = None  # 1-based, when asked for (rank_given=True)
     notes: tuple[str, ...] = field(default_factory=tuple)
     backends: tuple[str, ...] = ()  # the backends searched
+    pricing: str = ""  # where the step times come from (planner.pricing_line)
 
     @property
     def world_size(self) -> int:
@@ -1217,7 +1227,8 @@ def search(
         "max_micro_batch_size": max_micro_batch_size,
     }
     space = search_space(cfg, **space_args)  # type: ignore[arg-type]
-    hw = hardware_view(cfg)
+    # Priced as `plan` prices (a profile from llmtrain calibrate when one is chosen).
+    hw, profile, profile_note = priced_hardware(cfg)
     given, given_status = _given(cfg, min_headroom)
     run = _Search(
         space,
@@ -1258,8 +1269,9 @@ def search(
         given=given,
         given_status=given_status,
         given_rank=1 + run.better_than_given if rank_given and given is not None else None,
-        notes=tuple(notes),
+        notes=tuple(notes) + ((profile_note,) if profile_note else ()),
         backends=(cfg.backend.name,),
+        pricing=pricing_line(profile),
     )
 
 

@@ -9,7 +9,7 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.plan.bands import ErrorBand
 from launcher.plan.document import plan_to_json
 from launcher.plan.memory import GIB
-from launcher.plan.planner import Plan
+from launcher.plan.planner import Plan, pricing_line
 from launcher.plan.schedule import timeline
 
 __all__ = ["band_text", "plan_to_json", "render_plan"]
@@ -38,13 +38,6 @@ GLYPHS = {
     "fragmentation": "f",
     "overhead": "h",
 }
-
-
-def pricing_line(plan: Plan) -> str:
-    """Where the step time's figures come from, one line."""
-    if plan.profile is None:
-        return "priced from published figures (GPU catalog + fitted constants)"
-    return plan.profile.line + "; links between nodes and other GPU counts from the catalog"
 
 
 def _gib(x: float) -> str:
@@ -182,7 +175,7 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         f"{_dur(t.compute_s)}, bubble {_dur(t.bubble_s)} ({t.bubble_fraction:.1%}), exposed "
         f"communication {_dur(t.exposed_comm_s)}, optimizer {_dur(t.optimizer_s)}"
     )
-    console.print(f"[dim]{pricing_line(plan)}[/]")
+    console.print(f"[dim]{pricing_line(plan.profile)}[/]")
     console.print(
         f"[bold]throughput[/] {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per "
         f"GPU), {t.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {t.mfu:.1%}, HFU {t.hfu:.1%}"

@@ -51,6 +51,7 @@ def search_to_json(result: SearchResult) -> dict[str, Any]:
             "candidate": _candidate_json(result.given) if result.given else None,
         },
         "notes": list(result.notes),
+        "pricing": result.pricing,
     }
 
 
@@ -134,6 +135,8 @@ def render_search(
         f"{result.fitting:,} fit ({result.elapsed_s:.2f} s)"
     )
     console.print(Text(head, style="bold"))
+    if result.pricing:
+        console.print(Text(result.pricing, style="dim"))
     if result.candidates:
         table = Table(title=f"Top {len(result.candidates)} layouts by predicted tokens/s")
         table.add_column("#", justify="right")

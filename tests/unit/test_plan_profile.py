@@ -23,6 +23,7 @@ from launcher.plan import profile as prof
 from launcher.plan.memory import bytes_per_param
 from launcher.plan.operators import elementwise_bytes, operators
 from launcher.plan.planner import make_plan
+from launcher.plan.timing import stage_compute_parts
 
 pytestmark = pytest.mark.unit
 runner = CliRunner()
@@ -142,6 +143,50 @@ def test_lookups_scale_unmeasured_shapes_by_flops() -> None:
     assert r.optimizer_s(250_000) == pytest.approx(2.5 * MS)
     # Nothing of another dtype or thread count.
     assert prof.rates(doc, "bf16", prof.cpu_threads(1)).gemm(2048, 128, 128) is None
+
+
+def test_optimistic_lookups_take_the_fastest_rate_of_each_class() -> None:
+    """The search's bound (Rates.optimistic): every shape at its class's fastest measured rate."""
+    doc = tiny_profile()
+    r = prof.rates(doc, "fp32", prof.cpu_threads(1))
+    fast = r.optimistic()
+    # Every GEMM measured at 1 ms forward, 2 ms backward; 2048x128x512 and 2048x512x128 do 4x
+    # the work of 2048x128x128 in that time, the fastest rate: 2048x128x128 is bounded by
+    # 1 / 4 = 0.25 ms forward and 0.5 ms backward (measured: 1 ms, 2 ms).
+    assert fast.gemm(2048, 128, 128) == (pytest.approx(0.25 * MS), pytest.approx(0.5 * MS), False)
+    assert r.gemm(2048, 128, 128) == (1 * MS, 2 * MS, True)
+    # One attention, one element-wise, one loss row: the same figures as the exact lookup.
+    assert fast.attention_s("flash", 8, 4, 4, 512, 32)[:2] == pytest.approx((8 * MS, 16 * MS))
+    assert fast.loss_s(4096, 256) == pytest.approx((2 * MS, 2 * MS))
+    assert fast.elementwise_per_byte(1.0) == r.elementwise_per_byte(1.0)
+    # Never slower than the exact lookup, for any shape.
+    for shape in ((2048, 128, 128), (4096, 512, 128), (100, 100, 100), (2048, 256, 128)):
+        exact, bound = r.gemm(*shape), fast.gemm(*shape)
+        assert exact is not None and bound is not None
+        assert bound[0] <= exact[0] * (1 + 1e-12) and bound[1] <= exact[1] * (1 + 1e-12)
+
+
+def test_context_parallel_attention_is_cp_blocks_of_the_measured_one(tmp_path: Path) -> None:
+    """cp = 2: each rank holds s / 2 = 128 tokens and runs two blocks of them in the ring: the
+    attention of the step is cp x the causal block of seq 128, half of seq 256's (the work is
+    split over two ranks), not the quarter that one block of 128 tokens would be."""
+    doc = tiny_profile()
+    two = prof.cpu_threads(2)  # threads per process of a run of two processes here
+    for section in ("gemm", "attention", "elementwise", "loss", "optimizer"):
+        for e in doc[section]:
+            e["threads"] = two
+    doc["digest"] = prof.digest(doc)
+    path = write(tmp_path / "p.json", doc)
+    cp2 = make_plan(
+        compose_config(
+            [*TINY, f"cluster.profile={path}", "cluster.gpus_per_node=2", "parallel.cp=2"]
+        ).config
+    )
+    assert dict(cp2.sources)["attention"] == "profile (scaled)"
+    # seq 128 is a quarter of seq 256's work: (2 + 4) / 4 = 1.5 ms a block, x cp 2 = 3 ms a
+    # layer, x 4 layers = 12 ms (24 ms at cp 1: the work is split over the two ranks).
+    parts = stage_compute_parts(cp2.config, cp2.layout, cp2.hardware, 0)
+    assert parts.attention_s == pytest.approx(12 * MS, rel=1e-9)
 
 
 def test_optimizer_fits_fixed_cost_plus_cost_per_parameter() -> None:

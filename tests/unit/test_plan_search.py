@@ -262,3 +262,102 @@ def test_bad_arguments_are_user_errors() -> None:
     with pytest.raises(UserError, match=r"parallel.tp=8 is fixed .* --max-tp=4"):
         search(fixed, max_tp=4, fixed=["parallel.tp"])
     assert search(fixed, max_tp=8, fixed=["parallel.tp"]).candidates
+
+
+def h100_profile(path: Any) -> str:
+    """A made-up profile of an H100 (cluster.gpu=h100-sxm) for llama3-1b in bf16: two shapes per
+    class at different rates, so the search's optimistic bound (the fastest rate of each class)
+    differs from the exact lookups it must bound. Written to `path`; returns the override."""
+    from launcher.plan import profile as prof
+
+    tag = {"dtype": "bf16", "threads": 0}
+    # A quarter of a millisecond: faster than the catalog's H100 figures, so a bound priced from
+    # the catalog would not bound these either.
+    ms = 0.25e-3
+    doc: dict[str, Any] = {
+        "schema": prof.SCHEMA,
+        "version": prof.VERSION,
+        "device": {"cluster_gpu": "h100-sxm", "kind": "cuda", "name": "NVIDIA H100 (test)"},
+        "software": {"torch": "test"},
+        "created": "2026-11-27T00:00:00Z",
+        # 8192x2048x2048 (1x work) 0.2 ms; 8192x8192x2048 (4x work) 0.5 ms: 1.6x the rate;
+        # 16384x2048x2048 (micro-batch 2, 2x work) 0.3 ms: faster per token than micro-batch 1,
+        # so micro-batch 1's exact price scaled by 2 would not bound it.
+        "gemm": [
+            {**tag, "m": 16384, "n": 2048, "k": 2048, "fwd_s": 0.3 * ms, "bwd_s": 0.6 * ms},
+            {**tag, "m": 8192, "n": 2048, "k": 2048, "fwd_s": 0.2 * ms, "bwd_s": 0.4 * ms},
+            {**tag, "m": 8192, "n": 8192, "k": 2048, "fwd_s": 0.5 * ms, "bwd_s": 1.1 * ms},
+        ],
+        # seq 4096 is a quarter of seq 8192's work but takes a third of its time.
+        "attention": [
+            {
+                **tag,
+                "kind": "flash",
+                "batch": 1,
+                "heads": 32,
+                "kv_heads": 8,
+                "seq": seq,
+                "head_dim": 64,
+                "fwd_s": f * ms,
+                "bwd_s": 2.5 * f * ms,
+            }
+            for seq, f in ((8192, 3.0), (4096, 1.0))
+        ],
+        "elementwise": [
+            {
+                **tag,
+                "tokens": 8192,
+                "hidden": 2048,
+                "ffn": 8192,
+                "bytes": 4e8,
+                "fwd_s": 0.2 * ms,
+                "bwd_s": 0.4 * ms,
+            },
+            {
+                **tag,
+                "tokens": 4096,
+                "hidden": 2048,
+                "ffn": 8192,
+                "bytes": 2e8,
+                "fwd_s": 0.13 * ms,
+                "bwd_s": 0.25 * ms,
+            },
+        ],
+        "loss": [
+            {**tag, "tokens": 8192, "vocab": 128256, "fwd_s": 2.0 * ms, "bwd_s": 3.0 * ms},
+            {**tag, "tokens": 4096, "vocab": 128256, "fwd_s": 1.2 * ms, "bwd_s": 1.6 * ms},
+        ],
+        "optimizer": [
+            {"threads": 0, "params": 1.2e9, "seconds": 20 * ms},
+            {"threads": 0, "params": 3e8, "seconds": 8 * ms},
+        ],
+        "collectives": [],
+    }
+    doc["digest"] = prof.digest(doc)
+    path.write_text(json.dumps(doc))
+    return f"cluster.profile={path}"
+
+
+def test_search_prices_from_the_profile_and_equals_brute_force(tmp_path: Any) -> None:
+    """plan --search with a profile: the step times are the profile's (as make_plan prices them,
+    the brute force below), the optimistic bound never cuts a layout that belongs in the top k
+    (search() raises if a timed layout beats its bound), and the report names the profile."""
+    overrides, limits = SMALL[0].values
+    profile = h100_profile(tmp_path / "h100.json")
+    cfg = compose(*overrides, profile)
+    fixed = fixed_keys(overrides[1:])
+    space = search_space(cfg, fixed=fixed, **limits)
+    fits, _, _ = brute_force(space, HEADROOM)
+    result = search(cfg, top=8, min_headroom=HEADROOM, fixed=fixed, **limits)
+    assert ranked(result) == fits[:8]
+    assert result.pricing.startswith("measured on this machine, profile ")
+    assert search_to_json(result)["pricing"] == result.pricing
+    # The profile changed the ranking's numbers: without it the step times are the catalog's.
+    published = search(compose(*overrides), top=8, min_headroom=HEADROOM, fixed=fixed, **limits)
+    assert published.pricing.startswith("priced from published figures")
+    assert [c.tokens_per_s for c in published.candidates] != [
+        c.tokens_per_s for c in result.candidates
+    ]
+    out = io.StringIO()
+    render_search(result, Console(file=out, width=200))
+    assert "measured on this machine" in out.getvalue()
