@@ -21,7 +21,9 @@
   in bf16 (torchtitan's choice; the vocabulary-sized GEMM is the most rounding-sensitive).
 - The loss: over chunks of tokens without full fp32 logits (``launcher.train.chunked_loss``)
   where the whole head is on one rank inside the model's forward (torch engine, tp=1 and pp=1);
-  otherwise the full logits in the compute dtype plus fp32 copies.
+  with tp > 1 the torch engine keeps the logits split over the vocabulary and computes the loss
+  with torch's loss_parallel (torchtitan's default under tp); otherwise the full logits in the
+  compute dtype plus fp32 copies.
 - MoE experts: grouped GEMMs over tokens sorted by expert (``launcher.train.experts``).
 """
 
@@ -118,6 +120,9 @@ class EngineChoices:
     # The blocks run under torch.compile (llmtrain's torch engine), whose partitioner recomputes
     # point-wise results instead of saving them (plan.memory.layer_activation_terms).
     compiled_blocks: bool = False
+    # llmtrain's torch engine under tp > 1: the logits stay split over the vocabulary and the loss
+    # is torch's loss_parallel (plan.memory.LOSS_PARALLEL_BACKWARD_BYTES prices it).
+    vocab_parallel_loss: bool = False
 
     def summary(self) -> str:
         """One short line for plan's first screen (the full lines come with --detail)."""
@@ -125,7 +130,13 @@ class EngineChoices:
         if self.fp8_recipe is not None:
             total = len(self.fp8_layers) + len(self.bf16_layers)
             parts.append(f"fp8 {self.fp8_recipe} on {len(self.fp8_layers)}/{total} block GEMMs")
-        parts.append("chunked loss" if self.chunked_loss else "full-logits loss")
+        parts.append(
+            "chunked loss"
+            if self.chunked_loss
+            else "vocab-parallel loss"
+            if self.vocab_parallel_loss
+            else "full-logits loss"
+        )
         if self.moe:
             parts.append("grouped-GEMM experts")
         return ", ".join(parts)
@@ -139,7 +150,13 @@ class EngineChoices:
                 f"fp8: torchao {self.fp8_recipe} on {', '.join(self.fp8_layers) or 'no layer'}; "
                 f"bf16: output layer, embeddings, block projections too small to gain ({kept})"
             )
-        loss = "chunked, no full fp32 logits" if self.chunked_loss else "full logits"
+        loss = (
+            "chunked, no full fp32 logits"
+            if self.chunked_loss
+            else "vocabulary-parallel over tp (torch loss_parallel), no full logits"
+            if self.vocab_parallel_loss
+            else "full logits"
+        )
         out.append(f"loss: {loss} ({self.loss_why})")
         if self.moe:
             out.append(f"experts: {self.moe}")
@@ -179,7 +196,7 @@ def chunked_loss_problem(cfg: LLMTrainConfig) -> str | None:
     if cfg.backend.name != "torch":
         return f"backend={cfg.backend.name} computes the loss on full logits"
     if cfg.parallel.tp > 1:
-        return "the head is split over tp with its logits gathered"
+        return "the head is split over tp (its loss is vocabulary-parallel)"
     if cfg.parallel.pp > 1:
         return "the pipeline schedule computes the loss from the last stage's logits"
     return None
@@ -233,6 +250,7 @@ def engine_choices(cfg: LLMTrainConfig) -> EngineChoices:
         loss_why=loss_why,
         moe=moe,
         compiled_blocks=compile_on and torch_engine,
+        vocab_parallel_loss=torch_engine and cfg.parallel.tp > 1,
     )
 
 

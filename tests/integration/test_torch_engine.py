@@ -227,6 +227,9 @@ def test_layout_trains(name: str) -> None:
     nproc, overrides = CASES[name]
     results = launch(nproc, overrides, steps=8)
     losses = assert_trains(results)
+    # Under tp the logits stay split over the vocabulary (torch's loss_parallel), never gathered.
+    if any(o.startswith("parallel.tp=") for o in overrides):
+        assert results[0]["extra"]["loss"] == "vocab-parallel", results[0]["extra"]
     print(f"{name}: first {losses[0]:.4f} last {losses[-1]:.4f}")
 
 

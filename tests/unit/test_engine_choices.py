@@ -109,6 +109,12 @@ def test_chunked_loss_where_it_applies() -> None:
     assert not engine_choices(cfg("recipe=tiny", "train.chunked_loss=false")).chunked_loss
     tp = engine_choices(cfg("recipe=tiny", "parallel.tp=2", "cluster.gpus_per_node=2"))
     assert not tp.chunked_loss and "tp" in tp.loss_why
+    # Under tp the torch engine's loss is vocabulary-parallel (torch loss_parallel), as the plan's
+    # memory prices it (memory.LOSS_PARALLEL_BACKWARD_BYTES); DeepSpeed's AutoTP is not.
+    assert tp.vocab_parallel_loss and "vocab-parallel loss" in tp.summary()
+    assert not engine_choices(cfg("recipe=tiny")).vocab_parallel_loss
+    ds = cfg("recipe=tiny", "parallel.tp=2", "cluster.gpus_per_node=2", "backend=deepspeed")
+    assert not engine_choices(ds).vocab_parallel_loss
     (found,) = messages(
         "torch",
         "recipe=tiny",

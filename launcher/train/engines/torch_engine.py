@@ -60,7 +60,8 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    for fp8 and for dense runs of 1,000+ steps): each transformer block is compiled on its own,
    after recompute and before data parallel.
 Loss: with tp = pp = 1 the model's forward computes the loss over chunks of tokens
-(``launcher.train.chunked_loss``, train.chunked_loss); otherwise from full logits.
+(``launcher.train.chunked_loss``, train.chunked_loss); with tp > 1 over logits left split on the
+vocabulary (torch's loss_parallel, as torchtitan under tp); otherwise from full logits.
 MoE experts: grouped GEMMs (``launcher.train.experts``), under ep and tp too.
 
 Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
@@ -119,6 +120,7 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel
@@ -257,6 +259,15 @@ def _loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return loss_fn(_full(output), targets)
 
 
+def _vocab_parallel_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The same cross-entropy on logits left split over the vocabulary across tp (a DTensor):
+    torch's loss_parallel computes the log-softmax from per-shard maxima and sums, so no rank
+    gathers the full logits (torchtitan's default under tp). Runs, with its backward, inside
+    ``loss_parallel()``; returns this rank's copy of the replicated loss."""
+    loss = loss_fn(output, targets)
+    return loss.to_local() if isinstance(loss, DTensor) else loss
+
+
 class TorchEngine(Engine):
     def __init__(
         self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
@@ -342,6 +353,10 @@ class TorchEngine(Engine):
         # loss from the last stage's output); train.chunked_loss=false turns it off.
         self.choices = engine_choices(cfg)  # compile, fp8 layers, loss (launcher.backends)
         self.chunked_loss = self.choices.chunked_loss
+        # tp > 1: the loss over vocabulary-split logits (_vocab_parallel_loss), forward and
+        # backward inside torch's loss_parallel() context (_loss_context).
+        self.vocab_parallel = self.choices.vocab_parallel_loss
+        self._loss_of = _vocab_parallel_loss if self.vocab_parallel else _loss
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -420,7 +435,10 @@ class TorchEngine(Engine):
             # the final norm hands it a DTensor; the engine gathers the logits for the loss.
             plan["norm"] = SequenceParallel() if sp else Replicated(use_local_output=not tied)
         if model.output is not None:
-            plan["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Replicate())
+            # Logits stay split over the vocabulary: the loss is vocabulary-parallel.
+            plan["output"] = ColwiseParallel(
+                input_layouts=residual, output_layouts=Shard(-1), use_local_output=False
+            )
         parallelize_module(model, tp_mesh, plan)
         layer_names = list(model.layers.keys())
         for name in layer_names:
@@ -575,9 +593,11 @@ class TorchEngine(Engine):
         ]
         n = lay.grad_accum
         if self.cfg.parallel.pp_schedule == "interleaved":
-            return ScheduleInterleaved1F1B(cast(Any, stages), n_microbatches=n, loss_fn=_loss)
+            return ScheduleInterleaved1F1B(
+                cast(Any, stages), n_microbatches=n, loss_fn=self._loss_of
+            )
         cls = ScheduleGPipe if self.cfg.parallel.pp_schedule == "gpipe" else Schedule1F1B
-        return cls(stages[0], n_microbatches=n, loss_fn=_loss)
+        return cls(stages[0], n_microbatches=n, loss_fn=self._loss_of)
 
     # --- training -------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -734,7 +754,7 @@ class TorchEngine(Engine):
         for part in self.parts:
             part.eval()
         try:
-            with torch.no_grad(), self._autocast():
+            with torch.no_grad(), self._autocast(), self._loss_context():
                 if lay.pp > 1:
                     losses: list[torch.Tensor] = []
                     if self.pp_rank == lay.pp - 1:
@@ -767,7 +787,11 @@ class TorchEngine(Engine):
         """The loss of one micro-batch: chunked inside the model's forward where it applies."""
         if self.chunked_loss:
             return cast(torch.Tensor, model(inputs, targets))
-        return _loss(model(inputs), targets)
+        return self._loss_of(model(inputs), targets)
+
+    def _loss_context(self) -> contextlib.AbstractContextManager[None]:
+        """torch's loss_parallel() where the loss is vocabulary-parallel, else nothing."""
+        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
 
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         lay = self.layout
@@ -776,7 +800,7 @@ class TorchEngine(Engine):
         loss_sum = torch.zeros((), device=self.device)
         for i in range(accum):
             chunk = slice(i * mbs, (i + 1) * mbs)
-            with self._grad_sync(i == accum - 1):
+            with self._grad_sync(i == accum - 1), self._loss_context():
                 with self._autocast():
                     loss = self._model_loss(model, inputs[chunk], targets[chunk])
                 scaled = loss / accum
@@ -793,7 +817,7 @@ class TorchEngine(Engine):
         first, last = self.pp_rank == 0, self.pp_rank == lay.pp - 1
         losses: list[torch.Tensor] = []
         args = (inputs,) if first else ()
-        with self._autocast():
+        with self._autocast(), self._loss_context():
             if last:
                 self.schedule.step(*args, target=targets, losses=losses)
             else:
@@ -905,7 +929,11 @@ class TorchEngine(Engine):
             if self.fp8
             else 0,
             "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
-            "loss": "chunked" if self.chunked_loss else "full logits",
+            "loss": "chunked"
+            if self.chunked_loss
+            else "vocab-parallel"
+            if self.vocab_parallel
+            else "full logits",
             "chunks": self.chunk_ids,
             "params_local": sum(
                 (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
