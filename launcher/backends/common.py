@@ -133,9 +133,12 @@ class Backend:
     # K, V, dK, dV in fp32 and receives a copy of each.
     cp_ring_kv_buffers: float = 4.0
     cp_ring_fp32: bool = True
-    # The MoE token dispatcher the ranks run (plan.memory.dispatcher_bytes): "alltoall"
-    # (llmtrain's expert_parallel.dispatch_combine) or "allgather" (Megatron-core's default).
-    moe_dispatcher: str = "alltoall"
+    # The MoE token dispatchers the ranks can run (backend.moe_dispatcher; MOE_DISPATCHERS), the
+    # first being the default (backend.moe_dispatcher=null). Priced by plan.timing (the expert
+    # all-to-all / all-gather) and plan.memory.dispatcher_bytes.
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    # Why a dispatcher is not run (shown in the refusal, before what works).
+    moe_dispatcher_note: str = ""
 
     def runs_feature(self, feature: str) -> bool:
         return feature in self.features
@@ -154,6 +157,29 @@ class Backend:
     def pipelined_unsharded_grads(self, cfg: LLMTrainConfig, pp: int) -> bool:
         first = self.pipelined_unsharded_grads_from_stage
         return first is not None and cfg.zero.stage >= first and pp > 1
+
+
+# backend.moe_dispatcher's values (schema.MOE_DISPATCHERS):
+# - allgather: every rank gathers the hidden states of its tp x ep group's tokens and keeps those
+#   routed to its experts; the outputs go back by reduce-scatter (Megatron-core's
+#   MoEAllGatherTokenDispatcher, --moe-token-dispatcher-type allgather).
+# - alltoall: every routed copy of a token is sent to its expert's rank, one all-to-all each way
+#   (torch all_to_all_single in llmtrain's launcher/train/expert_parallel.py; Megatron-core's
+#   MoEAlltoAllTokenDispatcher).
+# - flex: node-deduplicated dispatch, each token crossing the network once per remote node it is
+#   routed to and forwarded over NVLink there (DeepEP; Megatron-core's MoEFlexTokenDispatcher).
+# plan.comm.expert_alltoall_bus_gbps prices alltoall and flex, plan.timing the allgather's
+# collectives, plan.memory.dispatcher_bytes their buffers.
+
+
+def moe_dispatcher(cfg: LLMTrainConfig) -> str:
+    """The MoE token dispatcher the ranks run: backend.moe_dispatcher, or the backend's default
+    (the first of its Backend.moe_dispatchers) when null. The one place the default is resolved."""
+    chosen = cfg.backend.moe_dispatcher
+    if chosen is not None:
+        return chosen
+    b = all_backends().get(cfg.backend.name)
+    return b.moe_dispatchers[0] if b else "alltoall"
 
 
 def precision_of(cfg: LLMTrainConfig) -> str:
@@ -306,6 +332,17 @@ def _table_refusals(b: Backend, cfg: LLMTrainConfig, layout: Layout, device: boo
                 ("parallel.pp_schedule",),
                 f"parallel.pp_schedule={p.pp_schedule}: {tag} runs the "
                 f"{', '.join(b.schedules)} schedules; use parallel.pp_schedule={b.schedules[0]}",
+            )
+        )
+    chosen = cfg.backend.moe_dispatcher
+    if chosen is not None and chosen not in b.moe_dispatchers:
+        note = b.moe_dispatcher_note or f"{tag} has no {chosen} dispatcher"
+        out.append(
+            Refusal(
+                ("backend.moe_dispatcher",),
+                f"backend.moe_dispatcher={chosen}: {note}; use backend.moe_dispatcher="
+                f"{_words(list(b.moe_dispatchers))} (or null: {tag}'s default, "
+                f"{b.moe_dispatchers[0]})",
             )
         )
     for feature in features_of(cfg):

@@ -115,6 +115,9 @@ BACKEND = Backend(
     # Transformer Engine's AttnFuncWithCPAndKVP2P: received K/V, received dK/dV, own dK/dV.
     cp_ring_kv_buffers=3.0,
     cp_ring_fp32=False,
-    # --moe-token-dispatcher-type defaults to allgather; llmtrain renders no other.
-    moe_dispatcher="allgather",
+    # Megatron-core's TransformerConfig.moe_token_dispatcher_type ('allgather' | 'alltoall' |
+    # 'flex', default 'allgather'; megatron/core/transformer/transformer_config.py, whose fields
+    # megatron/training/arguments.py turns into --moe-token-dispatcher-type): llmtrain renders
+    # the flag only when backend.moe_dispatcher is set (launcher/render/megatron_args.py).
+    moe_dispatchers=("allgather", "alltoall", "flex"),
 )

@@ -57,6 +57,10 @@ def markdown_table() -> str:
             "`parallel.pp_schedule`",
             [", ".join(b.schedules) if b.schedules else "-" for b in backends],
         ),
+        (
+            "`backend.moe_dispatcher` (first: the default)",
+            [", ".join(b.moe_dispatchers) for b in backends],
+        ),
     ]
     for feature, words in FEATURES.items():
         rows.append((words, ["yes" if b.runs_feature(feature) else "no" for b in backends]))

@@ -284,6 +284,13 @@ BACKEND = Backend(
         chunked_loss_elsewhere,
     ),
     engine="launcher.train.engines.torch_engine:TorchEngine",
+    # launcher/train/expert_parallel.py dispatch_combine: one all_to_all_single of every routed
+    # copy each way, no node deduplication and no gathered tokens.
+    moe_dispatchers=("alltoall",),
+    moe_dispatcher_note=(
+        "llmtrain's torch engine sends every routed copy with all_to_all_single "
+        "(launcher/train/expert_parallel.py), with no DeepEP or all-gather dispatcher"
+    ),
     fp8_package="torchao",
     # FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are the
     # master copy) and casts to the compute dtype when it all-gathers them.

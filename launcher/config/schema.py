@@ -260,6 +260,12 @@ class BackendConfig:
     # | sdpa (PyTorch scaled_dot_product_attention's flash kernel, FlashAttention-2 class).
     # None: te for megatron, sdpa for torch and deepspeed.
     attention_kernel: str | None = None
+    # MoE token dispatcher (launcher/backends/common.py MOE_DISPATCHERS): allgather (Megatron-core's
+    # gathered tokens) | alltoall (every routed copy sent: torch all_to_all_single, Megatron's
+    # alltoall) | flex (node-deduplicated, DeepEP: Megatron's flex). None: the backend's default
+    # (alltoall for torch and deepspeed, allgather for megatron); the others are refused where the
+    # backend does not run them.
+    moe_dispatcher: str | None = None
     # backend=megatron: the Megatron-LM checkout holding pretrain_gpt.py that `run`/`submit`
     # launch (None: $MEGATRON_LM_PATH), and arguments appended to the rendered ones (your data
     # and tokenizer: --data-path, --tokenizer-type ...; without data arguments, --mock-data).
@@ -357,6 +363,9 @@ class LLMTrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
+# backend.moe_dispatcher's words (launcher/backends/common.py says what each runs and prices).
+MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
+
 # Keys whose value must be one of a fixed set of words.
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.activation": ("gelu", "swiglu"),
@@ -379,6 +388,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.tokenizer": ("byte", "bpe"),
     "cluster.gpu_request": ("gpus-per-node", "gres"),
     "backend.name": backend_names(),
+    "backend.moe_dispatcher": MOE_DISPATCHERS,
     "launcher.name": ("local", "slurm"),
 }
 

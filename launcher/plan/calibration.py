@@ -21,7 +21,9 @@ Choices made where a source is silent (each also stated in the CSV's last column
 - P482: Llama2-7B, 8 x H800, bf16, distributed optimizer, flash attention, no recompute; the tool
   prints GiB. Sequence length 2048 (the tool's own example; at 4096 the weights and optimizer plus
   the activations exceed what was measured).
-- AM (AutoModel, FSDP2, TE, DeepEP, fake balanced gate): full activation checkpointing.
+- AM (AutoModel, FSDP2, TE, DeepEP, fake balanced gate): full activation checkpointing; DeepEP
+  priced as backend.moe_dispatcher=flex (which llmtrain's torch engine itself refuses).
+- NB7, NB8 (NeMo Mixtral): backend.moe_dispatcher=alltoall, NeMo's MixtralConfig's dispatcher.
 - MP (Composer FSDP FULL_SHARD): MPT blocks (LayerNorm without bias, GELU MLP of 4h, no dropout,
   tied embeddings), flash attention.
 - AO1: B200 "power limited" with the limit not stated: its time is not scored, its memory is (a
@@ -168,6 +170,7 @@ def _cfg(
     compile: bool = False,
     gpn: int = 8,
     kernel: str | None = None,
+    dispatcher: str | None = None,
 ) -> LLMTrainConfig:
     if precision == "fp16":
         prec = PrecisionConfig(
@@ -201,6 +204,7 @@ def _cfg(
             tp_comm_overlap=tp_overlap,
             compile=compile,
             attention_kernel=kernel,
+            moe_dispatcher=dispatcher,
         ),
     )
 
@@ -474,7 +478,11 @@ def _time_points() -> list[CalibrationPoint]:
         ("NB8", mixtral22, 256, {"tp": 2, "pp": 4, "cp": 8, "ep": 8, "vpp": 14, "gbs": 64}, 2232),
     ]
     for rid, model, gpus, nb_lay, nb_tps in nb_rows:
-        cfg = _cfg(rid, model, b, gpus, **nb_lay, **nb)  # type: ignore[arg-type]
+        # NB7, NB8 (Mixtral): the CSV names no dispatcher; NeMo's MixtralConfig, which its
+        # performance scripts build on, sets moe_token_dispatcher_type "alltoall"
+        # (nemo/collections/llm/gpt/model/mixtral.py). The dense rows have none.
+        moe = {"dispatcher": "alltoall"} if model.num_experts else {}
+        cfg = _cfg(rid, model, b, gpus, **nb_lay, **nb, **moe)  # type: ignore[arg-type]
         out.append(_tps(rid, "NB", cfg, gpus, nb_tps))
     # NeMo AutoModel, FSDP2 on DGX-H100, bf16, full activation checkpointing.
     qwen = _llama(
@@ -491,7 +499,10 @@ def _time_points() -> list[CalibrationPoint]:
         moe_ffn_hidden_size=768,
     )
     dsv3 = model_preset("deepseek-v3")
-    am = {"backend": "torch", "zero": 3, "recompute": "full", "kernel": "te"}
+    # AM1-AM3 ran "TE + DeepEP" (the CSV's notes): node-deduplicated dispatch, flex. llmtrain's
+    # torch engine refuses flex (it runs alltoall), but the planner prices what AutoModel ran;
+    # AM4 is dense (no dispatcher).
+    am = {"backend": "torch", "zero": 3, "recompute": "full", "kernel": "te", "dispatcher": "flex"}
     am_rows: list[tuple[str, ModelConfig, int, dict[str, object], float]] = [
         ("AM1", qwen, 8, {"ep": 8, "mbs": 4, "gbs": 512}, 21.773),
         ("AM2", dsv3, 256, {"pp": 4, "ep": 64, "vpp": 8, "gbs": 512}, 8.18),

@@ -13,16 +13,24 @@ that spans nodes with k members per node runs k rail-aligned rings (NCCL), one p
 its bus bandwidth is min(intra, k * inter) where inter is the per-GPU network bandwidth.
 
 The expert-parallel all-to-all is no ring: what leaves a node crosses the sending GPU's own NIC,
-NVLink cannot carry it. A group spanning N nodes with k members per node sends each token once per
-remote node it is routed to and forwards it over NVLink there (DeepSeek-V3 report, arXiv
-2412.19437 section 3.2.2: IB to the GPU of the same in-node index, then NVLink; DeepEP's internode
-kernels, whose bottleneck is the RDMA bandwidth per GPU). With balanced routing of top_k copies
-over N nodes a token reaches (N - 1) x (1 - (1 - 1/N)^top_k) remote nodes on average; the NVLink
-share is the top_k copies x (n - 1) / n; both links run at once (the slower one sets the time).
-That is the node-deduplicating dispatch of DeepEP (Megatron-Core's flex dispatcher, NeMo
-AutoModel, torchtitan's DeepEP option), which the published fine-grained runs use; a dispatcher
-that sends every copy (torch all_to_all_single, Megatron's alltoall dispatcher) moves up to
-top_k x (n - k) / n per token over the NIC, which this does not price (a known under-estimate).
+NVLink cannot carry it. How much leaves depends on the dispatcher (backend.moe_dispatcher,
+launcher/backends/common.py); with balanced routing each of a token's top_k copies goes to any of
+the group's n ranks alike, and a group spanning N = n / k nodes holds k of them per node:
+- flex (node-deduplicating: DeepEP, Megatron-Core's flex dispatcher, NeMo AutoModel, torchtitan's
+  DeepEP option; what the published fine-grained runs use) sends each token once per remote node
+  it is routed to and forwards it over NVLink there (DeepSeek-V3 report, arXiv 2412.19437 section
+  3.2.2: IB to the GPU of the same in-node index, then NVLink; DeepEP's internode kernels, whose
+  bottleneck is the RDMA bandwidth per GPU). A token reaches (N - 1) x (1 - (1 - 1/N)^top_k)
+  remote nodes on average: each of the N - 1 other nodes is missed by all top_k copies with
+  probability (1 - 1/N)^top_k.
+- alltoall (every copy sent: torch all_to_all_single, which llmtrain's torch engine runs,
+  launcher/train/expert_parallel.py; Megatron-Core's alltoall dispatcher) sends each copy whose
+  rank is on another node through the NIC: a copy lands off-node with probability (n - k) / n, so
+  a token moves top_k x (n - k) / n over the NIC, two copies for one node crossing twice.
+In both the NVLink share is taken as all top_k copies x (n - 1) / n (flex forwards every copy
+over NVLink; NCCL's PXN routes alltoall's remote copies through the GPU on the destination's rail,
+an upper bound either way); both links run at once (the slower one sets the time). Inside one
+node the two are the same all-to-all.
 """
 
 from __future__ import annotations
@@ -71,22 +79,38 @@ def place_group(
 
 
 def expert_alltoall_bus_gbps(
-    place: GroupPlacement, top_k: int, intra_gbps: float, inter_gbps: float
+    place: GroupPlacement,
+    top_k: int,
+    intra_gbps: float,
+    inter_gbps: float,
+    dispatcher: str = "flex",
 ) -> float:
     """Bus bandwidth (collective_time's, all-to-all kind) of a dispatch or combine of top_k copies
-    of each token over the expert-parallel group `place` (module docstring). Inside one node, or
-    with top_k 1, the ring figure of place_group.
+    of each token over the expert-parallel group `place` by `dispatcher` ("flex" or "alltoall",
+    module docstring). Inside one node the ring figure of place_group.
 
-    e.g. ep 64 over 8 nodes of 8 H100s (450 GB/s NVLink, 50 GB/s NIC), top_k 8: a token reaches
-    7 x (1 - (7/8)^8) = 4.59 remote nodes; per token-byte the NIC moves 4.59 / 50 and NVLink
-    8 x 63/64 / 450, so the NIC sets the time, 0.0919 s per GB; collective_time charges
-    8 x 63/64 = 7.875 bytes per token-byte, so the bus bandwidth is 7.875 / 0.0919 = 85.7 GB/s.
+    e.g. ep 64 over 8 nodes of 8 H100s (450 GB/s NVLink, 50 GB/s NIC), top_k 8; collective_time
+    charges 8 x 63/64 = 7.875 bytes per token-byte, which NVLink moves in 7.875 / 450 = 0.0175 s
+    per GB.
+    - flex: a token reaches 7 x (1 - (7/8)^8) = 4.59 remote nodes; the NIC moves 4.59 / 50 =
+      0.0919 s per GB and sets the time, so the bus bandwidth is 7.875 / 0.0919 = 85.7 GB/s.
+    - alltoall: 8 x 56/64 = 7.0 copies leave the node; the NIC moves 7.0 / 50 = 0.14 s per GB,
+      so the bus bandwidth is 7.875 / 0.14 = 56.25 GB/s (1.52x the time of flex). top_k cancels:
+      NIC-bound it is (n - 1) / (n - k) x the NIC bandwidth for any top_k.
+    With top_k 1 there is nothing to deduplicate and both give that 56.25 GB/s (a token reaches
+    7 x (1 - 7/8) = 0.875 remote nodes, the 56/64 of alltoall).
     """
+    if dispatcher not in ("flex", "alltoall"):
+        raise ValueError(f"unknown all-to-all dispatcher {dispatcher!r}")
     n, k = place.size, place.members_per_node
-    if not place.spans_nodes or n <= 1 or top_k <= 1 or k >= n:
+    if not place.spans_nodes or n <= 1 or k >= n:
         return place.bus_gbps
-    nodes = n / k
-    remote = (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    top_k = max(1, top_k)
+    if dispatcher == "flex":
+        nodes = n / k
+        remote = (nodes - 1.0) * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    else:
+        remote = top_k * (n - k) / n
     charged = top_k * (n - 1) / n
     seconds_per_gb = max(remote / inter_gbps, charged / intra_gbps)
     return charged / seconds_per_gb

@@ -36,7 +36,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.backends.common import backend_of, expert_data_parallel, expert_tensor_parallel
+from launcher.backends.common import (
+    backend_of,
+    expert_data_parallel,
+    expert_tensor_parallel,
+    moe_dispatcher,
+)
 from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight
@@ -284,21 +289,22 @@ def dispatcher_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
     """The MoE token dispatcher's buffers on one GPU for the one MoE layer being computed, beyond
     what the layer stores (each routed copy's expert input and output: layer_activation_terms).
 
-    Megatron-core's default dispatcher (--moe-token-dispatcher-type allgather; llmtrain renders
-    no other): MoEAllGatherTokenDispatcher all-gathers the hidden states of the tp x ep group's
-    tokens (the rank's s/tp tokens with sequence parallel, x tp x ep) into a global buffer and
-    unpermutes the expert outputs into one of the same size before the reduce-scatter: 2 x
-    gathered tokens x h in the compute dtype (when tp x ep > 1).
-    llmtrain's torch engine with ep > 1 (launcher/train/expert_parallel.py dispatch_combine): the
-    all-to-all's send copy (flat[order // top_k]) and received rows beside the sorted expert input,
-    and the same two on the way back: 2 x tokens x top_k x h. Without ep the sorted copy is the
-    experts' input (already counted)."""
+    The dispatcher is backends.common.moe_dispatcher's. allgather (Megatron-core's default,
+    --moe-token-dispatcher-type allgather): MoEAllGatherTokenDispatcher all-gathers the hidden
+    states of the tp x ep group's tokens (the rank's s/tp tokens with sequence parallel, x tp x
+    ep) into a global buffer and unpermutes the expert outputs into one of the same size before
+    the reduce-scatter: 2 x gathered tokens x h in the compute dtype (when tp x ep > 1).
+    alltoall, as llmtrain's torch engine runs it with ep > 1 (launcher/train/expert_parallel.py
+    dispatch_combine): the all-to-all's send copy (flat[order // top_k]) and received rows beside
+    the sorted expert input, and the same two on the way back: 2 x tokens x top_k x h. flex is
+    counted the same (DeepEP's receive buffers hold at most every routed copy). Without ep the
+    sorted copy is the experts' input (already counted)."""
     m = cfg.model
     if not (m.num_experts or 0) > 1:
         return 0.0
     dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
     tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
-    if backend_of(cfg).moe_dispatcher == "allgather":
+    if moe_dispatcher(cfg) == "allgather":
         if layout.tp * layout.ep <= 1:
             return 0.0
         sp = layout.tp if cfg.parallel.sequence_parallel else 1

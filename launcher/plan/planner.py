@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from launcher.backends.common import moe_dispatcher
 from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
@@ -205,6 +206,23 @@ def _merge(
     return cfg
 
 
+# What the expert-parallel communication is priced as, by dispatcher (plan.comm, plan.timing).
+_DISPATCHER_ASSUMPTION = {
+    "allgather": "MoE dispatcher allgather (Megatron-core's default): each rank all-gathers the "
+    "tokens of its tp x ep group and reduce-scatters the expert outputs, whatever the routing",
+    "alltoall": "MoE dispatcher alltoall: every routed copy is sent, so across nodes a token "
+    "moves top_k x (n-k)/n copies over the NIC (n ranks in the ep group, k per node)",
+    "flex": "MoE dispatcher flex (DeepEP): a token crosses the NIC once per remote node it is "
+    "routed to, N-1 nodes x (1 - (1 - 1/N)^top_k) on average, and is forwarded over NVLink there",
+}
+
+
+def _dispatcher_source(cfg: LLMTrainConfig) -> str:
+    if cfg.backend.moe_dispatcher is None:
+        return f" (backend={cfg.backend.name}'s default; set backend.moe_dispatcher to change)."
+    return f" (backend.moe_dispatcher={cfg.backend.moe_dispatcher})."
+
+
 def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
     out = [
         "Memory in bytes; GiB = 2^30 bytes, GB = 1e9 bytes.",
@@ -268,6 +286,8 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "checkpoint writes and work redone after failures (train time / (1 - time lost)).",
     ]
     out += [f"Engine: {line}." for line in engine_choices(cfg).lines()]
+    if (cfg.model.num_experts or 0) > 1 and plan_layout.ep > 1:
+        out.append(_DISPATCHER_ASSUMPTION[moe_dispatcher(cfg)] + _dispatcher_source(cfg))
     if cfg.precision.fp8 and cfg.precision.fp8_emulate:
         out.append(
             "fp8 emulated (precision.fp8_emulate): GEMMs at the compute dtype's peak; the fp8 "

@@ -12,9 +12,14 @@
   rack) get the NVLink bandwidth. Hidden communication still costs fitted.overlap_cost of its time.
 - Context parallel: ring exchange of K and V, (cp-1) steps forward, K,V and their gradients
   backward; hidden behind the attention core's compute, the excess exposed.
-- Expert parallel: 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
-  backward) of top_k * tokens * h; exposed. A group spanning nodes is bound by each GPU's NIC, one
-  copy per remote node a token reaches (comm.expert_alltoall_bus_gbps).
+- Expert parallel, by the dispatcher (backends.common.moe_dispatcher): alltoall and flex, 4
+  all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and backward) of
+  top_k * tokens * h; exposed. A group spanning nodes is bound by each GPU's NIC: every copy
+  that leaves the node (alltoall) or one copy per remote node a token reaches (flex)
+  (comm.expert_alltoall_bus_gbps). allgather (Megatron-core's default): the rank's tokens
+  all-gathered over the tp x ep group before the experts and reduce-scattered after them
+  (all-gather + reduce-scatter forward, the reverse backward), tp x ep x tokens / tp x h each;
+  exposed.
 - Data parallel / ZeRO (Rajbhandari et al. 2020): stage 0 all-reduces gradients once per step;
   stage 1 reduce-scatters gradients and all-gathers parameters once per step; stage 2
   reduce-scatters per micro-batch; stage 3 all-gathers parameters forward and backward and
@@ -32,7 +37,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from launcher.backends.common import backend_of
+from launcher.backends.common import backend_of, expert_tensor_parallel, moe_dispatcher
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import bubble_scale
 from launcher.config.schema import LLMTrainConfig
@@ -176,15 +181,17 @@ def _add_collective(
     window: float | None,
     note: str,
     top_k: int = 0,
+    dispatcher: str = "flex",
 ) -> tuple[float, float]:
     """Time one collective per step, append its row, return (total, exposed) seconds.
-    top_k > 0: an expert dispatch / combine of top_k copies per token (comm.py)."""
+    top_k > 0: an expert dispatch / combine of top_k copies per token by `dispatcher` (alltoall
+    or flex, comm.py)."""
     # A group inside one NVLink domain (a node, or a GB200 NVL72 rack) gets NVLink bandwidth.
     domain = max(hw.gpus_per_node, hw.scale_up_domain)
     place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
     bus = place.bus_gbps
     if top_k > 0:
-        bus = expert_alltoall_bus_gbps(place, top_k, hw.intra_gbps, hw.inter_gbps)
+        bus = expert_alltoall_bus_gbps(place, top_k, hw.intra_gbps, hw.inter_gbps, dispatcher)
     total = collective_time(kind, msg, size, bus) * calls
     # Measured on this machine for this kind and group size (one node only: inter-node links and
     # other group sizes stay the catalog's).
@@ -276,22 +283,51 @@ def microbatch_time(
             for i in range(sum(layout.stage_layers[:stage]), sum(layout.stage_layers[: stage + 1]))
             if i >= m.moe_dense_layers
         )
-        # The busiest rank receives (and returns) moe_load_imbalance x the mean tokens.
-        msg = (m.moe_top_k or 1) * tokens * m.hidden_size * act_bytes / sp_div
-        msg *= max(1.0, float(m.moe_load_imbalance))
-        _, e = add(
-            "expert all-to-all",
-            "all-to-all",
-            "ep",
-            ep,
-            tp * cp,
-            msg,
-            4 * moe_layers * mb,
-            None,
-            "dispatch + combine, fwd + bwd",
-            top_k=m.moe_top_k or 1,
-        )
-        per_mb_exposed += e / mb
+        dispatcher = moe_dispatcher(cfg)
+        if dispatcher == "allgather":
+            # Megatron-core's MoEAllGatherTokenDispatcher over the tp x ep group (contiguous
+            # ranks: its expert rank generator orders expert-tensor then expert parallel,
+            # megatron/core/parallel_state.py): every rank receives every token of the group,
+            # whatever the routing (so no load imbalance). The tensor-parallel row above already
+            # charges the MLP's own tp share of this gather with tp > 1.
+            group = expert_tensor_parallel(cfg, layout) * ep
+            msg = group * tokens * m.hidden_size * act_bytes / sp_div
+            for name, kind in (
+                ("expert all-gather", "all-gather"),
+                ("expert reduce-scatter", "reduce-scatter"),
+            ):
+                _, e = add(
+                    name,
+                    kind,
+                    "tp x ep",
+                    group,
+                    1,
+                    msg,
+                    2 * moe_layers * mb,
+                    None,
+                    "allgather dispatcher: dispatch fwd + combine bwd"
+                    if kind == "all-gather"
+                    else "allgather dispatcher: combine fwd + dispatch bwd",
+                )
+                per_mb_exposed += e / mb
+        else:
+            # The busiest rank receives (and returns) moe_load_imbalance x the mean tokens.
+            msg = (m.moe_top_k or 1) * tokens * m.hidden_size * act_bytes / sp_div
+            msg *= max(1.0, float(m.moe_load_imbalance))
+            _, e = add(
+                "expert all-to-all",
+                "all-to-all",
+                "ep",
+                ep,
+                tp * cp,
+                msg,
+                4 * moe_layers * mb,
+                None,
+                f"{dispatcher} dispatcher: dispatch + combine, fwd + bwd",
+                top_k=m.moe_top_k or 1,
+                dispatcher=dispatcher,
+            )
+            per_mb_exposed += e / mb
     if pp > 1:
         msg = tokens * m.hidden_size * act_bytes / sp_div
         _, e = add(

@@ -191,6 +191,17 @@ def megatron_args(
         if m.moe_dense_layers:
             dense, moe = m.moe_dense_layers, m.num_layers - m.moe_dense_layers
             args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{moe})"]
+        # backend.moe_dispatcher (null: Megatron-core's own default, allgather, no flag).
+        # megatron/core/transformer/transformer_config.py: moe_token_dispatcher_type
+        # allgather | alltoall | flex; flex with moe_flex_dispatcher_backend "deepep" (its
+        # default; moe_enable_deepep, the older switch, is deprecated in its favour), rendered
+        # explicitly so that the DeepEP that plan prices is what runs (Megatron-core MoE README's
+        # "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep").
+        dispatcher = cfg.backend.moe_dispatcher
+        if dispatcher is not None:
+            args += ["--moe-token-dispatcher-type", dispatcher]
+            if dispatcher == "flex":
+                args += ["--moe-flex-dispatcher-backend", "deepep"]
 
     args += [
         "--tensor-model-parallel-size", str(p.tp),

@@ -55,6 +55,8 @@ exec /opt/llmtrain/venv/bin/python -m torch.distributed.run \
     --moe-ffn-hidden-size 2048 \
     --moe-shared-expert-intermediate-size 2048 \
     --moe-layer-freq '([0]*3+[1]*58)' \
+    --moe-token-dispatcher-type flex \
+    --moe-flex-dispatcher-backend deepep \
     --tensor-model-parallel-size 1 \
     --pipeline-model-parallel-size 16 \
     --decoder-first-pipeline-num-layers 3 \
