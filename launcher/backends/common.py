@@ -176,10 +176,7 @@ def moe_dispatcher(cfg: LLMTrainConfig) -> str:
     """The MoE token dispatcher the ranks run: backend.moe_dispatcher, or the backend's default
     (the first of its Backend.moe_dispatchers) when null. The one place the default is resolved."""
     chosen = cfg.backend.moe_dispatcher
-    if chosen is not None:
-        return chosen
-    b = all_backends().get(cfg.backend.name)
-    return b.moe_dispatchers[0] if b else "alltoall"
+    return chosen if chosen is not None else backend_of(cfg).moe_dispatchers[0]
 
 
 def precision_of(cfg: LLMTrainConfig) -> str:
