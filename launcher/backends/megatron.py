@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from launcher.backends.common import Backend, Refusal
 from launcher.backends.fp8_params import megatron_fp8_param_gather
+from launcher.backends.moe_overlap import megatron_moe_overlap
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import even_split_ok, suggestion
 from launcher.config.schema import LLMTrainConfig
@@ -92,7 +93,7 @@ BACKEND = Backend(
         {"moe", "moe+tp", "mla", "mla+tp", "tied-embeddings+pp", "sequence-parallel"}
     ),
     expert_span=("tp", "cp", "dp"),
-    combos=(_pipeline_split, _virtual_stages, megatron_fp8_param_gather),
+    combos=(_pipeline_split, _virtual_stages, megatron_fp8_param_gather, megatron_moe_overlap),
     # Each rank runs Megatron-LM's own training script with the rendered arguments
     # (launcher/render/megatron_launch.py).
     entry="pretrain_gpt.py",

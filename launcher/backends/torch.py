@@ -20,6 +20,7 @@ from launcher.backends.engine_choices import (
     compile_in_force,
 )
 from launcher.backends.fp8_params import fp8_param_gather_not_run
+from launcher.backends.moe_overlap import moe_overlap_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 
@@ -273,6 +274,7 @@ BACKEND = Backend(
     features=frozenset({"moe", "moe+tp", "mla", "mla+tp", "kv-replication", "sequence-parallel"}),
     combos=(
         fp8_param_gather_not_run,
+        moe_overlap_not_run,
         _optimizer_offload_alone,
         _empty_pipeline_stage,
         _interleaved_rounds,

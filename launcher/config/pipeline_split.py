@@ -370,7 +370,13 @@ def suggestion(num_layers: int, pp: int, vpp: int) -> str:
 
 @cache  # pure; asked for the same stages by many layouts
 def layers_in_flight(
-    schedule: str, pp: int, microbatches: int, vpp: int, stage: int, stage_chunks: tuple[int, ...]
+    schedule: str,
+    pp: int,
+    microbatches: int,
+    vpp: int,
+    stage: int,
+    stage_chunks: tuple[int, ...],
+    extra_warmup: int = 0,
 ) -> int:
     """Peak transformer layer-forwards whose activations are alive on `stage` (stage_chunks: the
     layers of each of its virtual stages, in order), for a stage of equal chunks the chunk
@@ -380,16 +386,17 @@ def layers_in_flight(
     get_pp_rank_microbatches and get_schedule_table, microbatch_group_size_per_vp_stage = pp):
     (pp - stage - 1) * 2 + (vpp - 1) * pp warm-up chunk forwards, then one forward and one
     backward at a time; forward k runs virtual stage (k // pp) % vpp, backward k the reverse.
-    With unequal virtual stages the peak is found by walking the steady state for one period."""
+    With unequal virtual stages the peak is found by walking the steady state for one period.
+    extra_warmup: forwards run ahead of that warm-up (schedule.chunk_microbatches_in_flight)."""
     m = max(1, microbatches)
     if pp <= 1 or not stage_chunks:
         return max(stage_chunks, default=0)
     if schedule == "gpipe":
         return m * sum(stage_chunks)
     if schedule != "interleaved" or vpp <= 1:
-        return min(m, pp - stage) * sum(stage_chunks)
+        return min(m, pp - stage + extra_warmup) * sum(stage_chunks)
     total = m * vpp
-    warm = min(total, (pp - stage - 1) * 2 + (vpp - 1) * pp)
+    warm = min(total, (pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup)
 
     def fwd(k: int) -> int:
         return stage_chunks[(k // pp) % vpp]

@@ -266,6 +266,11 @@ class BackendConfig:
     # (alltoall for torch and deepspeed, allgather for megatron); the others are refused where the
     # backend does not run them.
     moe_dispatcher: str | None = None
+    # Hide the expert dispatch/combine behind another micro-batch's compute: Megatron-Core's
+    # --overlap-moe-expert-parallel-comm (its combined 1F1B schedule pairs one micro-batch's
+    # forward with another's backward, layer by layer; one extra micro-batch in flight). Only
+    # backend=megatron runs it (launcher/backends/moe_overlap.py has its conditions).
+    moe_comm_overlap: bool = False
     # backend=megatron: the Megatron-LM checkout holding pretrain_gpt.py that `run`/`submit`
     # launch (None: $MEGATRON_LM_PATH), and arguments appended to the rendered ones (your data
     # and tokenizer: --data-path, --tokenizer-type ...; without data arguments, --mock-data).

@@ -43,6 +43,7 @@ from launcher.backends.common import (
     moe_dispatcher,
 )
 from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
+from launcher.backends.moe_overlap import extra_warmup_microbatches
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight
 from launcher.config.schema import LLMTrainConfig
@@ -609,12 +610,14 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             compiled,
         )
 
+    extra = extra_warmup_microbatches(cfg)
     in_flight = chunk_microbatches_in_flight(
         cfg.parallel.pp_schedule,
         layout.pp,
         layout.num_microbatches,
         layout.vpp,
         stage,
+        extra,
     )
     held = per_chunk * in_flight
     if len(chunk_layer_count) == max(1, layout.vpp) and layout.pp > 1:
@@ -627,6 +630,7 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             layout.vpp,
             stage,
             tuple(chunk_layer_count),
+            extra,
         )
     activations = per_layer(cfg.train.recompute) * held
     if cfg.train.recompute != "none":

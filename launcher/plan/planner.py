@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from launcher.backends.common import moe_dispatcher
 from launcher.backends.engine_choices import engine_choices
+from launcher.backends.moe_overlap import moe_overlap_on
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
@@ -288,6 +289,14 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
     out += [f"Engine: {line}." for line in engine_choices(cfg).lines()]
     if (cfg.model.num_experts or 0) > 1 and plan_layout.ep > 1:
         out.append(_DISPATCHER_ASSUMPTION[moe_dispatcher(cfg)] + _dispatcher_source(cfg))
+        if moe_overlap_on(cfg):
+            out.append(
+                "backend.moe_comm_overlap: Megatron-Core's combined 1F1B pairs one micro-batch's "
+                "forward with another's backward, so the paired share of the expert all-to-all "
+                "(not the warm-up forwards nor the cool-down backwards) runs beside the "
+                "partner's compute, costing overlap_cost of its time; one more micro-batch's "
+                "activations are held (its extra warm-up forward)."
+            )
     if cfg.precision.fp8 and cfg.precision.fp8_emulate:
         out.append(
             "fp8 emulated (precision.fp8_emulate): GEMMs at the compute dtype's peak; the fp8 "

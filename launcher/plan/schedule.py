@@ -36,19 +36,40 @@ def pipeline_efficiency(pp: int, microbatches: int, vpp: int = 1) -> float:
 
 
 def chunk_microbatches_in_flight(
-    schedule: str, pp: int, microbatches: int, vpp: int, stage: int
+    schedule: str, pp: int, microbatches: int, vpp: int, stage: int, extra_warmup: int = 0
 ) -> int:
-    """Chunk forwards whose activations are alive at the peak on `stage` (chunk = 1/vpp stage)."""
+    """Chunk forwards whose activations are alive at the peak on `stage` (chunk = 1/vpp stage).
+
+    extra_warmup: forwards run ahead of the schedule's own warm-up (Megatron-Core's combined 1F1B
+    for backend.moe_comm_overlap runs one, launcher/backends/moe_overlap.py)."""
     m = max(1, microbatches)
     if pp <= 1:
-        # No pipeline: one micro-batch at a time (gradient accumulation frees each).
-        return max(1, vpp)
+        # No pipeline: one micro-batch at a time (gradient accumulation frees each), or with the
+        # combined 1F1B one forward ahead of the backward it is paired with.
+        return max(1, vpp) * min(m, 1 + extra_warmup)
     if schedule == "gpipe":
         return m * vpp
     if schedule == "interleaved" and vpp > 1:
-        warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp
+        warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup
         return min(m * vpp, warmup + 1)
-    return min(m, pp - stage) * vpp
+    return min(m, pp - stage + extra_warmup) * vpp
+
+
+def combined_1f1b_overlap_share(pp: int, microbatches: int, vpp: int, stage: int) -> float:
+    """The share of `stage`'s chunk forwards (and of its backwards) that Megatron-Core's combined
+    1F1B schedule runs paired with another micro-batch's backward (forward), so that one's
+    expert all-to-all hides behind the other's compute (backend.moe_comm_overlap).
+
+    Megatron-Core (pipeline_parallel/schedules.py, combined_1f1b.py) keeps its warm-up and
+    cool-down, with one extra warm-up forward: without pipelining 1 forward runs alone and
+    m - 1 are paired; interleaved, stage i runs (pp - i - 1) * 2 + (vpp - 1) * pp + 1 warm-up
+    chunk forwards alone out of m * vpp. The cool-down's backwards are as many, alone."""
+    m = max(1, microbatches)
+    if pp <= 1:
+        return (m - 1) / m
+    total = m * max(1, vpp)
+    warm = min(total, (pp - stage - 1) * 2 + (max(1, vpp) - 1) * pp + 1)
+    return (total - warm) / total
 
 
 @dataclass(frozen=True)

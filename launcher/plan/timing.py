@@ -38,6 +38,7 @@ import functools
 from dataclasses import dataclass
 
 from launcher.backends.common import backend_of, expert_tensor_parallel, moe_dispatcher
+from launcher.backends.moe_overlap import moe_overlap_on
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import bubble_scale
 from launcher.config.schema import LLMTrainConfig
@@ -59,7 +60,7 @@ from launcher.plan.memory import (
     pipelined_fsdp_accumulates,
 )
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.schedule import bubble_overhead
+from launcher.plan.schedule import bubble_overhead, combined_1f1b_overlap_share
 
 # CPU Adam (DeepSpeed's AVX implementation) streams the fp32 states at host-memory speed.
 HOST_GBPS = 50.0
@@ -182,10 +183,12 @@ def _add_collective(
     note: str,
     top_k: int = 0,
     dispatcher: str = "flex",
+    hideable: float = 1.0,
 ) -> tuple[float, float]:
     """Time one collective per step, append its row, return (total, exposed) seconds.
     top_k > 0: an expert dispatch / combine of top_k copies per token by `dispatcher` (alltoall
-    or flex, comm.py)."""
+    or flex, comm.py). hideable: the share of the calls that may run inside `window` (the rest
+    is exposed whatever the window)."""
     # A group inside one NVLink domain (a node, or a GB200 NVL72 rack) gets NVLink bandwidth.
     domain = max(hw.gpus_per_node, hw.scale_up_domain)
     place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
@@ -205,7 +208,7 @@ def _add_collective(
     if window is None:
         exposed = total
     else:
-        hidden = min(total, window)
+        hidden = min(total * hideable, window)
         exposed = total - hidden + constants(hw.arch).overlap_cost * hidden
     colls.append(Collective(name, kind, group, size, msg, calls, bus, total, exposed, note))
     return total, exposed
@@ -314,6 +317,15 @@ def microbatch_time(
             # The busiest rank receives (and returns) moe_load_imbalance x the mean tokens.
             msg = (m.moe_top_k or 1) * tokens * m.hidden_size * act_bytes / sp_div
             msg *= max(1.0, float(m.moe_load_imbalance))
+            # backend.moe_comm_overlap (Megatron-Core's combined 1F1B): the dispatches and
+            # combines of paired forwards / backwards run beside the partner's compute; the
+            # warm-up forwards and cool-down backwards run alone (plan.schedule).
+            share, a2a_window = 1.0, None
+            note = f"{dispatcher} dispatcher: dispatch + combine, fwd + bwd"
+            if moe_overlap_on(cfg):
+                share = combined_1f1b_overlap_share(pp, mb, vpp, stage)
+                a2a_window = exact_parts.total_s * mb * share
+                note += f"; {share:.0%} beside another micro-batch's compute (combined 1F1B)"
             _, e = add(
                 "expert all-to-all",
                 "all-to-all",
@@ -322,10 +334,11 @@ def microbatch_time(
                 tp * cp,
                 msg,
                 4 * moe_layers * mb,
-                None,
-                f"{dispatcher} dispatcher: dispatch + combine, fwd + bwd",
+                a2a_window,
+                note,
                 top_k=m.moe_top_k or 1,
                 dispatcher=dispatcher,
+                hideable=share,
             )
             per_mb_exposed += e / mb
     if pp > 1:

@@ -202,6 +202,10 @@ def megatron_args(
             args += ["--moe-token-dispatcher-type", dispatcher]
             if dispatcher == "flex":
                 args += ["--moe-flex-dispatcher-backend", "deepep"]
+        # backend.moe_comm_overlap: Megatron-Core's combined 1F1B schedule (its conditions:
+        # launcher/backends/moe_overlap.py, checked before anything is rendered).
+        if cfg.backend.moe_comm_overlap:
+            args.append("--overlap-moe-expert-parallel-comm")
 
     args += [
         "--tensor-model-parallel-size", str(p.tp),

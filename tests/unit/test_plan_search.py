@@ -103,6 +103,20 @@ SMALL = [
         {"max_vpp": 2, "max_micro_batch_size": 1, "max_cp": 1},
         id="mixtral-16xh100-ep",
     ),
+    # The same with Megatron-Core's expert all-to-all overlap: layouts with pp > 1 need virtual
+    # stages, and each layout's hidden share depends on its micro-batches.
+    pytest.param(
+        (
+            "recipe=mixtral-8x7b",
+            "cluster=h100-80gb",
+            "cluster.num_nodes=2",
+            "train.global_batch_size=64",
+            "train.recompute=selective",
+            "backend.moe_comm_overlap=true",
+        ),
+        {"max_vpp": 2, "max_micro_batch_size": 2, "max_cp": 1},
+        id="mixtral-16xh100-ep-a2a-overlap",
+    ),
 ]
 
 
