@@ -439,6 +439,20 @@ def expert_span(cfg: LLMTrainConfig, layout: Layout) -> tuple[tuple[str, ...], i
     return names, size
 
 
+def expert_group_stride(cfg: LLMTrainConfig, layout: Layout) -> int:
+    """Global-rank distance between neighbours of an expert-parallel group (what decides how
+    many nodes it spans, plan.comm.place_group).
+
+    Megatron-core builds the expert groups with their own rank generator, expert-tensor parallel
+    innermost, then expert parallel, context parallel folded away (megatron/core/
+    parallel_state.py, initialize_model_parallel's expert RankGenerator): neighbours are the
+    expert tensor parallel size apart. llmtrain's engines carve ep out of the data-parallel
+    ranks (torch_engine's ep mesh pp x edp x ep x cp x tp): tp x cp apart."""
+    if "tp" in backend_of(cfg).expert_span:
+        return expert_tensor_parallel(cfg, layout)
+    return max(1, layout.tp) * max(1, layout.cp)
+
+
 def expert_tensor_parallel(cfg: LLMTrainConfig, layout: Layout) -> int:
     """How many ranks split each expert's weights (Megatron-core's expert tensor parallel size).
 

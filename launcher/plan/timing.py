@@ -37,7 +37,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from launcher.backends.common import backend_of, expert_tensor_parallel, moe_dispatcher
+from launcher.backends.common import (
+    backend_of,
+    expert_group_stride,
+    expert_tensor_parallel,
+    moe_dispatcher,
+)
 from launcher.backends.moe_overlap import moe_overlap_on
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import bubble_scale
@@ -249,20 +254,28 @@ def microbatch_time(
 
     # Per micro-batch collectives (on the critical path of every micro-batch).
     per_mb_exposed = 0.0
+    first_layer = sum(layout.stage_layers[:stage])
+    moe_layers = (
+        sum(1 for i in range(first_layer, first_layer + layers) if i >= m.moe_dense_layers)
+        if shape.is_moe
+        else 0
+    )
+    dispatcher = moe_dispatcher(cfg) if shape.is_moe and ep > 1 else ""
     if tp > 1:
-        calls = layers * (6 if cfg.train.recompute == "full" else 4)
+        per_layer = 6 if cfg.train.recompute == "full" else 4
+        calls = layers * per_layer
+        note = "2 fwd + 2 bwd per layer" + (" + 2 recompute" if per_layer == 6 else "")
+        if dispatcher == "allgather":
+            # Megatron-core's allgather dispatcher gathers the MLP's input over tp x ep and
+            # reduce-scatters its output (moe/token_dispatcher.py, MoEAllGatherTokenDispatcher):
+            # an MoE layer's own tensor-parallel gather / reduce-scatter is that collective
+            # (priced below), so only its attention's half stays in this row.
+            calls -= moe_layers * per_layer // 2
+            note += "; MoE layers: attention only (the dispatcher gathers over tp x ep)"
         kind = "all-reduce"
         msg = tokens * m.hidden_size * act_bytes
         _, e = add(
-            "tensor-parallel activations",
-            kind,
-            "tp",
-            tp,
-            1,
-            msg,
-            calls * mb,
-            tp_window,
-            "2 fwd + 2 bwd per layer" + (" + 2 recompute" if calls > layers * 4 else ""),
+            "tensor-parallel activations", kind, "tp", tp, 1, msg, calls * mb, tp_window, note
         )
         per_mb_exposed += e / mb
     if cp > 1:
@@ -281,18 +294,12 @@ def microbatch_time(
         )
         per_mb_exposed += e / mb
     if ep > 1 and shape.is_moe:
-        moe_layers = sum(
-            1
-            for i in range(sum(layout.stage_layers[:stage]), sum(layout.stage_layers[: stage + 1]))
-            if i >= m.moe_dense_layers
-        )
-        dispatcher = moe_dispatcher(cfg)
         if dispatcher == "allgather":
             # Megatron-core's MoEAllGatherTokenDispatcher over the tp x ep group (contiguous
             # ranks: its expert rank generator orders expert-tensor then expert parallel,
             # megatron/core/parallel_state.py): every rank receives every token of the group,
-            # whatever the routing (so no load imbalance). The tensor-parallel row above already
-            # charges the MLP's own tp share of this gather with tp > 1.
+            # whatever the routing (so no load imbalance). With tp > 1 this replaces the MLP's
+            # own tensor-parallel collectives (the row above leaves them out).
             group = expert_tensor_parallel(cfg, layout) * ep
             msg = group * tokens * m.hidden_size * act_bytes / sp_div
             for name, kind in (
@@ -331,7 +338,7 @@ def microbatch_time(
                 "all-to-all",
                 "ep",
                 ep,
-                tp * cp,
+                expert_group_stride(cfg, layout),
                 msg,
                 4 * moe_layers * mb,
                 a2a_window,

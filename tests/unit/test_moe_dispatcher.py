@@ -199,3 +199,47 @@ def test_search_keeps_the_configured_dispatcher() -> None:
         again = cfg(*base, *cand.overrides)
         assert again.backend.moe_dispatcher == "flex"
         assert make_plan(again).time.tokens_per_s == pytest.approx(cand.tokens_per_s, rel=1e-12)
+
+
+def test_expert_group_stride_follows_each_backends_rank_order() -> None:
+    # 4 nodes of 8, tp 2, cp 2, ep 4 (dp 8). Megatron-core's expert ranks are expert-tensor
+    # (= tp 2 here, since ep 4 divides dp x cp = 16) innermost, then expert: neighbours 2 apart,
+    # the group spans 2 x 4 = 8 ranks, one node. llmtrain's torch engine carves ep out of dp
+    # (mesh pp, edp, ep, cp, tp): neighbours tp x cp = 4 apart, 16 ranks, two nodes.
+    from launcher.backends.common import expert_group_stride
+    from launcher.config.layout import derive_layout
+
+    base = [
+        *SMALL_MOE,
+        "cluster=h100-80gb",
+        "cluster.num_nodes=4",
+        "parallel.tp=2",
+        "parallel.cp=2",
+        "parallel.ep=4",
+        "model.num_kv_heads=2",
+    ]
+    mcfg = cfg(*base, "backend=megatron")
+    assert expert_group_stride(mcfg, derive_layout(mcfg)) == 2
+    tcfg = cfg(*base, "backend=torch")
+    assert expert_group_stride(tcfg, derive_layout(tcfg)) == 4
+    # ep 32 does not divide dp x cp = 16: Megatron's expert tensor parallel is 1 (the experts
+    # fold over tp too), so neighbours are adjacent ranks.
+    folded = cfg(*base[:-2], "parallel.ep=32", "model.num_experts=32", "backend=megatron")
+    assert expert_group_stride(folded, derive_layout(folded)) == 1
+
+
+def test_allgather_with_tp_leaves_the_moe_mlp_out_of_the_tp_row() -> None:
+    # tp 2, ep 4 on one node of 8 (dp 4; global batch 8: 2 micro-batches), 4 MoE layers,
+    # allgather: Megatron-core's dispatcher gathers the MLP input over tp x ep, so each MoE
+    # layer keeps only its attention's tensor-parallel all-reduces: 1 fwd + 1 bwd = 2 calls
+    # (4 with alltoall): 4 x 2 x 2 = 16 per step (32 with alltoall).
+    c = _moe(128, ep=4, nodes=1, dispatcher="allgather")
+    c = dataclasses.replace(
+        c,
+        parallel=dataclasses.replace(c.parallel, tp=2, sequence_parallel=True),
+    )
+    rows = {x.group: x for x in make_plan(c).time.collectives}
+    assert rows["tp"].calls_per_step == 4 * 2 * 2
+    assert "attention only" in rows["tp"].note
+    other = make_plan(with_dispatcher(c, "alltoall")).time.collectives
+    assert next(x for x in other if x.group == "tp").calls_per_step == 4 * 4 * 2
