@@ -460,7 +460,10 @@ def expert_tensor_parallel(cfg: LLMTrainConfig, layout: Layout) -> int:
     re-folds a stage's tp x cp x dp ranks into expert-tensor x expert x expert-data parallel
     groups. llmtrain renders --expert-tensor-parallel-size 1 when ep does not divide dp x cp (the
     expert groups then span tensor-parallel ranks; launcher/render/megatron_args.py): each expert
-    whole on its rank. Everywhere else the experts split over tp like the dense weights."""
+    whole on its rank. Everywhere else the experts split over tp like the dense weights.
+    parallel.etp, when set, is the size (validate's expert-parallel rule checks it)."""
+    if cfg.parallel.etp is not None:
+        return max(1, cfg.parallel.etp)
     if cfg.backend.name == "megatron" and layout.ep > 1 and (layout.dp * layout.cp) % layout.ep:
         return 1
     return max(1, layout.tp)

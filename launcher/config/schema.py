@@ -94,6 +94,10 @@ class ParallelConfig:
     vpp: int = 1
     cp: int = 1
     ep: int = 1
+    # Expert tensor parallel: how many ranks split each expert's weights (Megatron-core's
+    # --expert-tensor-parallel-size). None: tp, or 1 where ep does not divide dp x cp
+    # (launcher/backends/common.py expert_tensor_parallel); other values on backend=megatron only.
+    etp: int | None = None
     # None: inferred as world_size // (tp * pp * cp).
     dp: int | None = None
     sequence_parallel: bool = False

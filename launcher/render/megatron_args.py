@@ -215,9 +215,10 @@ def megatron_args(
     ]  # fmt: skip
     if p.ep > 1:
         args += ["--expert-model-parallel-size", str(p.ep)]
-        if expert_tensor_parallel(cfg, layout) != max(1, p.tp):
+        etp = expert_tensor_parallel(cfg, layout)
+        if etp != max(1, p.tp):
             # MoE parallel folding: the expert groups span tensor-parallel ranks too.
-            args += ["--expert-tensor-parallel-size", "1"]
+            args += ["--expert-tensor-parallel-size", str(etp)]
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if z.stage == 3:

@@ -438,6 +438,7 @@ def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"valid ep: {_join(ok)}",
             )
         )
+    out += _expert_tensor_parallel(cfg, layout)
     top_k = m.moe_top_k or 0
     if not 1 <= top_k <= experts:
         out.append(
@@ -464,6 +465,55 @@ def expert_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 ("model.moe_dense_layers",),
                 f"model.moe_dense_layers={m.moe_dense_layers} exceeds "
                 f"model.num_layers={m.num_layers}",
+            )
+        )
+    return out
+
+
+def _expert_tensor_parallel(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    """parallel.etp. Megatron-core (parallel_state.initialize_model_parallel) re-folds a stage's
+    tp x cp x dp ranks into expert-tensor x expert x expert-data parallel groups, so etp x ep must
+    divide them; Transformer Engine's grouped GEMMs split each expert's hidden size over etp.
+    Engines that split experts over tp like the dense weights run etp = tp only."""
+    p, m = cfg.parallel, cfg.model
+    etp = p.etp
+    if etp is None:
+        return []
+    key = ("parallel.etp",)
+    if etp < 1:
+        return [_error("expert-parallel", key, f"parallel.etp={etp}: must be 1 or more")]
+    names, _ = expert_span(cfg, layout)
+    if "tp" not in names and etp != max(1, p.tp):
+        return [
+            _error(
+                "expert-parallel",
+                (*key, "parallel.tp", "backend"),
+                f"parallel.etp={etp} with parallel.tp={p.tp}: backend={cfg.backend.name} splits "
+                f"each expert over tp like the dense weights; use parallel.etp=null (or "
+                f"{max(1, p.tp)}), or backend=megatron",
+            )
+        ]
+    out = []
+    ranks = max(1, p.tp) * max(1, p.cp) * max(1, layout.dp)
+    if _dp_consistent(layout) and ranks % (etp * max(1, p.ep)):
+        ok = [e for e in divisors(ranks) if ranks % (e * max(1, p.ep)) == 0]
+        out.append(
+            _error(
+                "expert-parallel",
+                (*key, "parallel.ep"),
+                f"parallel.etp={etp} x parallel.ep={p.ep} does not divide the tp x cp x dp = "
+                f"{ranks} ranks of a stage (Megatron-core folds them into expert-tensor x expert "
+                f"x expert-data groups); valid etp: {_join(ok) or 'none with this ep'}",
+            )
+        )
+    ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
+    if ffn % etp:
+        out.append(
+            _error(
+                "expert-parallel",
+                (*key, "model.moe_ffn_hidden_size"),
+                f"parallel.etp={etp} does not divide the expert hidden size {ffn} (each expert's "
+                f"weights split over etp); valid etp: {_join(divisors(ffn)[:8])}",
             )
         )
     return out
