@@ -366,7 +366,7 @@ def ring_backward(
         # not needed after the last step.
         if step < cp - 1:
             *kv, grads[0], grads[1] = exchange([*kv, *grads])
-        else:
+        elif cp > 1:
             grads = exchange(grads)
     return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype)
 
