@@ -128,11 +128,14 @@ class Backend:
     # engines; plan.memory.logits_bytes counts its fp32 backward), not Megatron's vocab-parallel
     # cross-entropy with its gradient written in place.
     eager_loss: bool = True
-    # Context parallel's ring: how many buffers of the rank's K/V size are in flight beyond the
-    # saved K/V, and whether in fp32 (plan.memory.cp_ring_bytes): llmtrain's ring attention sends
-    # K, V, dK, dV in fp32 and receives a copy of each.
-    cp_ring_kv_buffers: float = 4.0
-    cp_ring_fp32: bool = True
+    # Context parallel's ring at its peak, beyond the saved activations (plan.memory.cp_ring_bytes):
+    # buffers of the rank's K/V size in the compute dtype and in fp32, and of its q size in fp32.
+    # llmtrain's ring attention (launcher/train/ring_attention.py, backward, at an exchange): the
+    # K/V it sends and the K/V it receives in their own dtype, the fp32 dK/dV it sends and the ones
+    # it receives, and its fp32 dq accumulator.
+    cp_ring_kv_buffers: float = 2.0
+    cp_ring_kv_fp32_buffers: float = 2.0
+    cp_ring_q_fp32_buffers: float = 1.0
     # The MoE token dispatchers the ranks can run (backend.moe_dispatcher; MOE_DISPATCHERS), the
     # first being the default (backend.moe_dispatcher=null). Priced by plan.timing (the expert
     # all-to-all / all-gather) and plan.memory.dispatcher_bytes.

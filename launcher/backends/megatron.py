@@ -115,7 +115,8 @@ BACKEND = Backend(
     eager_loss=False,
     # Transformer Engine's AttnFuncWithCPAndKVP2P: received K/V, received dK/dV, own dK/dV.
     cp_ring_kv_buffers=3.0,
-    cp_ring_fp32=False,
+    cp_ring_kv_fp32_buffers=0.0,
+    cp_ring_q_fp32_buffers=0.0,
     # Megatron-core's TransformerConfig.moe_token_dispatcher_type ('allgather' | 'alltoall' |
     # 'flex', default 'allgather'; megatron/core/transformer/transformer_config.py, whose fields
     # megatron/training/arguments.py turns into --moe-token-dispatcher-type): llmtrain renders

@@ -261,29 +261,39 @@ LOSS_PARALLEL_BACKWARD_BYTES = 16.0
 
 
 def cp_ring_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
-    """Context parallel's key/value buffers in flight on one GPU, for the one layer whose attention
+    """Context parallel's ring buffers on one GPU at their peak, for the one layer whose attention
     runs (0 without cp). The stored activations already split over cp (every rank keeps only its
-    own tokens' q, k, v, output and log-sum-exp: ring attention saves no score matrix).
+    own tokens' q, k, v, output and log-sum-exp: ring attention saves no score matrix), and each
+    ring step is one fused attention kernel call whose workspace is O(rows + keys), never a score
+    matrix, like the whole-sequence flash kernel's, which is not counted either.
 
     Megatron-core (Transformer Engine's AttnFuncWithCPAndKVP2P): a double buffer of the rank's
     K/V chunk in the forward; in the backward the K/V chunk and its gradient dK/dV travel together
     in double buffers: the received K/V, the received dK/dV and the rank's own dK/dV, three local
     K/V sizes in the compute dtype beyond the saved K/V.
-    llmtrain's torch engine (launcher/train/ring_attention.py, backward): K, V, dK, dV travel in
-    fp32 ("work" dtype) and batch_isend_irecv receives a copy of all four: 2 x 2 x 4 = 16 bytes
-    per local K/V element."""
+    llmtrain's torch engine (launcher/train/ring_attention.py, ring_backward) peaks at an
+    exchange of its backward: the K/V it sends and the K/V it receives in the compute dtype, the
+    fp32 dK/dV it sends and receives, and its fp32 dq accumulator: (2 x dtype + 2 x 4) bytes per
+    local K/V element + 4 per local q element. (cp 2 holds one K/V copy fewer: the first send is
+    the saved K/V itself. At each kernel call it holds one K/V copy, the fp32 dK/dV and dq, and
+    the block's dq, dK, dV in the compute dtype: no more than at the exchange while dtype x q <=
+    4 x (K and V), i.e. query heads at most 4 per kv head in bf16, 2 in fp32.) The forward holds
+    less: two K/V copies in the compute dtype, the fp32 output accumulator, one block's output."""
     if layout.cp <= 1:
         return 0.0
     shape = ModelShape(cfg.model)
     m = cfg.model
     if shape.is_mla:
         kv_dim = m.num_attention_heads * (shape.head_dim + shape.rope_dim + shape.v_dim)
+        q_dim = m.num_attention_heads * (shape.head_dim + shape.rope_dim)
     else:
         kv_dim = 2 * shape.kv_heads * shape.head_dim
-    elements = layout.micro_batch_size * m.seq_length / layout.cp * kv_dim / max(1, layout.tp)
+        q_dim = m.num_attention_heads * shape.head_dim
+    tokens = layout.micro_batch_size * m.seq_length / layout.cp / max(1, layout.tp)
     b = backend_of(cfg)
-    dtype = 4 if b.cp_ring_fp32 else DTYPE_BYTES[cfg.precision.compute_dtype]
-    return b.cp_ring_kv_buffers * elements * dtype
+    dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
+    kv_bytes = b.cp_ring_kv_buffers * dtype + b.cp_ring_kv_fp32_buffers * 4
+    return tokens * (kv_dim * kv_bytes + q_dim * b.cp_ring_q_fp32_buffers * 4)
 
 
 def dispatcher_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:

@@ -97,8 +97,15 @@ def test_cp_ring_buffers_per_engine() -> None:
     # Transformer Engine's P2P ring: received K/V, received dK/dV, own dK/dV in bf16: x 3 x 2.
     assert cp_ring_bytes(mcfg, derive_layout(mcfg)) == 2_097_152 * 6
     tcfg = _cfg(gpus=2, cp=2)
-    # llmtrain's ring: K, V, dK, dV in fp32 plus their received copies: x 16.
-    assert cp_ring_bytes(tcfg, derive_layout(tcfg)) == 2_097_152 * 16
+    # llmtrain's ring at a backward exchange: K/V sent and received in bf16 (2 x 2 bytes), fp32
+    # dK/dV sent and received (2 x 4 bytes): 12 bytes per K/V element; and the fp32 dq
+    # accumulator: q 16 x 128 = 2048 wide, 2048 x 2048 = 4,194,304 elements x 4 bytes.
+    assert cp_ring_bytes(tcfg, derive_layout(tcfg)) == 2_097_152 * 12 + 4_194_304 * 4
+    # fp32 compute: K/V copies of 4 bytes: 2 x 4 + 2 x 4 = 16 per K/V element.
+    fcfg = dataclasses.replace(
+        tcfg, precision=dataclasses.replace(tcfg.precision, compute_dtype="fp32")
+    )
+    assert cp_ring_bytes(fcfg, derive_layout(fcfg)) == 2_097_152 * 16 + 4_194_304 * 4
     one = _cfg()
     assert cp_ring_bytes(one, derive_layout(one)) == 0.0
 
@@ -109,11 +116,11 @@ def test_cp_full_recompute_activations_by_hand() -> None:
     # - one layer recomputed in full: per token 8h (norm, QKV and MLP inputs: 16,384)
     #   + 2 (q 2048 + k 512 + v 512 + o 2048) = 10,240 + lse 4 x 16 = 64 + SwiGLU 8f = 65,536
     #   = 92,224 B x 2048                                           =   188,874,752
-    # - the K/V ring (test above)                                   =    33,554,432
+    # - the K/V ring (test above): 25,165,824 + 16,777,216          =    41,943,040
     # - the loss: 2048 x 32000 x 12                                 =   786,432,000
     cfg = _cfg(gpus=2, cp=2, recompute="full")
     acts, _ = stage_activations(cfg, derive_layout(cfg), 0)
-    assert acts == 134_217_728 + 188_874_752 + 33_554_432 + 786_432_000
+    assert acts == 134_217_728 + 188_874_752 + 41_943_040 + 786_432_000
 
 
 def test_cp_ring_attention_stores_no_scores() -> None:
