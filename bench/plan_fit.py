@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from launcher.config.layout import Layout, derive_layout
 from launcher.plan import fitted
 from launcher.plan.calibration import CalibrationPoint, points
-from launcher.plan.flops import FlopsPerToken, flops_per_token
+from launcher.plan.flops import FlopsPerToken, config_flops
 from launcher.plan.memory import HardwareView, estimate_memory
 from launcher.plan.planner import hardware_view
 from launcher.plan.timing import estimate_time
@@ -95,7 +95,7 @@ def prepare(rows: list[CalibrationPoint]) -> list[Prepared]:
                 p,
                 derive_layout(cfg),
                 hardware_view(cfg),
-                flops_per_token(cfg.model, cfg.train.recompute),
+                config_flops(cfg),
             )
         )
     return out

@@ -142,6 +142,12 @@ class Backend:
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
     # Why a dispatcher is not run (shown in the refusal, before what works).
     moe_dispatcher_note: str = ""
+    # What train.recompute=selective recomputes on (dense, MoE) layers (launcher/plan/recompute.py
+    # modes): "op" = op-level selective checkpointing of the whole block (llmtrain's dense blocks:
+    # every other linear product and the attention kernel's output kept, torchtitan's "op"
+    # policy); "core" = the attention core only (llmtrain's MoE blocks, whose dispatch stays out of
+    # any replay; Megatron-Core's default --recompute-modules core_attn).
+    selective_recompute: tuple[str, str] = ("op", "core")
 
     def runs_feature(self, feature: str) -> bool:
         return feature in self.features
@@ -173,6 +179,16 @@ class Backend:
 #   routed to and forwarded over NVLink there (DeepEP; Megatron-core's MoEFlexTokenDispatcher).
 # plan.comm.expert_alltoall_bus_gbps prices alltoall and flex, plan.timing the allgather's
 # collectives, plan.memory.dispatcher_bytes their buffers.
+
+
+def recompute_mode(cfg: LLMTrainConfig, moe: bool, chosen: str | None = None) -> str:
+    """train.recompute (or `chosen`) as this backend runs it on a dense or an MoE layer: none |
+    full | op | core (launcher/plan/recompute.py says what each runs again)."""
+    chosen = cfg.train.recompute if chosen is None else chosen
+    if chosen != "selective":
+        return chosen
+    dense, expert = backend_of(cfg).selective_recompute
+    return expert if moe else dense
 
 
 def moe_dispatcher(cfg: LLMTrainConfig) -> str:

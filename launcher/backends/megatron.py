@@ -122,4 +122,7 @@ BACKEND = Backend(
     # megatron/training/arguments.py turns into --moe-token-dispatcher-type): llmtrain renders
     # the flag only when backend.moe_dispatcher is set (launcher/render/megatron_args.py).
     moe_dispatchers=("allgather", "alltoall", "flex"),
+    # --recompute-granularity selective with Megatron-Core's default --recompute-modules
+    # (["core_attn"], transformer_config.py): the attention core only, on every layer.
+    selective_recompute=("core", "core"),
 )

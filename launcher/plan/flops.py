@@ -13,18 +13,20 @@ Conventions (each is the one place the formula is written):
   whose causal kernels skip the masked blocks (used to predict time).
 - Hardware FLOPs add recomputation: full = one more forward of every transformer layer (Narayanan et
   al. 2021: 96 B s l h^2 (1 + s/6h + V/16lh) = 4 forwards of the layers + 3 of the logits);
-  selective with eager attention = one more forward of the attention core (Korthikanti et al. 2022);
-  selective with flash attention = op-level selective checkpointing (PyTorch / torchtitan policy:
-  every other matmul output is saved, the rest recomputed) = one more forward of half the layer
-  matmuls.
+  the core mode (selective with eager attention, Megatron-Core's core_attn) = one more forward of
+  the attention core (Korthikanti et al. 2022); the op mode (op-level selective checkpointing,
+  PyTorch / torchtitan policy: every other matmul output is saved, the rest recomputed) = one more
+  forward of half the layer matmuls (launcher/plan/recompute.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config.schema import ModelConfig
+from launcher.backends.common import recompute_mode
+from launcher.config.schema import LLMTrainConfig, ModelConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.recompute import extra_forwards
 
 
 def matmul_params(shape: ModelShape) -> int:
@@ -80,14 +82,11 @@ def flops_per_token(model: ModelConfig, recompute: str) -> FlopsPerToken:
     attention = 3.0 * attn_fwd
     causal_factor = 0.5 if model.attention == "flash" else 1.0
     layer_fwd = 2.0 * layer_matmul_params(shape)
-    if recompute == "full":
-        extra, extra_exec = layer_fwd + attn_fwd, layer_fwd + attn_fwd * causal_factor
-    elif recompute == "selective" and model.attention == "eager":
-        extra = extra_exec = attn_fwd
-    elif recompute == "selective":
-        extra = extra_exec = 0.5 * layer_fwd
-    else:
-        extra = extra_exec = 0.0
+    # The forwards recomputed (launcher/plan/recompute.py); `recompute` is a mode or
+    # train.recompute itself ("selective": op with flash attention, core with eager).
+    x = extra_forwards(recompute, model.attention == "eager")
+    extra = x.gemm * layer_fwd + x.attention * attn_fwd
+    extra_exec = x.gemm * layer_fwd + x.attention * attn_fwd * causal_factor
     model_flops = matmul + attention
     return FlopsPerToken(
         model=model_flops,
@@ -113,3 +112,10 @@ def narayanan_flops_per_iteration(
         * hidden**2
         * (1.0 + seq / (6.0 * hidden) + vocab / (16.0 * layers * hidden))
     )
+
+
+def config_flops(cfg: LLMTrainConfig, recompute: str | None = None) -> FlopsPerToken:
+    """flops_per_token for a configuration, its recompute as the backend runs it on the model's
+    main layer kind (MoE layers for an MoE model; backends.common.recompute_mode)."""
+    moe = ModelShape(cfg.model).is_moe
+    return flops_per_token(cfg.model, recompute_mode(cfg, moe, recompute))

@@ -35,9 +35,9 @@ One place per formula; the fitted constants (``fitted.py``) are dimensionless an
   compile_bytes of the traffic remains; Megatron fuses them by hand (bias-GeLU, bias-dropout-add,
   scale-mask-softmax, fused norms and RoPE: Narayanan et al. 2021 section 4.2, Transformer Engine),
   priced the same. Backward moves twice the forward's bytes.
-- Recompute: full = one more forward of every layer (GEMMs, attention, bytes); op-level selective
-  (flash attention) = half of the layer GEMMs and all the elementwise ops once more; selective with
-  eager attention = the attention core and its softmax once more (Korthikanti et al. 2022).
+- Recompute: the forwards each mode runs again (launcher/plan/recompute.py): full = the whole
+  layer; op-level selective = half of the layer GEMMs and all the element-wise ops; core = the
+  attention core (and eager attention's softmax), per layer kind as the backend runs it.
 - GPU power cap (cluster.power_limit_w under the board's TDP): dynamic power ~ C V^2 f with the
   voltage scaling with the clock (DVFS), so P ~ f^3 and the clock falls to (P / TDP)^(1/3) of
   nominal; compute-bound parts slow down by that, HBM-bound ones do not.
@@ -48,12 +48,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from launcher.backends.common import backend_of
+from launcher.backends.common import backend_of, recompute_mode
 from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.recompute import extra_forwards, recomputes_scores
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,8 @@ class _Key:
     dense_layers: int
     moe_layers: int
     head: bool
-    recompute: str
+    recompute_dense: str  # plan.recompute mode of the dense layers
+    recompute_moe: str  # ... and of the MoE layers
     compile: bool
     m_limit: bool
 
@@ -300,7 +302,8 @@ def stage_parts(
         dense_layers=dense_layers,
         moe_layers=moe_layers,
         head=head,
-        recompute=cfg.train.recompute,
+        recompute_dense=recompute_mode(cfg, moe=False),
+        recompute_moe=recompute_mode(cfg, moe=True),
         # As the engine runs (engine_choices); Megatron's hand-fused kernels count as compiled.
         compile=compile_in_force(cfg)[0],
         m_limit=m_limit,
@@ -408,24 +411,28 @@ def _parts(k: _Key) -> ComputeParts:
     fwd_bytes_moe = (elem + moe_elem + scores) * ab + cast_moe
     bytes_scale = c.bytes_factor * (c.compile_bytes if k.compile else 1.0) / (k.hbm_gbps * 1e9)
 
-    # Passes: forward 1 + backward 2 (GEMMs, bytes); recompute adds forwards.
+    # Passes: forward 1 + backward 2 (GEMMs, bytes); recompute adds forwards (plan.recompute),
+    # per layer kind (a backend may recompute dense and MoE layers differently).
     lin_dense = attn_lin + dense_mlp
     lin_moe = attn_lin + moe_mlp
-    if k.recompute == "full":
-        gemm_passes, attn_extra, byte_passes = 4.0, attn_fwd, 4.0
-    elif k.recompute == "selective" and not k.eager:
-        gemm_passes, attn_extra, byte_passes = 3.5, 0.0, 4.0
-    elif k.recompute == "selective":
-        gemm_passes, attn_extra, byte_passes = 3.0, attn_fwd, 3.0
-    else:
-        gemm_passes, attn_extra, byte_passes = 3.0, 0.0, 3.0
-    score_extra = scores * ab if (k.recompute == "selective" and k.eager) else 0.0
+    x_d = extra_forwards(k.recompute_dense, k.eager)
+    x_m = extra_forwards(k.recompute_moe, k.eager)
     n_d, n_m = k.dense_layers, k.moe_layers
-    linear_s = gemm_passes * (n_d * lin_dense + n_m * lin_moe)
-    other_s = gemm_passes * n_m * router + 3.0 * head
-    attention_s = (n_d + n_m) * (attn_fwd + attn_bwd + attn_extra)
-    layer_bytes = byte_passes * (n_d * fwd_bytes_dense + n_m * fwd_bytes_moe)
-    layer_bytes += (n_d + n_m) * score_extra
+    linear_s = (3.0 + x_d.gemm) * n_d * lin_dense + (3.0 + x_m.gemm) * n_m * lin_moe
+    other_s = (3.0 + x_m.gemm) * n_m * router + 3.0 * head
+    attention_s = n_d * (attn_fwd + attn_bwd + x_d.attention * attn_fwd) + n_m * (
+        attn_fwd + attn_bwd + x_m.attention * attn_fwd
+    )
+    layer_bytes = (3.0 + x_d.elementwise) * n_d * fwd_bytes_dense
+    layer_bytes += (3.0 + x_m.elementwise) * n_m * fwd_bytes_moe
+    layer_bytes += (
+        scores
+        * ab
+        * (
+            n_d * recomputes_scores(k.recompute_dense, k.eager)
+            + n_m * recomputes_scores(k.recompute_moe, k.eager)
+        )
+    )
     if k.head:
         # Logits (compute dtype) + fp32 copy + softmax + loss, forward and backward (~30 B/logit).
         layer_bytes += 30.0 * k.vocab / tp
@@ -435,7 +442,7 @@ def _parts(k: _Key) -> ComputeParts:
         # fitted bytes_factor of the small fused ops (moe_routing_bytes); same passes as above.
         bytes_s += (
             t
-            * byte_passes
+            * (3.0 + x_m.elementwise)
             * n_m
             * moe_routing_bytes(h, k.top_k, k.experts, ab)
             / (COPY_EFFICIENCY * k.hbm_gbps * 1e9)

@@ -9,15 +9,15 @@ is the layer's counted bytes (``operators.elementwise_bytes``) at the seconds pe
 for the nearest layer; the loss scales by tokens x vocabulary. A class the profile has nothing
 for keeps the catalog's price (``launcher.plan.kernels``) and is named so (``coverage``).
 
-Passes as kernels.py counts them: forward + backward measured directly; full recompute adds one
-more forward of every layer, op-level selective recompute (flash attention) half the layer GEMM
-forwards and the element-wise forward, eager selective the attention forward. With backend.compile
+Passes as kernels.py counts them: forward + backward measured directly, plus the forwards each
+layer's recompute mode runs again (launcher/plan/recompute.py). With backend.compile
 the measured (eager) element-wise time is scaled by the fitted compile_bytes fraction (fitted.py);
 fp8 linear layers are priced from the catalog (calibrate times the compute dtype).
 """
 
 from __future__ import annotations
 
+from launcher.backends.common import recompute_mode
 from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
@@ -26,6 +26,7 @@ from launcher.plan.kernels import ComputeParts
 from launcher.plan.memory import DTYPE_BYTES
 from launcher.plan.operators import Gemm, Operators, elementwise_bytes, operators
 from launcher.plan.profile import Rates
+from launcher.plan.recompute import extra_forwards
 
 
 def _gemms_s(rates: Rates, gemms: tuple[Gemm, ...]) -> tuple[float, float] | None:
@@ -37,17 +38,6 @@ def _gemms_s(rates: Rates, gemms: tuple[Gemm, ...]) -> tuple[float, float] | Non
         fwd += found[0] * g.count
         bwd += found[1] * g.count
     return fwd, bwd
-
-
-def _extra_forward(recompute: str, eager: bool) -> tuple[float, float, float]:
-    """(GEMM, attention, element-wise) forwards recomputed per layer (module docstring)."""
-    if recompute == "full":
-        return 1.0, 1.0, 1.0
-    if recompute == "selective" and not eager:
-        return 0.5, 0.0, 1.0
-    if recompute == "selective":
-        return 0.0, 1.0, 0.0
-    return 0.0, 0.0, 0.0
 
 
 def stage_parts(
@@ -64,7 +54,12 @@ def stage_parts(
     ops = operators(cfg, layout)
     fp8 = cfg.precision.fp8 and not cfg.precision.fp8_emulate
     eager = ops.attention.kind == "eager"
-    g_x, a_x, e_x = _extra_forward(cfg.train.recompute, eager)
+    # Forwards run again per layer kind (plan.recompute), as the backend recomputes each.
+    x_d = extra_forwards(recompute_mode(cfg, moe=False), eager)
+    x_m = extra_forwards(recompute_mode(cfg, moe=True), eager)
+    n = max(1, dense_layers + moe_layers)
+    a_x = (dense_layers * x_d.attention + moe_layers * x_m.attention) / n
+    e_x = (dense_layers * x_d.elementwise + moe_layers * x_m.elementwise) / n
 
     linear_s = catalog.linear_s
     other_s = catalog.other_gemm_s
@@ -72,9 +67,9 @@ def stage_parts(
         dense = _gemms_s(rates, ops.dense_gemms)
         moe = _gemms_s(rates, tuple(g for g in ops.moe_gemms if g.name != "moe router"))
         if dense is not None and (moe_layers == 0 or moe is not None):
-            lin = dense_layers * (dense[0] * (1 + g_x) + dense[1])
+            lin = dense_layers * (dense[0] * (1 + x_d.gemm) + dense[1])
             if moe is not None:
-                lin += moe_layers * (moe[0] * (1 + g_x) + moe[1])
+                lin += moe_layers * (moe[0] * (1 + x_m.gemm) + moe[1])
             linear_s = lin
     head_s = None
     if head:
@@ -83,7 +78,7 @@ def stage_parts(
     router = _gemms_s(rates, tuple(g for g in ops.moe_gemms if g.name == "moe router"))
     if (head_s is not None or not head) and (router is not None or moe_layers == 0):
         other_s = (head_s or 0.0) + (
-            moe_layers * (router[0] * (1 + g_x) + router[1]) if router is not None else 0.0
+            moe_layers * (router[0] * (1 + x_m.gemm) + router[1]) if router is not None else 0.0
         )
         loss = rates.loss_s(ops.tokens, ops.vocab_local) if head else (0.0, 0.0)
         if loss is not None:

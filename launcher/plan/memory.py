@@ -41,6 +41,7 @@ from launcher.backends.common import (
     expert_data_parallel,
     expert_tensor_parallel,
     moe_dispatcher,
+    recompute_mode,
 )
 from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
 from launcher.backends.moe_overlap import extra_warmup_microbatches
@@ -51,6 +52,7 @@ from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.offload import gradient_placement
 from launcher.plan.profile import Rates
+from launcher.plan.recompute import resolve as resolve_recompute
 from launcher.plan.schedule import chunk_microbatches_in_flight
 
 GIB = 1024**3
@@ -183,10 +185,12 @@ def layer_activation_terms(
     # Eager attention stores softmax output (2), dropout mask (1) and dropout output (2) per score.
     score_bytes = (5.0 if dropout else 2.0) * heads if attention == "eager" else 0.0
     lse = 4.0 * heads if attention == "flash" else 0.0  # flash keeps fp32 log-sum-exp per head
-    if recompute == "full":
+    # plan.recompute's modes ("selective": op with flash attention, core with eager).
+    mode = resolve_recompute(recompute, attention == "eager")
+    if mode == "full":
         # Only the layer input survives the forward (checkpoint boundary).
         return ActivationTerms(replicated=2.0 * h, sharded=0.0, scores=0.0)
-    if recompute == "selective" and attention == "flash":
+    if mode == "op":
         # Op-level selective checkpointing (PyTorch SAC, torchtitan's "op" policy): the layer input,
         # the attention output (+lse) and every other matmul output are saved; norms, activation
         # functions and the other matmuls are recomputed.
@@ -203,6 +207,11 @@ def layer_activation_terms(
     replicated = 4.0 * h + 4.0 * h + 2.0 * mask * h
     # Q, K, V for the score and value products, the attention output (projection input).
     sharded = 2.0 * (q_dim + k_dim + v_dim + o_dim) + lse + mlp_shr
+    if mode == "core" and attention == "flash":
+        # The attention core checkpointed: its inputs q, k, v are kept (by the checkpoint, as
+        # the kernel kept them) and its output by the output projection; only the fp32
+        # log-sum-exp is not (Megatron-Core's core_attn; llmtrain's MoE blocks).
+        sharded -= lse
     if fp8:
         # fp8 training saves each linear layer's input in fp8 for its weight gradient
         # (Transformer Engine; torchao Float8Linear): QKV and FC1 inputs (h each), the output
@@ -215,7 +224,7 @@ def layer_activation_terms(
             )
         replicated -= 2.0 * h
         sharded -= o_dim + f_in
-    scores = 0.0 if recompute == "selective" else score_bytes
+    scores = 0.0 if mode == "core" else score_bytes
     return ActivationTerms(replicated=replicated, sharded=sharded, scores=scores)
 
 
@@ -642,10 +651,15 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             tuple(chunk_layer_count),
             extra,
         )
-    activations = per_layer(cfg.train.recompute) * held
-    if cfg.train.recompute != "none":
+    mode = recompute_mode(cfg, moe_here)
+    activations = per_layer(mode) * held
+    if mode in ("full", "op"):
         # While a layer is recomputed for its backward its full activations exist once.
         activations += per_layer("none")
+    elif mode == "core":
+        # Only the attention core is rebuilt: what it does not keep (the log-sum-exp, or eager
+        # attention's scores) exists once.
+        activations += per_layer("none") - per_layer("core")
     # One layer's transient buffers: cp's K/V ring, the MoE dispatcher's.
     activations += cp_ring_bytes(cfg, layout)
     if moe_here:

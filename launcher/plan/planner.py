@@ -12,7 +12,7 @@ from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.bands import ErrorBand, error_band
-from launcher.plan.flops import FlopsPerToken, flops_per_token
+from launcher.plan.flops import FlopsPerToken, config_flops
 from launcher.plan.hardware import get_gpu
 from launcher.plan.measured import coverage
 from launcher.plan.memory import (
@@ -401,7 +401,7 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
     hw, profile, profile_note = priced_hardware(cfg)
     shape = ModelShape(cfg.model)
     memory = estimate_memory(cfg, layout, hw, headroom)
-    flops = flops_per_token(cfg.model, cfg.train.recompute)
+    flops = config_flops(cfg)
     time = estimate_time(cfg, layout, hw, flops, memory.stages)
     total_params = shape.total_params()
     totals = estimate_totals(

@@ -89,7 +89,7 @@ from launcher.config.pipeline_split import (
 )
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
-from launcher.plan.flops import FlopsPerToken, flops_per_token
+from launcher.plan.flops import FlopsPerToken, config_flops
 from launcher.plan.memory import (
     HardwareView,
     MemoryPlan,
@@ -712,7 +712,7 @@ class _Search:
 
     def flops(self, recompute: str) -> FlopsPerToken:
         if recompute not in self._flops:
-            self._flops[recompute] = flops_per_token(self.space.base.model, recompute)
+            self._flops[recompute] = config_flops(self.space.base, recompute)
         return self._flops[recompute]
 
     # Bound ---------------------------------------------------------------------------------------

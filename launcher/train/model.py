@@ -43,6 +43,13 @@ Choices worth knowing:
   over tp themselves (``launcher.train.experts``).
 - Context parallel (``apply_context_parallel``): positions and attention follow the rank's
   load-balanced chunks; attention is ring attention (``launcher.train.ring_attention``).
+- Recompute (``apply_recompute``): full checkpoints each block (only its input kept); selective
+  checkpoints a dense block with op-level selective checkpointing (``selective_context``, the
+  policy torchtitan calls "op": every other matrix product's output and the attention kernel's
+  output are kept, the rest is recomputed in the backward); an MoE block checkpoints only its
+  attention core and the shared experts' activation function (the dispatch's collectives and
+  their Python-side counts stay out of any replay). plan prices each
+  (launcher/backends/common.py selective_recompute).
 - Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,
   w2) at 0.02/sqrt(2L) (GPT-2), biases zero, norms one/zero. Each parameter draws from its own CPU
   generator seeded by (seed, parameter name), so a pipeline stage that holds only some layers gets
@@ -61,7 +68,11 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
@@ -336,6 +347,57 @@ class MoE(nn.Module):
         return out.view_as(x)
 
 
+# --- op-level selective checkpointing -------------------------------------------------------------
+def _aten_ops(*names: str) -> frozenset[Any]:
+    """The default overloads of the named aten ops this build has."""
+    aten = torch.ops.aten
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+# Matrix products of the linear layers (with and without bias, torchao's fp8 one).
+SAC_MATMULS = _aten_ops("mm", "addmm", "_scaled_mm")
+# Attention kernels and collectives whose outputs are kept rather than recomputed: the kernels
+# are the expensive part of a layer, and a reduce-scatter replayed in the backward would cost a
+# second round of communication (torchtitan's list has the same families).
+SAC_KEPT = _aten_ops(
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+) | frozenset(
+    op.default
+    for op in (getattr(torch.ops._c10d_functional, "reduce_scatter_tensor", None),)
+    if op is not None
+)
+
+
+def selective_policy() -> Callable[..., CheckpointPolicy]:
+    """The op-level policy of one checkpointed call: the attention kernel outputs (SAC_KEPT) and
+    every other linear-layer product (the 1st, 3rd, ... of the block's forward) are saved;
+    everything else (norms, activation functions, rotary, the other products) is recomputed in the
+    backward. Products are counted separately in the forward and in the recomputation, so both
+    pick the same ones."""
+    seen = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in SAC_MATMULS:
+            phase = "recompute" if ctx.is_recompute else "forward"
+            seen[phase] += 1
+            keep = seen[phase] % 2 == 1
+        else:
+            keep = func in SAC_KEPT
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def selective_context() -> tuple[Any, Any]:
+    """Context pair for ``checkpoint(..., context_fn=selective_context)``: a fresh
+    ``selective_policy`` per checkpointed call."""
+    contexts = create_selective_checkpoint_contexts(selective_policy())  # type: ignore[no-untyped-call]
+    return cast(tuple[Any, Any], contexts)
+
+
 # --- blocks and the model ------------------------------------------------------------------------
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attention(norm(x)), then + feed_forward/moe(norm(.))."""
@@ -345,6 +407,8 @@ class TransformerBlock(nn.Module):
         shape = ModelShape(cfg)
         self.layer_id = layer_id
         self.recompute_full = False
+        # train.recompute=selective on a dense block: op-level selective checkpointing.
+        self.recompute_selective = False
         self.attention_norm = _norm(cfg.norm, cfg.hidden_size, cfg.norm_eps)
         self.attention: nn.Module = MLAttention(cfg) if shape.is_mla else Attention(cfg)
         self.ffn_norm = _norm(cfg.norm, cfg.hidden_size, cfg.norm_eps)
@@ -368,6 +432,9 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
             return cast(torch.Tensor, checkpoint(self._forward, x, use_reentrant=False))
+        if self.recompute_selective and torch.is_grad_enabled():
+            out = checkpoint(self._forward, x, use_reentrant=False, context_fn=selective_context)
+            return cast(torch.Tensor, out)
         return self._forward(x)
 
 
@@ -557,18 +624,23 @@ def apply_recompute(model: nn.Module, mode: str) -> nn.Module:
     """Activation recomputation per ``train.recompute``; module names are unchanged.
 
     full: each TransformerBlock runs under non-reentrant ``torch.utils.checkpoint`` (only its input
-    is kept). selective: only the attention core (SDPA) and the MLP activation are checkpointed.
-    none: turns both off. Returns `model`.
+    is kept). selective: a dense block under op-level selective checkpointing
+    (``selective_context``); an MoE block checkpoints its attention core (SDPA) and its shared
+    experts' activation function only (module docstring). none: all off. Returns `model`.
     """
     if mode not in RECOMPUTE_MODES:
         raise ValueError(f"train.recompute={mode!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
-    for module in model.modules():
-        if isinstance(module, TransformerBlock):
-            module.recompute_full = mode == "full"
-        elif isinstance(module, Attention | MLAttention):
-            module.recompute_core = mode == "selective"
-        elif isinstance(module, MLP):
-            module.recompute_act = mode == "selective"
+    for block in model.modules():
+        if not isinstance(block, TransformerBlock):
+            continue
+        block.recompute_full = mode == "full"
+        dense = block.moe is None
+        block.recompute_selective = mode == "selective" and dense
+        for module in block.modules():
+            if isinstance(module, Attention | MLAttention):
+                module.recompute_core = mode == "selective" and not dense
+            elif isinstance(module, MLP):
+                module.recompute_act = mode == "selective" and not dense
     return model
 
 

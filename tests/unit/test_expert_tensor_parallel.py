@@ -23,7 +23,7 @@ runner = CliRunner()
 
 # Mixtral 8x7B on 8 nodes of 8 H100: tp 2, pp 4, cp 2 -> dp 4; a stage's tp x cp x dp = 16 ranks,
 # ep 8; expert hidden size 14336.
-MIXTRAL = ["recipe=mixtral-8x7b", "cluster.num_nodes=8"]
+MIXTRAL = ["recipe=mixtral-8x7b", "cluster.num_nodes=8", "parallel.tp=2"]
 
 
 def cfg(*overrides: str) -> LLMTrainConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
 import torch
@@ -194,9 +195,17 @@ def test_recompute_flags_and_bad_mode() -> None:
     assert all(block.recompute_full for block in model.layers.values())
     apply_recompute(model, "selective")
     assert not any(block.recompute_full for block in model.layers.values())
-    assert all(block.attention.recompute_core for block in model.layers.values())
+    # Layer 0 is dense (moe_dense_layers=1): op-level selective checkpointing of the block.
+    # The MoE layers: their attention core and shared experts' activation only.
+    dense, moe = model.layers["0"], model.layers["1"]
+    assert dense.moe is None and dense.recompute_selective
+    assert not dense.attention.recompute_core
+    assert moe.moe is not None and not moe.recompute_selective
+    assert moe.attention.recompute_core
+    assert all(m.recompute_act for m in moe.moe.shared_experts)
     apply_recompute(model, "none")
     assert not any(block.attention.recompute_core for block in model.layers.values())
+    assert not any(block.recompute_selective for block in model.layers.values())
     with pytest.raises(ValueError, match=r"train\.recompute"):
         apply_recompute(model, "some")
 
@@ -277,3 +286,37 @@ def test_loss_fn_is_fp32_cross_entropy() -> None:
     assert loss.dtype == torch.float32
     expected = torch.nn.functional.cross_entropy(logits.float().reshape(6, 7), targets.reshape(6))
     torch.testing.assert_close(loss, expected)
+
+
+def test_selective_saves_every_other_product_and_the_attention_kernel() -> None:
+    # A dense Llama block's forward runs 7 linear products (wq, wk, wv, wo, w1, w3, w2) and one
+    # SDPA kernel: the policy keeps products 1, 3, 5, 7 (wq, wv, w1, w2) and the kernel's output,
+    # and recomputes the rest (the gradients equal: test_recompute_matches_no_recompute).
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from launcher.train.model import SAC_KEPT, SAC_MATMULS, selective_policy
+
+    block = build_model(TINY_LLAMA, seed=5).layers["0"]
+    decisions: dict[bool, list[tuple[str, bool]]] = {False: [], True: []}
+
+    def recording() -> tuple[Any, Any]:
+        inner = selective_policy()
+
+        def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+            choice = inner(ctx, func, *args, **kwargs)
+            if func in SAC_MATMULS or func in SAC_KEPT:
+                kind = "mm" if func in SAC_MATMULS else "attention"
+                decisions[ctx.is_recompute].append((kind, choice == CheckpointPolicy.MUST_SAVE))
+            return choice
+
+        return cast(tuple[Any, Any], create_selective_checkpoint_contexts(policy))
+
+    x = torch.randn(2, TINY_LLAMA.seq_length, TINY_LLAMA.hidden_size, requires_grad=True)
+    out = torch.utils.checkpoint.checkpoint(
+        block._forward, x, use_reentrant=False, context_fn=recording
+    )
+    out.sum().backward()
+    forward = decisions[False]
+    mms = [keep for kind, keep in forward if kind == "mm"]
+    assert mms == [True, False, True, False, True, False, True]
+    assert ("attention", True) in forward
