@@ -148,6 +148,14 @@ class Backend:
     # policy); "core" = the attention core only (llmtrain's MoE blocks, whose dispatch stays out of
     # any replay; Megatron-Core's default --recompute-modules core_attn).
     selective_recompute: tuple[str, str] = ("op", "core")
+    # With parallel.tp > 1 the embedding and the output layer are split over the tp ranks (and
+    # the loss runs on vocabulary-split logits); False: every tp rank holds them whole and computes
+    # the full logits and loss.
+    tp_splits_vocab: bool = True
+
+    def vocab_split(self, tp: int) -> int:
+        """The tp ranks the embedding, the output layer and the logits are split over."""
+        return max(1, tp) if self.tp_splits_vocab else 1
 
     def runs_feature(self, feature: str) -> bool:
         return feature in self.features

@@ -155,4 +155,8 @@ BACKEND = Backend(
         "token dispatch)"
     ),
     artifacts=("ds_config.json",),
+    # AutoTP with llmtrain's partition_config (launcher/render/ds_config.py) splits the attention
+    # and MLP projections only: the embedding and the output layer stay whole on every tp rank,
+    # which computes the full logits and the eager loss (deepspeed_engine.py's docstring).
+    tp_splits_vocab=False,
 )

@@ -206,6 +206,7 @@ class _Key:
     ffn: int
     gated: bool
     vocab: int
+    vocab_tp: int
     experts: int
     top_k: int
     moe_ffn: int
@@ -283,6 +284,8 @@ def stage_parts(
         ffn=m.ffn_hidden_size,
         gated=m.activation == "swiglu",
         vocab=m.vocab_size,
+        # The tp ranks the output layer is split over (1 where the backend keeps it whole).
+        vocab_tp=backend_of(cfg).vocab_split(layout.tp),
         experts=m.num_experts or 0,
         top_k=m.moe_top_k or 1,
         moe_ffn=m.moe_ffn_hidden_size or m.ffn_hidden_size,
@@ -371,7 +374,8 @@ def _parts(k: _Key) -> ComputeParts:
             f_s = f_e * k.shared
             moe_mlp += gemm(2.0 * h * f_s * (g + 1) / tp, t, f_s / tp, h, lin_peak, eff8)
         router = gemm(2.0 * h * k.experts, t, k.experts, h, k.peak, 1.0)
-    head = gemm(2.0 * h * k.vocab / tp, t, k.vocab / tp, h, k.peak, 1.0) if k.head else 0.0
+    v_local = k.vocab / k.vocab_tp
+    head = gemm(2.0 * h * v_local, t, v_local, h, k.peak, 1.0) if k.head else 0.0
 
     # Attention core, forward seconds per layer.
     heads_here = k.heads / tp
@@ -435,7 +439,7 @@ def _parts(k: _Key) -> ComputeParts:
     )
     if k.head:
         # Logits (compute dtype) + fp32 copy + softmax + loss, forward and backward (~30 B/logit).
-        layer_bytes += 30.0 * k.vocab / tp
+        layer_bytes += 30.0 * v_local
     bytes_s = t * layer_bytes * bytes_scale
     if k.experts > 1:
         # Routing and token (un)permutation: streaming copies at COPY_EFFICIENCY of HBM, not the

@@ -342,7 +342,8 @@ def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
     Megatron: the logits in the compute dtype plus an fp32 copy for the loss and fp32 softmax
     (its gradient reuses that buffer): s b V (dtype + 4 + 4) / tp / cp. The eager PyTorch loss
     (backend torch / deepspeed): the larger of its forward (dtype + 8) and its backward per logit
-    (EAGER_LOSS_BACKWARD_BYTES; LOSS_PARALLEL_BACKWARD_BYTES with the vocabulary split over tp)."""
+    (EAGER_LOSS_BACKWARD_BYTES; LOSS_PARALLEL_BACKWARD_BYTES with the vocabulary split over tp,
+    which DeepSpeed's AutoTP does not split: Backend.tp_splits_vocab)."""
     m = cfg.model
     tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
     dtype = DTYPE_BYTES[cfg.precision.compute_dtype]
@@ -354,10 +355,12 @@ def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
         chunk = min(tokens, loss_chunk_tokens(m.vocab_size))
         held = tokens * m.hidden_size * dtype + m.vocab_size * m.hidden_size * 4.0
         return chunk * m.vocab_size * per + held
-    if backend_of(cfg).eager_loss:
-        split = layout.tp > 1
+    b = backend_of(cfg)
+    vocab_tp = b.vocab_split(layout.tp)
+    if b.eager_loss:
+        split = vocab_tp > 1
         per = max(per, LOSS_PARALLEL_BACKWARD_BYTES if split else EAGER_LOSS_BACKWARD_BYTES)
-    return tokens * m.vocab_size * per / max(1, layout.tp)
+    return tokens * m.vocab_size * per / vocab_tp
 
 
 @dataclass(frozen=True)
@@ -402,13 +405,14 @@ def stage_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> StageParams
             dense += (params - routed) / tp
         else:
             dense += params / tp
+    vocab_tp = backend_of(cfg).vocab_split(tp)
     if stage == 0:
-        dense += shape.embedding_params() / tp
+        dense += shape.embedding_params() / vocab_tp
     if stage == layout.pp - 1:
-        dense += shape.output_params() / tp
+        dense += shape.output_params() / vocab_tp
         if m.tie_embeddings and layout.pp > 1:
             # The last stage keeps its own copy of the tied embedding for the output projection.
-            dense += m.vocab_size * m.hidden_size / tp
+            dense += m.vocab_size * m.hidden_size / vocab_tp
     return StageParams(dense, expert)
 
 

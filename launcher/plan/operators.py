@@ -11,7 +11,7 @@ Per GPU (tensor-parallel shards divided by tp, tokens t = micro_batch x seq / cp
 - MLP: w1 (and w3 for SwiGLU) h -> f/tp, w2 f/tp -> h;
 - MoE layers: router h -> E, E/ep local experts each on t x top_k x ep / E tokens (balanced
   routing; x model.moe_load_imbalance on the busiest rank), shared experts on all t tokens;
-- output layer over the vocabulary: h -> V/tp (last stage);
+- output layer over the vocabulary: h -> V/tp (last stage; V where the backend keeps it whole);
 - attention core: causal SDPA of [b, heads/tp, s/cp, d];
 - element-wise work of one layer: two norms, two residual adds, rotary on q and k, the MLP's
   activation (GELU, or SiLU x up), dropout where configured;
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
@@ -86,6 +87,7 @@ def operators(cfg: LLMTrainConfig, layout: Layout) -> Operators:
     m = cfg.model
     shape = ModelShape(m)
     tp, cp, ep = max(1, layout.tp), max(1, layout.cp), max(1, layout.ep)
+    vocab_tp = backend_of(cfg).vocab_split(tp)  # the output layer's split (Backend.tp_splits_vocab)
     t = _i(layout.micro_batch_size * m.seq_length / cp)
     h = m.hidden_size
     q = m.num_attention_heads * shape.head_dim
@@ -127,10 +129,10 @@ def operators(cfg: LLMTrainConfig, layout: Layout) -> Operators:
         norm=m.norm,
         rope=m.position == "rope",
         dropout=bool(m.hidden_dropout or m.attention_dropout),
-        vocab_local=_i(m.vocab_size / tp),
+        vocab_local=_i(m.vocab_size / vocab_tp),
         dense_gemms=dense,
         moe_gemms=moe,
-        head_gemm=Gemm("output layer", t, _i(m.vocab_size / tp), h),
+        head_gemm=Gemm("output layer", t, _i(m.vocab_size / vocab_tp), h),
         attention=AttentionOp(
             batch=layout.micro_batch_size,
             heads=_i(m.num_attention_heads / tp),
