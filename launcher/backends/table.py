@@ -12,6 +12,10 @@ START = "<!-- backends-table:start (generated: python -m launcher.backends.table
 END = "<!-- backends-table:end -->"
 
 
+# launcher/plan/recompute.py's modes, as the table says them.
+_RECOMPUTE_WORDS = {"op": "op-level selective checkpointing", "core": "attention core"}
+
+
 def _stages(stages: tuple[int, ...]) -> str:
     return ", ".join(str(s) for s in stages) if stages else "no"
 
@@ -60,6 +64,14 @@ def markdown_table() -> str:
         (
             "`backend.moe_dispatcher` (first: the default)",
             [", ".join(b.moe_dispatchers) for b in backends],
+        ),
+        (
+            "`train.recompute=selective` on dense / MoE layers",
+            [" / ".join(_RECOMPUTE_WORDS[m] for m in b.selective_recompute) for b in backends],
+        ),
+        (
+            "embedding and output layer under tp",
+            ["split over tp" if b.tp_splits_vocab else "whole on every tp rank" for b in backends],
         ),
     ]
     for feature, words in FEATURES.items():

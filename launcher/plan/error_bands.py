@@ -47,7 +47,7 @@ BANDS: dict[str, dict[str, tuple[float, float, int]]] = {
         "dense|bf16|hopper|*": (0.059, 0.086, 6),
         "dense|bf16|hopper|short": (0.059, 0.086, 6),
         "dense|fp8|hopper|*": (0.029, 0.088, 7),
-        "dense|fp8|hopper|long": (0.008, 0.011, 4),
+        "dense|fp8|hopper|long": (0.007, 0.011, 4),
         "dense|fp8|hopper|short": (0.065, 0.088, 3),
     },
 }
