@@ -130,6 +130,12 @@ def attention_kernel(cfg: LLMTrainConfig) -> str:
 #   forward ~740 (0.75), backward ~530 (0.53) -> 3.5 / (1/0.75 + 2.5/0.53) = 0.58.
 # - B200: cuDNN 9 fused attention about the same fractions as on Hopper (NVIDIA cuDNN 9 release
 #   notes / blog, ~1.6 PFLOP/s forward of 2.25) -> 0.55; FA2-class kernels as on Hopper -> 0.33.
+# Which kernel PyTorch's SDPA picks depends on the build: from 2.5.1 cuDNN attention is opt-in
+# (pytorch/pytorch#138522, after 2.5's bugs), so SDPA runs FlashAttention-2 ("sdpa" above); later
+# builds prefer cuDNN on sm90 / sm100 once the bundled cuDNN is newer than 9.15
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention; the 2.11
+# wheels cross it), a cuDNN-class rate: backend.attention_kernel=te prices that, and `llmtrain
+# calibrate` measures whichever kernel the machine runs.
 ATTENTION_KERNEL_RATE: dict[tuple[str, str], float] = {
     ("ampere", "te"): 0.72,
     ("ampere", "sdpa"): 0.72,
