@@ -209,15 +209,27 @@ CASES: dict[str, tuple[int, list[str]]] = {
         4,
         ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true", UNTIED, *B4],
     ),
-    # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler.
-    "dp2xcp2-zero1-fp16": (4, ["parallel.cp=2", "zero.stage=1", "precision=fp16", *B4]),
+    # Gradients averaged over dp x cp; optimizer states sharded over the 4 ranks; fp16 scaler;
+    # the ring attention inside op-level selective checkpointing (dense blocks).
+    "dp2xcp2-zero1-fp16-selective": (
+        4,
+        ["parallel.cp=2", "zero.stage=1", "precision=fp16", "train.recompute=selective", *B4],
+    ),
     # fp16 parameters under FSDP2 (shard-aware scaler), and with DTensor tensor parallel.
     "fp16-fsdp-zero2": (2, ["precision=fp16", "zero.stage=2", *B4]),
     "fp16-dp2xtp2-zero3": (4, ["precision=fp16", "zero.stage=3", "parallel.tp=2", *B4]),
-    # Two experts per rank, tokens by all-to-all; with 4 ranks each expert has an edp peer.
-    "moe-dp4-ep2-shared": (
+    # Two experts per rank, tokens by all-to-all; with 4 ranks each expert has an edp peer;
+    # selective recompute of MoE blocks: the attention core and the shared expert's activation.
+    "moe-dp4-ep2-shared-selective": (
         4,
-        ["parallel.ep=2", *MOE, "model.moe_shared_experts=1", "train.micro_batch_size=1", *LLAMA],
+        [
+            "parallel.ep=2",
+            *MOE,
+            "model.moe_shared_experts=1",
+            "train.micro_batch_size=1",
+            "train.recompute=selective",
+            *LLAMA,
+        ],
     ),
 }
 
