@@ -47,6 +47,7 @@ FEATURES = {
     "kv-replication": "tp > num_kv_heads (each key/value head replicated)",
     "tied-embeddings+pp": "tied input/output embeddings with pp > 1",
     "sequence-parallel": "sequence parallel (with tp > 1)",
+    "mtp": "multi-token prediction modules (model.mtp_layers)",
 }
 
 
@@ -235,6 +236,8 @@ def features_of(cfg: LLMTrainConfig) -> list[str]:
         used.append("tied-embeddings+pp")
     if p.sequence_parallel and p.tp > 1:
         used.append("sequence-parallel")
+    if m.mtp_layers > 0:
+        used.append("mtp")
     return used
 
 
@@ -392,6 +395,7 @@ _FEATURE_KEYS = {
     "kv-replication": ("parallel.tp", "model.num_kv_heads"),
     "tied-embeddings+pp": ("model.tie_embeddings", "parallel.pp"),
     "sequence-parallel": ("parallel.sequence_parallel",),
+    "mtp": ("model.mtp_layers",),
 }
 _FEATURE_FIX = {
     "moe": "use a dense model (model.num_experts=null)",
@@ -401,6 +405,7 @@ _FEATURE_FIX = {
     "kv-replication": "use a parallel.tp that divides model.num_kv_heads",
     "tied-embeddings+pp": "set model.tie_embeddings=false, or parallel.pp=1",
     "sequence-parallel": "set parallel.sequence_parallel=false",
+    "mtp": "use model.mtp_layers=0, or backend=megatron",
 }
 
 

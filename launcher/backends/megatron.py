@@ -90,7 +90,7 @@ BACKEND = Backend(
     offload_params_stages=(),
     schedules=("1f1b", "interleaved"),
     features=frozenset(
-        {"moe", "moe+tp", "mla", "mla+tp", "tied-embeddings+pp", "sequence-parallel"}
+        {"moe", "moe+tp", "mla", "mla+tp", "tied-embeddings+pp", "sequence-parallel", "mtp"}
     ),
     expert_span=("tp", "cp", "dp"),
     combos=(_pipeline_split, _virtual_stages, megatron_fp8_param_gather, megatron_moe_overlap),

@@ -11,7 +11,8 @@ micro-batch forward step before the 1f1b stages"): one more micro-batch's activa
 TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py) accepts it only
 with expert parallelism (expert_model_parallel_size > 1), the alltoall or flex dispatcher, no full
 recomputation (recompute_granularity != "full", no recompute_method / recompute_num_layers),
-a bf16 or fp16 model, and, with pp > 1, virtual pipeline stages. These are the refusals below.
+a bf16 or fp16 model, at most one multi-token-prediction module, and, with pp > 1, virtual
+pipeline stages. These are the refusals below.
 llmtrain's torch and DeepSpeed engines run one micro-batch's forward and backward after the
 other and have no such schedule: they refuse the key.
 
@@ -74,6 +75,13 @@ def megatron_moe_overlap(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
             (KEY, "precision"),
             f"{KEY}=true with precision=fp32: Megatron-Core overlaps it for bf16 or fp16 models "
             f"only; use precision=bf16 (or fp8, whose weights are bf16), or {KEY}=false",
+        )
+    if cfg.model.mtp_layers > 1:
+        return Refusal(
+            (KEY, "model.mtp_layers"),
+            f"{KEY}=true with model.mtp_layers={cfg.model.mtp_layers}: Megatron-Core overlaps "
+            "with one multi-token-prediction module at most; use model.mtp_layers=1, or "
+            f"{KEY}=false",
         )
     if layout.pp > 1 and layout.vpp <= 1:
         layers = cfg.model.num_layers

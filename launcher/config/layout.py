@@ -137,6 +137,7 @@ def split_keys(cfg: LLMTrainConfig) -> SplitKeys:
         embedding=p.account_for_embedding_in_pipeline_split,
         loss=p.account_for_loss_in_pipeline_split,
         layout=p.pipeline_layout,
+        mtp=cfg.model.mtp_layers,
     )
 
 

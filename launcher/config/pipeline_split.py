@@ -58,6 +58,8 @@ class SplitKeys:
     embedding: bool = False
     loss: bool = False
     layout: str | None = None
+    # model.mtp_layers: the "m" a layout must place (not a split key itself).
+    mtp: int = 0
 
     @property
     def any(self) -> bool:
@@ -116,15 +118,21 @@ def layout_stages(text: str) -> tuple[str, ...]:
         raise SplitError(
             (LAYOUT,),
             f'{LAYOUT}="{text}": unknown character(s) {", ".join(repr(c) for c in bad)}; a layout '
-            "has E (embedding), t (transformer layer), L (loss), | between virtual stages, "
+            "has E (embedding), t (transformer layer), m (multi-token prediction), L (loss), "
+            "| between virtual stages, "
             '(...)*n and x*n repeats and cosmetic commas, e.g. "Et|(tt|)*30L"',
         )
     return stages
 
 
-def _layout_chunks(text: str, num_layers: int, pp: int, vpp: int, explain: bool) -> tuple[int, ...]:
+def _layout_chunks(
+    text: str, num_layers: int, pp: int, vpp: int, explain: bool, mtp: int = 0
+) -> tuple[int, ...]:
     stages = layout_stages(text)
-    hint = f'e.g. {LAYOUT}="{balanced_layout(num_layers, pp, vpp)}"' if explain else ""
+    balanced = balanced_layout(num_layers, pp, vpp)
+    if mtp:  # the MTP modules right before the loss
+        balanced = balanced[:-1] + "m" * mtp + "L"
+    hint = f'e.g. {LAYOUT}="{balanced}"' if explain else ""
     if len(stages) % pp:
         raise SplitError(
             (LAYOUT, "parallel.pp"),
@@ -148,8 +156,17 @@ def _layout_chunks(text: str, num_layers: int, pp: int, vpp: int, explain: bool)
         problems.append("L exactly once, as the last layer")
     if flat.count("t") != num_layers:
         problems.append(f"as many t as model.num_layers={num_layers} (it has {flat.count('t')})")
-    if "m" in flat:
-        problems.append("no m: the model has no multi-token-prediction layers")
+    # Megatron-Core's PipelineParallelLayerLayout.validate_layer_layout: as many m as
+    # mtp_num_layers, and no decoder layer after the first m.
+    if flat.count("m") != mtp:
+        problems.append(
+            f"as many m as model.mtp_layers={mtp} (it has {flat.count('m')})"
+            if mtp
+            else f"no m without multi-token prediction (set model.mtp_layers={flat.count('m')}, "
+            "or drop the m)"
+        )
+    elif mtp and "t" in flat[flat.index("m") :]:
+        problems.append("every t before the first m (the MTP modules follow the last layer)")
     if problems:
         raise SplitError(
             (LAYOUT, "model.num_layers"),
@@ -221,7 +238,7 @@ def megatron_split(
             "pipeline_split cannot be set together in Megatron-Core: use one or the other",
         )
     if keys.layout is not None:
-        return _layout_chunks(keys.layout, num_layers, pp, vpp, explain)
+        return _layout_chunks(keys.layout, num_layers, pp, vpp, explain, keys.mtp)
     if keys.any and pp == 1:
         raise SplitError(
             (FIRST, LAST, EMBEDDING, LOSS, "parallel.pp"),
@@ -425,3 +442,18 @@ def bubble_scale(stage_layers: tuple[int, ...]) -> float:
     if pp <= 1 or heaviest <= 0:
         return 1.0
     return (sum(stage_layers) - heaviest) / ((pp - 1) * heaviest)
+
+
+def mtp_stage(layout_text: str | None, pp: int, mtp: int) -> int | None:
+    """The pipeline stage holding the multi-token-prediction modules: the one whose virtual stage
+    has the layout's first m, else the last stage (Megatron-Core builds them there). None without
+    MTP."""
+    if mtp <= 0:
+        return None
+    pp = max(1, pp)
+    if layout_text is None:
+        return pp - 1
+    for index, stage in enumerate(layout_stages(layout_text)):
+        if "m" in stage:
+            return index % pp
+    return pp - 1

@@ -68,6 +68,11 @@ class ModelConfig:
     # a capacity factor c and token dropping (GShard, Lepikhin et al. 2020; Switch Transformer,
     # Fedus et al. 2022; Megatron-Core --moe-expert-capacity-factor) the busiest expert gets c.
     moe_load_imbalance: float = 1.0
+    # Multi-token prediction depth (DeepSeek-V3 section 2.2; Megatron-Core --mtp-num-layers):
+    # each module adds one transformer layer of the model's last kind, a 2h -> h projection and
+    # three norms, and one more output head and loss over the shared vocabulary, after the last
+    # layer (an "m" in parallel.pipeline_layout). backend=megatron only.
+    mtp_layers: int = 0
     # Multi-head latent attention (DeepSeek-V2/V3): set kv_lora_rank to enable it.
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None

@@ -30,10 +30,12 @@ from launcher.plan.recompute import extra_forwards
 
 
 def matmul_params(shape: ModelShape) -> int:
-    """Parameters in a matmul per token (active experts only), output head included."""
+    """Parameters in a matmul per token (active experts only), output head included (once more
+    for each multi-token-prediction module, which runs the shared head again)."""
     m = shape.model
     tied_head = m.vocab_size * m.hidden_size if m.tie_embeddings else 0
-    return shape.active_params() - shape.embedding_params() + tied_head
+    mtp_heads = m.mtp_layers * m.vocab_size * m.hidden_size
+    return shape.active_params() - shape.embedding_params() + tied_head + mtp_heads
 
 
 def output_matmul_params(shape: ModelShape) -> int:
@@ -42,8 +44,10 @@ def output_matmul_params(shape: ModelShape) -> int:
 
 
 def layer_matmul_params(shape: ModelShape) -> int:
-    """Matmul parameters of all transformer layers together (active experts only)."""
-    return matmul_params(shape) - output_matmul_params(shape) - shape.norm_params()
+    """Matmul parameters of all transformer layers together (active experts only; a
+    multi-token-prediction module's layer and projection included, its head not)."""
+    heads = (1 + shape.model.mtp_layers) * output_matmul_params(shape)
+    return matmul_params(shape) - heads - shape.norm_params()
 
 
 def attention_core_flops_fwd(shape: ModelShape, seq_length: int) -> float:
@@ -76,7 +80,7 @@ class FlopsPerToken:
 def flops_per_token(model: ModelConfig, recompute: str) -> FlopsPerToken:
     shape = ModelShape(model)
     s = model.seq_length
-    layers = model.num_layers
+    layers = model.num_layers + model.mtp_layers  # each MTP module attends once more
     matmul = 6.0 * matmul_params(shape)
     attn_fwd = layers * attention_core_flops_fwd(shape, s)
     attention = 3.0 * attn_fwd

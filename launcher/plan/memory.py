@@ -46,7 +46,7 @@ from launcher.backends.common import (
 from launcher.backends.engine_choices import engine_choices, loss_chunk_tokens
 from launcher.backends.moe_overlap import extra_warmup_microbatches
 from launcher.config.layout import Layout
-from launcher.config.pipeline_split import layers_in_flight
+from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
@@ -405,6 +405,12 @@ def stage_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> StageParams
             dense += (params - routed) / tp
         else:
             dense += params / tp
+    if stage == mtp_stage(cfg.parallel.pipeline_layout, layout.pp, m.mtp_layers):
+        # The multi-token-prediction modules (ModelShape.mtp_module_params): their layer's
+        # experts split like the others', the rest like a dense layer's.
+        mtp_routed = routed if shape.mtp_is_moe else 0
+        expert += m.mtp_layers * mtp_routed / (ep * etp)
+        dense += m.mtp_layers * (shape.mtp_module_params() - mtp_routed) / tp
     vocab_tp = backend_of(cfg).vocab_split(tp)
     if stage == 0:
         dense += shape.embedding_params() / vocab_tp
@@ -670,6 +676,32 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         activations += dispatcher_bytes(cfg, layout)
     if stage == layout.pp - 1:
         activations += logits_bytes(cfg, layout)
+    if stage == mtp_stage(cfg.parallel.pipeline_layout, layout.pp, m.mtp_layers):
+        # Each multi-token-prediction module: one more layer's activations for every micro-batch
+        # in flight in its virtual stage (the stage's chunks in flight / vpp), and its own logits
+        # and loss, kept until its backward as the main head's are (Megatron's vocab-parallel
+        # cross-entropy keeps its softmax).
+        mtp_moe = shape.mtp_is_moe
+        mtp_held = max(1, round(in_flight / max(1, layout.vpp)))
+        activations += (
+            m.mtp_layers
+            * mtp_held
+            * layer_activation_bytes(
+                shape,
+                mtp_moe,
+                layout.micro_batch_size,
+                m.seq_length,
+                layout.tp,
+                layout.cp,
+                cfg.parallel.sequence_parallel,
+                recompute_mode(cfg, mtp_moe),
+                attention,
+                dropout,
+                cfg.precision.fp8,
+                compiled,
+            )
+        )
+        activations += m.mtp_layers * logits_bytes(cfg, layout)
     return activations, in_flight
 
 

@@ -138,19 +138,36 @@ class ModelShape:
         head = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size
         return self.norm_params() + head
 
+    @property
+    def mtp_is_moe(self) -> bool:
+        """A multi-token-prediction module's layer is of the model's last kind (Megatron-Core
+        builds it from the decoder's last layer spec)."""
+        return self.is_moe and self.model.num_layers > self.model.moe_dense_layers
+
+    def mtp_module_params(self) -> int:
+        """One multi-token-prediction module (DeepSeek-V3 section 2.2, Megatron-Core's
+        MultiTokenPredictionLayer): its transformer layer, the projection of [hidden; embedding]
+        (2h -> h) and three norms (hidden, embedding, final); the embedding and the output head
+        are the main model's."""
+        h = self.model.hidden_size
+        layer = self.moe_layer_params() if self.mtp_is_moe else self.dense_layer_params()
+        return layer + 2 * h * h + 3 * self.norm_params()
+
     def total_params(self) -> int:
         layers = (
             self.num_dense_layers * self.dense_layer_params()
             + self.num_moe_layers * self.moe_layer_params()
         )
-        return self.embedding_params() + layers + self.output_params()
+        mtp = self.model.mtp_layers * self.mtp_module_params()
+        return self.embedding_params() + layers + self.output_params() + mtp
 
     def active_params(self) -> int:
         """Parameters one token passes through: routed experts count top_k times, not E times."""
         if not self.is_moe:
             return self.total_params()
         idle = (self.model.num_experts or 0) - (self.model.moe_top_k or 0)
-        return self.total_params() - self.num_moe_layers * idle * self.expert_params()
+        moe_layers = self.num_moe_layers + (self.model.mtp_layers if self.mtp_is_moe else 0)
+        return self.total_params() - moe_layers * idle * self.expert_params()
 
     def non_embedding_params(self) -> int:
         m = self.model

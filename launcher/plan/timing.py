@@ -45,7 +45,7 @@ from launcher.backends.common import (
 )
 from launcher.backends.moe_overlap import moe_overlap_on
 from launcher.config.layout import Layout
-from launcher.config.pipeline_split import bubble_scale
+from launcher.config.pipeline_split import bubble_scale, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.comm import (
     Collective,
@@ -106,39 +106,64 @@ def stage_compute_parts(
             dense = round(m.moe_dense_layers * layers / max(1, m.num_layers))
     else:
         dense = layers
-    catalog = stage_parts(
-        cfg,
-        layout,
-        hw.arch,
-        hw.peak_flops,
-        hw.matmul_peak_flops,
-        hw.matmul_efficiency,
-        hw.hbm_gbps,
-        hw.tdp_watts,
-        dense,
-        layers - dense,
-        stage == layout.pp - 1,
-        m_limit=not exact,
+    moe = layers - dense
+    # The multi-token-prediction modules on their stage: one more layer each (of the model's
+    # last kind) and one more pass of the output head and loss (priced as a head-only part).
+    mtp = (
+        m.mtp_layers
+        if stage == mtp_stage(cfg.parallel.pipeline_layout, layout.pp, m.mtp_layers)
+        else 0
     )
-    if hw.profile is None:
-        return catalog
-    # Measured on this machine (llmtrain calibrate): launcher/plan/measured.py. Not exact (the
-    # search's bound): every measured class at its fastest measured rate (Rates.optimistic),
-    # the others from the catalog with unbounded token dimensions.
-    rates = hw.profile if exact else hw.profile.optimistic()
-    return measured_parts(
-        cfg, layout, rates, dense, layers - dense, stage == layout.pp - 1, catalog
-    )
+    if mtp and shape.mtp_is_moe:
+        moe += mtp
+    elif mtp:
+        dense += mtp
+    head = stage == layout.pp - 1
+
+    def priced(n_dense: int, n_moe: int, with_head: bool) -> ComputeParts:
+        catalog = stage_parts(
+            cfg,
+            layout,
+            hw.arch,
+            hw.peak_flops,
+            hw.matmul_peak_flops,
+            hw.matmul_efficiency,
+            hw.hbm_gbps,
+            hw.tdp_watts,
+            n_dense,
+            n_moe,
+            with_head,
+            m_limit=not exact,
+        )
+        if hw.profile is None:
+            return catalog
+        # Measured on this machine (llmtrain calibrate): launcher/plan/measured.py. Not exact
+        # (the search's bound): every measured class at its fastest measured rate
+        # (Rates.optimistic), the others from the catalog with unbounded token dimensions.
+        rates = hw.profile if exact else hw.profile.optimistic()
+        return measured_parts(cfg, layout, rates, n_dense, n_moe, with_head, catalog)
+
+    parts = priced(dense, moe, head)
+    if mtp:
+        extra = priced(0, 0, True)
+        parts = ComputeParts(
+            parts.linear_s + mtp * extra.linear_s,
+            parts.other_gemm_s + mtp * extra.other_gemm_s,
+            parts.attention_s + mtp * extra.attention_s,
+            parts.bytes_s + mtp * extra.bytes_s,
+        )
+    return parts
 
 
 def _heaviest_stage(
     cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, exact: bool = True
 ) -> tuple[ComputeParts, int]:
     best: tuple[ComputeParts | None, int] = (None, 0)
-    seen: dict[tuple[int, bool, bool], ComputeParts] = {}
+    seen: dict[tuple[int, bool, bool, bool], ComputeParts] = {}
     stage_layers = layout.stage_layers
+    holds_mtp = mtp_stage(cfg.parallel.pipeline_layout, layout.pp, cfg.model.mtp_layers)
     for s in range(layout.pp):
-        kind = (stage_layers[s], s == layout.pp - 1, s == 0)
+        kind = (stage_layers[s], s == layout.pp - 1, s == 0, s == holds_mtp)
         if kind not in seen:
             seen[kind] = stage_compute_parts(cfg, layout, hw, s, exact)
         parts = seen[kind]

@@ -207,6 +207,10 @@ def megatron_args(
         if cfg.backend.moe_comm_overlap:
             args.append("--overlap-moe-expert-parallel-comm")
 
+    if m.mtp_layers:
+        # Multi-token prediction (Megatron-Core --mtp-num-layers; placed by an "m" in
+        # --pipeline-model-parallel-layout, else on the last pipeline stage).
+        args += ["--mtp-num-layers", str(m.mtp_layers)]
     args += [
         "--tensor-model-parallel-size", str(p.tp),
         "--pipeline-model-parallel-size", str(p.pp),

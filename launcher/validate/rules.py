@@ -196,6 +196,7 @@ _POSITIVE_OPTIONAL = (
 _NON_NEGATIVE = (
     "model.moe_shared_experts",
     "model.moe_dense_layers",
+    "model.mtp_layers",
     "data.num_workers",
     "slurm.chain",
     "slurm.signal_grace_s",
