@@ -386,6 +386,13 @@ def suggestion(num_layers: int, pp: int, vpp: int) -> str:
 
 
 @cache  # pure; asked for the same stages by many layouts
+def interleaved_warmup(pp: int, vpp: int, stage: int) -> int:
+    """Chunk forwards Megatron-Core's interleaved 1F1B runs on `stage` before its first backward
+    (megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches): (pp - stage - 1) x 2
+    + (vpp - 1) x pp, before capping at the chunk forwards there are."""
+    return (pp - stage - 1) * 2 + (max(1, vpp) - 1) * pp
+
+
 def layers_in_flight(
     schedule: str,
     pp: int,
@@ -413,7 +420,7 @@ def layers_in_flight(
     if schedule != "interleaved" or vpp <= 1:
         return min(m, pp - stage + extra_warmup) * sum(stage_chunks)
     total = m * vpp
-    warm = min(total, (pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup)
+    warm = min(total, interleaved_warmup(pp, vpp, stage) + extra_warmup)
 
     def fwd(k: int) -> int:
         return stage_chunks[(k // pp) % vpp]

@@ -623,10 +623,10 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
     # launcher/train/ring_attention.py save_for_backward(q, k, v, out, lse)).
     attention = "flash" if layout.cp > 1 else m.attention
 
-    def per_layer(recompute: str) -> float:
+    def per_layer(recompute: str, moe: bool = moe_here) -> float:
         return layer_activation_bytes(
             shape,
-            moe_here,
+            moe,
             layout.micro_batch_size,
             m.seq_length,
             layout.tp,
@@ -683,24 +683,7 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         # cross-entropy keeps its softmax).
         mtp_moe = shape.mtp_is_moe
         mtp_held = max(1, round(in_flight / max(1, layout.vpp)))
-        activations += (
-            m.mtp_layers
-            * mtp_held
-            * layer_activation_bytes(
-                shape,
-                mtp_moe,
-                layout.micro_batch_size,
-                m.seq_length,
-                layout.tp,
-                layout.cp,
-                cfg.parallel.sequence_parallel,
-                recompute_mode(cfg, mtp_moe),
-                attention,
-                dropout,
-                cfg.precision.fp8,
-                compiled,
-            )
-        )
+        activations += m.mtp_layers * mtp_held * per_layer(recompute_mode(cfg, mtp_moe), mtp_moe)
         activations += m.mtp_layers * logits_bytes(cfg, layout)
     return activations, in_flight
 

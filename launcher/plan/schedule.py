@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.config.pipeline_split import interleaved_warmup
+
 
 def bubble_overhead(pp: int, microbatches: int, vpp: int = 1) -> float:
     """Bubble time as a multiple of the ideal compute time: (p-1)/(v*m)."""
@@ -50,7 +52,7 @@ def chunk_microbatches_in_flight(
     if schedule == "gpipe":
         return m * vpp
     if schedule == "interleaved" and vpp > 1:
-        warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup
+        warmup = interleaved_warmup(pp, vpp, stage) + extra_warmup
         return min(m * vpp, warmup + 1)
     return min(m, pp - stage + extra_warmup) * vpp
 
@@ -68,7 +70,7 @@ def combined_1f1b_overlap_share(pp: int, microbatches: int, vpp: int, stage: int
     if pp <= 1:
         return (m - 1) / m
     total = m * max(1, vpp)
-    warm = min(total, (pp - stage - 1) * 2 + (max(1, vpp) - 1) * pp + 1)
+    warm = min(total, interleaved_warmup(pp, vpp, stage) + 1)
     return (total - warm) / total
 
 
@@ -102,7 +104,7 @@ def _orders(schedule: str, pp: int, m: int, vpp: int) -> list[list[tuple[str, in
                 mb = (k // (pp * vpp)) * pp + k % pp
                 return (kind, chunk if kind == "F" else vpp - 1 - chunk, mb)
 
-            warm = min(total, (pp - stage - 1) * 2 + (vpp - 1) * pp)
+            warm = min(total, interleaved_warmup(pp, vpp, stage))
             order = [op("F", k) for k in range(warm)]
             for k in range(total - warm):
                 order += [op("F", warm + k), op("B", k)]
