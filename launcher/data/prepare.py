@@ -205,6 +205,9 @@ class PreparedIndex:
     # in megatron_prefixes ({"train": ..., "valid": ...}), and `shards` is empty.
     layout: str = "shards"
     megatron_prefixes: dict[str, str] = field(default_factory=dict)
+    # layout "chat" (launcher.data.chat_prepare): conversations with per-token loss roles; here the
+    # roles' prefixes, the input format, the template and the example counts.
+    chat: dict[str, Any] = field(default_factory=dict)
     format: str = INDEX_FORMAT
     path: Path | None = field(default=None, compare=False)
 
@@ -233,8 +236,10 @@ class PreparedIndex:
                 raise ValueError(f"format {data.get('format')!r}, expected {INDEX_FORMAT!r}")
             shards = tuple(ShardInfo(**s) for s in data.pop("shards"))
             valid = tuple(ShardInfo(**s) for s in data.pop("valid_shards", []))
-            if data.get("layout", "shards") not in ("shards", "megatron"):
-                raise ValueError(f"layout {data.get('layout')!r}, expected shards or megatron")
+            if data.get("layout", "shards") not in ("shards", "megatron", "chat"):
+                raise ValueError(
+                    f"layout {data.get('layout')!r}, expected shards, megatron or chat"
+                )
             return cls(**data, shards=shards, valid_shards=valid, path=directory)
         except (ValueError, TypeError, KeyError) as exc:
             raise UserError(f"{file} is not a valid llmtrain token index: {exc}") from None
@@ -284,6 +289,8 @@ def prepare(
     report: Any = None,
     valid_fraction: float = 0.0,
     fmt: str = "shards",
+    input_format: str | None = None,
+    chat_template: str | None = None,
 ) -> PreparedIndex:
     """Tokenize documents into token shards + index.json under `output` (written atomically).
 
@@ -292,12 +299,26 @@ def prepare(
     `valid_fraction`: the share of whole documents held out as the validation split
     (``is_valid_document``).
 
+    `input_format`: "text" (documents), "chat" or "instruct" (conversations with loss roles,
+    ``launcher.data.chat_prepare``; `chat_template` a Jinja file replacing the tokenizer's);
+    None: told from the records (``detect_input_format``).
+
     `tokenizer`: "byte", "bpe" (trained here with `vocab_size`) or the path of a Hugging Face
     tokenizer.json. `report(line)` receives a progress line now and then. Raises UserError for
     missing inputs, inputs with no text, binary inputs (unless `allow_binary`), and an output that
     overlaps an input or is an existing non-empty folder (with `overwrite`: unless it is a prepared
     dataset)."""
     output = Path(output)
+    kind = input_format or detect_input_format(inputs, text_key)
+    if kind != "text":
+        return _prepare_conversations(
+            inputs, output, kind, tokenizer, chat_template, eod_token, overwrite, fmt,
+            valid_fraction, source or {}, report,
+        )  # fmt: skip
+    if chat_template is not None:
+        raise UserError(
+            "--chat-template: only chat and instruct data use a template; add --input-format chat"
+        )
     user_tokenizer = None
     if tokenizer not in ("byte", "bpe"):
         user_tokenizer = HFTokenizerFile(Path(tokenizer).expanduser(), eod_token)
@@ -358,6 +379,84 @@ def prepare(
 
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+INPUT_FORMATS = ("text", "chat", "instruct")
+
+
+def detect_input_format(inputs: Sequence[Path], text_key: str = "text") -> str:
+    """text, chat or instruct: chat/instruct when every input is JSON Lines whose first record has
+    no `text_key` but the keys of a conversation (``launcher.data.chat_records``)."""
+    from launcher.data.chat_records import record_format
+
+    try:
+        files = find_inputs(inputs)
+    except UserError:
+        return "text"  # prepare() says what is missing
+    if not files or any(f.suffix != ".jsonl" for f in files):
+        return "text"
+    with open(files[0], encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                return "text"  # the text reader names the file and line
+            if not isinstance(record, dict) or text_key in record:
+                return "text"
+            return record_format(record) or "text"
+    return "text"
+
+
+def _prepare_conversations(
+    inputs: Sequence[Path],
+    output: Path,
+    kind: str,
+    tokenizer: str,
+    chat_template: str | None,
+    eod_token: str | None,
+    overwrite: bool,
+    fmt: str,
+    valid_fraction: float,
+    source: dict[str, Any],
+    report: Any,
+) -> PreparedIndex:
+    """Chat or instruct records into a "chat" layout folder (launcher.data.chat_prepare)."""
+    from launcher.data.chat_prepare import prepare_chat
+
+    if kind not in INPUT_FORMATS:
+        raise UserError(f"--input-format={kind}: must be one of {', '.join(INPUT_FORMATS)}")
+    if fmt != "megatron":
+        raise UserError(
+            f"--format={fmt}: chat and instruct data are written as Megatron indexed pairs "
+            "(tokens and loss roles); leave --format out (or --format megatron)"
+        )
+    if not 0.0 <= valid_fraction < 1.0:
+        raise UserError(
+            f"--valid-fraction={valid_fraction}: must lie in [0, 1), e.g. --valid-fraction 0.01"
+        )
+    files = find_inputs(inputs)
+    found = check_output(output, inputs, files, overwrite)
+    output = output.expanduser().resolve()
+    tmp = outputs.temporary_sibling(output)
+    try:
+        fields = prepare_chat(
+            files, tmp, tokenizer, kind, chat_template, eod_token, valid_fraction, source, report
+        )
+        index = PreparedIndex(
+            dtype=str(np.dtype(optimal_dtype(fields["vocab_size"]))),
+            tokenizer="hf",
+            shards=(),
+            source_files=len(files),
+            valid_fraction=valid_fraction,
+            layout="chat",
+            **fields,
+        )
+        fsio.write_json_atomic(tmp / INDEX_FILE, index.to_json())
+        outputs.install(tmp, output, "--output", COMMAND, found)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return PreparedIndex.load(output)
 
 
 def _write_tokenizer_config(directory: Path, tok: Any) -> None:
