@@ -223,6 +223,19 @@ class DataConfig:
     tokenizer: str = "byte"  # byte | bpe
     bpe_vocab_size: int = 4096
     num_workers: int = 0
+    # Without data.path / data.blend: corpus (the built-in text corpus, pre-training) | chat (the
+    # built-in chat dataset, a few hundred generated conversations with a byte-level ChatML
+    # tokenizer, for fine-tuning; launcher/data/builtin_chat.py).
+    builtin: str = "corpus"
+    # Chat data (`llmtrain data prepare --input-format chat|instruct`, docs/finetuning.md):
+    # which tokens carry loss: assistant (every assistant turn) | completion (the last assistant
+    # turn only) | all (every token of the conversation).
+    train_on: str = "assistant"
+    # Several examples per row of model.seq_length + 1 tokens, attention kept within each (true),
+    # or one example a row, padded (false).
+    packing: bool = True
+    # An example longer than a row: truncate (keep its first seq_length + 1 tokens) | drop.
+    overlong: str = "truncate"
 
 
 @dataclass
@@ -400,6 +413,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.schedule": ("cosine", "linear", "constant", "wsd"),
     "optim.wsd_decay_style": ("linear", "cosine", "minus_sqrt"),
     "data.tokenizer": ("byte", "bpe"),
+    "data.builtin": ("corpus", "chat"),
+    "data.train_on": ("assistant", "completion", "all"),
+    "data.overlong": ("truncate", "drop"),
     "cluster.gpu_request": ("gpus-per-node", "gres"),
     "backend.name": backend_names(),
     "backend.moe_dispatcher": MOE_DISPATCHERS,

@@ -46,6 +46,11 @@ class SourceInfo:
     # Megatron prefixes of the splits, when the data is in .bin/.idx form (None: llmtrain shards).
     train_prefix: Path | None
     valid_prefix: Path | None
+    # Chat data (index.json layout "chat", launcher.data.chat_prepare): the prefixes above hold
+    # the tokens, these the per-token loss roles; and what the index records of it.
+    train_roles: Path | None = None
+    valid_roles: Path | None = None
+    chat: dict[str, object] | None = None
 
 
 def megatron_tokens(prefix: Path) -> int:
@@ -80,7 +85,11 @@ def describe(spec: str, key: str) -> SourceInfo:
         except UserError as exc:
             raise UserError(f"{key}={spec}: {exc}") from None
         train_prefix = valid_prefix = None
-        if index.layout == "megatron":
+        roles: dict[str, Path] = {}
+        if index.layout == "chat":
+            for split, prefix in index.chat.get("roles_prefixes", {}).items():
+                roles[split] = path / prefix
+        if index.layout in ("megatron", "chat"):
             train_prefix = path / index.megatron_prefixes["train"]
             if "valid" in index.megatron_prefixes:
                 valid_prefix = path / index.megatron_prefixes["valid"]
@@ -98,6 +107,7 @@ def describe(spec: str, key: str) -> SourceInfo:
         return SourceInfo(
             key, path, "prepared", index.total_tokens, index.valid_tokens, index.vocab_size,
             index.eod_id, index.tokenizer, tok_file, train_prefix, valid_prefix,
+            roles.get("train"), roles.get("valid"), index.chat if index.layout == "chat" else None,
         )  # fmt: skip
     bin_file, idx_file = Path(f"{path}.bin"), Path(f"{path}.idx")
     if bin_file.is_file() and idx_file.is_file():
@@ -207,13 +217,22 @@ def source_problems(
                 f"{info.path} ({info.vocab_size}, {info.tokenizer} tokenizer); set "
                 f"model.vocab_size={info.vocab_size} or more"
             )
-        if info.train_tokens < width:
+        if info.chat is None and info.train_tokens < width:
             most = max(1, info.train_tokens - 1)
             problems.append(
                 f"{info.key}={info.path}: {info.train_tokens:,} tokens cannot give one training "
                 f"sequence of model.seq_length={seq_length} + 1; add text, or set "
                 f"model.seq_length={most} or less"
             )
+    chat = [i for i in infos if i.chat is not None]
+    if chat and (len(infos) > 1 or blend):
+        problems.append(
+            f"data.blend: {chat[0].key}={chat[0].path} is chat data; a blend takes pre-training "
+            "token data only: give the chat dataset alone as data.path"
+        )
+        return problems
+    if chat:
+        return problems  # rows are counted after packing (launcher.data.chat_checks)
     windows = sum(i.train_tokens // width for i in infos)
     if not problems and len(infos) == 1 and windows < global_batch:
         info = infos[0]
@@ -276,6 +295,12 @@ def megatron_data(path: str | None, blend: list[object], valid_path: str | None)
             continue
         if info.tokenizer_file is not None and tokenizer_dir is None:
             tokenizer_dir = str(info.tokenizer_file.parent)
+        if info.chat is not None:
+            notes.append(
+                f"{key}={info.path} is chat data with per-token loss masks, which Megatron-LM's "
+                "GPTDataset does not read: fine-tune it with backend=torch or backend=deepspeed"
+            )
+            continue
         if info.train_prefix is None:
             notes.append(
                 f"{key}={info.path} is in llmtrain's shard format, which Megatron-LM does not "

@@ -143,11 +143,17 @@ def data_problems(cfg: LLMTrainConfig) -> list[str]:
                 f"model.vocab_size={cfg.model.vocab_size}: the built-in corpus is byte-level "
                 "(256 symbols); use model.vocab_size=256 or more"
             ]
+    from launcher.data.chat_checks import chat_problems
     from launcher.data.sources import source_problems
 
     d = cfg.data
+    lay = derive_layout(cfg)
     try:
-        return source_problems(
+        chat = chat_problems(cfg, lay.global_batch_size, lay.pp, lay.cp)
+    except UserError as exc:
+        chat = [str(exc)]
+    try:
+        return chat + source_problems(
             d.path,
             list(d.blend),
             d.valid_path,

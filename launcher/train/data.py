@@ -11,6 +11,7 @@ import numpy as np
 
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.blend import BlendedTokens, BlendEntry, WindowedDataset, Windows
+from launcher.data.chat_checks import open_chat_rows
 from launcher.data.prepare import (
     INDEX_FILE,
     PreparedIndex,
@@ -129,12 +130,18 @@ class CheckedTokens:
     def num_sequences(self, seq_len: int) -> int:
         return int(self.data.num_sequences(seq_len))
 
+    @property
+    def report(self) -> Any:
+        """Chat data's packing report (launcher.data.packing.PackingReport), else None."""
+        return getattr(self.data, "report", None)
+
     def batch(self, indices: Sequence[int] | np.ndarray, seq_len: int) -> np.ndarray:
         rows: np.ndarray = self.data.batch(indices, seq_len)
-        if rows.size and int(rows.max()) >= self.vocab_size:
+        tokens = rows[:, 0] if rows.ndim == 3 else rows  # chat rows: [n, 3, seq + 1]
+        if tokens.size and int(tokens.max()) >= self.vocab_size:
             raise UserError(
-                f"{self.where} holds token id {int(rows.max())}, outside model.vocab_size="
-                f"{self.vocab_size}; set model.vocab_size={int(rows.max()) + 1} or more (the "
+                f"{self.where} holds token id {int(tokens.max())}, outside model.vocab_size="
+                f"{self.vocab_size}; set model.vocab_size={int(tokens.max()) + 1} or more (the "
                 "size of the tokenizer the data was made with)"
             )
         return rows
@@ -152,11 +159,19 @@ def training_data(cfg: LLMTrainConfig) -> CheckedTokens:
     """data.path (a prepared folder or a Megatron prefix), data.blend, or the built-in corpus."""
     seq, vocab = cfg.model.seq_length, cfg.model.vocab_size
     described = _described(cfg)
+    if described is None and cfg.data.builtin == "chat":
+        from launcher.data.builtin_chat import builtin_chat_dir
+
+        info = describe(str(builtin_chat_dir(default_cache_root())), "data.builtin=chat")
+        return CheckedTokens(open_chat_rows(info, "train", cfg), vocab, "data.builtin=chat")
     if described is None:
         shards = TokenShards(builtin_corpus_dir(default_cache_root()))
         check_vocab(shards.index, vocab)
         return CheckedTokens(shards, vocab, "the built-in corpus")
     entries, infos = described
+    if infos[0].chat is not None and not cfg.data.blend:
+        rows = open_chat_rows(infos[0], "train", cfg)
+        return CheckedTokens(rows, vocab, f"data.path={cfg.data.path}")
     if not cfg.data.blend:
         return CheckedTokens(open_split(infos[0], "train"), vocab, f"data.path={cfg.data.path}")
     datasets: list[Windows] = [open_split(i, "train") for i in infos]
@@ -177,10 +192,30 @@ class _Cycled:
         return np.asarray(self.data.batch([int(i) % self.count for i in indices], seq_len))
 
 
+class _CycledRows:
+    """Row i mod n of chat rows: any number of evaluation samples from a small split."""
+
+    def __init__(self, rows: Any):
+        self.rows, self.count = rows, max(1, int(rows.report.rows))
+        self.report = rows.report
+
+    def num_sequences(self, seq_len: int) -> int:
+        return self.count
+
+    def batch(self, indices: Sequence[int] | np.ndarray, seq_len: int) -> np.ndarray:
+        return np.asarray(self.rows.batch([int(i) % self.count for i in indices], seq_len))
+
+
 def validation_data(cfg: LLMTrainConfig, samples: int) -> CheckedTokens | None:
     """The validation windows (sample i for i < `samples`), or None when there are none."""
     seq, vocab = cfg.model.seq_length, cfg.model.vocab_size
     described = _described(cfg)
+    if described is None and cfg.data.valid_path is None and cfg.data.builtin == "chat":
+        from launcher.data.builtin_chat import builtin_chat_dir
+
+        info = describe(str(builtin_chat_dir(default_cache_root())), "data.builtin=chat")
+        rows = open_chat_rows(info, "valid", cfg)
+        return CheckedTokens(_CycledRows(rows), vocab, "data.builtin=chat (valid)")
     if described is None and cfg.data.valid_path is None:
         return None
     entries, infos = described if described is not None else ([], [])
@@ -189,6 +224,9 @@ def validation_data(cfg: LLMTrainConfig, samples: int) -> CheckedTokens | None:
         return None
     if len(chosen) == 1:
         _, info, split = chosen[0]
+        if info.chat is not None:
+            rows = open_chat_rows(info, split, cfg)
+            return CheckedTokens(_CycledRows(rows), vocab, f"{info.key} ({split})")
         return CheckedTokens(_Cycled(open_split(info, split), seq), vocab, f"{info.key} ({split})")
     blend = BlendedTokens(
         [BlendEntry(w, i.path) for w, i, _ in chosen],

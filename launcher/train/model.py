@@ -79,6 +79,7 @@ from launcher.plan.model_shape import ModelShape
 from launcher.train.chunked_loss import chunked_cross_entropy
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.experts import compute_dtype, routed, stack
+from launcher.train.masked_loss import masked_loss
 from launcher.train.ring_attention import ContextParallel
 
 ROPE_THETA = 10_000.0
@@ -110,11 +111,12 @@ def rope_tables(
     theta: float = ROPE_THETA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables [seq_len, dim] (fp32) for rotate-half RoPE with base `theta`, at
-    positions 0..seq_len-1 or at the given `positions` (a context-parallel rank's tokens)."""
+    positions 0..seq_len-1 or at the given `positions` (a context-parallel rank's tokens), or
+    [b, seq_len, dim] for per-row positions [b, seq_len] (packed examples, ``DocumentMask``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
     if positions is None:
         positions = torch.arange(seq_len, device=device)
-    freqs = torch.outer(positions.to(torch.float32), inv_freq)
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
     angles = torch.cat([freqs, freqs], dim=-1)
     return angles.cos(), angles.sin()
 
@@ -123,16 +125,46 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate x [b, s, heads, dim] by position; computed in fp32, returned in x's dtype."""
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    if cos.dim() == 3:  # per-row positions [b, s, dim]
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    else:
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
+class DocumentMask:
+    """Packed examples in each row (``launcher.data.packing``): segment ids [b, s] become the
+    positions of every token within its example [b, s] (restarting at 0) and a block-diagonal
+    causal mask [b, 1, s, s] (True: may attend), so no token sees another example."""
+
+    def __init__(self, segments: torch.Tensor):
+        s = segments.shape[1]
+        index = torch.arange(s, device=segments.device).expand_as(segments)
+        starts = torch.ones_like(segments, dtype=torch.bool)
+        starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+        first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+        self.positions = index - first
+        same = segments[:, :, None] == segments[:, None, :]
+        causal = torch.ones(s, s, dtype=torch.bool, device=segments.device).tril()
+        self.mask = (same & causal)[:, None]
+
+
 def attention_core(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str, dropout: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kind: str,
+    dropout: float = 0.0,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [b, hq, s, d] over k, v [b, hkv, s, d] (hq a multiple of hkv), with
-    dropout probability `dropout` on the attention weights."""
+    dropout probability `dropout` on the attention weights. `mask` [b, 1, s, s] (packed examples,
+    ``DocumentMask``) replaces the causal mask; without it ``flash`` keeps SDPA's is_causal path."""
     gqa = q.shape[1] != k.shape[1]
+    if mask is not None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa
+        )
     if kind == "flash":
         return F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=dropout, enable_gqa=gqa
@@ -166,16 +198,25 @@ class _CoreMixin:
         cp = self.context_parallel
         return None if cp is None else cp.positions(device)
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        doc: DocumentMask | None = None,
+    ) -> torch.Tensor:
+        mask = None if doc is None else doc.mask
         if self.context_parallel is not None:  # no attention dropout here (backends/torch.py)
+            if mask is not None:
+                raise ValueError("packed examples (data.packing) do not run with parallel.cp > 1")
             return self.context_parallel.attention(q, k, v)
         p = self.dropout if self.training else 0.0
         if self.recompute_core and torch.is_grad_enabled():
             # use_reentrant=False replays the forward with the same RNG state (preserve_rng_state),
             # so recomputed dropout masks equal the original ones.
-            out = checkpoint(attention_core, q, k, v, self.kind, p, use_reentrant=False)
+            out = checkpoint(attention_core, q, k, v, self.kind, p, mask, use_reentrant=False)
             return cast(torch.Tensor, out)
-        return attention_core(q, k, v, self.kind, p)
+        return attention_core(q, k, v, self.kind, p, mask)
 
 
 class Attention(_CoreMixin, nn.Module):
@@ -196,17 +237,17 @@ class Attention(_CoreMixin, nn.Module):
         self.wv = nn.Linear(h, shape.kv_heads * d, bias=bias)
         self.wo = nn.Linear(cfg.num_attention_heads * d, h, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, doc: DocumentMask | None = None) -> torch.Tensor:
         b, s, _ = x.shape
         # -1: the local head count under tensor parallelism (the outputs are this rank's shard).
         q = _call(self.wq, x).view(b, s, -1, self.head_dim)
         k = _call(self.wk, x).view(b, s, -1, self.head_dim)
         v = _call(self.wv, x).view(b, s, -1, self.head_dim)
         if self.use_rope:
-            positions = self._positions(x.device)
+            positions = self._positions(x.device) if doc is None else doc.positions
             cos, sin = rope_tables(s, self.head_dim, x.device, positions, self.rope_theta)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), doc)
         return _call(self.wo, out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -253,7 +294,7 @@ class MLAttention(_CoreMixin, nn.Module):
         self.wkv_b = nn.Linear(kv_rank, n * (d + v), bias=False)
         self.wo = nn.Linear(n * v, h, bias=cfg.linear_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, doc: DocumentMask | None = None) -> torch.Tensor:
         b, s, _ = x.shape
         d, r = self.nope_dim, self.rope_dim
         if self.wq is not None:
@@ -267,13 +308,14 @@ class MLAttention(_CoreMixin, nn.Module):
             k_pe = self.shared_key_grad(k_pe)
         k_pe = k_pe.unsqueeze(2)  # [b, s, 1, r]: one rope key shared by every head
         if r:
-            cos, sin = rope_tables(s, r, x.device, theta=self.rope_theta)
+            positions = None if doc is None else doc.positions
+            cos, sin = rope_tables(s, r, x.device, positions, theta=self.rope_theta)
             q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
         kv = _call(self.wkv_b, _call(self.kv_norm, latent)).view(b, s, -1, d + self.v_dim)
         k_nope, v = torch.split(kv, [d, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
         q = torch.cat([q_nope, q_pe], dim=-1)
-        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), doc)
         return _call(self.wo, out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -422,20 +464,25 @@ class TransformerBlock(nn.Module):
                 cfg.hidden_size, cfg.ffn_hidden_size, cfg.activation, cfg.linear_bias
             )
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, doc: DocumentMask | None = None) -> torch.Tensor:
         drop = self.residual_dropout
-        h = x + _call(drop, _call(self.attention, _call(self.attention_norm, x)))
+        normed = _call(self.attention_norm, x)
+        # The mask goes by keyword: tensor-parallel input hooks see positional inputs only.
+        attended = _call(self.attention, normed) if doc is None else self.attention(normed, doc=doc)
+        h = x + _call(drop, attended)
         ffn = self.moe if self.moe is not None else self.feed_forward
         assert ffn is not None
         return h + _call(drop, _call(ffn, _call(self.ffn_norm, h)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, doc: DocumentMask | None = None) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
-            return cast(torch.Tensor, checkpoint(self._forward, x, use_reentrant=False))
+            return cast(torch.Tensor, checkpoint(self._forward, x, doc, use_reentrant=False))
         if self.recompute_selective and torch.is_grad_enabled():
-            out = checkpoint(self._forward, x, use_reentrant=False, context_fn=selective_context)
+            out = checkpoint(
+                self._forward, x, doc, use_reentrant=False, context_fn=selective_context
+            )
             return cast(torch.Tensor, out)
-        return self._forward(x)
+        return self._forward(x, doc)
 
 
 class Transformer(nn.Module):
@@ -483,16 +530,30 @@ class Transformer(nn.Module):
             return self.tok_embeddings.weight
         return None
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
+        loss_divisor: float | None = None,
+    ) -> torch.Tensor:
         """Logits [b, s, V] (or hidden states, see the class doc); with `targets` [b, s], the mean
         fp32 cross-entropy instead, over chunks of tokens when ``chunked_loss`` is set (the full
-        logits never exist, ``launcher.train.chunked_loss``), else over the full logits."""
+        logits never exist, ``launcher.train.chunked_loss``), else over the full logits.
+
+        `segments` [b, s]: the example of each token of packed rows (``DocumentMask``: positions
+        restart and attention stays within each example). `loss_divisor`: targets equal to
+        ``masked_loss.IGNORE_INDEX`` carry no loss and the summed loss is divided by this
+        (``launcher.train.masked_loss``); None: the plain mean."""
+        doc = None if segments is None else DocumentMask(segments)
         if self.tok_embeddings is not None and not tokens.is_floating_point():
             h = _call(self.tok_embeddings, tokens)
             if self.pos_embeddings is not None:
                 cp = self.context_parallel
                 positions = (
-                    torch.arange(tokens.shape[1], device=tokens.device)
+                    doc.positions
+                    if doc is not None
+                    else torch.arange(tokens.shape[1], device=tokens.device)
                     if cp is None
                     else cp.positions(tokens.device)
                 )
@@ -500,19 +561,21 @@ class Transformer(nn.Module):
         else:
             h = tokens
         for layer in self.layers.values():
-            h = _call(layer, h)
+            h = _call(layer, h) if doc is None else layer(h, doc=doc)
         if self.norm is not None:
             h = _call(self.norm, h)
         weight = self.head_weight()
         if targets is not None and self.chunked_loss and weight is not None:
-            return chunked_cross_entropy(h, weight, targets, self.loss_chunk_tokens)
+            return chunked_cross_entropy(
+                h, weight, targets, self.loss_chunk_tokens, divisor=loss_divisor
+            )
         if self.output is not None:
             logits = _call(self.output, h)
         elif weight is not None:
             logits = F.linear(h, weight)
         else:
             logits = h
-        return logits if targets is None else loss_fn(logits, targets)
+        return logits if targets is None else masked_loss(logits, targets, loss_divisor)
 
 
 def _param_seed(seed: int, name: str) -> int:

@@ -241,6 +241,10 @@ class Trainer:
         self.interrupt = Interrupt()
         torch.manual_seed(cfg.train.seed)
         self.shards = training_data(cfg)
+        self.trained_total = 0  # trained (unmasked) targets so far; fine-tuning data counts fewer
+        packing = getattr(self.shards, "report", None)
+        if packing is not None:
+            self.log(f"chat data: {packing.line()}")
         self.runtime_rss = current_rss()  # Python, torch, process group: before the model exists
         self.engine = build_engine(cfg, self._init_state())
         info = self.engine.info
@@ -356,6 +360,7 @@ class Trainer:
                 self.start = found.step
                 self.losses = list(trainer_state.get("losses", []))
                 self.skips = int(trainer_state.get("nonfinite_skips", 0))
+                self.trained_total = int(trainer_state.get("trained_tokens", 0))
                 self.last_good = (found.step, found.path)
                 self.log(f"resumed from {found.path} (step {self.start})")
                 return
@@ -397,6 +402,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "losses": self.losses,
             "nonfinite_skips": self.skips,
+            "trained_tokens": self.trained_total,
         }
         path = self.writer.save(step, self.engine.save, state)
         self.last_good = (step, path)
@@ -457,6 +463,8 @@ class Trainer:
         elapsed = time.perf_counter() - began
         self.step_times.append(elapsed)
         self.losses.append(result.loss)
+        self.trained_total += result.trained_tokens or 0
+        self.step_trained = result.trained_tokens
         self.done = done = step + 1
         health: dict[str, Any] = {}
         if result.nonfinite:  # identical on every rank: they stop, or skip, together
@@ -541,6 +549,10 @@ class Trainer:
             **({"loss_spike": True} if spike else {}),
             **(health or {}),
             "tokens": done * self.tokens_per_step,
+            # Targets that carried loss: all of them on pre-training data, the unmasked ones on
+            # fine-tuning data (launcher.train.masked_loss), this step and so far.
+            "trained_tokens": getattr(self, "step_trained", None),
+            "trained_tokens_total": self.trained_total,
             "step_time_s": elapsed,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu,

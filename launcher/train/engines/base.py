@@ -6,7 +6,9 @@ cadence.
 
 Data contract: each optimizer step, every rank calls ``step`` with the token rows of its
 data-parallel shard: a LongTensor of shape [grad_accum * micro_batch_size, seq_length + 1]
-(inputs are row[:-1], targets row[1:]). Ranks of the same dp index (tensor, pipeline and context
+(inputs are row[:-1], targets row[1:]), or for fine-tuning data [.., 3, seq_length + 1]: tokens,
+trained-target flags and packed examples' ids (``launcher.train.masked_loss``; the loss is then
+the global mean over trained tokens). Ranks of the same dp index (tensor, pipeline and context
 peers) receive the same rows. The engine splits them into micro-batches, accumulates, clips and
 steps the optimizer at ``lr``. The loss it returns is the mean token loss over the whole global
 batch (averaged over dp), identical on every rank.
@@ -39,6 +41,9 @@ class StepResult:
     grad_norm: float | None
     nonfinite: tuple[str, ...] = ()
     applied: bool = True
+    # Targets that carried loss in the global batch (every target of pre-training rows; the
+    # unmasked ones of fine-tuning rows, launcher.train.masked_loss); None: not counted.
+    trained_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,15 @@ from launcher.render.ds_config import runtime_ds_config
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.init_from import copy_into
-from launcher.train.model import Transformer, apply_recompute, build_model, loss_fn
+from launcher.train.masked_loss import (
+    LossFn,
+    is_chat_rows,
+    loss_divisor,
+    masked_loss,
+    trained_tokens,
+    unpack,
+)
+from launcher.train.model import Transformer, apply_recompute, build_model
 from launcher.train.optim import build_optimizer, fused_on
 from launcher.train.safe_load import CheckpointFiles, deepspeed_loading, verify_weights_only
 
@@ -157,6 +165,8 @@ class DeepSpeedEngine(Engine):
             copy_into(model, init_state)
         apply_recompute(model, cfg.train.recompute)
         self.pipeline = layout.pp > 1
+        # The pipeline's loss function is fixed at build time: its divisor is set per step.
+        self.pipeline_loss = LossFn()
         module: nn.Module = model
         if self.pipeline:
             from deepspeed.pipe import PipelineModule
@@ -167,7 +177,7 @@ class DeepSpeedEngine(Engine):
             module = PipelineModule(
                 layers=pipeline_layers(model),
                 num_stages=layout.pp,
-                loss_fn=loss_fn,
+                loss_fn=self.pipeline_loss,
                 partition_method="type:TransformerBlock",
             )
             # DeepSpeed's gradient norm sums over the pipe x tensor "model parallel" group but
@@ -243,14 +253,15 @@ class DeepSpeedEngine(Engine):
             group["lr"] = lr
         if self.guard is not None:
             self.guard.reset()
+        trained, divisor = self._trained(rows)
         if self.pipeline:
+            self.pipeline_loss.divisor = divisor
             loss = self._pipeline_step(rows)
         else:
             device = self.engine.device
             losses = []
             for micro in torch.split(rows, self.micro_batch_size):
-                micro = micro.to(device)
-                out = loss_fn(self.engine(micro[:, :-1]), micro[:, 1:])
+                out = self._micro_loss(micro.to(device), divisor)
                 self.engine.backward(out)
                 self.engine.step()
                 losses.append(out.detach().float())
@@ -258,9 +269,28 @@ class DeepSpeedEngine(Engine):
             # Tensor-parallel peers hold the same loss: average over data parallel only.
             dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=self.dp_group)
             loss = float(mean) / self.info.dp_size
-        return self._result(loss)
+        return self._result(loss, trained)
 
-    def _result(self, loss: float) -> StepResult:
+    def _micro_loss(self, micro: torch.Tensor, divisor: float | None) -> torch.Tensor:
+        """One micro-batch's loss: the plain mean, or over trained targets / `divisor`."""
+        inputs, targets, segments = unpack(micro)
+        logits = self.engine(inputs) if segments is None else self.engine(inputs, segments=segments)
+        return masked_loss(logits, targets, divisor)
+
+    def _trained(self, rows: torch.Tensor) -> tuple[int, float | None]:
+        """(trained targets in the global batch, each micro-batch's loss divisor; None for
+        pre-training rows), launcher.train.masked_loss's convention."""
+        dp = self.info.dp_size
+        if not is_chat_rows(rows):
+            return rows.shape[0] * (rows.shape[1] - 1) * dp, None
+        count = trained_tokens(rows).to(self.engine.device)
+        if dp > 1:  # tensor and pipeline peers hold the same rows: over data parallel only
+            group = self.engine.grid.get_data_parallel_group() if self.pipeline else self.dp_group
+            dist.all_reduce(count, group=group)
+        total = int(count)
+        return total, loss_divisor(total, dp, rows.shape[0] // self.micro_batch_size)
+
+    def _result(self, loss: float, trained: int | None = None) -> StepResult:
         """The step's outcome. DeepSpeed checks the gradient norm before the update (its
         wrappers, or the guard); a non-finite loss with finite gradients is only seen after it,
         so such an update was applied (the trainer then stops, never skips)."""
@@ -273,7 +303,9 @@ class DeepSpeedEngine(Engine):
         bad = nonfinite(loss, norm, self.dynamic_scaling)
         if self.dynamic_scaling and skipped and not bad:
             skipped = False  # the loss scaler's own overflow skip: normal under fp16
-        return StepResult(loss=loss, grad_norm=norm, nonfinite=bad, applied=not skipped)
+        return StepResult(
+            loss=loss, grad_norm=norm, nonfinite=bad, applied=not skipped, trained_tokens=trained
+        )
 
     def _pipeline_step(self, rows: torch.Tensor) -> float:
         """One optimizer step of DeepSpeed's 1F1B schedule over the grad_accum micro-batches.
@@ -281,17 +313,19 @@ class DeepSpeedEngine(Engine):
         Its loss is the mean over micro-batches and dp, broadcast from the last stage."""
         device = self.engine.device
         micro = [m.to(device) for m in torch.split(rows, self.micro_batch_size)]
-        batches = iter([(m[:, :-1], m[:, 1:]) for m in micro])
+        batches = iter([unpack(m)[:2] for m in micro])
         return float(self.engine.train_batch(data_iter=batches))
 
     def evaluate(self, rows: torch.Tensor) -> float:
         device = self.engine.device
         micro = [m.to(device) for m in torch.split(rows, self.micro_batch_size)]
+        _, divisor = self._trained(rows)
+        self.pipeline_loss.divisor = divisor
         if self.pipeline:
             # PipelineEngine.eval_batch runs the forward schedule in eval mode, no grad, and
             # broadcasts its pipeline's loss (mean over micro-batches) from the last stage to the
             # other stages, not over dp: the mean over the world is the mean over dp.
-            batches = iter([(m[:, :-1], m[:, 1:]) for m in micro])
+            batches = iter([unpack(m)[:2] for m in micro])
             loss = self.engine.eval_batch(data_iter=batches, num_micro_batches=len(micro))
             total = loss.detach().float().reshape(1).to(device)
             dist.all_reduce(total)
@@ -299,7 +333,7 @@ class DeepSpeedEngine(Engine):
         self.engine.eval()
         try:
             with torch.no_grad():
-                losses = [loss_fn(self.engine(m[:, :-1]), m[:, 1:]).float() for m in micro]
+                losses = [self._micro_loss(m, divisor).float() for m in micro]
         finally:
             self.engine.train()
         mean = torch.stack(losses).mean().to(device)

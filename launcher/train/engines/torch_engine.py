@@ -137,6 +137,14 @@ from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.init_from import copy_into
+from launcher.train.masked_loss import (
+    LossFn,
+    is_chat_rows,
+    loss_divisor,
+    masked_loss,
+    trained_tokens,
+    unpack,
+)
 from launcher.train.model import (
     MLP,
     MLAttention,
@@ -148,7 +156,6 @@ from launcher.train.model import (
     apply_recompute,
     build_model,
     init_weights,
-    loss_fn,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
@@ -254,17 +261,22 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The model's fp32 cross-entropy, on full logits (a tied head under tp returns a DTensor)."""
-    return loss_fn(_full(output), targets)
+def _loss(
+    output: torch.Tensor, targets: torch.Tensor, divisor: float | None = None
+) -> torch.Tensor:
+    """The model's fp32 cross-entropy, on full logits (a tied head under tp returns a DTensor);
+    with `divisor`, over trained targets only (launcher.train.masked_loss)."""
+    return masked_loss(_full(output), targets, divisor)
 
 
-def _vocab_parallel_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _vocab_parallel_loss(
+    output: torch.Tensor, targets: torch.Tensor, divisor: float | None = None
+) -> torch.Tensor:
     """The same cross-entropy on logits left split over the vocabulary across tp (a DTensor):
     torch's loss_parallel computes the log-softmax from per-shard maxima and sums, so no rank
     gathers the full logits (torchtitan's default under tp). Runs, with its backward, inside
     ``loss_parallel()``; returns this rank's copy of the replicated loss."""
-    loss = loss_fn(output, targets)
+    loss = masked_loss(output, targets, divisor)
     return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
@@ -357,6 +369,8 @@ class TorchEngine(Engine):
         # backward inside torch's loss_parallel() context (_loss_context).
         self.vocab_parallel = self.choices.vocab_parallel_loss
         self._loss_of = _vocab_parallel_loss if self.vocab_parallel else _loss
+        # The pipeline schedules take a loss function at build time: its divisor is set per step.
+        self.pipeline_loss = LossFn(self._loss_of)
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -594,10 +608,10 @@ class TorchEngine(Engine):
         n = lay.grad_accum
         if self.cfg.parallel.pp_schedule == "interleaved":
             return ScheduleInterleaved1F1B(
-                cast(Any, stages), n_microbatches=n, loss_fn=self._loss_of
+                cast(Any, stages), n_microbatches=n, loss_fn=self.pipeline_loss
             )
         cls = ScheduleGPipe if self.cfg.parallel.pp_schedule == "gpipe" else Schedule1F1B
-        return cls(stages[0], n_microbatches=n, loss_fn=self._loss_of)
+        return cls(stages[0], n_microbatches=n, loss_fn=self.pipeline_loss)
 
     # --- training -------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -698,22 +712,24 @@ class TorchEngine(Engine):
     def step(self, rows: torch.Tensor, lr: float) -> StepResult:
         lay = self.layout
         expected = lay.grad_accum * lay.micro_batch_size
-        if rows.dim() != 2 or rows.shape[0] != expected:
+        if rows.dim() not in (2, 3) or rows.shape[0] != expected:
             raise ValueError(
                 f"step() expects rows [grad_accum*micro_batch_size={expected}, seq+1], "
                 f"got {tuple(rows.shape)}"
             )
         rows = rows.to(self.device, non_blocking=True)
-        inputs, targets = rows[:, :-1], rows[:, 1:]
+        inputs, targets, segments = unpack(rows)
         if lay.cp > 1:
             inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
             targets = shard_sequence(targets, lay.cp, self.cp_rank)
+        trained, divisor = self._trained(rows)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if lay.pp > 1:
+            self.pipeline_loss.divisor = divisor
             loss = self._pipeline_forward_backward(inputs, targets)
         else:
-            loss = self._forward_backward(inputs, targets)
+            loss = self._forward_backward(inputs, targets, segments, divisor)
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
         if self.scaler is not None:
@@ -742,15 +758,36 @@ class TorchEngine(Engine):
             # fp8 all-gather: the new weights' scales, all layers in one all-reduce (torchao).
             for part in self.parts:
                 fp8.precompute_fsdp_scales(part)
-        return StepResult(loss=loss_value, grad_norm=grad_norm, nonfinite=bad, applied=not bad)
+        return StepResult(
+            loss=loss_value,
+            grad_norm=grad_norm,
+            nonfinite=bad,
+            applied=not bad,
+            trained_tokens=trained,
+        )
+
+    def _trained(self, rows: torch.Tensor) -> tuple[int, float | None]:
+        """(trained targets in the global batch, each micro-batch's loss divisor), the divisor
+        None for pre-training rows (launcher.train.masked_loss: a global token-weighted mean).
+        Counted over dp: tp, cp and pp peers hold the same rows."""
+        lay = self.layout
+        count = trained_tokens(rows).to(torch.int64)
+        if not is_chat_rows(rows):
+            return int(count) * lay.dp, None
+        if lay.dp > 1:
+            dist.all_reduce(count, group=self.mesh["dp"].get_group())
+        total = int(count)
+        return total, loss_divisor(total, lay.dp * lay.cp, rows.shape[0] // lay.micro_batch_size)
 
     def evaluate(self, rows: torch.Tensor) -> float:
         lay = self.layout
         rows = rows.to(self.device, non_blocking=True)
-        inputs, targets = rows[:, :-1], rows[:, 1:]
+        inputs, targets, segments = unpack(rows)
         if lay.cp > 1:
             inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
             targets = shard_sequence(targets, lay.cp, self.cp_rank)
+        _, divisor = self._trained(rows)
+        self.pipeline_loss.divisor = divisor
         for part in self.parts:
             part.eval()
         try:
@@ -768,7 +805,11 @@ class TorchEngine(Engine):
                     mbs = lay.micro_batch_size
                     parts = [
                         self._model_loss(
-                            self.parts[0], inputs[i : i + mbs], targets[i : i + mbs]
+                            self.parts[0],
+                            inputs[i : i + mbs],
+                            targets[i : i + mbs],
+                            None if segments is None else segments[i : i + mbs],
+                            divisor,
                         ).float()
                         for i in range(0, inputs.shape[0], mbs)
                     ]
@@ -782,27 +823,45 @@ class TorchEngine(Engine):
         return float(total)
 
     def _model_loss(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+        self,
+        model: nn.Module,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        segments: torch.Tensor | None = None,
+        divisor: float | None = None,
     ) -> torch.Tensor:
-        """The loss of one micro-batch: chunked inside the model's forward where it applies."""
+        """The loss of one micro-batch: chunked inside the model's forward where it applies.
+        `segments`: packed examples' ids; `divisor`: the masked loss's (masked_loss)."""
         if self.chunked_loss:
-            return cast(torch.Tensor, model(inputs, targets))
-        return self._loss_of(model(inputs), targets)
+            if segments is None and divisor is None:
+                return cast(torch.Tensor, model(inputs, targets))
+            return cast(
+                torch.Tensor, model(inputs, targets, segments=segments, loss_divisor=divisor)
+            )
+        output = model(inputs) if segments is None else model(inputs, segments=segments)
+        return self._loss_of(output, targets, divisor)
 
     def _loss_context(self) -> contextlib.AbstractContextManager[None]:
         """torch's loss_parallel() where the loss is vocabulary-parallel, else nothing."""
         return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
 
-    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _forward_backward(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        segments: torch.Tensor | None = None,
+        divisor: float | None = None,
+    ) -> torch.Tensor:
         lay = self.layout
         model = self.parts[0]
         mbs, accum = lay.micro_batch_size, lay.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         for i in range(accum):
             chunk = slice(i * mbs, (i + 1) * mbs)
+            seg = None if segments is None else segments[chunk]
             with self._grad_sync(i == accum - 1), self._loss_context():
                 with self._autocast():
-                    loss = self._model_loss(model, inputs[chunk], targets[chunk])
+                    loss = self._model_loss(model, inputs[chunk], targets[chunk], seg, divisor)
                 scaled = loss / accum
                 torch.autograd.backward(
                     self.scaler.scale(scaled) if self.scaler is not None else scaled

@@ -1,0 +1,89 @@
+"""What a configuration asks of chat data that the data or the layout cannot give, checked
+before launch (``launcher.launch.preflight.data_problems``): each problem names the key, the rule
+and a value that works. Reads the data's metadata and roles (numpy, no torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.errors import UserError
+
+
+def layout_problems(pp: int, cp: int, packing: bool) -> list[str]:
+    """Packed examples need their document mask inside every attention layer: the pipeline
+    stages after the first receive hidden states only, and ring attention has no mask."""
+    out = []
+    if packing and pp > 1:
+        out.append(
+            f"data.packing=true with parallel.pp={pp}: packed examples need their document mask "
+            "in every pipeline stage, which the stages after the first do not receive; set "
+            "data.packing=false (one example a row, padded) or parallel.pp=1"
+        )
+    if packing and cp > 1:
+        out.append(
+            f"data.packing=true with parallel.cp={cp}: ring attention applies no document mask; "
+            "set data.packing=false or parallel.cp=1"
+        )
+    return out
+
+
+def chat_problems(cfg: Any, global_batch: int, pp: int, cp: int) -> list[str]:
+    """Problems of chat data (data.path a chat folder, or data.builtin=chat) for `cfg`."""
+    from launcher.data.sources import describe
+
+    d = cfg.data
+    if d.path is None and not d.blend:
+        if d.builtin != "chat":
+            return []
+        from launcher.data.builtin_chat import VOCAB_SIZE
+
+        out = layout_problems(pp, cp, d.packing)
+        if cfg.model.vocab_size < VOCAB_SIZE:
+            out.append(
+                f"model.vocab_size={cfg.model.vocab_size}: the built-in chat dataset's tokenizer "
+                f"has {VOCAB_SIZE} tokens (bytes and 3 ChatML tokens); set "
+                f"model.vocab_size={VOCAB_SIZE} or more"
+            )
+        return out
+    if d.path is None:
+        return []
+    try:
+        info = describe(d.path, "data.path")
+    except UserError:
+        return []  # source_problems says it
+    if info.chat is None:
+        return []
+    out = layout_problems(pp, cp, d.packing)
+    if out:
+        return out
+    rows = open_chat_rows(info, "train", cfg)
+    if rows.report.rows < global_batch:
+        out.append(
+            f"data.path={d.path}: {rows.report.line()}; fewer rows than one global batch "
+            f"({global_batch}): lower train.global_batch_size, or set data.packing=true"
+        )
+    return out
+
+
+def open_chat_rows(info: Any, split: str, cfg: Any) -> Any:
+    """The rows of one split of a described chat dataset, as the run reads them."""
+    from launcher.data.megatron_indexed import IndexedDataset
+    from launcher.data.packing import ChatRows
+
+    tokens_prefix = info.valid_prefix if split == "valid" else info.train_prefix
+    roles_prefix = info.valid_roles if split == "valid" else info.train_roles
+    if tokens_prefix is None or roles_prefix is None:
+        raise UserError(f"{info.key}={info.path}: no {split} split")
+    try:
+        tokens = IndexedDataset.open(tokens_prefix)
+        roles = IndexedDataset.open(roles_prefix)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(f"{info.key}={info.path}: {exc}") from None
+    if not (tokens.sizes.shape == roles.sizes.shape and (tokens.sizes == roles.sizes).all()):
+        raise UserError(
+            f"{info.key}={info.path}: its tokens and loss roles disagree in length; prepare the "
+            "data again (llmtrain data prepare ... --overwrite)"
+        )
+    d = cfg.data
+    pad = int(info.chat.get("pad_id", 0)) if info.chat else 0
+    return ChatRows(tokens, roles, cfg.model.seq_length, d.packing, d.overlong, d.train_on, pad)
