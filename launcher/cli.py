@@ -545,9 +545,35 @@ def data_prepare(
             "shards: llmtrain's own shard files.",
         ),
     ] = "megatron",
+    input_format: Annotated[
+        str | None,
+        typer.Option(
+            "--input-format",
+            help="text, chat (messages / conversations records) or instruct (prompt/completion); "
+            "default: told from the records.",
+        ),
+    ] = None,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template",
+            help="A Jinja chat template file (default: the chat_template of the "
+            "tokenizer_config.json beside --tokenizer).",
+        ),
+    ] = None,
+    seq_length: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-length",
+            help="Chat data: report how it packs into rows of this model.seq_length.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Tokenize text into a train and a validation split with an index (then data.path=OUTPUT)."""
+    """Tokenize text into a train and a validation split with an index (then data.path=OUTPUT).
+
+    Chat and instruct records (docs/finetuning.md) keep per-token loss roles; data.train_on,
+    data.packing and data.overlong apply when a run reads them."""
     from pathlib import Path
 
     if tokenizer not in ("byte", "bpe") and not Path(tokenizer).expanduser().is_file():
@@ -570,10 +596,27 @@ def data_prepare(
         report=lambda line: err.print(Text(line, style="dim")),
         valid_fraction=valid_fraction,
         fmt=fmt,
+        input_format=input_format,
+        chat_template=chat_template,
     )
     document = index.to_json()
+    if index.layout == "chat":
+        from launcher.data.chat_report import packing_reports
+
+        document["packing"] = packing_reports(Path(output), seq_length)
     if as_json:
         _print_json(document)
+    elif index.layout == "chat":
+        chat = document["chat"]
+        out.print(
+            f"wrote {chat['train_examples']:,} training and {chat['valid_examples']:,} validation "
+            f"{chat['input_format']} examples ({document['total_tokens']:,} tokens, "
+            f"{chat['assistant_tokens']:,} of them assistant tokens) to {output} (vocab "
+            f"{document['vocab_size']}, template {chat['template']}); train on it with "
+            f"data.path={output}"
+        )
+        for line in document["packing"]["lines"]:
+            out.print(line)
     else:
         files = (
             ", ".join(f"{p}.bin/.idx" for p in document["megatron_prefixes"].values())
