@@ -28,23 +28,11 @@ def layout_problems(pp: int, cp: int, packing: bool) -> list[str]:
 
 
 def chat_problems(cfg: Any, global_batch: int, pp: int, cp: int) -> list[str]:
-    """Problems of chat data (data.path a chat folder, or data.builtin=chat) for `cfg`."""
+    """Problems of a chat dataset named by data.path for `cfg` (data.builtin=chat is checked by
+    the validation rule ``chat-data``)."""
     from launcher.data.sources import describe
 
     d = cfg.data
-    if d.path is None and not d.blend:
-        if d.builtin != "chat":
-            return []
-        from launcher.data.builtin_chat import VOCAB_SIZE
-
-        out = layout_problems(pp, cp, d.packing)
-        if cfg.model.vocab_size < VOCAB_SIZE:
-            out.append(
-                f"model.vocab_size={cfg.model.vocab_size}: the built-in chat dataset's tokenizer "
-                f"has {VOCAB_SIZE} tokens (bytes and 3 ChatML tokens); set "
-                f"model.vocab_size={VOCAB_SIZE} or more"
-            )
-        return out
     if d.path is None:
         return []
     try:

@@ -241,7 +241,7 @@ def _environment() -> Any:
     class GenerationBlock(jinja2.ext.Extension):
         """``{% generation %}...{% endgeneration %}``: rendered as its body."""
 
-        tags = frozenset({"generation"})
+        tags = {"generation"}  # noqa: RUF012 (jinja2's Extension declares a set)
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno

@@ -36,9 +36,9 @@ TOKENS, TRAINED, SEGMENT = 0, 1, 2  # the channels of a batch
 def trained_roles(roles: np.ndarray, train_on: str) -> np.ndarray:
     """Which tokens of one example carry loss (bool), before the first-token rule."""
     if train_on == "assistant":
-        return roles > 0
+        return np.asarray(roles > 0)
     if train_on == "completion":
-        return roles == ROLE_FINAL
+        return np.asarray(roles == ROLE_FINAL)
     if train_on == "all":
         return np.ones(roles.shape, dtype=bool)
     raise UserError(f"data.train_on={train_on}: must be one of {', '.join(TRAIN_ON)}")

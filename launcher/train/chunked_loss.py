@@ -84,9 +84,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 if want_w:
                     grad_w.add_((g.t() @ h).float())
         ctx.save_for_backward(grad_h if want_h else None, grad_w if want_w else None)
-        ctx.n = n if divisor is None else divisor
-        ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
-        return total / ctx.n
+        scale: float = n if divisor is None else divisor
+        ctx.n, ctx.hidden_dtype, ctx.weight_dtype = scale, hidden.dtype, weight.dtype
+        return total / scale
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:

@@ -998,3 +998,7 @@ def optimizer_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
             )
         )
     return out
+
+
+# The fine-tuning data rules live in their own module; importing it registers them.
+from launcher.validate import chat_rules  # noqa: E402, F401
