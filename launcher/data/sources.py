@@ -85,17 +85,18 @@ def describe(spec: str, key: str) -> SourceInfo:
         except UserError as exc:
             raise UserError(f"{key}={spec}: {exc}") from None
         train_prefix = valid_prefix = None
-        roles: dict[str, Path] = {}
+        roles: dict[str, str] = {}
         if index.layout == "chat":
-            for split, prefix in index.chat.get("roles_prefixes", {}).items():
-                roles[split] = path / prefix
+            roles = dict(index.chat.get("roles_prefixes", {}))
         if index.layout in ("megatron", "chat"):
             train_prefix = path / index.megatron_prefixes["train"]
             if "valid" in index.megatron_prefixes:
                 valid_prefix = path / index.megatron_prefixes["valid"]
         files = [path / s.file for s in (*index.shards, *index.valid_shards)]
         files += [
-            path / f"{p}{x}" for p in index.megatron_prefixes.values() for x in (".bin", ".idx")
+            path / f"{p}{x}"
+            for p in (*index.megatron_prefixes.values(), *roles.values())
+            for x in (".bin", ".idx")
         ]
         missing = [f for f in files if not f.is_file()]
         if missing:
@@ -107,7 +108,9 @@ def describe(spec: str, key: str) -> SourceInfo:
         return SourceInfo(
             key, path, "prepared", index.total_tokens, index.valid_tokens, index.vocab_size,
             index.eod_id, index.tokenizer, tok_file, train_prefix, valid_prefix,
-            roles.get("train"), roles.get("valid"), index.chat if index.layout == "chat" else None,
+            path / roles["train"] if "train" in roles else None,
+            path / roles["valid"] if "valid" in roles else None,
+            index.chat if index.layout == "chat" else None,
         )  # fmt: skip
     bin_file, idx_file = Path(f"{path}.bin"), Path(f"{path}.idx")
     if bin_file.is_file() and idx_file.is_file():
