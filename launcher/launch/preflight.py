@@ -152,6 +152,8 @@ def data_problems(cfg: LLMTrainConfig) -> list[str]:
         chat = chat_problems(cfg, lay.global_batch_size, lay.pp, lay.cp)
     except UserError as exc:
         chat = [str(exc)]
+    if d.path is None and not d.blend and d.builtin == "chat":
+        return chat  # the built-in chat data (rule chat-data) has a validation split
     try:
         return chat + source_problems(
             d.path,

@@ -127,6 +127,15 @@ class PipelineHead(nn.Module):
         return logits
 
 
+def _pipeline_batch(micro: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a micro-batch for the pipeline; packed rows cannot go through it
+    (their document mask would not reach the later stages: data.packing=false is required)."""
+    inputs, targets, segments = unpack(micro)
+    if segments is not None:
+        raise ValueError("packed chat rows cannot run through the pipeline: set data.packing=false")
+    return inputs, targets
+
+
 def pipeline_layers(model: Transformer) -> list[nn.Module]:
     """`model` as the sequence of layers a PipelineModule partitions."""
     return [PipelineEmbedding(model), *model.layers.values(), PipelineHead(model)]
@@ -313,7 +322,7 @@ class DeepSpeedEngine(Engine):
         Its loss is the mean over micro-batches and dp, broadcast from the last stage."""
         device = self.engine.device
         micro = [m.to(device) for m in torch.split(rows, self.micro_batch_size)]
-        batches = iter([unpack(m)[:2] for m in micro])
+        batches = iter([_pipeline_batch(m) for m in micro])
         return float(self.engine.train_batch(data_iter=batches))
 
     def evaluate(self, rows: torch.Tensor) -> float:
@@ -325,7 +334,7 @@ class DeepSpeedEngine(Engine):
             # PipelineEngine.eval_batch runs the forward schedule in eval mode, no grad, and
             # broadcasts its pipeline's loss (mean over micro-batches) from the last stage to the
             # other stages, not over dp: the mean over the world is the mean over dp.
-            batches = iter([unpack(m)[:2] for m in micro])
+            batches = iter([_pipeline_batch(m) for m in micro])
             loss = self.engine.eval_batch(data_iter=batches, num_micro_batches=len(micro))
             total = loss.detach().float().reshape(1).to(device)
             dist.all_reduce(total)

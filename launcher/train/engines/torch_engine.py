@@ -726,6 +726,8 @@ class TorchEngine(Engine):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if lay.pp > 1:
+            if segments is not None:  # the later stages would attend across examples
+                raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
             self.pipeline_loss.divisor = divisor
             loss = self._pipeline_forward_backward(inputs, targets)
         else:
