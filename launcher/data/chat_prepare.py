@@ -24,7 +24,7 @@ datasets with one sequence per conversation, the same lengths: ``{split}_chat_to
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,15 +158,17 @@ def prepare_chat(
     eod_token: str | None,
     valid_fraction: float,
     source: dict[str, Any],
+    is_valid: Callable[[int, float], bool],
+    tokenizer_file: str = "tokenizer.json",
     report: Any = None,
 ) -> dict[str, Any]:
-    """Write the chat splits into `tmp` (the caller installs it); the index fields they need."""
+    """Write the chat splits into `tmp` (the caller installs it); the index fields they need.
+    `is_valid(i, fraction)`: whether example i is held out (``prepare.is_valid_document``)."""
     from launcher.data.megatron_indexed import IndexedDatasetWriter
-    from launcher.data.prepare import TOKENIZER_FILE, is_valid_document
 
     fmt = input_format or detect_format(list(files))
     tok = load_chat_tokenizer(tokenizer, chat_template, eod_token, fmt)
-    tok.tokenizer.save(tmp / TOKENIZER_FILE)
+    tok.tokenizer.save(tmp / tokenizer_file)
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     if tok.template is not None:
         config.update(tok.template.special_tokens)
@@ -182,7 +184,7 @@ def prepare_chat(
     count = 0
     for conversation in iter_conversations(list(files), fmt):
         example = tok.encode(conversation)
-        split = splits["valid" if is_valid_document(count, valid_fraction) else "train"]
+        split = splits["valid" if is_valid(count, valid_fraction) else "train"]
         split.tokens.add_document(example.ids)
         split.roles.add_document(example.roles)
         split.examples += 1
@@ -209,7 +211,7 @@ def prepare_chat(
     return {
         "vocab_size": vocab,
         "eod_id": tok.tokenizer.eod_id,
-        "tokenizer_file": TOKENIZER_FILE,
+        "tokenizer_file": tokenizer_file,
         "total_tokens": train.tokens_total,
         "valid_tokens": valid.tokens_total,
         "valid_documents": valid.examples,

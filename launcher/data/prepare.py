@@ -440,8 +440,9 @@ def _prepare_conversations(
     tmp = outputs.temporary_sibling(output)
     try:
         fields = prepare_chat(
-            files, tmp, tokenizer, kind, chat_template, eod_token, valid_fraction, source, report
-        )
+            files, tmp, tokenizer, kind, chat_template, eod_token, valid_fraction, source,
+            is_valid_document, TOKENIZER_FILE, report,
+        )  # fmt: skip
         index = PreparedIndex(
             dtype=str(np.dtype(optimal_dtype(fields["vocab_size"]))),
             tokenizer="hf",

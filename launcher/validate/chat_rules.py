@@ -1,4 +1,4 @@
-"""Validation rules of fine-tuning data keys (registered into ``launcher.validate.rules``).
+"""The validation rule of fine-tuning data keys (``chat-data`` in ``launcher.validate.rules``).
 
 What can be told from the configuration alone: the built-in chat dataset (data.builtin=chat) with
 a layout or backend that cannot train it. A chat dataset named by data.path is checked against
@@ -10,34 +10,31 @@ from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.chat_checks import layout_problems
-from launcher.validate.rules import Violation, _error, rule
 
-# The built-in chat dataset's vocabulary (launcher.data.builtin_chat.VOCAB_SIZE; a literal here
-# so validation does not import the tokenizers library).
+# The built-in chat dataset's vocabulary (launcher.data.builtin_chat.VOCAB_SIZE, which a unit test
+# compares; a literal here so validation does not import the tokenizers library).
 BUILTIN_CHAT_VOCAB = 259
 
 
-@rule("chat-data")
-def chat_data(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+def chat_problems(cfg: LLMTrainConfig, layout: Layout) -> list[tuple[tuple[str, ...], str]]:
+    """(keys, message) of each problem."""
     d = cfg.data
     if d.builtin != "chat" or d.path is not None or d.blend:
         return []
-    out = []
+    out: list[tuple[tuple[str, ...], str]] = []
     if backend_of(cfg).name == "megatron":
         out.append(
-            _error(
-                "chat-data",
+            (
                 ("data.builtin", "backend.name"),
                 "data.builtin=chat with backend=megatron: Megatron-LM's GPTDataset reads no "
                 "per-token loss masks; fine-tune with backend=torch or backend=deepspeed",
             )
         )
     for message in layout_problems(layout.pp, layout.cp, d.packing):
-        out.append(_error("chat-data", ("data.packing",), message))
+        out.append((("data.packing",), message))
     if cfg.model.vocab_size < BUILTIN_CHAT_VOCAB:
         out.append(
-            _error(
-                "chat-data",
+            (
                 ("model.vocab_size",),
                 f"model.vocab_size={cfg.model.vocab_size}: the built-in chat dataset's tokenizer "
                 f"has {BUILTIN_CHAT_VOCAB} tokens (bytes and 3 ChatML tokens); set "

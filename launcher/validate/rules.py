@@ -45,6 +45,7 @@ from launcher.config.pipeline_split import SPLIT_KEYS, SplitError, megatron_spli
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.script_values import script_problems
 from launcher.plan.model_shape import ModelShape
+from launcher.validate.chat_rules import chat_problems
 
 ERROR = "error"
 WARNING = "warning"
@@ -1000,5 +1001,7 @@ def optimizer_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return out
 
 
-# The fine-tuning data rules live in their own module; importing it registers them.
-from launcher.validate import chat_rules  # noqa: E402, F401
+# Fine-tuning data (data.builtin=chat and its layout): launcher/validate/chat_rules.py.
+@rule("chat-data")
+def chat_data(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    return [_error("chat-data", keys, message) for keys, message in chat_problems(cfg, layout)]

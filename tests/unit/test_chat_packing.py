@@ -104,3 +104,10 @@ def test_padded_rows_run_with_a_pipeline() -> None:
         "train.micro_batch_size=4", "data.packing=false",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_rule_knows_the_builtin_vocabulary() -> None:
+    from launcher.data.builtin_chat import VOCAB_SIZE
+    from launcher.validate.chat_rules import BUILTIN_CHAT_VOCAB
+
+    assert BUILTIN_CHAT_VOCAB == VOCAB_SIZE
