@@ -790,6 +790,8 @@ class TorchEngine(Engine):
             targets = shard_sequence(targets, lay.cp, self.cp_rank)
         _, divisor = self._trained(rows)
         self.pipeline_loss.divisor = divisor
+        if lay.pp > 1 and segments is not None:  # the later stages would attend across examples
+            raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
         for part in self.parts:
             part.eval()
         try:
