@@ -2,7 +2,8 @@
 
 metrics.jsonl holds one JSON object per optimizer step: step, loss, lr, grad_norm, tokens (seen so
 far), trained_tokens and trained_tokens_total (the targets that carried loss, this step and so far:
-all of them on pre-training data, the unmasked ones on fine-tuning data), step_time_s, tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
+all of them on pre-training data, the unmasked ones on fine-tuning data), step_time_s,
+tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
 ``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU), elapsed_s
 (the sum of step times) and time (wall clock at the end of the step), plus val_loss and val_ppl
 on the steps that evaluated (``train.eval_every``). Training health (``launcher.health``):
