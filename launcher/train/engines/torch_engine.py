@@ -77,6 +77,7 @@ Where the code lives: steps 2 and 5 (the tensor-parallel plan, FSDP2/DDP) in
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -111,7 +112,7 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
-from launcher.train import fp8
+from launcher.train import fp8, lora
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
@@ -128,7 +129,7 @@ from launcher.train.model import (
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
-from launcher.train.safe_load import CheckpointFiles
+from launcher.train.safe_load import CheckpointFiles, read_json
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -242,8 +243,13 @@ class TorchEngine(Engine):
         self._loss_of = _vocab_parallel_loss if self.vocab_parallel else _loss
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
+        # finetune=lora|qlora: base frozen, adapters trained (launcher.train.lora); the base
+        # weights' digest is computed before sharding, from this rank's share of them.
+        self.finetune = cfg.finetune.name != "full"
+        self.base_digests: dict[str, str] = {}
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
         self.init_state = None
+        self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
         self.optimizer = self._build_optimizer()
         self.schedule: Any = None
         if lay.pp > 1:
@@ -275,6 +281,8 @@ class TorchEngine(Engine):
         init_weights(model, seed)
         if self.init_state is not None:
             copy_into(model, self.init_state)
+        if self.finetune:
+            self._apply_lora(model, seed)
         if self.fp8:
             # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
             fp8.convert(
@@ -298,6 +306,19 @@ class TorchEngine(Engine):
         dtypes = (self.compute_dtype, self.grad_dtype)
         return apply_dp(model, cfg, self.dp_mesh, self.device, dtypes, self.manual_dp_sync)
 
+    def _apply_lora(self, model: nn.Module, seed: int) -> None:
+        """Digest this rank's share of the base weights (the tensors of index i with
+        i % ranks-per-stage == its place in the stage), then freeze them and add the adapters.
+        Frozen weights in the compute dtype on a GPU, fp32 on the CPU (no native bf16 there)."""
+        lay = self.layout
+        per_stage = lay.dp * lay.cp * lay.tp
+        place = dist.get_rank() - self.pp_rank * per_stage
+        named = dict(model.named_parameters())
+        mine = {n: t for i, (n, t) in enumerate(sorted(named.items())) if i % per_stage == place}
+        self.base_digests.update(lora.base_digest(mine))
+        frozen = self.compute_dtype if self.device.type == "cuda" else torch.float32
+        lora.apply_lora(model, self.cfg.model, self.cfg.finetune, seed, frozen)
+
     def local_tensors(self) -> Iterator[torch.Tensor]:
         for part in self.parts:
             for param in part.parameters():
@@ -305,6 +326,7 @@ class TorchEngine(Engine):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         params = [param for part in self.parts for param in part.parameters()]
+        params = [p for p in params if p.requires_grad]  # finetune: the adapters alone
         # With CPUOffloadPolicy the sharded parameters and their optimizer states live on the
         # host: the foreach implementation steps them there as before.
         fused = fused_on(self.device) and self.cfg.zero.offload_params == "none"
@@ -563,16 +585,30 @@ class TorchEngine(Engine):
 
     # --- checkpoints (launcher.train.engines.torch_state) -----------------------------------------
     def save(self, directory: Path) -> list[Path]:
-        return save_state(
-            Path(directory), self.parts, self.optimizer, self.scaler, self.fp8 and self.fsdp
+        directory = Path(directory)
+        written = save_state(
+            directory, self.parts, self.optimizer, self.scaler, self.fp8 and self.fsdp
         )
+        if self.base_digest is not None and dist.get_rank() == 0:
+            path = directory / lora.BASE_FILE
+            record = lora.base_record(self.cfg.finetune, self.base_digest, self.cfg.train.init_from)
+            path.write_text(json.dumps(record, sort_keys=True) + "\n")
+            written = sorted([*written, path])
+        return written
 
     def load(self, directory: Path, files: CheckpointFiles) -> None:
         """Restore from `directory`, every file read once through `files` (checked against the
         manifest); never unpickles code (see ``safe_load``; the ZeRO-1 shard and the scaler are
         read weights-only and as JSON)."""
+        directory = Path(directory)
+        if self.base_digest is not None:  # adapters apply to the base they were trained on
+            problem = lora.base_problem(
+                read_json(files, directory / lora.BASE_FILE), self.base_digest
+            )
+            if problem is not None:
+                raise TorchEngineError(f"{directory}: {problem}")
         load_state(
-            Path(directory), files, self.parts, self.optimizer, self.scaler, self.fp8 and self.fsdp
+            directory, files, self.parts, self.optimizer, self.scaler, self.fp8 and self.fsdp
         )
 
     def extra_state(self) -> dict[str, Any]:
@@ -597,6 +633,12 @@ class TorchEngine(Engine):
             if self.vocab_parallel
             else "full logits",
             "chunks": self.chunk_ids,
+            "finetune": self.cfg.finetune.name,
+            "params_trainable": sum(
+                (p.to_local() if isinstance(p, DTensor) else p).numel()
+                for p in self._params()
+                if p.requires_grad
+            ),
             "params_local": sum(
                 (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
             ),

@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.train.lora import LoRALinear
 from launcher.train.model import MLP, MLAttention, MoE, Transformer, TransformerBlock
 
 
@@ -186,7 +187,7 @@ def apply_tp(
                     use_local_output=True,
                 ),
             )
-        parallelize_module(block, tp_mesh, block_plan)
+        parallelize_module(block, tp_mesh, adapter_plan(block, block_plan))
 
 
 def mla_plan(
@@ -239,6 +240,29 @@ def moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
             use_local_output=True,
         )
     return plan
+
+
+def adapter_plan(block: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
+    """`plan` with each LoRA-adapted projection's style moved to its frozen `base`, and its
+    adapters sharded like the weight they adapt: a column-parallel W [out, in] (sharded on out)
+    gets B [out, r] column-parallel and A [r, in] replicated (the rank-r intermediate whole on
+    every rank, its gradient summed over tp by B's input); a row-parallel W (sharded on in) gets
+    A row-parallel (its [.., r] output all-reduced: r values a token, not h) and B replicated.
+    Sequence parallel and replicated kv heads are refused with LoRA (finetune_rules)."""
+    out: dict[str, ParallelStyle] = {}
+    for key, style in plan.items():
+        module = block.get_submodule(key)
+        if not isinstance(module, LoRALinear):
+            out[key] = style
+            continue
+        out[f"{key}.base"] = style
+        if isinstance(style, RowwiseParallel):
+            out[f"{key}.lora_a"] = RowwiseParallel(output_layouts=Replicate())
+            out[f"{key}.lora_b"] = Replicated()
+        else:
+            out[f"{key}.lora_a"] = Replicated()
+            out[f"{key}.lora_b"] = ColwiseParallel()
+    return out
 
 
 def apply_dp(

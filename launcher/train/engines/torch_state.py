@@ -43,6 +43,13 @@ from launcher.train.safe_load import (
 )
 
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# finetune=lora|qlora: only what trains (the adapters and their optimizer state); the frozen base
+# comes from train.init_from (its digest is checked beside, launcher.train.lora.BASE_FILE). Not
+# strict on load: the model's frozen entries are absent by design, while DCP refuses any adapter
+# entry the checkpoint lacks.
+TRAINABLE_OPTIONS = StateDictOptions(
+    flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False
+)
 # In a checkpoint's engine folder, next to the DCP files: the dynamic loss scaler's state (rank 0)
 # and, with zero.stage=1, each rank's shard of the optimizer states.
 SCALER_FILE = "loss_scaler.json"
@@ -54,6 +61,12 @@ def model_arg(parts: list[nn.Module]) -> Any:
     return parts[0] if len(parts) == 1 else parts
 
 
+def state_options(parts: list[nn.Module]) -> StateDictOptions:
+    """TRAINABLE_OPTIONS where some parameters are frozen (fine-tuning), else STATE_OPTIONS."""
+    frozen = any(not p.requires_grad for part in parts for p in part.parameters())
+    return TRAINABLE_OPTIONS if frozen else STATE_OPTIONS
+
+
 def engine_state(parts: list[nn.Module], optimizer: Optimizer, fp8_fsdp: bool) -> dict[str, Any]:
     """The model and optimizer state dicts DCP saves and loads in place (flattened optimizer
     state, as pipeline resumes need; see platform notes)."""
@@ -61,8 +74,8 @@ def engine_state(parts: list[nn.Module], optimizer: Optimizer, fp8_fsdp: bool) -
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         # DCP does not know ZeroRedundancyOptimizer: the model goes through DCP, each rank's
         # optimizer shard into its own file (_save_extra).
-        return {"model": get_model_state_dict(model, options=STATE_OPTIONS)}
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=STATE_OPTIONS)
+        return {"model": get_model_state_dict(model, options=state_options(parts))}
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=state_options(parts))
     if fp8_fsdp:  # plain tensors in place of torchao's fp8 all-gather wrapper
         model_sd, optim_sd = fp8.plain_tensors(model_sd), fp8.plain_tensors(optim_sd)
     return {"model": model_sd, "optim": optim_sd}
@@ -145,7 +158,7 @@ def load_state(
         for key, value in tensors[part].items():
             state[part][key] = value
     if isinstance(optimizer, ZeroRedundancyOptimizer):
-        set_model_state_dict(model_arg(parts), state["model"], options=STATE_OPTIONS)
+        set_model_state_dict(model_arg(parts), state["model"], options=state_options(parts))
         shard = directory / ZERO1_OPTIM_FILE.format(rank=dist.get_rank())
         data = io.BytesIO(files.read(shard))
         optimizer.optim.load_state_dict(torch.load(data, weights_only=True))
@@ -155,7 +168,7 @@ def load_state(
             optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
-            options=STATE_OPTIONS,
+            options=state_options(parts),
         )
     if scaler is not None:
         scaler.load_state_dict(read_json(files, directory / SCALER_FILE))
