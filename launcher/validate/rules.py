@@ -45,6 +45,7 @@ from launcher.config.pipeline_split import SPLIT_KEYS, SplitError, megatron_spli
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.script_values import script_problems
 from launcher.plan.model_shape import ModelShape
+from launcher.validate.finetune_rules import finetune_problems
 
 ERROR = "error"
 WARNING = "warning"
@@ -998,3 +999,9 @@ def optimizer_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
             )
         )
     return out
+
+
+# finetune=lora|qlora: values, targets and the layouts the engines run (their own module).
+@rule("finetune")
+def finetune(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    return [Violation("finetune", s, k, m) for s, k, m in finetune_problems(cfg, layout)]

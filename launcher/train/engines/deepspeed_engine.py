@@ -58,6 +58,7 @@ from launcher.train.safe_load import (
     read_json,
     verify_weights_only,
 )
+from launcher.validate import finetune_rules
 
 TAG = "engine"
 
@@ -144,6 +145,7 @@ class DeepSpeedEngine(Engine):
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         # What this engine runs is declared in launcher/backends/deepspeed.py.
         problems = [r.message for r in raw_refusals("deepspeed", cfg)]
+        problems += finetune_rules.engine_refusals(cfg)
         if problems:
             raise ValueError(
                 "backend=deepspeed cannot run this configuration:\n- " + "\n- ".join(problems)

@@ -130,6 +130,7 @@ from launcher.train.model import (
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
 from launcher.train.safe_load import CheckpointFiles, read_json
+from launcher.validate import finetune_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -157,6 +158,7 @@ class TorchEngine(Engine):
         self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
     ):
         problems = [r.message for r in raw_refusals("torch", cfg)]
+        problems += finetune_rules.engine_refusals(cfg)
         if problems:
             raise TorchEngineError(
                 "backend=torch cannot run this configuration:\n- " + "\n- ".join(problems)
