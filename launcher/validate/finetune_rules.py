@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
+from launcher.plan.finetune import projections
 from launcher.plan.model_shape import ModelShape
 
 ERROR, WARNING = "error", "warning"
@@ -38,21 +39,8 @@ NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
 
 
 def projection_dims(m: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(in, out) of each target projection the model has, by target word (launcher.train.lora's
-    table: gate only with swiglu; up is w1 of a GELU MLP)."""
-    s = ModelShape(m)
-    h, d, ffn = m.hidden_size, s.head_dim, m.ffn_hidden_size
-    dims = {
-        "q": (h, m.num_attention_heads * d),
-        "k": (h, s.kv_heads * d),
-        "v": (h, s.kv_heads * d),
-        "o": (m.num_attention_heads * d, h),
-        "up": (h, ffn),
-        "down": (ffn, h),
-    }
-    if m.activation == "swiglu":
-        dims["gate"] = (h, ffn)
-    return dims
+    """(in, out) of each target projection the model has (launcher.plan.finetune.projections)."""
+    return {t: (p.fan_in, p.fan_out) for t, p in projections(m).items()}
 
 
 def targets_of(cfg: LLMTrainConfig) -> list[str]:
