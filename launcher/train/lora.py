@@ -93,12 +93,12 @@ class LoRALinear(nn.Module):
         if self.nf4:
             from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4
 
-            out = linear_nf4(x, self.base.weight)
+            out: torch.Tensor = linear_nf4(x, self.base.weight)
             if self.base.bias is not None:
                 out = out + self.base.bias.to(out.dtype)
         else:
             out = self.base(x)
-        update = self.lora_b(self.lora_a(self.dropout(x)))
+        update: torch.Tensor = self.lora_b(self.lora_a(self.dropout(x)))
         return out + update * self.scale
 
     @torch.no_grad()
