@@ -132,7 +132,7 @@ def test_qlora_runs_nf4_on_the_cpu_close_to_the_bf16_base() -> None:
 
 
 def test_base_digest_names_a_different_base() -> None:
-    model, base = _adapted(seed=3)
+    _, base = _adapted(seed=3)
     other, _ = _adapted(seed=4)
     ours = lora.combined_digest(lora.base_digest(base))
     record = lora.base_record(FT, ours, "runs/base")
