@@ -114,7 +114,7 @@ def run_child(args: argparse.Namespace, method: str) -> dict[str, Any]:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
         "LLMTRAIN_DEVICE": "cuda" if args.gpu else "cpu",
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     command = [sys.executable, __file__, "--child", method, "--steps", str(args.steps)]
     command += ["--gpu"] if args.gpu else []
