@@ -650,9 +650,13 @@ def export(
     root: Annotated[
         str, typer.Option("--root", help="The folder holding run directories (run.root_dir).")
     ] = "runs",
+    adapter: Annotated[
+        bool, typer.Option("--adapter", help="A LoRA run's adapters alone, as a PEFT folder.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Export a run's checkpoint as a Hugging Face model folder (safetensors, config, tokenizer)."""
+    """Export a run's checkpoint as a Hugging Face model folder (safetensors, config, tokenizer);
+    a LoRA run's adapters merged into its base, or alone with --adapter."""
     from pathlib import Path
 
     if fmt != "hf":
@@ -662,7 +666,7 @@ def export(
 
     # A run's name (or a unique prefix) under --root, as `status`/`logs`/`cancel` take it.
     folder = find_run(run_dir, Path(root)) or Path(run_dir)
-    result = export_hf(folder, Path(out_dir), step=step, overwrite=overwrite)
+    result = export_hf(folder, Path(out_dir), step=step, overwrite=overwrite, adapter=adapter)
     if as_json:
         _print_json(result.to_json())
     else:
@@ -670,6 +674,35 @@ def export(
             f"exported step {result.step} of {run_dir} as {result.architecture} "
             f"({result.parameters:,} parameters) to {result.out}; tokenizer: {result.tokenizer}"
         )
+
+
+@app.command()
+def sample(
+    run_dir: Annotated[str, typer.Argument(help="The run: its name (or prefix) or folder.")],
+    prompt: Annotated[str, typer.Argument(help="The text to continue.")],
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", help="Tokens to generate (1-512).")
+    ] = 32,
+    step: Annotated[
+        int | None, typer.Option("--step", help="Checkpoint step (default: newest valid).")
+    ] = None,
+    root: Annotated[
+        str, typer.Option("--root", help="The folder holding run directories (run.root_dir).")
+    ] = "runs",
+    as_json: JsonFlag = False,
+) -> None:
+    """Print a short greedy continuation of PROMPT from a run's model (LoRA adapters applied)."""
+    from pathlib import Path
+
+    from launcher.launch.local_runs import find_run
+    from launcher.train.sample import sample as run_sample
+
+    folder = find_run(run_dir, Path(root)) or Path(run_dir)
+    result = run_sample(folder, prompt, max_new_tokens=max_new_tokens, step=step)
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        out.print(result.prompt + result.text, markup=False, highlight=False)
 
 
 @app.command()

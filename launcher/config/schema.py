@@ -370,6 +370,25 @@ class LoggingConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    """How the model trains (conf/finetune/; docs/finetuning.md): full (every weight), lora
+    (frozen base weights, a trainable low-rank update B @ A on each target projection, Hu et al.
+    2021, arXiv:2106.09685) or qlora (lora over base weights stored in NF4, Dettmers et al. 2023,
+    arXiv:2305.14314; launcher/train/lora.py)."""
+
+    name: str = "full"  # full | lora | qlora
+    # The adapter's rank r: A is [r, in], B is [out, r]; 1 <= r <= min(in, out) of every target.
+    rank: int = 16
+    # The update is scaled by alpha / r (alpha > 0).
+    alpha: float = 32.0
+    # Dropout on the adapter branch's input, in [0, 1).
+    dropout: float = 0.0
+    # Projections to adapt: q k v o (attention), gate up down (MLP; gate only with swiglu), or
+    # all-linear (every one of them the model has).
+    targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "o"])
+
+
+@dataclass
 class LLMTrainConfig:
     """The whole configuration: what `llmtrain show` prints."""
 
@@ -388,6 +407,7 @@ class LLMTrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 # backend.moe_dispatcher's words (launcher/backends/common.py says what each runs and prices).
@@ -420,6 +440,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "backend.name": backend_names(),
     "backend.moe_dispatcher": MOE_DISPATCHERS,
     "launcher.name": ("local", "slurm"),
+    "finetune.name": ("full", "lora", "qlora"),
 }
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from launcher.backends.common import recompute_mode
 from launcher.config.schema import LLMTrainConfig, ModelConfig
+from launcher.plan import finetune
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.recompute import extra_forwards
 
@@ -122,4 +123,18 @@ def config_flops(cfg: LLMTrainConfig, recompute: str | None = None) -> FlopsPerT
     """flops_per_token for a configuration, its recompute as the backend runs it on the model's
     main layer kind (MoE layers for an MoE model; backends.common.recompute_mode)."""
     moe = ModelShape(cfg.model).is_moe
-    return flops_per_token(cfg.model, recompute_mode(cfg, moe, recompute))
+    flops = flops_per_token(cfg.model, recompute_mode(cfg, moe, recompute))
+    if not finetune.is_finetune(cfg):
+        return flops
+    # Frozen weights: forward 2N and input-gradient 2N FLOPs a token, no weight gradient (4N,
+    # not 6N); the adapters 6 x their forward FLOPs (launcher/plan/finetune.py).
+    adapters = 3.0 * cfg.model.num_layers * finetune.adapter_flops_per_token_layer(cfg)
+    saved = flops.matmul / 3.0 - adapters
+    return FlopsPerToken(
+        model=flops.model - saved,
+        hardware=flops.hardware - saved,
+        executed=flops.executed - saved,
+        matmul=flops.matmul - saved,
+        attention=flops.attention,
+        recompute=flops.recompute,
+    )

@@ -52,6 +52,7 @@ from launcher.backends.common import backend_of, recompute_mode
 from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan import finetune
 from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.recompute import extra_forwards, recomputes_scores
@@ -237,6 +238,11 @@ class _Key:
     recompute_moe: str  # ... and of the MoE layers
     compile: bool
     m_limit: bool
+    # finetune=lora|qlora (launcher/plan/finetune.py): frozen linears skip their weight-gradient
+    # GEMM (2 passes, not 3); the adapters' forward FLOPs a token per layer and their rank.
+    frozen: bool = False
+    adapter_flops: float = 0.0
+    adapter_rank: int = 0
 
 
 def stage_parts(
@@ -316,6 +322,11 @@ def stage_parts(
         # As the engine runs (engine_choices); Megatron's hand-fused kernels count as compiled.
         compile=compile_in_force(cfg)[0],
         m_limit=m_limit,
+        frozen=finetune.is_finetune(cfg),
+        adapter_flops=finetune.adapter_flops_per_token_layer(cfg) / max(1, layout.tp)
+        if finetune.is_finetune(cfg)
+        else 0.0,
+        adapter_rank=cfg.finetune.rank,
     )
     return _parts(key)
 
@@ -428,8 +439,14 @@ def _parts(k: _Key) -> ComputeParts:
     x_d = extra_forwards(k.recompute_dense, k.eager)
     x_m = extra_forwards(k.recompute_moe, k.eager)
     n_d, n_m = k.dense_layers, k.moe_layers
-    linear_s = (3.0 + x_d.gemm) * n_d * lin_dense + (3.0 + x_m.gemm) * n_m * lin_moe
-    other_s = (3.0 + x_m.gemm) * n_m * router + 3.0 * head
+    # Frozen weights (finetune): forward and input-gradient GEMMs only (launcher/plan/finetune.py).
+    passes = 2.0 if k.frozen else 3.0
+    linear_s = (passes + x_d.gemm) * n_d * lin_dense + (passes + x_m.gemm) * n_m * lin_moe
+    if k.adapter_flops:
+        # The adapters' rank-r GEMMs: forward, input and weight gradients (3 passes).
+        adapters = gemm(k.adapter_flops, t, k.adapter_rank, h, lin_peak, 1.0)
+        linear_s += (3.0 + x_d.gemm) * n_d * adapters
+    other_s = (passes + x_m.gemm) * n_m * router + passes * head
     attention_s = n_d * (attn_fwd + attn_bwd + x_d.attention * attn_fwd) + n_m * (
         attn_fwd + attn_bwd + x_m.attention * attn_fwd
     )

@@ -48,6 +48,7 @@ from launcher.backends.moe_overlap import extra_warmup_microbatches
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan import finetune
 from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.offload import gradient_placement
@@ -569,6 +570,8 @@ def stage_states(
             return per_param * params.total
         return per_param * (params.dense / shard + params.expert / expert_shard)
 
+    if finetune.is_finetune(cfg):
+        return _finetune_states(cfg, layout, stage, params)
     weights = sharded(bpp.weights, z.stage >= 3)
     gradients = sharded(bpp.gradients, z.stage >= 2)
     # Offloading engines keep (part of) the gradients on the host (plan/offload.py).
@@ -593,6 +596,28 @@ def stage_states(
         host += weights
         weights = 0.0
     return StageStates(params.total, weights, gradients, optimizer, host)
+
+
+def _finetune_states(
+    cfg: LLMTrainConfig, layout: Layout, stage: int, params: StageParams
+) -> StageStates:
+    """finetune=lora|qlora (launcher/plan/finetune.py): the frozen base at its dtype (NF4 for
+    qlora's targets), sharded by ZeRO-3 / FSDP like any weight, with no gradient or optimizer
+    state; the adapters with fp32 weights, gradients and optimizer states, sharded by stage."""
+    z = cfg.zero
+    shard = zero_shard(layout)
+    tp = max(1, layout.tp)
+    layers = layout.stage_layers[stage]
+    adapters = layers * finetune.adapter_params_per_layer(cfg, tp)
+    frozen = finetune.frozen_weight_bytes(cfg, params.total, layers, tp)
+    weights = frozen / (shard if z.stage >= 3 else 1)
+    weights += finetune.ADAPTER_WEIGHT_BYTES * adapters / (shard if z.stage >= 3 else 1)
+    gradients = finetune.ADAPTER_GRAD_BYTES * adapters / (shard if z.stage >= 2 else 1)
+    optimizer = OPTIMIZER_STATE_BYTES[cfg.optim.name] * adapters / (shard if z.stage >= 1 else 1)
+    host = 0.0
+    if z.offload_optimizer == "cpu":
+        host, optimizer = optimizer, 0.0
+    return StageStates(params.total + adapters, weights, gradients, optimizer, host)
 
 
 def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[float, int]:
@@ -663,6 +688,11 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         )
     mode = recompute_mode(cfg, moe_here)
     activations = per_layer(mode) * held
+    if finetune.is_finetune(cfg) and mode != "full":
+        # The adapters' rank-r intermediates (and dropout copies), kept like the layer's own.
+        tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
+        act = DTYPE_BYTES[cfg.precision.compute_dtype]
+        activations += held * finetune.adapter_activation_bytes(cfg, tokens, act)
     if mode in ("full", "op"):
         # While a layer is recomputed for its backward its full activations exist once.
         activations += per_layer("none")
@@ -703,7 +733,25 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
     # A bucket never holds more than the parameters of one model-parallel rank (a small model's
     # gradients fill less than one 500M-element DeepSpeed bucket).
     rank_params = shape.total_params() / max(1, layout.tp * layout.pp)
+    if finetune.is_finetune(cfg):
+        # Only the adapters' gradients are reduced; ZeRO-3 gathers the frozen layer and the
+        # layer's adapters (the two layers in flight) and holds one layer's adapter gradients.
+        adapters = finetune.adapter_params_per_layer(cfg, max(1, layout.tp))
+        rank_adapters = adapters * m.num_layers / max(1, layout.pp)
+        buffers = min(cfg.backend.reduce_bucket_size, rank_adapters) * finetune.ADAPTER_GRAD_BYTES
+        if z.stage >= 3:
+            layer = shape.dense_layer_params() / max(1, layout.tp)
+            frozen = finetune.frozen_weight_bytes(cfg, layer, 1, max(1, layout.tp))
+            buffers += 2 * (frozen + adapters * finetune.ADAPTER_WEIGHT_BYTES) + adapters * 4.0
+        if layout.pp > 1:
+            sp = layout.tp if cfg.parallel.sequence_parallel else 1
+            buffers += 4.0 * tokens * m.hidden_size * act_dtype / sp
+        return buffers
     buffers = min(cfg.backend.reduce_bucket_size, rank_params) * bpp.gradients
+    if cfg.backend.name == "torch" and layout.dp * layout.cp == 1:
+        # One replica: the torch engine wraps nothing in DDP, so no gradient bucket exists
+        # (torch_parallelize.apply_dp; measured by bench/lora_memory.py on the CPU).
+        buffers = 0.0
     if z.stage in (1, 2):
         allgather = min(cfg.backend.allgather_bucket_size, rank_params)
         gathered = 1 if cfg.precision.fp8 and cfg.precision.fp8_param_gather else None

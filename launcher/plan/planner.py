@@ -11,6 +11,7 @@ from launcher.backends.moe_overlap import moe_overlap_on
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
+from launcher.plan import finetune
 from launcher.plan.bands import ErrorBand, error_band
 from launcher.plan.flops import FlopsPerToken, config_flops
 from launcher.plan.hardware import get_gpu
@@ -18,6 +19,7 @@ from launcher.plan.measured import coverage
 from launcher.plan.memory import (
     FRAGMENTATION,
     GIB,
+    OPTIMIZER_STATE_BYTES,
     HardwareView,
     MemoryPlan,
     bytes_per_param,
@@ -100,7 +102,11 @@ def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
 
 
 def checkpoint_bytes(cfg: LLMTrainConfig, total_params: int) -> float:
-    """Weights in the compute dtype plus the optimizer states (master copy, moments)."""
+    """Weights in the compute dtype plus the optimizer states (master copy, moments); with
+    finetune=lora|qlora the adapters alone (fp32) and their optimizer states."""
+    if finetune.is_finetune(cfg):
+        adapters = finetune.adapter_params(cfg)
+        return adapters * (finetune.ADAPTER_WEIGHT_BYTES + OPTIMIZER_STATE_BYTES[cfg.optim.name])
     bpp = bytes_per_param(cfg)
     weights = bpp.weights - fp8_weight_copy_bytes(cfg)
     return total_params * (weights + bpp.optimizer)

@@ -112,6 +112,7 @@ from launcher.plan.planner import (
 )
 from launcher.plan.schedule import bubble_overhead
 from launcher.plan.timing import TimePlan, estimate_time, microbatch_compute_s, microbatch_time
+from launcher.validate.finetune_rules import engine_refusals
 from launcher.validate.rules import check, divisors
 
 _T = TypeVar("_T")
@@ -411,6 +412,9 @@ class LayoutSpace:
         if refused is None:
             cfg = self.apply(c)
             refused = bool(raw_refusals(cfg.backend.name, cfg))
+            # finetune=lora|qlora: the layouts the engines run with adapters (validate's
+            # "finetune" rule), on the same keys; reported under the backend's rule.
+            refused = refused or bool(engine_refusals(cfg))
             self._backend_memo[key] = refused
         return "backend-capabilities" if refused else None
 

@@ -166,8 +166,11 @@ def export_hf(
     step: int | None = None,
     overwrite: bool = False,
     max_shard_bytes: int | None = None,
+    adapter: bool = False,
 ) -> ExportResult:
-    """Export `run_dir`'s checkpoint to the Hugging Face folder `out` (see the module docstring)."""
+    """Export `run_dir`'s checkpoint to the Hugging Face folder `out` (see the module docstring);
+    a finetune=lora|qlora run's adapters merged into its base, or with `adapter` the adapters
+    alone as a PEFT folder (``launcher.train.lora_export``)."""
     import torch
 
     from launcher import outputs
@@ -191,6 +194,12 @@ def export_hf(
         state = full_state(checkpoint / "engine", cfg.model.num_layers, files)
     except (ConsolidateError, UnsafeCheckpointError, KeyError) as exc:
         raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
+    if adapter:
+        return _export_adapter(cfg, state, checkpoint, step_done, out, found, run_dir)
+    if cfg.finetune.name != "full":  # adapters only: merged into the base they were trained on
+        from launcher.train import lora_export
+
+        state = lora_export.merged(cfg, state, checkpoint / "engine", files)
     # config.json is written from config.yaml's model.*: every tensor must have the shape that
     # config gives it, or the folder would describe another model than the weights it holds.
     have = {k: tuple(v.shape) for k, v in state.items()}
@@ -248,5 +257,56 @@ def export_hf(
         architecture=architecture,
         parameters=sum(int(v.numel()) for v in tensors.values()),
         tokenizer=tokenizer,
+        files=sorted(p.name for p in out.iterdir()),
+    )
+
+
+def _export_adapter(
+    cfg: LLMTrainConfig,
+    state: dict[str, Any],
+    checkpoint: Path,
+    step_done: int,
+    out: Path,
+    found: Any,
+    run_dir: Path,
+) -> ExportResult:
+    """`--adapter`: the adapters alone as a PEFT folder (launcher.train.lora_export)."""
+    from launcher import outputs
+    from launcher.export.hf_layout import hf_architecture
+    from launcher.train import lora_export
+
+    if cfg.finetune.name == "full":
+        raise UserError(
+            f"--adapter: {run_dir} trained every weight (finetune=full); export it without "
+            "--adapter"
+        )
+    architecture = hf_architecture(cfg.model)
+    if architecture != "LlamaForCausalLM":
+        raise UserError(
+            f"--adapter: PEFT adapters are written for the Llama layout (this model exports as "
+            f"{architecture}, whose fused projections take other adapter shapes); export the "
+            "merged model without --adapter"
+        )
+    adapters = lora_export.adapters_of(state, checkpoint)
+    staging = outputs.temporary_sibling(out)
+    try:
+        lora_export.write_adapter_folder(staging / "adapter", cfg, adapters)
+        outputs.install(
+            staging / "adapter",
+            out,
+            "--out",
+            COMMAND,
+            found,
+            extra={"run": str(run_dir.resolve()), "step": step_done},
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ExportResult(
+        out=out,
+        step=step_done,
+        checkpoint=checkpoint,
+        architecture="PEFT LoRA adapter for " + architecture,
+        parameters=sum(int(v.numel()) for v in adapters.values()),
+        tokenizer="none (the base model's)",
         files=sorted(p.name for p in out.iterdir()),
     )

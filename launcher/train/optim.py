@@ -20,10 +20,12 @@ def param_groups(params: Iterable[nn.Parameter], optim: OptimConfig) -> list[dic
     for param in params:
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
-    return [
+    groups = [
         {"params": decay, "weight_decay": optim.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    # LoRA adapters are all matrices: an empty group breaks DCP's flattened optimizer state.
+    return [g for g in groups if g["params"]]
 
 
 class Lion(torch.optim.Optimizer):

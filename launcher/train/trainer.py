@@ -310,7 +310,13 @@ class Trainer:
         source = self.cfg.train.init_from
         if source is None:
             return None
-        if self.cfg.checkpoint.resume and complete_checkpoints(self.run.checkpoints):
+        # finetune=lora|qlora: checkpoints hold the adapters alone; a resume needs the base too.
+        adapters_only = self.cfg.finetune.name != "full"
+        if (
+            self.cfg.checkpoint.resume
+            and complete_checkpoints(self.run.checkpoints)
+            and not adapters_only
+        ):
             self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
             return None
         from launcher.train.init_from import load_state

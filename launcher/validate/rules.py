@@ -46,6 +46,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.config.script_values import script_problems
 from launcher.plan.model_shape import ModelShape
 from launcher.validate.chat_rules import chat_problems
+from launcher.validate.finetune_rules import finetune_problems
 
 ERROR = "error"
 WARNING = "warning"
@@ -1005,3 +1006,9 @@ def optimizer_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
 @rule("chat-data")
 def chat_data(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return [_error("chat-data", keys, message) for keys, message in chat_problems(cfg, layout)]
+
+
+# finetune=lora|qlora: values, targets and the layouts the engines run (their own module).
+@rule("finetune")
+def finetune(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    return [Violation("finetune", s, k, m) for s, k, m in finetune_problems(cfg, layout)]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.backends.engine_choices import engine_choices
 from launcher.plan.bands import ErrorBand
 from launcher.plan.document import plan_to_json
+from launcher.plan.finetune import summary as finetune_summary
 from launcher.plan.memory import GIB
 from launcher.plan.planner import Plan, pricing_line
 from launcher.plan.schedule import timeline
@@ -121,7 +122,8 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         Panel(
             f"{plan.config.model.name} on {lay.world_size} x {plan.hardware.name}, "
             f"backend={plan.config.backend.name}\n"
-            f"{verdict}: heaviest rank (stage {h.stage}) {_gib(h.device_total)} of "
+            + (f"{tuned}\n" if (tuned := finetune_summary(plan.config)) else "")
+            + f"{verdict}: heaviest rank (stage {h.stage}) {_gib(h.device_total)} of "
             f"{_gib(mem.capacity)}, {mem.headroom:.0%} headroom kept\n"
             f"tp={lay.tp} pp={lay.pp} vpp={lay.vpp} cp={lay.cp} ep={lay.ep} dp={lay.dp}  "
             f"mbs={lay.micro_batch_size} gbs={lay.global_batch_size} accum={lay.grad_accum}\n"

@@ -30,6 +30,7 @@ checked against the signed manifest, read weights-only, before and while DeepSpe
 from __future__ import annotations
 
 import gc
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,7 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
 from launcher.render.ds_config import runtime_ds_config
+from launcher.train import lora
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.init_from import copy_into
@@ -58,7 +60,13 @@ from launcher.train.masked_loss import (
 )
 from launcher.train.model import Transformer, apply_recompute, build_model
 from launcher.train.optim import build_optimizer, fused_on
-from launcher.train.safe_load import CheckpointFiles, deepspeed_loading, verify_weights_only
+from launcher.train.safe_load import (
+    CheckpointFiles,
+    deepspeed_loading,
+    read_json,
+    verify_weights_only,
+)
+from launcher.validate import finetune_rules
 
 TAG = "engine"
 
@@ -154,6 +162,7 @@ class DeepSpeedEngine(Engine):
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         # What this engine runs is declared in launcher/backends/deepspeed.py.
         problems = [r.message for r in raw_refusals("deepspeed", cfg)]
+        problems += finetune_rules.engine_refusals(cfg)
         if problems:
             raise ValueError(
                 "backend=deepspeed cannot run this configuration:\n- " + "\n- ".join(problems)
@@ -172,6 +181,16 @@ class DeepSpeedEngine(Engine):
         model = build_model(cfg.model, device=engine_device(), seed=seed)
         if init_state is not None:  # train.init_from, before DeepSpeed partitions anything
             copy_into(model, init_state)
+        # finetune=lora|qlora (launcher.train.lora): the base's digest (each rank hashes its
+        # share of the tensors), then the base frozen and the adapters added; the optimizer and
+        # checkpoints hold the adapters alone (save_checkpoint(exclude_frozen_parameters)).
+        self.cfg = cfg
+        self.base_digest: str | None = None
+        if cfg.finetune.name != "full":
+            named = sorted(model.named_parameters())
+            mine = {n: p for i, (n, p) in enumerate(named) if i % world == rank}
+            self.base_digest = lora.gathered_digest(lora.base_digest(mine))
+            lora.apply_lora(model, cfg.model, cfg.finetune, seed, torch.float32)
         apply_recompute(model, cfg.train.recompute)
         self.pipeline = layout.pp > 1
         # The pipeline's loss function is fixed at build time: its divisor is set per step.
@@ -214,7 +233,8 @@ class DeepSpeedEngine(Engine):
         # [single_partition_of_fp32_groups[i]]): the fused Adam kernel updates it in one pass
         # where the default foreach implementation makes one pass per operation. On CUDA only,
         # so CPU runs keep their numerics (fused and foreach round differently).
-        optimizer = build_optimizer(module.parameters(), cfg.optim, fused=fused_on(engine_device()))
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        optimizer = build_optimizer(trainable, cfg.optim, fused=fused_on(engine_device()))
         config: dict[str, Any] = runtime_ds_config(cfg)
         if cfg.zero.offload_optimizer != "none":
             # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.
@@ -353,7 +373,13 @@ class DeepSpeedEngine(Engine):
         before = set(directory.rglob("*")) if directory.exists() else set()
         full: OSError | None = None
         try:
-            self.engine.save_checkpoint(str(directory), tag=TAG)
+            self.engine.save_checkpoint(
+                str(directory), tag=TAG, exclude_frozen_parameters=self.base_digest is not None
+            )
+            if self.base_digest is not None and dist.get_rank() == 0:
+                ft, init_from = self.cfg.finetune, self.cfg.train.init_from
+                record = lora.base_record(ft, self.base_digest, init_from)
+                (directory / lora.BASE_FILE).write_text(json.dumps(record, sort_keys=True) + "\n")
         except (OSError, RuntimeError) as exc:
             # torch.save reports a full disk as a RuntimeError with no errno: said plainly as
             # "disk full" by the checkpoint writer, as on the torch backend.
@@ -369,12 +395,20 @@ class DeepSpeedEngine(Engine):
 
     def load(self, directory: Path, files: CheckpointFiles) -> None:
         verify_weights_only(directory, files)  # every *.pt weights-only, before DeepSpeed reads
+        if self.base_digest is not None:  # adapters apply to the base they were trained on
+            problem = lora.base_problem(
+                read_json(files, directory / lora.BASE_FILE), self.base_digest
+            )
+            if problem is not None:
+                raise ValueError(f"{directory}: {problem}")
         with deepspeed_loading(files):
             path, _ = self.engine.load_checkpoint(
                 str(directory),
                 tag=TAG,
                 load_optimizer_states=True,
                 load_lr_scheduler_states=False,
+                # finetune: the checkpoint holds the adapters; the frozen base is already here.
+                load_module_strict=self.base_digest is None,
             )
         if path is None:
             raise RuntimeError(f"{directory}: DeepSpeed found no checkpoint tagged {TAG!r}")

@@ -68,12 +68,15 @@ Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dime
 weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
 ``clip_grad_norm_`` (DTensor- and FSDP-aware) and, with pipeline parallel, the squared norms of all
 stages all-reduced over the "pp" group.
+
+Where the code lives: steps 2 and 5 (the tensor-parallel plan, FSDP2/DDP) in
+``torch_parallelize``, the checkpoint state (DCP, ZeRO-1 shards, the loss scaler) in
+``torch_state``; this module builds the parts in order and runs the steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
@@ -84,19 +87,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import (
@@ -107,21 +98,11 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.tensor import (
     DTensor,
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-    distribute_module,
 )
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
-    SequenceParallel,
     loss_parallel,
-    parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel
 
@@ -131,10 +112,11 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
-from launcher.plan.model_shape import ModelShape
-from launcher.train import fp8
+from launcher.train import fp8, lora
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
+from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
+from launcher.train.engines.torch_state import load_state, save_state
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.init_from import copy_into
 from launcher.train.masked_loss import (
@@ -146,11 +128,6 @@ from launcher.train.masked_loss import (
     unpack,
 )
 from launcher.train.model import (
-    MLP,
-    MLAttention,
-    MoE,
-    Transformer,
-    TransformerBlock,
     apply_context_parallel,
     apply_expert_parallel,
     apply_recompute,
@@ -159,102 +136,10 @@ from launcher.train.model import (
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
-from launcher.train.safe_load import (
-    CheckpointFiles,
-    SafeFileSystemReader,
-    TensorOnlyLoadPlanner,
-    UnsafeCheckpointError,
-    checkpoint_failure,
-    first_failure,
-    read_json,
-    read_non_tensor_state,
-    split_non_tensor_state,
-    write_non_tensor_state,
-)
+from launcher.train.safe_load import CheckpointFiles, read_json
+from launcher.validate import finetune_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-# In a checkpoint's engine folder, next to the DCP files: the dynamic loss scaler's state (rank 0)
-# and, with zero.stage=1, each rank's shard of the optimizer states.
-SCALER_FILE = "loss_scaler.json"
-ZERO1_OPTIM_FILE = "zero1_optim_rank{rank}.pt"
-
-
-class TorchEngineError(ValueError):
-    """A configuration the torch engine cannot run (the reasons say what would work instead)."""
-
-
-class Replicated(ParallelStyle):
-    """Keep a module whole on every tensor-parallel rank, its parameters as Replicate DTensors.
-
-    Inputs are taken as replicated; the output is a local tensor unless use_local_output=False
-    (torchtitan's NoParallel). Makes every parameter a DTensor on the tp mesh, which the global
-    gradient norm and FSDP2's 2-D sharding need."""
-
-    def __init__(self, *, use_local_output: bool = True):
-        super().__init__()
-        self.use_local_output = use_local_output
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def to_dtensor(mod: nn.Module, inputs: Any, mesh: DeviceMesh) -> Any:
-            return tuple(
-                DTensor.from_local(t, mesh, [Replicate()], run_check=False)
-                if isinstance(t, torch.Tensor) and not isinstance(t, DTensor)
-                else t
-                for t in inputs
-            )
-
-        def to_local(mod: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
-            if self.use_local_output and isinstance(output, DTensor):
-                return output.to_local()
-            return output
-
-        return distribute_module(module, device_mesh, None, to_dtensor, to_local)
-
-
-class ReplicatedKVHeads(ParallelStyle):
-    """wk/wv when there are fewer key/value heads than tp ranks (tp a multiple of kv_heads).
-
-    The projection stays whole (a Replicate DTensor) and each rank keeps the output of the one kv
-    head its query heads use: rank r of tp takes head r // (tp // kv_heads), so each kv head is
-    replicated tp // kv_heads times (Megatron-LM's scheme). The local output's gradient is declared
-    Partial, so the weight gradient sums the contributions of the ranks sharing a head."""
-
-    def __init__(self, head_dim: int):
-        super().__init__()
-        self.head_dim = head_dim
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        tp, rank = device_mesh.size(), device_mesh.get_local_rank()
-
-        def to_dtensor(mod: nn.Module, inputs: Any, mesh: DeviceMesh) -> Any:
-            x = inputs[0]
-            if isinstance(x, DTensor):
-                return (x.redistribute(placements=[Replicate()]),)
-            return (DTensor.from_local(x, mesh, [Replicate()], run_check=False),)
-
-        def own_head(mod: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
-            local = output.to_local(grad_placements=[Partial()])
-            kv_heads = local.shape[-1] // self.head_dim
-            head = rank // (tp // kv_heads)
-            return local[..., head * self.head_dim : (head + 1) * self.head_dim]
-
-        return distribute_module(module, device_mesh, None, to_dtensor, own_head)
-
-
-def _mlp_plan(
-    prefix: str, mlp: MLP, output: Placement, styles: tuple[type[Any], type[Any]]
-) -> dict[str, ParallelStyle]:
-    """An MLP under tp: w1 (and w3) column-parallel, w2 row-parallel with output `output`
-    (`styles`: the (colwise, rowwise) classes, torchao's float8 ones for fp8 layers)."""
-    colwise, rowwise = styles
-    plan: dict[str, ParallelStyle] = {
-        f"{prefix}.w1": colwise(),
-        f"{prefix}.w2": rowwise(output_layouts=output),
-    }
-    if mlp.w3 is not None:
-        plan[f"{prefix}.w3"] = colwise()
-    return plan
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -285,6 +170,7 @@ class TorchEngine(Engine):
         self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
     ):
         problems = [r.message for r in raw_refusals("torch", cfg)]
+        problems += finetune_rules.engine_refusals(cfg)
         if problems:
             raise TorchEngineError(
                 "backend=torch cannot run this configuration:\n- " + "\n- ".join(problems)
@@ -373,8 +259,13 @@ class TorchEngine(Engine):
         self.pipeline_loss = LossFn(self._loss_of)
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
+        # finetune=lora|qlora: base frozen, adapters trained (launcher.train.lora); the base
+        # weights' digest is computed before sharding, from this rank's share of them.
+        self.finetune = cfg.finetune.name != "full"
+        self.base_digests: dict[str, str] = {}
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
         self.init_state = None
+        self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
         self.optimizer = self._build_optimizer()
         self.schedule: Any = None
         if lay.pp > 1:
@@ -406,6 +297,8 @@ class TorchEngine(Engine):
         init_weights(model, seed)
         if self.init_state is not None:
             copy_into(model, self.init_state)
+        if self.finetune:
+            self._apply_lora(model, seed)
         if self.fp8:
             # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
             fp8.convert(
@@ -418,7 +311,7 @@ class TorchEngine(Engine):
             cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
             apply_context_parallel(model, cp)
         if lay.tp > 1:
-            self._apply_tp(model, first_chunk=first)
+            apply_tp(model, self.mesh["tp"], cfg, self.tp_styles, first_chunk=first)
         apply_recompute(model, cfg.train.recompute)
         model.chunked_loss = self.chunked_loss
         if self.choices.compile:
@@ -426,156 +319,21 @@ class TorchEngine(Engine):
             # share one compiled graph when their shapes and guards agree).
             for name, block in list(model.layers.items()):
                 model.layers[name] = cast(nn.Module, torch.compile(block))
-        return self._apply_dp(model)
+        dtypes = (self.compute_dtype, self.grad_dtype)
+        return apply_dp(model, cfg, self.dp_mesh, self.device, dtypes, self.manual_dp_sync)
 
-    def _apply_tp(self, model: Transformer, first_chunk: bool) -> None:
-        tp_mesh = self.mesh["tp"]
-        sp = self.cfg.parallel.sequence_parallel
-        tied = self.cfg.model.tie_embeddings
+    def _apply_lora(self, model: nn.Module, seed: int) -> None:
+        """Digest this rank's share of the base weights (the tensors of index i with
+        i % ranks-per-stage == its place in the stage), then freeze them and add the adapters.
+        Frozen weights in the compute dtype on a GPU, fp32 on the CPU (no native bf16 there)."""
         lay = self.layout
-        shape = ModelShape(self.cfg.model)
-        kv_heads, head_dim = shape.kv_heads, shape.head_dim
-        residual = Shard(1) if sp else Replicate()
-        colwise, rowwise = self.tp_styles
-        plan: dict[str, ParallelStyle] = {}
-        if model.tok_embeddings is not None:
-            plan["tok_embeddings"] = RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=Replicate()
-            )
-        if model.pos_embeddings is not None:
-            plan["pos_embeddings"] = Replicated()
-        if model.norm is not None:
-            # A tied head multiplies by the (vocab-sharded) embedding inside the root forward, so
-            # the final norm hands it a DTensor; the engine gathers the logits for the loss.
-            plan["norm"] = SequenceParallel() if sp else Replicated(use_local_output=not tied)
-        if model.output is not None:
-            # Logits stay split over the vocabulary: the loss is vocabulary-parallel.
-            plan["output"] = ColwiseParallel(
-                input_layouts=residual, output_layouts=Shard(-1), use_local_output=False
-            )
-        parallelize_module(model, tp_mesh, plan)
-        layer_names = list(model.layers.keys())
-        for name in layer_names:
-            block = cast(TransformerBlock, model.layers[name])
-            block_plan: dict[str, ParallelStyle] = {
-                "attention_norm": SequenceParallel() if sp else Replicated(),
-                "ffn_norm": SequenceParallel() if sp else Replicated(),
-                "attention.wo": rowwise(output_layouts=residual),
-            }
-            if sp:
-                block_plan["attention"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                )
-            if isinstance(block.attention, MLAttention):
-                block_plan.update(self._mla_plan(block.attention, tp_mesh, colwise))
-            else:
-                block_plan.update({f"attention.{w}": colwise() for w in ("wq", "wk", "wv")})
-                if kv_heads < lay.tp:
-                    kv_style = ReplicatedKVHeads(head_dim)
-                    block_plan["attention.wk"] = kv_style
-                    block_plan["attention.wv"] = kv_style
-            if block.moe is not None:
-                block_plan.update(self._moe_plan(block.moe, sp))
-            else:
-                assert block.feed_forward is not None
-                block_plan.update(
-                    _mlp_plan("feed_forward", block.feed_forward, residual, self.tp_styles)
-                )
-                if sp:
-                    block_plan["feed_forward"] = PrepareModuleInput(
-                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                    )
-            if first_chunk and sp and name == layer_names[0]:
-                # The embeddings produce the whole sequence; the residual stream is sharded on it.
-                parallelize_module(
-                    block,
-                    tp_mesh,
-                    PrepareModuleInput(
-                        input_layouts=(Replicate(),),
-                        desired_input_layouts=(Shard(1),),
-                        use_local_output=True,
-                    ),
-                )
-            parallelize_module(block, tp_mesh, block_plan)
-
-    @staticmethod
-    def _mla_plan(
-        attention: MLAttention, tp_mesh: DeviceMesh, colwise: type[Any]
-    ) -> dict[str, ParallelStyle]:
-        """Multi-head latent attention under tp: the down-projections (wq_a, wkv_a) and their
-        norms replicated, the per-head up-projections (wq or wq_b, wkv_b) column-parallel, so
-        each rank computes its heads, and wo row-parallel (see the module docstring)."""
-        plan: dict[str, ParallelStyle] = {
-            "attention.wkv_a": Replicated(),
-            "attention.kv_norm": Replicated(),
-            "attention.wkv_b": colwise(),
-        }
-        if attention.wq is not None:
-            plan["attention.wq"] = colwise()
-        else:
-            plan["attention.wq_a"] = Replicated()
-            plan["attention.q_norm"] = Replicated()
-            plan["attention.wq_b"] = colwise()
-
-        def sum_grad_over_tp(t: torch.Tensor) -> torch.Tensor:
-            # Identity forward; the gradient, marked Partial, is all-reduced over tp backward.
-            replica = DTensor.from_local(t, tp_mesh, [Replicate()], run_check=False)
-            return replica.to_local(grad_placements=[Partial()])
-
-        attention.shared_key_grad = sum_grad_over_tp
-        return plan
-
-    @staticmethod
-    def _moe_plan(moe: MoE, sp: bool) -> dict[str, ParallelStyle]:
-        """MoE under tp (Megatron-LM's default expert tensor parallel = tp): the router
-        replicated, so every tp rank picks the same top-k for the same (replicated) tokens;
-        each routed and shared expert column-parallel w1/w3, row-parallel w2 with its output
-        all-reduced. Under sequence parallel the layer gathers the sequence on entry and keeps
-        this rank's shard of its output."""
-        plan: dict[str, ParallelStyle] = {"moe.router": Replicated()}
-        # torch's styles: fp8 is refused with MoE (launcher/backends/torch.py).
-        styles = (ColwiseParallel, RowwiseParallel)
-        for key, expert in moe.experts.items():
-            plan.update(_mlp_plan(f"moe.experts.{key}", cast(MLP, expert), Replicate(), styles))
-        for i, shared in enumerate(moe.shared_experts):
-            plan.update(
-                _mlp_plan(f"moe.shared_experts.{i}", cast(MLP, shared), Replicate(), styles)
-            )
-        if sp:
-            plan["moe"] = PrepareModuleInputOutput(
-                input_layouts=(Shard(1),),
-                desired_input_layouts=(Replicate(),),
-                use_local_input=True,
-                output_layouts=(Replicate(),),
-                desired_output_layouts=(Shard(1),),
-                use_local_output=True,
-            )
-        return plan
-
-    def _apply_dp(self, model: nn.Module) -> nn.Module:
-        lay, z = self.layout, self.cfg.zero
-        dp_mesh = self.dp_mesh
-        if self.fsdp:
-            mixed = self.compute_dtype != torch.float32
-            mp = MixedPrecisionPolicy(
-                param_dtype=self.compute_dtype if mixed else None,
-                reduce_dtype=self.grad_dtype if mixed else None,
-            )
-            offload = CPUOffloadPolicy(pin_memory=False) if z.offload_params == "cpu" else None
-            kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": mp}
-            if offload is not None:
-                kwargs["offload_policy"] = offload
-            reshard = self.zero == 3
-            for block in cast(Transformer, model).layers.values():
-                fully_shard(block, reshard_after_forward=reshard, **kwargs)
-            fully_shard(model, reshard_after_forward=reshard, **kwargs)
-            return model
-        if lay.dp * lay.cp > 1 and not self.manual_dp_sync:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            return DistributedDataParallel(
-                model, device_ids=device_ids, process_group=dp_mesh.get_group()
-            )
-        return model
+        per_stage = lay.dp * lay.cp * lay.tp
+        place = dist.get_rank() - self.pp_rank * per_stage
+        named = dict(model.named_parameters())
+        mine = {n: t for i, (n, t) in enumerate(sorted(named.items())) if i % per_stage == place}
+        self.base_digests.update(lora.base_digest(mine))
+        frozen = self.compute_dtype if self.device.type == "cuda" else torch.float32
+        lora.apply_lora(model, self.cfg.model, self.cfg.finetune, seed, frozen)
 
     def local_tensors(self) -> Iterator[torch.Tensor]:
         for part in self.parts:
@@ -584,6 +342,7 @@ class TorchEngine(Engine):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         params = [param for part in self.parts for param in part.parameters()]
+        params = [p for p in params if p.requires_grad]  # finetune: the adapters alone
         # With CPUOffloadPolicy the sharded parameters and their optimizer states live on the
         # host: the foreach implementation steps them there as before.
         fused = fused_on(self.device) and self.cfg.zero.offload_params == "none"
@@ -889,92 +648,33 @@ class TorchEngine(Engine):
             return torch.stack([x.detach().float() for x in losses]).mean()
         return torch.zeros((), device=self.device)
 
-    # --- checkpoints ----------------------------------------------------------------------------
-    def _model_arg(self) -> Any:
-        return self.parts[0] if len(self.parts) == 1 else self.parts
-
-    def _state(self) -> dict[str, Any]:
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            # DCP does not know ZeroRedundancyOptimizer: the model goes through DCP, each rank's
-            # optimizer shard into its own file (_save_extra).
-            return {"model": get_model_state_dict(self._model_arg(), options=STATE_OPTIONS)}
-        model_sd, optim_sd = get_state_dict(
-            self._model_arg(), self.optimizer, options=STATE_OPTIONS
-        )
-        if self.fp8 and self.fsdp:  # plain tensors in place of torchao's fp8 all-gather wrapper
-            model_sd, optim_sd = fp8.plain_tensors(model_sd), fp8.plain_tensors(optim_sd)
-        return {"model": model_sd, "optim": optim_sd}
-
-    def _save_extra(self, directory: Path, rank: int) -> list[Path]:
-        """The optimizer shard of ZeRO-1 (every rank) and the loss scaler's state (rank 0)."""
-        written: list[Path] = []
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            path = directory / ZERO1_OPTIM_FILE.format(rank=rank)
-            torch.save(self.optimizer.optim.state_dict(), path)
-            written.append(path)
-        if self.scaler is not None and rank == 0:
-            path = directory / SCALER_FILE
-            path.write_text(json.dumps(self.scaler.state_dict(), sort_keys=True) + "\n")
-            written.append(path)
-        return written
-
+    # --- checkpoints (launcher.train.engines.torch_state) -----------------------------------------
     def save(self, directory: Path) -> list[Path]:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        rank = dist.get_rank()
-        tensors, others = split_non_tensor_state(self._state())
-        try:
-            dcp_save(tensors, storage_writer=FileSystemWriter(str(directory)))
-        except CheckpointException as exc:  # a BaseException: surface the rank's real error
-            inner = first_failure(exc)
-            if isinstance(inner, OSError):  # disk full, read-only: the writer says so plainly
-                raise inner from None
-            raise RuntimeError(f"{directory}: {checkpoint_failure(exc)}") from None
-        mine = [write_non_tensor_state(directory, rank, others), *self._save_extra(directory, rank)]
-        dist.barrier()
-        mine += list(directory.glob(f"__{rank}_*.distcp"))
-        if rank == 0:
-            mine += [p for p in directory.iterdir() if p.name == ".metadata"]
-        return sorted(mine)
+        written = save_state(
+            directory, self.parts, self.optimizer, self.scaler, self.fp8 and self.fsdp
+        )
+        if self.base_digest is not None and dist.get_rank() == 0:
+            path = directory / lora.BASE_FILE
+            record = lora.base_record(self.cfg.finetune, self.base_digest, self.cfg.train.init_from)
+            path.write_text(json.dumps(record, sort_keys=True) + "\n")
+            written = sorted([*written, path])
+        return written
 
     def load(self, directory: Path, files: CheckpointFiles) -> None:
         """Restore from `directory`, every file read once through `files` (checked against the
         manifest); never unpickles code (see ``safe_load``; the ZeRO-1 shard and the scaler are
         read weights-only and as JSON)."""
         directory = Path(directory)
-        state = self._state()
-        tensors, others = split_non_tensor_state(state)
-        saved = read_non_tensor_state(directory, files)
-        try:
-            dcp_load(
-                tensors,
-                storage_reader=SafeFileSystemReader(str(directory), files),
-                planner=TensorOnlyLoadPlanner(),
+        if self.base_digest is not None:  # adapters apply to the base they were trained on
+            problem = lora.base_problem(
+                read_json(files, directory / lora.BASE_FILE), self.base_digest
             )
-        except CheckpointException as exc:  # a BaseException: make it an ordinary error
-            raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
-        for part in state:
-            for key in others.get(part, {}):
-                if key not in saved.get(part, {}):
-                    raise TorchEngineError(f"{directory}: checkpoint lacks {part} entry {key!r}")
-                state[part][key] = saved[part][key]
-            for key, value in tensors[part].items():
-                state[part][key] = value
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            set_model_state_dict(self._model_arg(), state["model"], options=STATE_OPTIONS)
-            shard = directory / ZERO1_OPTIM_FILE.format(rank=dist.get_rank())
-            data = io.BytesIO(files.read(shard))
-            self.optimizer.optim.load_state_dict(torch.load(data, weights_only=True))
-        else:
-            set_state_dict(
-                self._model_arg(),
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optim"],
-                options=STATE_OPTIONS,
-            )
-        if self.scaler is not None:
-            self.scaler.load_state_dict(read_json(files, directory / SCALER_FILE))
+            if problem is not None:
+                raise TorchEngineError(f"{directory}: {problem}")
+        load_state(
+            directory, files, self.parts, self.optimizer, self.scaler, self.fp8 and self.fsdp
+        )
 
     def extra_state(self) -> dict[str, Any]:
         lay = self.layout
@@ -998,6 +698,12 @@ class TorchEngine(Engine):
             if self.vocab_parallel
             else "full logits",
             "chunks": self.chunk_ids,
+            "finetune": self.cfg.finetune.name,
+            "params_trainable": sum(
+                (p.to_local() if isinstance(p, DTensor) else p).numel()
+                for p in self._params()
+                if p.requires_grad
+            ),
             "params_local": sum(
                 (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
             ),
