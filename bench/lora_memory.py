@@ -47,7 +47,13 @@ CPU_MODEL = [
     "model.linear_bias=false",
     "precision=fp32",
 ]
-GPU_MODEL = ["model=llama3-1b", "model.seq_length=2048", "precision=bf16", "cluster=h100-80gb"]
+GPU_MODEL = [
+    "model=llama3-1b",
+    "model.seq_length=2048",
+    "precision=bf16",
+    "cluster=h100-80gb",
+    "cluster.gpus_per_node=1",
+]
 COMMON = [
     "recipe=tiny",
     "backend=torch",
