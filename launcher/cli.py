@@ -74,6 +74,18 @@ def _print_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
 
 
+def _tell(console: Console, text: Text) -> None:
+    """A message of a long-running command (`run`): its terminal may have closed or its pipe's
+    reader gone meanwhile (EIO, EPIPE), which must not turn the run's outcome into a traceback
+    or change its exit code."""
+    try:
+        console.print(text)
+    except (OSError, ValueError):
+        from launcher.launch.console import silence_stdout
+
+        silence_stdout()
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"llmtrain {__version__}")
@@ -397,8 +409,8 @@ def run(
     )
     try:
         if prepared.lock is not None and prepared.lock.note:
-            err.print(Text(f"note: {prepared.lock.note}", style="yellow"))
-        err.print(Text(describe(prepared), style="dim"))
+            _tell(err, Text(f"note: {prepared.lock.note}", style="yellow"))
+        _tell(err, Text(describe(prepared), style="dim"))
         # With --json, rank 0's progress goes to stderr and stdout gets one document at the end.
         launch(prepared, progress_to_stderr=as_json)
     except (RunFailed, RunPreempted, RunInterrupted) as exc:
@@ -408,7 +420,7 @@ def run(
             )
         else:
             label = "error: " if isinstance(exc, RunFailed) else ""
-            err.print(Text(label, style="bold red") + Text(str(exc)))
+            _tell(err, Text(label, style="bold red") + Text(str(exc)))
         raise typer.Exit(exc.exit_code) from None
     finally:
         prepared.release()
