@@ -295,9 +295,11 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = 
         preexec_fn=(lambda: die_with_parent(me)) if sys.platform.startswith("linux") else None,
     )
     interrupted: list[int] = []
+    forwarded: list[int] = []
     notices: list[str] = []
 
     def forward(signum: int, frame: object) -> None:
+        forwarded.append(signum)
         stop_ranks(process.pid, signum)
 
     def interrupt(signum: int, frame: object) -> None:
@@ -332,8 +334,10 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = 
         log.close()
     marker = run.preempted
     checkpointed = marker.is_file() and marker.stat().st_mtime >= started
-    if code == 0 and not checkpointed:  # done (a stop that came after the last step included)
-        return
+    summary = run.summary
+    finished = summary.is_file() and summary.stat().st_mtime >= started
+    if code == 0 and not checkpointed and (finished or not (interrupted or forwarded)):
+        return  # done (a stop that came after the last step included)
     # Cleaning up is for the run directory's owner only: a run whose lock file was deleted or
     # replaced meanwhile may share the folder with another llmtrain, whose half-written
     # checkpoint and staged config.next.yaml are not ours to remove.
@@ -362,6 +366,11 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = 
         raise RunPreempted(
             f"preempted: checkpoint written in {run.checkpoints}; run the same "
             "command again to resume"
+        )
+    if code == 0 and forwarded:  # stopped while starting: nothing new to checkpoint
+        raise RunPreempted(
+            f"stopped ({signal.Signals(forwarded[0]).name}) before its first step: nothing new "
+            "to checkpoint; run the same command again to resume"
         )
     errors = rank_errors(run.root, since=started)
     killed = signalled_root_cause(run.torchrun_log, log_offset)
