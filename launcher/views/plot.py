@@ -41,7 +41,8 @@ def figure_bytes(runs: Sequence[tuple[str, Sequence[dict[str, float]]]], fmt: st
     """The image (`fmt`: png, svg or pdf) of `runs`: (name, metrics history) each."""
     if fmt not in FORMATS:
         raise UserError(
-            f"--out: {fmt!r} is not an image format llmtrain writes ({', '.join(FORMATS)})"
+            f"--out: {fmt or 'no suffix'!r} is not an image format llmtrain writes (give a file "
+            f"ending in .{', .'.join(FORMATS)})"
         )
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
