@@ -438,12 +438,12 @@ def run(
             )
         except OSError as exc:
             _tell(err, Text(f"note: command.json not written ({exc})", style="yellow"))
-        if detached_child:
+        if prepared.lock is not None and prepared.lock.note:
+            _tell(err, Text(f"note: {prepared.lock.note}", style="yellow"))
+        if detached_child:  # from here on, output goes to logs/launcher.log
             from launcher.launch.detach import hand_over
 
             hand_over(prepared.run_dir)
-        if prepared.lock is not None and prepared.lock.note:
-            _tell(err, Text(f"note: {prepared.lock.note}", style="yellow"))
         _tell(err, Text(describe(prepared), style="dim"))
         # With --json, rank 0's progress goes to stderr and stdout gets one document at the end;
         # a detached run writes no progress (its rank-0 log has it).

@@ -298,9 +298,14 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = 
     forwarded: list[int] = []
     notices: list[str] = []
 
+    def to_ranks(signum: int) -> int:
+        # llmtrain's trainer tells the signals apart (interrupted or preempted); a script
+        # launched as is (Megatron-LM) checkpoints on SIGTERM, as torchrun would have sent it.
+        return signum if ours else signal.SIGTERM
+
     def forward(signum: int, frame: object) -> None:
         forwarded.append(signum)
-        stop_ranks(process.pid, signum)
+        stop_ranks(process.pid, to_ranks(signum))
 
     def interrupt(signum: int, frame: object) -> None:
         if interrupted:  # the second Ctrl-C: stop everything now
@@ -315,7 +320,7 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = 
             f"stopping ({signal.Signals(signum).name}): every rank checkpoints at the step it "
             "is in; Ctrl-C again stops at once, without it"
         )
-        stop_ranks(process.pid, signum)
+        stop_ranks(process.pid, to_ranks(signum))
 
     handlers = {signal.SIGTERM: forward, signal.SIGUSR1: forward}
     handlers.update({signal.SIGINT: interrupt, signal.SIGHUP: interrupt})

@@ -286,11 +286,14 @@ class Resolved:
     note: str | None = None
 
 
-def _candidates_text(infos: list[RunInfo]) -> str:
+def _candidates_text(infos: list[RunInfo], shown: int = 8) -> str:
+    """Each run (the first `shown`) with its state and what differs in its configuration."""
     differs = distinguishing({i.name: flat_values(i.values) for i in infos})
-    return "; ".join(
-        f"{i.name} ({i.status}, started {when_text(i.started)}: {differs[i.name]})" for i in infos
+    text = "; ".join(
+        f"{i.name} ({i.status}, started {when_text(i.started)}: {differs[i.name]})"
+        for i in infos[:shown]
     )
+    return text + (f"; and {len(infos) - shown} more" if len(infos) > shown else "")
 
 
 def resolve_run(target: str, root: Path, choose: str = NEWEST) -> Resolved:
