@@ -68,7 +68,7 @@ def distinguishing(configs: dict[str, dict[str, Any]], limit: int = 6) -> dict[s
     if "backend.name" in varying:
         varying = [k for k in varying if k == "backend.name" or not k.startswith("backend.")]
     # What is most telling first: backend, layout, then everything else in key order.
-    first = ("backend.name", "cluster.nodes", "cluster.gpus_per_node", "parallel.", "zero.")
+    first = ("backend.name", "cluster.num_nodes", "cluster.gpus_per_node", "parallel.", "zero.")
     varying.sort(key=lambda k: (next((i for i, p in enumerate(first) if k.startswith(p)), 9), k))
     out = {}
     for name, flat in configs.items():

@@ -110,10 +110,14 @@ def test_docs_commands_that_need_a_trained_run(single: Path) -> None:
     as a reader who trained one run and has exported nothing yet."""
     import shutil
 
-    from tests.unit.test_docs_commands import ALL, as_executed, check, needs_trained_run
+    from tests.unit.test_docs_commands import (
+        ALL,
+        as_executed,
+        check,
+        fabricate_run,
+        needs_trained_run,
+    )
     from tests.unit.test_docs_commands import llmtrain as shown_command
-
-    from tests.unit.test_docs_commands import fabricate_run
 
     where = single.parent
     # A second, newer tiny run that holds no checkpoint (as the docs' DeepSpeed example leaves
