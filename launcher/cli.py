@@ -856,7 +856,9 @@ def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
         )
     for row in rows:
         table.add_row(*(Text(value) for value in row.values()))
-    out.print(table, width=None if out.is_terminal else 1000)  # piped: whole rows, for grep
+    # Into a pipe or a file: whole rows (for grep), not cut at 80 columns.
+    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=False, width=10_000)
+    wide.print(table)
     out.print(
         Text(
             f"in {Path(root).resolve()}; llmtrain status|logs|cancel|plot NAME, "
