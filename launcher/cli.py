@@ -481,11 +481,13 @@ def run(
 
 def _run_detached(args: list[str], as_json: bool) -> None:
     """`run --detach`: start the run in the background and say how to follow and stop it."""
-    from launcher.launch.detach import launcher_log, start
+    from launcher.launch.detach import Refused, launcher_log, start
 
-    started = start(args)
-    if isinstance(started, int):  # refused or failed before it held the run directory
-        raise typer.Exit(started)
+    started = start(args, relay=not as_json)
+    if isinstance(started, Refused):  # refused or failed before it held the run directory
+        if as_json:
+            _print_json({"error": started.said.strip(), "exit_code": started.exit_code})
+        raise typer.Exit(started.exit_code)
     name = started.name
     document = {
         "run_dir": str(started.run_dir),

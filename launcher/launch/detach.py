@@ -43,10 +43,18 @@ class Detached:
         return self.run_dir.name
 
 
-def start(args: list[str]) -> Detached | int:
+@dataclass(frozen=True)
+class Refused:
+    """The child stopped before it held the run directory: its exit code and what it said."""
+
+    exit_code: int
+    said: str
+
+
+def start(args: list[str], relay: bool = True) -> Detached | Refused:
     """Start ``llmtrain run --detached-child ARGS`` in a session of its own; copy its messages
-    to stderr until it holds the run directory's lock. Returns where it runs, or its exit code
-    when it stopped before (a refusal)."""
+    to stderr (with `relay`) until it holds the run directory's lock. Returns where it runs, or
+    how it stopped before (a refusal: exit 2 and its message)."""
     child = subprocess.Popen(
         [sys.executable, "-m", "launcher", "run", CHILD_OPTION, *args],
         stdin=subprocess.DEVNULL,
@@ -56,16 +64,19 @@ def start(args: list[str]) -> Detached | int:
         close_fds=True,
     )
     assert child.stdout is not None
+    said = []
     for raw in child.stdout:
         line = raw.decode("utf-8", "replace")
         if line.startswith(HANDOVER):
             document = json.loads(line[len(HANDOVER) :])
             child.stdout.close()
             return Detached(Path(document["run_dir"]), child.pid)
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        said.append(line)
+        if relay:
+            sys.stderr.write(line)
+            sys.stderr.flush()
     child.stdout.close()
-    return child.wait()
+    return Refused(child.wait(), "".join(said))
 
 
 def hand_over(run_dir: Path) -> None:

@@ -273,3 +273,19 @@ def test_status_diff_and_plot_on_two_runs(tmp_path: Path) -> None:
     assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     wrong = cli(tmp_path, "plot", "tiny-0000aaaa", "--out", "loss.txt")
     assert wrong.returncode == 2 and ".png, .svg, .pdf" in wrong.stderr
+
+
+def test_a_refused_detached_run_says_why_and_exits_2(tmp_path: Path) -> None:
+    # The check happens in the child before it holds anything: its refusal reaches this
+    # terminal (or the JSON document) and its exit code is the command's; nothing is written.
+    refused = cli(tmp_path, "run", "--detach", "parallel.tp=3")
+    assert refused.returncode == 2, refused
+    assert (
+        "error: the configuration is invalid" in refused.stderr
+        and "parallel.tp=3" in refused.stderr
+    )
+    as_json = cli(tmp_path, "run", "--detach", "--json", "parallel.tp=3")
+    document = json.loads(as_json.stdout)
+    assert as_json.returncode == 2 and document["exit_code"] == 2
+    assert "parallel.tp=3" in document["error"]
+    assert not (tmp_path / "runs").exists()
