@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -121,12 +122,16 @@ def _size(path: Path) -> int:
 
 
 def _read_from(path: Path, offset: int) -> bytes:
-    """At most 1 MiB of `path` from `offset`, never through a symbolic link; b'' when it is
-    missing or unreadable (the ranks have not created it yet)."""
+    """At most 1 MiB of `path` from `offset`, never through a symbolic link nor from anything
+    but a regular file (a FIFO planted there is never waited on); b'' when it is missing or
+    unreadable (the ranks have not created it yet)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError:
         return b""
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
         f.seek(offset)
         return f.read(_CHUNK)

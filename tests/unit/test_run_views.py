@@ -91,6 +91,16 @@ def test_the_screen_shows_rank0_lines_without_prefix_and_survives_a_closed_pipe(
         stream.close()
 
 
+def test_the_screen_copy_never_waits_on_a_fifo(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.log"
+    os.mkfifo(log)
+    read_end, write_end = os.pipe()
+    follow = console.Follow([log], os.fdopen(write_end, "w"))
+    follow.pump()  # returns at once: a FIFO is not a log
+    follow.finish()
+    os.close(read_end)
+
+
 def test_screen_text() -> None:
     assert console.screen_text("09:10:11 rank0 done: 12 steps") == "done: 12 steps"
     assert console.screen_text("09:10:11 rank0 ERROR: nope") is None
