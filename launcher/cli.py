@@ -74,6 +74,18 @@ def _print_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
 
 
+def _tell(console: Console, text: Text) -> None:
+    """A message of a long-running command (`run`): its terminal may have closed or its pipe's
+    reader gone meanwhile (EIO, EPIPE), which must not turn the run's outcome into a traceback
+    or change its exit code."""
+    try:
+        console.print(text)
+    except (OSError, ValueError):
+        from launcher.launch.console import silence_stdout
+
+        silence_stdout()
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"llmtrain {__version__}")
@@ -367,13 +379,31 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Start over in a new run directory (no resume).")
     ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            "-d",
+            help="Run in the background (its own session, output in the run directory): it "
+            "survives the terminal; follow it with `llmtrain logs NAME --follow`.",
+        ),
+    ] = False,
+    detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
     dry_run: DryRun = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Train on this machine under torchrun (default: the tiny recipe on the CPU)."""
+    typed = [
+        *(["--config", config] if config else []),
+        *(["--force"] if force else []),
+        *(overrides or []),
+    ]
     overrides = _with_config(config, overrides)
     if dry_run:
         _verdict("run", overrides or [], force=force, as_json=as_json)
+        return
+    if detach and not detached_child:
+        _run_detached([*(["--fresh"] if fresh else []), *typed], as_json)
         return
     from launcher.config.compose import compose_config
     from launcher.launch.local import (
@@ -385,6 +415,7 @@ def run(
         prepare_run_dir,
     )
     from launcher.launch.preflight import preflight
+    from launcher.launch.run_record import read_command, record_command, resume_command
     from launcher.launch.slurm import refuse_live_jobs
     from launcher.plan.document import plan_to_json
 
@@ -396,19 +427,42 @@ def run(
         composed, plan_to_json(plan_result), fresh=fresh, guard=refuse_live_jobs
     )
     try:
+        try:  # command.json: what `status` shows and the command that resumes the run
+            record_command(
+                prepared.run_dir,
+                typed=typed,
+                overrides=list(overrides or []),
+                values=composed.values,
+                fresh=fresh,
+                detach=detached_child,
+            )
+        except OSError as exc:
+            _tell(err, Text(f"note: command.json not written ({exc})", style="yellow"))
         if prepared.lock is not None and prepared.lock.note:
-            err.print(Text(f"note: {prepared.lock.note}", style="yellow"))
-        err.print(Text(describe(prepared), style="dim"))
-        # With --json, rank 0's progress goes to stderr and stdout gets one document at the end.
-        launch(prepared, progress_to_stderr=as_json)
+            _tell(err, Text(f"note: {prepared.lock.note}", style="yellow"))
+        if detached_child:  # from here on, output goes to logs/launcher.log
+            from launcher.launch.detach import hand_over
+
+            hand_over(prepared.run_dir)
+        _tell(err, Text(describe(prepared), style="dim"))
+        # With --json, rank 0's progress goes to stderr and stdout gets one document at the end;
+        # a detached run writes no progress (its rank-0 log has it).
+        launch(prepared, progress_to_stderr=as_json, screen=not detached_child)
     except (RunFailed, RunPreempted, RunInterrupted) as exc:
+        again = resume_command(read_command(prepared.run_dir), prepared.run_dir)
         if as_json:
             _print_json(
-                {"run_dir": str(prepared.run_dir), "error": str(exc), "exit_code": exc.exit_code}
+                {
+                    "run_dir": str(prepared.run_dir),
+                    "error": str(exc),
+                    "exit_code": exc.exit_code,
+                    "resume_command": again,
+                }
             )
         else:
             label = "error: " if isinstance(exc, RunFailed) else ""
-            err.print(Text(label, style="bold red") + Text(str(exc)))
+            _tell(err, Text(label, style="bold red") + Text(str(exc)))
+            _tell(err, Text(f"resume: {again}", style="dim"))
         raise typer.Exit(exc.exit_code) from None
     finally:
         prepared.release()
@@ -423,6 +477,32 @@ def run(
         except (OSError, ValueError):
             summary = None
         _print_json({"run_dir": str(prepared.run_dir), "exit_code": 0, "summary": summary})
+
+
+def _run_detached(args: list[str], as_json: bool) -> None:
+    """`run --detach`: start the run in the background and say how to follow and stop it."""
+    from launcher.launch.detach import Refused, launcher_log, start
+
+    started = start(args, relay=not as_json)
+    if isinstance(started, Refused):  # refused or failed before it held the run directory
+        if as_json:
+            _print_json({"error": started.said.strip(), "exit_code": started.exit_code})
+        raise typer.Exit(started.exit_code)
+    name = started.name
+    document = {
+        "run_dir": str(started.run_dir),
+        "name": name,
+        "pid": started.pid,
+        "log": str(launcher_log(started.run_dir)),
+        "follow": f"llmtrain logs {name} --follow",
+        "cancel": f"llmtrain cancel {name}",
+    }
+    if as_json:
+        _print_json(document)
+        return
+    out.print(f"started {name} in the background (pid {started.pid})", markup=False)
+    out.print(f"follow it: llmtrain logs {name} --follow", markup=False)
+    out.print(f"stop it:   llmtrain cancel {name}", markup=False)
 
 
 @app.command()
@@ -661,11 +741,15 @@ def export(
 
     if fmt != "hf":
         raise UserError(f"--format={fmt}: the only export format is hf (Hugging Face)")
-    from launcher.launch.local_runs import find_run
+    from launcher.launch.local_runs import CHECKPOINTED, resolve_run
     from launcher.train.hf_export import export_hf
 
-    # A run's name (or a unique prefix) under --root, as `status`/`logs`/`cancel` take it.
-    folder = find_run(run_dir, Path(root)) or Path(run_dir)
+    # A run's name under --root, as `status`/`logs`/`cancel` take it; a name that several runs
+    # begin with: the newest that holds a checkpoint (a note names the others).
+    resolved = resolve_run(run_dir, Path(root), CHECKPOINTED)
+    if resolved.note:
+        err.print(Text("note: ", style="yellow") + Text(resolved.note))
+    folder = resolved.folder or Path(run_dir)
     result = export_hf(folder, Path(out_dir), step=step, overwrite=overwrite, adapter=adapter)
     if as_json:
         _print_json(result.to_json())
@@ -779,28 +863,32 @@ RootOption = Annotated[
 ]
 
 
-def _local_run(target: str, root: str) -> Any:
+def _local_run(target: str, root: str, choose: str = "newest") -> Any:
     """The local run `target` names (a run directory without SLURM jobs, or a run's name under
-    `root`), or None when it is a SLURM job or a run submitted with `llmtrain submit`."""
+    `root`), or None when it is a SLURM job or a run submitted with `llmtrain submit`. A name
+    that several runs begin with resolves as `choose` says (launcher.launch.local_runs
+    .resolve_run), with a note on stderr naming the others and what differs."""
     from pathlib import Path
 
-    from launcher.launch.local_runs import find_run, run_info
+    from launcher.launch.local_runs import resolve_run, run_info
 
-    folder = find_run(target, Path(root))
-    if folder is None:
+    resolved = resolve_run(target, Path(root), choose)
+    if resolved.folder is None:
         return None
-    info = run_info(folder)
+    if resolved.note:
+        err.print(Text("note: ", style="yellow") + Text(resolved.note))
+    info = run_info(resolved.folder)
     return None if info.slurm_jobs else info
 
 
-def _slurm_target(target: str, root: str) -> str:
+def _slurm_target(target: str, root: str, choose: str = "newest") -> str:
     """A run's name under `root` as its folder, for the SLURM commands."""
     from pathlib import Path
 
-    from launcher.launch.local_runs import find_run
+    from launcher.launch.local_runs import resolve_run
     from launcher.runfiles import is_job_id
 
-    folder = find_run(target, Path(root))
+    folder = resolve_run(target, Path(root), choose).folder
     if folder is not None:
         return str(folder)
     if not is_job_id(target) and not Path(target).expanduser().is_dir():
@@ -819,7 +907,8 @@ def _when(epoch: float) -> str:
 
 @app.command("runs")
 def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
-    """List the runs under the run root: status, progress, last loss, when they started."""
+    """List the runs under the run root: status, progress, last loss, when they started, and
+    what tells them apart (backend, layout, the overrides they were started with)."""
     from pathlib import Path
 
     from launcher.launch.local_runs import list_runs
@@ -833,20 +922,28 @@ def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
         return
     from rich.table import Table
 
+    from launcher.views.runs import runs_rows
+
+    rows = runs_rows(infos)
     table = Table(box=None, pad_edge=False)
-    for column in ("name", "recipe", "status", "step", "loss", "started"):
-        table.add_column(column, justify="right" if column in ("step", "loss") else "left")
-    for i in infos:
-        table.add_row(
-            i.name,
-            i.recipe or "?",
-            i.status,
-            f"{i.step if i.step is not None else '-'}/{i.total or '?'}",
-            "-" if i.loss is None else f"{i.loss:.4f}",
-            "-" if i.started is None else _when(i.started),
+    for column in rows[0]:
+        table.add_column(
+            column,
+            justify="right" if column in ("step", "loss") else "left",
+            no_wrap=column != "overrides",
         )
-    out.print(table)
-    out.print(Text(f"in {Path(root).resolve()}; llmtrain status|logs|cancel NAME", style="dim"))
+    for row in rows:
+        table.add_row(*(Text(value) for value in row.values()))
+    # Into a pipe or a file: whole rows (for grep), not cut at 80 columns.
+    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=False, width=10_000)
+    wide.print(table)
+    out.print(
+        Text(
+            f"in {Path(root).resolve()}; llmtrain status|logs|cancel|plot NAME, "
+            "llmtrain diff NAME OTHER",
+            style="dim",
+        )
+    )
 
 
 @app.command()
@@ -885,16 +982,21 @@ def submit(
 
 @app.command()
 def status(target: JobArg, root: RootOption = "runs", as_json: JsonFlag = False) -> None:
-    """Where a run stands: a local run's state and progress, or a submitted job's."""
+    """Where a run stands: a local run's state, progress, loss so far and the command that
+    resumes it, or a submitted job's."""
     local = _local_run(target, root)
     if local is not None:
-        from launcher.launch.local_runs import status_lines as local_lines
+        from launcher.launch.run_record import metric_history
 
+        history = metric_history(local.folder)
         if as_json:
-            _print_json(local.to_json())
+            losses = [[int(r["step"]), r.get("loss")] for r in history]
+            _print_json({**local.to_json(), "losses": losses})
         else:
-            for line in local_lines(local):
-                out.print(line, highlight=False, markup=False)
+            from launcher.views.runs import status_lines as local_lines
+
+            for line in local_lines(local, history):
+                out.print(line, highlight=False, markup=False, soft_wrap=True)
         return
     from launcher.launch.slurm import resolve, status_document, status_lines
 
@@ -904,6 +1006,152 @@ def status(target: JobArg, root: RootOption = "runs", as_json: JsonFlag = False)
         return
     for line in status_lines(resolved):
         out.print(line)
+
+
+RunArg = Annotated[
+    str, typer.Argument(help="A run: its name as `llmtrain runs` lists it (or the start of it).")
+]
+
+
+@app.command()
+def diff(
+    target: RunArg,
+    other: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Another run, or overrides as `llmtrain run` takes them (what that command "
+            "would train)."
+        ),
+    ] = None,
+    config: ConfigFile = None,
+    root: RootOption = "runs",
+    as_json: JsonFlag = False,
+) -> None:
+    """The configuration keys whose values differ: between two runs, or between a run and what
+    `llmtrain run OVERRIDES` would train (and whether that command resumes the run)."""
+    import shlex
+    from pathlib import Path
+
+    from launcher.config.differences import differences, flat_values
+    from launcher.launch.local_runs import resolve_run
+    from launcher.launch.run_record import config_values
+
+    def run_values(name: str) -> tuple[Path, dict[str, Any]]:
+        resolved = resolve_run(name, Path(root))
+        if resolved.folder is None:
+            raise UserError(f"{name}: no run of that name under {root}/ (`llmtrain runs`)")
+        if resolved.note:
+            err.print(Text("note: ", style="yellow") + Text(resolved.note))
+        values = config_values(resolved.folder)
+        if values is None:
+            raise UserError(f"{resolved.folder / 'config.yaml'}: missing or not YAML keys")
+        return resolved.folder, values
+
+    folder, left = run_values(target)
+    given = list(other or [])
+    resumes: bool | None = None
+    is_run = (
+        len(given) == 1
+        and not config
+        and "=" not in given[0]
+        and not given[0].startswith(("+", "~"))
+    )
+    if is_run:
+        other_folder, right = run_values(given[0])
+        right_label = other_folder.name
+    else:
+        from launcher.config.compose import compose_config
+        from launcher.config.secrets import redact
+        from launcher.launch.local import run_dir_for
+
+        composed = compose_config(_with_config(config, given))
+        right = redact(composed.values)
+        typed = [*(["--config", config] if config else []), *given]
+        right_label = shlex.join(["llmtrain", "run", *typed])
+        with contextlib.suppress(UserError, OSError):
+            resumes = run_dir_for(composed).resolve() == folder
+    rows = differences(flat_values(left), flat_values(right))
+    if as_json:
+        _print_json(
+            {
+                "a": str(folder),
+                "b": right_label,
+                "differences": [{"key": k, "a": a, "b": b} for k, a, b in rows],
+                "resumes": resumes,
+            }
+        )
+        return
+    if not rows:
+        out.print(f"{folder.name} and {right_label}: the same configuration", markup=False)
+    else:
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False)
+        for column in ("key", folder.name, right_label):
+            table.add_column(Text(column), overflow="fold")
+        for key, a, b in rows:
+            table.add_row(Text(key), Text(a), Text(b))
+        out.print(table)
+    if resumes is not None:
+        out.print(
+            Text(
+                f"that command resumes {folder.name}"
+                if resumes
+                else f"that command trains another run, not {folder.name} (its name hashes "
+                "what it trains: see docs/training.md)",
+                style="dim",
+            )
+        )
+
+
+@app.command()
+def plot(
+    targets: Annotated[
+        list[str],
+        typer.Argument(help="Runs to draw (names, starts of names or folders); several compare."),
+    ],
+    out_path: Annotated[
+        str, typer.Option("--out", "-o", help="The image to write: .png, .svg or .pdf.")
+    ] = "loss.png",
+    root: RootOption = "runs",
+    as_json: JsonFlag = False,
+) -> None:
+    """Draw runs' loss, validation loss, learning rate and tokens/s against steps into an image
+    (needs matplotlib: pip install 'llmtrain[plot]')."""
+    from pathlib import Path
+
+    from launcher import fsio
+    from launcher.launch.local_runs import resolve_run
+    from launcher.launch.run_record import metric_history
+    from launcher.views.plot import figure_bytes
+
+    target = Path(out_path).expanduser()
+    fmt = target.suffix.lstrip(".").lower()
+    if target.is_dir() or target.is_symlink():
+        raise UserError(f"--out={out_path}: a folder or a link; give an image file, e.g. loss.png")
+    runs = []
+    for name in targets:
+        resolved = resolve_run(name, Path(root))
+        if resolved.folder is None:
+            raise UserError(f"{name}: no run of that name under {root}/ (`llmtrain runs`)")
+        if resolved.note:
+            err.print(Text("note: ", style="yellow") + Text(resolved.note))
+        history = metric_history(resolved.folder)
+        if not history:
+            raise UserError(
+                f"{resolved.folder.name}: no metrics yet ({resolved.folder}/metrics.jsonl)"
+            )
+        runs.append((resolved.folder.name, history))
+    data = figure_bytes(runs, fmt)
+    try:
+        fsio.write_atomic(target, data)
+    except OSError as exc:
+        raise UserError(f"--out={out_path}: cannot write it ({exc.strerror or exc})") from None
+    steps = sum(len(h) for _, h in runs)
+    if as_json:
+        _print_json({"out": str(target), "runs": [n for n, _ in runs], "points": steps})
+        return
+    out.print(f"wrote {target}: {', '.join(n for n, _ in runs)} ({steps} steps)", markup=False)
 
 
 @app.command()
@@ -957,7 +1205,7 @@ def _write_flush(text: str) -> None:
 def cancel(target: JobArg, root: RootOption = "runs", as_json: JsonFlag = False) -> None:
     """Stop a run: a local one as Ctrl-C would (it checkpoints, then exits), or cancel its
     submitted jobs; then wait until it stopped."""
-    local = _local_run(target, root)
+    local = _local_run(target, root, "running")
     if local is not None:
         from launcher.launch.local_runs import cancel as cancel_local
 
@@ -970,7 +1218,7 @@ def cancel(target: JobArg, root: RootOption = "runs", as_json: JsonFlag = False)
     from launcher.launch.slurm import cancel as cancel_jobs
     from launcher.launch.slurm import resolve
 
-    lines = cancel_jobs(resolve(_slurm_target(target, root)))
+    lines = cancel_jobs(resolve(_slurm_target(target, root, "running")))
     if as_json:
         _print_json({"jobs": lines})
         return

@@ -7,8 +7,10 @@ plan.json         `llmtrain plan --json` for it (predictions; the MFU denominato
 ds_config.json    the DeepSpeed config (backend=deepspeed)
 megatron_args.txt Megatron-LM's pretrain_gpt.py arguments for the config (backend=megatron)
 launch.sh         the exact torchrun command and environment that was launched
+command.json      the `llmtrain run` command that started (or last resumed) it (run_record.py)
 job.sbatch        the SLURM batch script (`llmtrain submit`);  slurm.json  its job ids
-logs/             rank{R}.log, rank{R}.error.json (a failed rank), torchrun.log, slurm-%j.out/err
+logs/             rank{R}.log, rank{R}.error.json (a failed rank), torchrun.log, slurm-%j.out/err,
+                  launcher.log (what a `run --detach` prints)
 metrics.jsonl     one line per step;  tensorboard/  the same as TensorBoard events
 checkpoints/      step_NNNNNNNN/ (launcher.train.checkpoint)
 summary.json      written at the end of a run
@@ -38,6 +40,8 @@ SUMMARY = "summary.json"
 PREEMPTED = "preempted.json"
 LOCK = ".llmtrain.lock"
 TORCHRUN_LOG = "torchrun.log"
+LAUNCHER_LOG = "launcher.log"
+COMMAND = "command.json"
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,14 @@ class RunDir:
     @property
     def torchrun_log(self) -> Path:
         return self.logs / TORCHRUN_LOG
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.logs / LAUNCHER_LOG
+
+    @property
+    def command(self) -> Path:
+        return self.root / COMMAND
 
     def slurm_log(self, job: str, suffix: str) -> Path:
         return self.logs / f"slurm-{job}.{suffix}"

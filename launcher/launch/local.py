@@ -8,10 +8,13 @@ itself: the run length, checkpoint cadence, logging and launcher settings).
 Lifecycle: the caller holds the run directory's lock (``launcher.launch.runlock``) from before the
 first write until torchrun is gone. torchrun runs in its own session with PR_SET_PDEATHSIG
 (SIGKILL) and so does every rank (``launcher.orphans``): when llmtrain dies,
-even by kill -9, torchrun and the ranks die with it. SIGTERM/SIGUSR1 are forwarded (the ranks
-checkpoint and exit 99); Ctrl-C (SIGINT) and SIGHUP are turned into SIGTERM for torchrun, so the
-ranks checkpoint at the step they are in, and llmtrain exits 130 (129 for SIGHUP); a second
-Ctrl-C kills everything at once.
+even by kill -9, torchrun and the ranks die with it. Stop signals go to the ranks themselves,
+never to torchrun (``stop_ranks``): SIGTERM/SIGUSR1 are forwarded (the ranks checkpoint and
+stop; llmtrain exits 99, preempted), Ctrl-C (SIGINT) and SIGHUP (the terminal closed) make
+the ranks checkpoint at the step they are in and llmtrain exits 130 (129 for SIGHUP); a second
+Ctrl-C kills everything at once. The ranks never write to the terminal: the screen shows rank
+0's log as it grows (``launcher.launch.console``), so a closed terminal or pipe never stops
+training.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError
 from launcher.health import DIVERGED, EXIT_DIVERGED
-from launcher.launch import runlock
+from launcher.launch import console, runlock
 from launcher.orphans import LAUNCHER_PID_ENV, die_with_parent
 from launcher.render.run_files import (
     EXECUTABLE,
@@ -252,9 +255,10 @@ def _write_run_dir(run: RunDir, files: dict[str, str], resuming: bool) -> None:
         raise UserError(_write_problem(exc, run.root)) from None
 
 
-def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
+def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = True) -> None:
     """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
-    RunInterrupted. The run's lock stays open in torchrun for its whole life."""
+    RunInterrupted. The run's lock stays open in torchrun for its whole life. With `screen`,
+    rank 0's log is shown as it grows (on stderr with `progress_to_stderr`: `run --json`)."""
     keep_fds = (prepared.lock.fd,) if prepared.lock is not None else ()
     run = RunDir(prepared.run_dir)
     me = os.getpid()
@@ -270,13 +274,20 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         raise UserError(_write_problem(exc, run.root)) from None
     log_offset = log.seek(0, os.SEEK_END)
     started = time.time()
-    # torchrun's own messages (and rank 0's stderr) go to the log; rank 0's stdout (progress,
-    # summary) comes to this terminal. torchrun tears every rank down when one fails.
+    # torchrun's own messages and what the ranks print (libraries included) go to its log, never
+    # to this terminal: the screen shows rank 0's log as it grows (launcher.launch.console), so
+    # a closed terminal or pipe never reaches a rank. A script launched as is (Megatron-LM)
+    # prints its progress itself: its torchrun.log is what is shown.
+    ours = "launcher.train.loop" in prepared.command
+    follow = console.Follow(
+        [run.rank_log(0) if ours else run.torchrun_log],
+        (sys.stderr if progress_to_stderr else sys.stdout) if screen else None,
+    )
     process = subprocess.Popen(
         prepared.command,
         env=env,
-        # `run --json`: stdout carries only the result document, so progress goes to stderr.
-        stdout=sys.stderr if progress_to_stderr else None,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
         stderr=log,
         start_new_session=True,
         pass_fds=keep_fds,
@@ -284,29 +295,54 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         preexec_fn=(lambda: die_with_parent(me)) if sys.platform.startswith("linux") else None,
     )
     interrupted: list[int] = []
+    forwarded: list[int] = []
+    notices: list[str] = []
+
+    def to_ranks(signum: int) -> int:
+        # llmtrain's trainer tells the signals apart (interrupted or preempted); a script
+        # launched as is (Megatron-LM) checkpoints on SIGTERM, as torchrun would have sent it.
+        return signum if ours else signal.SIGTERM
 
     def forward(signum: int, frame: object) -> None:
-        process.send_signal(signum)
+        forwarded.append(signum)
+        stop_ranks(process.pid, to_ranks(signum))
 
     def interrupt(signum: int, frame: object) -> None:
         if interrupted:  # the second Ctrl-C: stop everything now
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+            for rank in worker_pids(process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank, signal.SIGKILL)
             return
         interrupted.append(signum)
-        process.send_signal(signal.SIGTERM)
+        notices.append(
+            f"stopping ({signal.Signals(signum).name}): every rank checkpoints at the step it "
+            "is in; Ctrl-C again stops at once, without it"
+        )
+        stop_ranks(process.pid, to_ranks(signum))
 
     handlers = {signal.SIGTERM: forward, signal.SIGUSR1: forward}
     handlers.update({signal.SIGINT: interrupt, signal.SIGHUP: interrupt})
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
+        while process.poll() is None:
+            while notices:
+                follow.say(notices.pop(0))
+            follow.pump()
+            time.sleep(0.2)
         code = process.wait()
+        follow.finish()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         log.close()
-    if code == 0:
-        return
+    marker = run.preempted
+    checkpointed = marker.is_file() and marker.stat().st_mtime >= started
+    summary = run.summary
+    finished = summary.is_file() and summary.stat().st_mtime >= started
+    if code == 0 and not checkpointed and (finished or not (interrupted or forwarded)):
+        return  # done (a stop that came after the last step included)
     # Cleaning up is for the run directory's owner only: a run whose lock file was deleted or
     # replaced meanwhile may share the folder with another llmtrain, whose half-written
     # checkpoint and staged config.next.yaml are not ours to remove.
@@ -318,8 +354,6 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         fsio.remove_tree(unfinished)
     if owner and os.path.lexists(run.pending_config):  # a resume the ranks did not accept
         os.unlink(run.pending_config)
-    marker = run.preempted
-    checkpointed = marker.is_file() and marker.stat().st_mtime >= started
     if interrupted:
         signum = interrupted[0]
         name = signal.Signals(signum).name
@@ -337,6 +371,11 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         raise RunPreempted(
             f"preempted: checkpoint written in {run.checkpoints}; run the same "
             "command again to resume"
+        )
+    if code == 0 and forwarded:  # stopped while starting: nothing new to checkpoint
+        raise RunPreempted(
+            f"stopped ({signal.Signals(forwarded[0]).name}) before its first step: nothing new "
+            "to checkpoint; run the same command again to resume"
         )
     errors = rank_errors(run.root, since=started)
     killed = signalled_root_cause(run.torchrun_log, log_offset)
@@ -379,6 +418,35 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False) -> None:
         f"torchrun exited with code {code} and no rank reported an error (killed by a signal?); "
         f"see {run.torchrun_log}"
     )
+
+
+def worker_pids(torchrun: int) -> list[int]:
+    """The processes torchrun started (the ranks: each in a session of its own), from
+    /proc/PID/task/*/children (Linux); [] where that cannot be read."""
+    pids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{torchrun}/task")
+    except OSError:
+        return pids
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            text = Path(f"/proc/{torchrun}/task/{task}/children").read_text()
+            pids += [int(pid) for pid in text.split()]
+    return sorted(set(pids))
+
+
+def stop_ranks(torchrun: int, signum: int) -> None:
+    """Hand a stop signal to the ranks themselves: each checkpoints at the step it is in and
+    exits 0 (``launcher.train.trainer.stop_exit_code``), so torchrun ends without a failure to
+    report (a signal to torchrun makes it print a SignalException traceback). Before the ranks
+    exist, torchrun gets SIGTERM and stops them as it does."""
+    ranks = worker_pids(torchrun)
+    for rank in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signum)
+    if not ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(torchrun, signal.SIGTERM)
 
 
 # Signals used to stop a run (torchrun's teardown, preemption, a user): a rank that exits on one of

@@ -23,12 +23,20 @@ import socket
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher import runfiles
+from launcher.config.differences import backend_name, distinguishing, flat_values
 from launcher.errors import UserError
+from launcher.launch.run_record import (
+    config_values,
+    layout_text,
+    plan_layout,
+    read_command,
+    resume_command,
+)
 from launcher.rundir import RunDir
 
 STATUSES = ("running", "queued", "done", "failed", "interrupted")
@@ -45,6 +53,11 @@ class RunInfo:
     started: float | None  # epoch seconds
     holder_pid: int | None  # the process holding the lock (running)
     slurm_jobs: tuple[str, ...]
+    # What tells runs apart (launcher.launch.run_record, launcher.views.runs): config.yaml's
+    # values and the command that started the run (command.json; None before llmtrain kept one).
+    values: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    command: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    layout: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # plan.json's
 
     @property
     def name(self) -> str:
@@ -62,6 +75,10 @@ class RunInfo:
             "started": self.started,
             "pid": self.holder_pid,
             "slurm_jobs": list(self.slurm_jobs),
+            "backend": backend_name(self.values),
+            "layout": layout_text(self.layout, self.values),
+            "overrides": self.command["typed"] if self.command else None,
+            "resume_command": resume_command(self.command, self.folder) if self.command else None,
         }
 
 
@@ -204,7 +221,20 @@ def run_info(folder: Path) -> RunInfo:
         status = "interrupted"
     if status == "done" and step is None:
         step = total
-    return RunInfo(run.root, status, recipe, step, total, loss, _started(run), holder, jobs)
+    return RunInfo(
+        run.root,
+        status,
+        recipe,
+        step,
+        total,
+        loss,
+        _started(run),
+        holder,
+        jobs,
+        values=config_values(run.root),
+        command=read_command(run.root),
+        layout=plan_layout(run.root),
+    )
 
 
 def _mtime(path: Path) -> float:
@@ -238,54 +268,105 @@ def list_runs(root: Path) -> list[RunInfo]:
 
 
 def find_run(target: str, root: Path) -> Path | None:
-    """A run directory given by path, by name under `root`, or by a unique prefix of a name."""
+    """A run directory given by path, by name under `root`, or by a unique prefix of a name
+    (several runs named by the prefix: exit 2 listing them with what differs)."""
+    return resolve_run(target, root, REFUSE).folder
+
+
+# How a name that several runs begin with is resolved (see docs/training.md, "Finding a run
+# again"): the newest of them (read-only commands), the newest that holds a checkpoint
+# (export), the one that is running (cancel), or not at all.
+NEWEST, CHECKPOINTED, RUNNING, REFUSE = "newest", "checkpointed", "running", "refuse"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    folder: Path | None
+    # Set when a name matched several runs and one was chosen: says which, and the others.
+    note: str | None = None
+
+
+def _candidates_text(infos: list[RunInfo], shown: int = 8) -> str:
+    """Each run (the first `shown`) with its state and what differs in its configuration."""
+    differs = distinguishing({i.name: flat_values(i.values) for i in infos})
+    text = "; ".join(
+        f"{i.name} ({i.status}, started {when_text(i.started)}: {differs[i.name]})"
+        for i in infos[:shown]
+    )
+    return text + (f"; and {len(infos) - shown} more" if len(infos) > shown else "")
+
+
+def resolve_run(target: str, root: Path, choose: str = NEWEST) -> Resolved:
+    """The run `target` names: a run directory's path, a run's exact name under `root`, or the
+    start of names. When several runs start so, `choose` decides (NEWEST: the most recently
+    started or resumed; CHECKPOINTED: the newest with a checkpoint; RUNNING: the only running
+    one; REFUSE: none), and the note names the others with what differs between them; when
+    nothing qualifies, exit 2 listing the candidates."""
     path = Path(target).expanduser()
     if is_run_dir(path):
-        return path.resolve()
+        return Resolved(path.resolve())
     if "/" in target or target in (".", ".."):
-        return None
+        return Resolved(None)
     if is_run_dir(root / target):
-        return (root / target).resolve()
-    if root.is_dir():
-        matches = [p for p in sorted(root.iterdir()) if p.name.startswith(target) and is_run_dir(p)]
-        if len(matches) > 1:
-            raise UserError(
-                f"{target}: names {len(matches)} runs under {root} "
-                f"({', '.join(p.name for p in matches[:5])}); give more of the name"
-            )
-        if matches:
-            return matches[0].resolve()
-    return None
+        return Resolved((root / target).resolve())
+    if not root.is_dir():
+        return Resolved(None)
+    matches = [p for p in sorted(root.iterdir()) if p.name.startswith(target) and is_run_dir(p)]
+    if len(matches) <= 1:
+        return Resolved(matches[0].resolve() if matches else None)
+    infos = sorted((run_info(p) for p in matches), key=lambda i: -(i.started or 0.0))
+    if choose == RUNNING:
+        eligible = [i for i in infos if i.status == "running"]
+        if len(eligible) > 1:
+            eligible = []
+    elif choose == CHECKPOINTED:
+        eligible = [i for i in infos if _has_checkpoint(i.folder)]
+    elif choose == NEWEST:
+        eligible = infos
+    else:
+        eligible = []
+    if not eligible:
+        why = {
+            RUNNING: "none of them, or more than one, is running",
+            CHECKPOINTED: "none of them holds a checkpoint",
+        }.get(choose, "give more of the name")
+        raise UserError(
+            f"{target}: names {len(matches)} runs under {root} ({why}): "
+            f"{_candidates_text(infos)}. Give the full name (`llmtrain diff A B` shows how "
+            "two runs differ)"
+        )
+    chosen = eligible[0]
+    others = [i for i in infos if i.folder != chosen.folder]
+    picked = {NEWEST: "the newest", CHECKPOINTED: "the newest with a checkpoint"}.get(
+        choose, "the running one"
+    )
+    note = (
+        f"{target} names {len(infos)} runs; using {chosen.name}, {picked} "
+        f"({_candidates_text([chosen, *others])}). Give the full name to pick another"
+    )
+    return Resolved(chosen.folder.resolve(), note)
 
 
-def _ago(started: float | None) -> str:
+def _has_checkpoint(folder: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return any(
+            p.name.startswith("step_") and p.is_dir() and not p.is_symlink()
+            for p in RunDir(folder).checkpoints.iterdir()
+        )
+    return False
+
+
+def when_text(started: float | None) -> str:
     if started is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
 
 
-def status_lines(info: RunInfo) -> list[str]:
-    progress = f"step {info.step if info.step is not None else '-'}/{info.total or '?'}"
-    if info.loss is not None:
-        progress += f", loss {info.loss:.4f}"
-    lines = [
-        f"run {info.name} ({info.recipe or 'recipe unknown'}): {info.status}",
-        f"progress: {progress}",
-        f"started {_ago(info.started)}; folder {info.folder}",
-    ]
-    if info.status == "running" and info.holder_pid:
-        lines.append(f"held by pid {info.holder_pid}: `llmtrain cancel {info.name}` stops it")
-    elif info.status in ("interrupted", "failed"):
-        lines.append(
-            "the same `llmtrain run` command resumes it from its last checkpoint"
-            + ("; see `llmtrain logs " + info.name + "`" if info.status == "failed" else "")
-        )
-    return lines
-
-
 def log_files(info: RunInfo) -> list[Path]:
     run = RunDir(info.folder)
-    return [run.rank_log(0), run.torchrun_log]
+    files = [run.rank_log(0), run.torchrun_log]
+    # A detached run's llmtrain writes there what it would have printed (its outcome).
+    return [*files, run.launcher_log] if run.launcher_log.is_file() else files
 
 
 def show_logs(

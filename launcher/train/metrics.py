@@ -11,8 +11,11 @@ grad_norm is the global gradient norm before clipping (null where the engine can
 loss_zscore the loss's robust z-score against the previous train.loss_spike_window steps (null
 until 10 are known), loss_spike true on a spike, nonfinite_skips the steps skipped so far; a
 non-finite step writes null for the quantities its "nonfinite" list names and "skipped" says
-whether its update was withheld (strict JSON: never NaN). The progress display is a
-Rich bar on a terminal and a plain line per log interval otherwise (logs, CI).
+whether its update was withheld (strict JSON: never NaN). Every `train.log_every` steps (and at
+the last step, and on steps that evaluated) rank 0 writes one line to its log (``interval_line``:
+step, loss, lr, grad norm, tokens/s, MFU, memory, eta); ``llmtrain run`` and ``llmtrain logs``
+show that log, so the screen and the file say the same (the ranks never write to the terminal:
+``launcher.launch.console``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -76,9 +78,12 @@ class MetricsWriter:
             self.tb = SummaryWriter(log_dir=str(run.tensorboard))
         except ImportError:  # tensorboard is in the train extra; without it only jsonl is written
             self.tb = None
-        self.display = Display(total_steps, start_step, self.log_every)
+        self.interval = Interval(total_steps, start_step, self.log_every)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> str | None:
+        """Record one step; returns the log line of a log interval's last step (else None),
+        which the trainer writes to rank 0's log (and so to the screen, see ``launcher.launch
+        .console``)."""
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.tb is not None:
@@ -88,60 +93,72 @@ class MetricsWriter:
             for key in ("val_loss", "val_ppl"):
                 if record.get(key) is not None:
                     self.tb.add_scalar(f"val/{key[4:]}", record[key], record["step"])
-        self.display.update(record)
+        return self.interval.line(record)
 
     def close(self) -> None:
-        self.display.close()
         self.file.close()
         if self.tb is not None:
             self.tb.close()
 
 
-class Display:
-    """Rich progress bar on a terminal; otherwise one plain line every `log_every` steps."""
+class Interval:
+    """One line every `log_every` steps (and at the last step, and on steps that evaluated), as
+    Megatron-LM and torchtitan print: the step's figures and the time left at the pace so far."""
 
     def __init__(self, total_steps: int, start_step: int, log_every: int):
         self.total = total_steps
-        self.log_every = log_every
+        self.log_every = max(1, log_every)
         self.started = time.monotonic()
         self.start_step = start_step
-        self.progress: Any = None
-        if sys.stdout.isatty():
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.progress = Progress(
-                TextColumn("step {task.completed}/{task.total}"),
-                BarColumn(),
-                TextColumn("{task.fields[stats]}"),
-                TimeRemainingColumn(),
-            )
-            self.task = self.progress.add_task(
-                "train", total=total_steps, completed=start_step, stats=""
-            )
-            self.progress.start()
-
-    @staticmethod
-    def stats(record: dict[str, Any]) -> str:
-        mfu = record.get("mfu")
-        loss = record["loss"]  # None: not finite (the record's "nonfinite" says which)
-        text = (
-            f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE"
-        ) + f"  {record['tokens_per_s']:,.0f} tok/s  mem {record['memory_bytes'] / 2**30:.2f} GiB"
-        text += f"  MFU {mfu:.1%}" if mfu is not None else ""
-        if record.get("val_loss") is not None:
-            text += f"  val_loss {record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
-        return text
-
-    def update(self, record: dict[str, Any]) -> None:
+    def line(self, record: dict[str, Any]) -> str | None:
         step = record["step"]
-        if self.progress is not None:
-            self.progress.update(self.task, completed=step, stats=self.stats(record))
-        elif step % self.log_every == 0 or step == self.total or "val_loss" in record:
-            done = step - self.start_step
-            rate = (time.monotonic() - self.started) / max(1, done)
-            eta = rate * (self.total - step)
-            print(f"step {step}/{self.total}  {self.stats(record)}  eta {eta:.0f}s", flush=True)
+        if step % self.log_every and step != self.total and "val_loss" not in record:
+            return None
+        done = step - self.start_step
+        eta = (time.monotonic() - self.started) / max(1, done) * (self.total - step)
+        return interval_line(record, self.total, eta)
 
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
+
+def interval_line(record: dict[str, Any], total: int, eta_s: float | None) -> str:
+    """``step 40/300 | loss 4.1234 | lr 3.00e-04 | grad norm 0.912 | 5,120 tok/s | MFU 1.2% |
+    mem 0.41 GiB | eta 1m05s`` (a figure the record lacks is left out; a non-finite loss is
+    NOT FINITE), then `` | val loss 4.2000 (ppl 66.69)`` on a step that evaluated."""
+    loss = record.get("loss")  # None: not finite (the record's "nonfinite" says which)
+    parts = [
+        f"step {record['step']}/{total}",
+        f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE",
+    ]
+    if record.get("lr") is not None:
+        parts.append(f"lr {record['lr']:.2e}")
+    grad = record.get("grad_norm")
+    if grad is not None:
+        parts.append(f"grad norm {grad:.3f}")
+    elif "grad_norm" in (record.get("nonfinite") or ()):
+        parts.append("grad norm NOT FINITE")
+    if record.get("tokens_per_s") is not None:
+        parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
+    if record.get("mfu") is not None:
+        parts.append(f"MFU {record['mfu']:.1%}")
+    if record.get("memory_bytes") is not None:
+        parts.append(f"mem {record['memory_bytes'] / 2**30:.2f} GiB")
+    if record.get("skipped"):
+        parts.append("update skipped")
+    if eta_s is not None and record["step"] < total:
+        parts.append(f"eta {duration(eta_s)}")
+    if record.get("val_loss") is not None:
+        ppl = record.get("val_ppl")
+        parts.append(
+            f"val loss {record['val_loss']:.4f}" + (f" (ppl {ppl:.2f})" if ppl is not None else "")
+        )
+    return " | ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """12s, 4m05s, 3h07m."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -9,7 +9,6 @@ All run-directory writes go through ``launcher.fsio`` (no symlinks followed).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -91,7 +90,11 @@ def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None
 
 
 class Log:
-    """This rank's log file; rank 0 also prints to the terminal (a closed terminal is ignored)."""
+    """This rank's log file, ``logs/rank{R}.log``: one ``HH:MM:SS rank{R} message`` line per
+    message. No rank writes to the terminal: ``llmtrain run`` (and ``llmtrain logs``) show rank
+    0's log as it grows (``launcher.launch.console``), so a closed terminal or pipe can never stop
+    training, and what the screen showed is in the file. An ``ERROR:`` line is left off the
+    screen: the launcher reports the failure itself, from the rank's error file."""
 
     def __init__(self, run: RunDir, rank: int):
         fsio.check_inside(run.logs, run.root)
@@ -106,24 +109,22 @@ class Log:
             os.dup2(self.file.fileno(), 1)
             os.dup2(self.file.fileno(), 2)
 
-    def __call__(self, message: str, screen: bool = True) -> None:
+    def __call__(self, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} rank{self.rank} {message}"
         self.file.write(line + "\n")
         self.file.flush()
-        if self.rank == 0 and screen:
-            with contextlib.suppress(OSError):  # the terminal went away; the log file has it
-                print(message, flush=True)
 
 
 class Interrupt:
-    """SIGUSR1 (SLURM's warning before the time limit), SIGTERM, SIGINT (Ctrl-C) or SIGHUP:
-    checkpoint at the next step boundary and exit with EXIT_PREEMPTED. Every rank agrees
-    through an all-reduce."""
+    """SIGUSR1 (SLURM's warning before the time limit), SIGTERM, SIGINT (Ctrl-C) or SIGHUP (the
+    terminal closed): checkpoint at the next step boundary and stop. Every rank agrees through an
+    all-reduce. A signal that came before this object existed (while torch was imported: see
+    ``launcher.train.loop``) is `pending`."""
 
     SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-    def __init__(self) -> None:
-        self.requested: str | None = None
+    def __init__(self, pending: str | None = None) -> None:
+        self.requested: str | None = pending
         for sig in self.SIGNALS:
             signal.signal(sig, self._handle)
 
@@ -134,6 +135,16 @@ class Interrupt:
         flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
+
+
+def stop_exit_code() -> int:
+    """The exit code of a rank that checkpointed and stopped on a signal: 0 under `llmtrain run`
+    (which tells an interruption from a finished run by preempted.json, and so torchrun has no
+    failure to report: no traceback for a requested stop), EXIT_PREEMPTED elsewhere (a SLURM
+    job's batch script requeues on it)."""
+    from launcher.orphans import LAUNCHER_PID_ENV
+
+    return 0 if os.environ.get(LAUNCHER_PID_ENV) else EXIT_PREEMPTED
 
 
 class Watchdog:
@@ -202,8 +213,9 @@ class StepRecord:
 class Trainer:
     """One rank's training: ``setup()``, ``step()`` until it returns False, ``close()``."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, pending_stop: str | None = None):
         self.run = RunDir(run_dir)
+        self.pending_stop = pending_stop  # a stop signal received before setup (loop.py)
         self.losses: list[float] = []
         self.step_times: list[float] = []
         self.start = 0
@@ -238,7 +250,7 @@ class Trainer:
             self.log(f"{run.config} was written by an older llmtrain: {'; '.join(notes)}")
         if secret_names(cfg):  # config.yaml has them as ***: the values come from the environment
             self.log(secret_status(secret_names(cfg), os.environ))
-        self.interrupt = Interrupt()
+        self.interrupt = Interrupt(self.pending_stop)
         torch.manual_seed(cfg.train.seed)
         self.shards = training_data(cfg)
         self.trained_total = 0  # trained (unmasked) targets so far; fine-tuning data counts fewer
@@ -479,7 +491,7 @@ class Trainer:
             if result.applied or self.skips >= self.cfg.train.max_nonfinite_skips:
                 message = self._diverged(done, result.nonfinite, result.applied, values)
                 self._report(done, lr, result.loss, result.grad_norm, elapsed, None, health)
-                self.log(f"ERROR: {message}", screen=False)  # the launcher prints it
+                self.log(f"ERROR: {message}")  # off the screen: the launcher prints it
                 raise TrainingDiverged(message)
             self.skips += 1
             self.log(
@@ -567,7 +579,9 @@ class Trainer:
             "time": time.time(),
             **(val or {}),
         }
-        self.metrics.write(record)
+        line = self.metrics.write(record)
+        if line is not None:
+            self.log(line)
         if self.trackers is not None:
             self.trackers.log(record)
 
