@@ -263,7 +263,8 @@ def _resume_refusal(
     lines = []
     for change in changes:
         if change.trajectory:
-            why = "" if change.key in given else " (not set on this command: the recipe's value)"
+            named = change.key in given or change.key.split(".")[0] in given  # key or its group
+            why = "" if named else " (not set on this command: the recipe's value)"
             lines.append(f"  {change.line()}{why}")
     word = _command_word(mode)
     restored = restoring_overrides(composed.overrides, changes)
@@ -272,20 +273,26 @@ def _resume_refusal(
         exact = not any(c.trajectory for c in config_changes(recorded, again.values))
     except UserError:
         exact = False
-    for name, value in secret_env(composed.config, os.environ).items():  # never echo a secret
-        restored = [o.replace(value, f"${{oc.env:{name}}}") for o in restored]
+    # The commands repeat the user's overrides: a secret given there is never printed (its
+    # variable instead where the environment holds it, else ***).
+    overrides = list(composed.overrides)
+    for name, value in secret_env(composed.config, os.environ).items():
+        if len(value) >= 4:
+            shown = f"${{oc.env:{name}}}" if os.environ.get(name) == value else "***"
+            restored = [o.replace(value, shown) for o in restored]
+            overrides = [o.replace(value, shown) for o in overrides]
     resume = (
         f"  to resume it as it was started:  {shlex.join([*word.split(), *restored])}\n"
         if exact
         else "  to resume it as it was started: set each key above back to its old value\n"
     )
-    given_args = shlex.join([*word.split(), *composed.overrides, ALLOW_CHANGE_FLAG])
+    given_args = shlex.join([*word.split(), *overrides, ALLOW_CHANGE_FLAG])
     fresh = (
-        f"  to start a new run instead:  {shlex.join([*word.split(), *composed.overrides])} --fresh"
+        f"  to start a new run instead:  {shlex.join([*word.split(), *overrides])} --fresh"
         if mode == LOCAL
         else "  to start a new run instead: give it another run.name"
     )
-    return (
+    text = (
         f"{run.root} holds a run (checkpoints in {run.checkpoints}) whose configuration "
         f"({run.config}) differs from this command's in what it trains:\n"
         + "\n".join(lines)
@@ -294,6 +301,7 @@ def _resume_refusal(
         + f"  to continue it with the new values:  {given_args}  (recorded in "
         f"{run.config_history})\n" + fresh
     )
+    return text
 
 
 def _record_changes(run: RunDir, changes: list[Change]) -> None:

@@ -3,6 +3,8 @@ that resumes a run as it was started: it must compose to the run's recorded valu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from launcher.config.compose import compose_config
@@ -111,3 +113,29 @@ def test_override_values_read_back_as_written(value: object) -> None:
     cfg_values = compose_config([f"{key}={override_value(value)}"]).values
     section, name = key.split(".")
     assert cfg_values[section][name] == value
+
+
+@pytest.mark.parametrize("in_environment", [True, False])
+def test_the_refusal_never_prints_a_secret_given_on_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_environment: bool
+) -> None:
+    from launcher.launch.local import _resume_refusal
+    from launcher.rundir import RunDir
+
+    secret = "supersecret-value-123"
+    if in_environment:
+        monkeypatch.setenv("WANDB_API_KEY", secret)
+    else:
+        monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    recorded = compose_config(["train.steps=300"]).values
+    now = compose_config([f"+cluster.env.WANDB_API_KEY={secret}", "train.seed=5"])
+    text = _resume_refusal(
+        RunDir(tmp_path), recorded, now, config_changes(recorded, now.values), "local"
+    )
+    assert secret not in text
+    assert "train.steps: 300 -> " in text and "(not set on this command" in text
+    assert "train.seed: " in text and " -> 5\n" in text
+    shown = "'+cluster.env.WANDB_API_KEY=${oc.env:WANDB_API_KEY}'" if in_environment else "***"
+    assert shown in text, text
+    resume = next(x for x in text.splitlines() if "as it was started:" in x)
+    assert "train.steps=300" in resume and "train.seed=" in resume
