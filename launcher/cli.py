@@ -184,6 +184,15 @@ def _verdict(command: str, overrides: list[str], *, force: bool, as_json: bool) 
         raise typer.Exit(code)
 
 
+AllowConfigChange = Annotated[
+    bool,
+    typer.Option(
+        "--allow-config-change",
+        help="Resume a run although this command changes what it trains (model, data, batch, "
+        "optimizer, schedule, steps, seed, precision, layout); the change is recorded in the "
+        "run's config_history.jsonl. Without it such a resume is refused (exit 2).",
+    ),
+]
 DryRun = Annotated[
     bool,
     typer.Option(
@@ -389,6 +398,7 @@ def run(
         ),
     ] = False,
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
+    allow_config_change: AllowConfigChange = False,
     dry_run: DryRun = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -424,7 +434,11 @@ def run(
     # Holds the run directory's lock (exit 2 naming the holder when another run has it), and
     # refuses a run directory whose SLURM job is queued or running.
     prepared = prepare_run_dir(
-        composed, plan_to_json(plan_result), fresh=fresh, guard=refuse_live_jobs
+        composed,
+        plan_to_json(plan_result),
+        fresh=fresh,
+        guard=refuse_live_jobs,
+        allow_config_change=allow_config_change,
     )
     try:
         try:  # command.json: what `status` shows and the command that resumes the run
@@ -953,6 +967,7 @@ def submit(
     force: Annotated[
         bool, typer.Option("--force", help="Submit even if the plan predicts it will not fit.")
     ] = False,
+    allow_config_change: AllowConfigChange = False,
     dry_run: DryRun = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -965,7 +980,7 @@ def submit(
     from launcher.launch.slurm import submit as submit_job
 
     composed = compose_config(overrides or [])
-    done = submit_job(composed, force=force)
+    done = submit_job(composed, force=force, allow_config_change=allow_config_change)
     if as_json:
         _print_json({"job_ids": list(done.job_ids), "run_dir": str(done.run_dir)})
         return

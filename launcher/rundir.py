@@ -25,6 +25,7 @@ from pathlib import Path
 
 CONFIG = "config.yaml"
 PENDING_CONFIG = "config.next.yaml"
+CONFIG_HISTORY = "config_history.jsonl"  # configuration changes accepted on resume
 PLAN = "plan.json"
 DS_CONFIG = "ds_config.json"
 LAUNCH_SCRIPT = "launch.sh"
@@ -57,6 +58,10 @@ class RunDir:
     @property
     def pending_config(self) -> Path:
         return self.root / PENDING_CONFIG
+
+    @property
+    def config_history(self) -> Path:
+        return self.root / CONFIG_HISTORY
 
     @property
     def plan(self) -> Path:

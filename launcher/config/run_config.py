@@ -147,10 +147,130 @@ def resumable_config(path: Path) -> StoredConfig:
     return stored
 
 
+# --- a resume with another configuration ----------------------------------------------------
+#
+# Resuming continues the run's trajectory (its weights, optimizer state, data order and schedule),
+# so the configuration that matters is the one the run recorded (config.yaml). The command that
+# resumes it composes its configuration anew; a key it does not set takes the recipe's value,
+# which may not be the one the run was started with (`train.steps=300` on the first command,
+# nothing on the second: the recipe's 200). A difference in a key listed here never changes what
+# is computed and is accepted (and recorded in the run's config_history.jsonl); any other key
+# (model, data, batch, optimizer, schedule, steps, seed, precision, layout, backend, and a key
+# this list does not know yet) is refused unless the user accepts it (`--allow-config-change`).
+RESUME_FREE: tuple[str, ...] = (
+    "run",  # the run's name and root (the folder found), secret variable names
+    "checkpoint",  # cadence, retention, resume itself
+    "launcher",
+    "slurm",  # scheduling: partition, time, requeue, containers
+    "logging",  # trackers
+    "train.log_every",
+    "train.eval_every",  # evaluation draws no RNG and no gradients (launcher.train.evaluation)
+    "train.eval_steps",
+    "train.hang_timeout_s",
+    "train.init_from",  # read only when a run has no checkpoint: a resume ignores it
+    "train.max_nonfinite_skips",  # health policy: what happens to a non-finite step
+    "train.loss_spike_window",
+    "train.loss_spike_zscore",
+    "backend.megatron_path",
+    "cluster.name",
+    "cluster.env",
+    "cluster.profile",  # planner inputs: prices, bandwidths, power cap, SLURM's GPU request
+    "cluster.intra_node_bandwidth_gbps",
+    "cluster.inter_node_bandwidth_gbps",
+    "cluster.price_per_gpu_hour",
+    "cluster.storage_write_gbps",
+    "cluster.power_limit_w",
+    "cluster.gpu_request",
+)
+ALLOW_CHANGE_FLAG = "--allow-config-change"
+
+
+def changes_trajectory(key: str) -> bool:
+    """Whether a different value of dotted `key` makes a resumed run compute something else."""
+    return not any(key == free or key.startswith(free + ".") for free in RESUME_FREE)
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    old: Any  # as the run recorded it (config.yaml); None where the key was absent
+    new: Any
+    trajectory: bool
+
+    def line(self) -> str:
+        return f"{self.key}: {_short(self.old)} -> {_short(self.new)}"
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + str(key)] = value
+    return out
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
+    """Every dotted key whose value differs between the run's recorded configuration `old` and
+    `new` (both as config.yaml holds them), trajectory changes first, then by key."""
+    a, b = _flat(_plain(old)), _flat(_plain(new))
+    found = [
+        Change(key, a.get(key), b.get(key), changes_trajectory(key))
+        for key in sorted(set(a) | set(b))
+        if a.get(key) != b.get(key)
+    ]
+    return sorted(found, key=lambda c: (not c.trajectory, c.key))
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """The value as YAML would give it back (tuples as lists)."""
+    out = yaml.safe_load(yaml.safe_dump(values))
+    return out if isinstance(out, dict) else {}
+
+
+def override_value(value: Any) -> str:
+    """`value` written as a Hydra command-line override value (key=VALUE)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{override_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if text and all(c.isalnum() or c in "_-./:+@" for c in text) and text[0] not in "-+":
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def restoring_overrides(overrides: tuple[str, ...], changes: list[Change]) -> list[str]:
+    """`overrides` with each trajectory change set back to the run's value (replacing the key's
+    own override, if any; train.steps/train.tokens given as the one the run had)."""
+    from launcher.config.schema_keys import BUDGET_PARTNER
+
+    back = {c.key: c.old for c in changes if c.trajectory}
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in back]
+    for key, partner in BUDGET_PARTNER.items():  # one of the two is set: name that one alone
+        if back.get(key, 0) is None and back.get(partner) is not None:
+            del back[key]
+    return kept + [f"{key}={override_value(value)}" for key, value in back.items()]
+
+
 __all__ = [
+    "ALLOW_CHANGE_FLAG",
     "HARMLESS_REMOVED",
+    "RESUME_FREE",
+    "Change",
     "StoredConfig",
+    "changes_trajectory",
+    "config_changes",
+    "override_value",
     "read_run_config",
     "read_values",
+    "restoring_overrides",
     "resumable_config",
 ]

@@ -37,7 +37,14 @@ from typing import Any
 from launcher import fsio, runfiles
 from launcher.backends.common import backend_of
 from launcher.config.compose import Composed
-from launcher.config.run_config import read_run_config, resumable_config
+from launcher.config.run_config import (
+    ALLOW_CHANGE_FLAG,
+    Change,
+    config_changes,
+    read_run_config,
+    restoring_overrides,
+    resumable_config,
+)
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError
@@ -204,12 +211,18 @@ def prepare_run_dir(
     fresh: bool,
     guard: Callable[[Path], None] | None = None,
     mode: str = LOCAL,
+    allow_config_change: bool = False,
 ) -> Prepared:
     """Take the run directory's lock (``launcher.launch.runlock``; exit 2 naming the holder when
     another run has it), call `guard` with the run directory under the lock (`run` passes
     ``slurm.refuse_live_jobs``), then write its files for `mode` (``launcher.render.run_files``:
     the same bytes `--dry-run` prints). The caller releases ``Prepared.lock`` when the run is
-    over (``launch`` keeps it held in torchrun meanwhile)."""
+    over (``launch`` keeps it held in torchrun meanwhile).
+
+    A resume whose configuration differs from the run's recorded one in a key that changes the
+    training (``launcher.config.run_config.changes_trajectory``) is refused (exit 2, nothing
+    written) naming each difference and the command that resumes the run as it was, unless
+    `allow_config_change`; accepted differences are appended to config_history.jsonl."""
     cfg = composed.config
     secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     run = RunDir(choose_run_dir(composed, fresh))
@@ -217,19 +230,104 @@ def prepare_run_dir(
     try:
         if guard is not None:
             guard(run.root)
-        if cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run):
+        changes: list[Change] = []
+        resuming = cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run)
+        if resuming:
             # Resuming a run an older llmtrain started: exit 2 naming the keys this one does
             # not know (launcher.config.run_config), before anything is written or started.
-            resumable_config(run.config)
+            stored = resumable_config(run.config)
+            changes = config_changes(stored.values, composed.values)
+            if any(c.trajectory for c in changes) and not allow_config_change:
+                raise UserError(_resume_refusal(run, stored.values, composed, changes, mode))
         place = place_of(cfg, run.root)
         files = run_files(composed, plan_json, mode, place)  # refusals come before any write
         launch = local_launch(cfg, place) if mode == LOCAL else LocalLaunch([], {})
-        resuming = cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run)
         _write_run_dir(run, files, resuming)
+        if changes:
+            _record_changes(run, changes)
         return Prepared(run.root, launch.command, launch.env, secrets=secrets, lock=lock)
     except BaseException:
         lock.release()
         raise
+
+
+def _command_word(mode: str) -> str:
+    return "llmtrain run" if mode == LOCAL else "llmtrain submit"
+
+
+def _resume_refusal(
+    run: RunDir, recorded: dict[str, Any], composed: Composed, changes: list[Change], mode: str
+) -> str:
+    """Why this resume is refused, and what to type instead: the command with the run's own
+    values back (checked by composing it), the flag that accepts the change, a new run."""
+    from launcher.config.compose import compose_config
+
+    given = {o.split("=", 1)[0].lstrip("+~") for o in composed.overrides}
+    lines = []
+    for change in changes:
+        if change.trajectory:
+            named = change.key in given or change.key.split(".")[0] in given  # key or its group
+            why = "" if named else " (not set on this command: the recipe's value)"
+            lines.append(f"  {change.line()}{why}")
+    word = _command_word(mode)
+    restored = restoring_overrides(composed.overrides, changes)
+    try:  # the suggestion must compose to the run's trajectory, or it is not offered
+        again = compose_config(restored)
+        exact = not any(c.trajectory for c in config_changes(recorded, again.values))
+    except UserError:
+        exact = False
+    # The commands repeat the user's overrides: a secret given there is never printed (its
+    # variable instead where the environment holds it, else ***).
+    overrides = list(composed.overrides)
+    for name, value in secret_env(composed.config, os.environ).items():
+        if len(value) >= 4:
+            shown = f"${{oc.env:{name}}}" if os.environ.get(name) == value else "***"
+            restored = [o.replace(value, shown) for o in restored]
+            overrides = [o.replace(value, shown) for o in overrides]
+    resume = (
+        f"  to resume it as it was started:  {shlex.join([*word.split(), *restored])}\n"
+        if exact
+        else "  to resume it as it was started: set each key above back to its old value\n"
+    )
+    given_args = shlex.join([*word.split(), *overrides, ALLOW_CHANGE_FLAG])
+    fresh = (
+        f"  to start a new run instead:  {shlex.join([*word.split(), *overrides])} --fresh"
+        if mode == LOCAL
+        else "  to start a new run instead: give it another run.name"
+    )
+    text = (
+        f"{run.root} holds a run (checkpoints in {run.checkpoints}) whose configuration "
+        f"({run.config}) differs from this command's in what it trains:\n"
+        + "\n".join(lines)
+        + "\nNothing was started or written.\n"
+        + resume
+        + f"  to continue it with the new values:  {given_args}  (recorded in "
+        f"{run.config_history})\n" + fresh
+    )
+    return text
+
+
+def _record_changes(run: RunDir, changes: list[Change]) -> None:
+    """Append this resume's configuration changes to the run's config_history.jsonl."""
+    trajectory = [c.key for c in changes if c.trajectory]
+    entry = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "event": "resume",
+        "accepted": ALLOW_CHANGE_FLAG if trajectory else "no change to what is trained",
+        "trajectory_keys": trajectory,
+        "changes": [
+            {"key": c.key, "old": c.old, "new": c.new, "trajectory": c.trajectory} for c in changes
+        ],
+    }
+    try:
+        with fsio.open_append(run.config_history, root=run.root) as f:
+            f.write(json.dumps(entry, sort_keys=False, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except fsio.UnsafePathError as exc:
+        raise UserError(str(exc.strerror)) from None
+    except OSError as exc:
+        raise UserError(_write_problem(exc, run.root)) from None
 
 
 def _write_run_dir(run: RunDir, files: dict[str, str], resuming: bool) -> None:
@@ -372,10 +470,13 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = 
             f"preempted: checkpoint written in {run.checkpoints}; run the same "
             "command again to resume"
         )
-    if code == 0 and forwarded:  # stopped while starting: nothing new to checkpoint
-        raise RunPreempted(
-            f"stopped ({signal.Signals(forwarded[0]).name}) before its first step: nothing new "
-            "to checkpoint; run the same command again to resume"
+    if forwarded:  # SIGTERM/SIGUSR1 to llmtrain before the ranks could checkpoint (still
+        # starting, say): a stop the user asked for, not a failure of the run
+        signum = forwarded[0]
+        raise RunInterrupted(
+            f"stopped ({signal.Signals(signum).name}) before a checkpoint could be written; run "
+            "the same command again to resume from the last checkpoint there is",
+            signum,
         )
     errors = rank_errors(run.root, since=started)
     killed = signalled_root_cause(run.torchrun_log, log_offset)

@@ -202,7 +202,7 @@ def _sbatch(script: Path, dependency: str | None, cwd: str, secrets: dict[str, s
     return job
 
 
-def submit(composed: Composed, force: bool = False) -> Submitted:
+def submit(composed: Composed, force: bool = False, allow_config_change: bool = False) -> Submitted:
     cfg = composed.config
     secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     plan = preflight(cfg, force=force, local=False)
@@ -222,7 +222,9 @@ def submit(composed: Composed, force: bool = False) -> Submitted:
             f"with `llmtrain status {run_dir}` or stop them with `llmtrain cancel {run_dir}`"
         )
     # Takes the lock and writes the run directory (config.yaml, plan.json, job.sbatch, ...).
-    prepared = prepare_run_dir(composed, plan_doc, fresh=False, mode=SLURM)
+    prepared = prepare_run_dir(
+        composed, plan_doc, fresh=False, mode=SLURM, allow_config_change=allow_config_change
+    )
     try:
         run = RunDir(prepared.run_dir)
         ids = [_sbatch(run.sbatch_script, None, workdir, secrets)]

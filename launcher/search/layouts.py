@@ -1124,10 +1124,13 @@ _LAYOUT_KEYS = SEARCH_KEYS | {"train.global_batch_size", "cluster.num_nodes"}
 
 
 def _config_errors(cfg: LLMTrainConfig) -> list[str]:
+    # A value out of its key's range (parallel.tp=0, cluster.num_nodes=1250000, optim.lr=1e39)
+    # is the configuration's own error even on a layout key: `plan` exits 2 on it, so does this.
     return [
         f"[{v.rule}] {v.message}"
         for v in check(cfg)
-        if v.is_error and not (set(v.keys) - {"backend"}) & _LAYOUT_KEYS
+        if v.is_error
+        and (v.rule == "positive-values" or not (set(v.keys) - {"backend"}) & _LAYOUT_KEYS)
     ]
 
 

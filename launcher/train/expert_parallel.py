@@ -11,6 +11,8 @@ capacity factor). Each ep rank holds experts [rank * E/ep, (rank + 1) * E/ep). P
    on it as grouped GEMMs (``launcher.train.experts``);
 4. send the outputs back the same way; the caller weights them by their gates and adds them up
    per token.
+Every rank runs both exchanges' backwards, also one whose experts got no rows (step 3's output is
+then tied to its empty input): a collective skipped on one rank desynchronises the group.
 gloo has ``all_to_all_single`` on CPU, so this runs on the same collectives as NCCL.
 """
 
@@ -100,5 +102,13 @@ def dispatch_combine(
     )
     local_order, local_counts = sort_by_expert(local_id, per)
     out = run(received[local_order], local_counts)[inverse(local_order)]
+    if received.requires_grad and received.shape[0] == 0:
+        # No rows came to this rank's experts: their output then does not depend on `received`,
+        # and autograd would skip the dispatch all-to-all's backward here while the ranks that
+        # sent rows run it: the ep group's collectives fall out of step ("Received data size
+        # doesn't match expected size" at the next exchange, as soon as routing leaves one
+        # rank's experts idle for a micro-batch). Keeping the empty input in the graph makes
+        # every rank join every backward exchange.
+        out = out + received.sum() * 0
     back = _all_to_all(out, recv, send, ep.group)
     return back[inverse(order)]

@@ -134,8 +134,10 @@ def grouped_mm_applies(x: torch.Tensor, w: StackedExperts) -> bool:
             x.dtype == torch.bfloat16
             and torch.cuda.get_device_capability(x.device) >= GROUPED_MM_MIN_CAPABILITY
         )
-    if x.device.type == "cpu":
-        return x.dtype == torch.bfloat16 or not torch.compiler.is_compiling()
+    if x.device.type == "cpu":  # fp32/bf16 only (float64 is refused: "Expected mat_a to be ...")
+        return x.dtype == torch.bfloat16 or (
+            x.dtype == torch.float32 and not torch.compiler.is_compiling()
+        )
     return False
 
 

@@ -152,6 +152,65 @@ def _warning(name: str, keys: tuple[str, ...], message: str) -> Violation:
 
 # --- rules ---
 
+# What the ranks can hold (IEEE 754 binary32, the narrowest dtype a float setting is kept in: the
+# optimizer's fp32 hyper-parameters and master weights; bf16 has the same exponent range), and
+# torch's int64 for integers. Python's float and int hold far more, so `validate` passed values
+# that then failed in the rank ("value cannot be converted to type float without overflow").
+FP32_MAX = 3.4028234663852886e38  # largest finite binary32: (2 - 2**-23) * 2**127
+FP32_TINY = 1.401298464324817e-45  # smallest positive binary32 (subnormal 2**-149): less is 0
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _schema_numbers(cfg: LLMTrainConfig) -> Iterable[tuple[str, object, object]]:
+    """(dotted key, value, schema default) of every number the configuration holds (list items
+    included, e.g. optim.betas), bools left out."""
+    for section in dataclasses.fields(cfg):
+        sub = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(sub) or isinstance(sub, type):
+            continue
+        fresh = type(sub)()
+        for f in dataclasses.fields(sub):
+            value, default = getattr(sub, f.name), getattr(fresh, f.name)
+            key = f"{section.name}.{f.name}"
+            items = value if isinstance(value, list | tuple) else [value]
+            for item in items:
+                if isinstance(item, int | float) and not isinstance(item, bool):
+                    yield key, item, default
+
+
+def _representable_problem(value: int | float) -> str | None:
+    if isinstance(value, int):
+        if INT64_MIN <= value <= INT64_MAX:
+            return None
+        return f"outside the 64-bit integer range [{INT64_MIN}, {INT64_MAX}] the ranks hold it in"
+    if not math.isfinite(value):
+        return None  # the key's own range rule says whether inf or nan is allowed
+    if abs(value) > FP32_MAX:
+        return f"larger than float32 holds (at most {FP32_MAX:.4g}), the dtype the ranks use"
+    if value != 0 and abs(value) < FP32_TINY:
+        return f"smaller than float32 holds (at least {FP32_TINY:.4g}): the ranks would see 0"
+    return None
+
+
+def representable_values(cfg: LLMTrainConfig) -> list[Violation]:
+    """Every number the ranks cannot hold in its dtype (float32 for floats, int64 for ints),
+    named with a value that works (the schema default)."""
+    out: list[Violation] = []
+    for key, value, default in _schema_numbers(cfg):
+        assert isinstance(value, int | float)
+        problem = _representable_problem(value)
+        if problem is None or any(key in v.keys for v in out):  # one message per key
+            continue
+        text = str(value) if isinstance(value, int) else f"{value:g}"
+        if isinstance(default, int | float) and not isinstance(default, bool):
+            works = f"e.g. {key}={default:g}"
+        elif isinstance(default, list) and default:
+            works = f"e.g. {key}=[{', '.join(f'{d:g}' for d in default)}]"
+        else:
+            works = f"leave {key} unset"
+        out.append(_error("positive-values", (key,), f"{key}={text}: {problem}; {works}"))
+    return out
+
 
 _POSITIVE = (
     "model.num_layers",
@@ -340,6 +399,8 @@ def positive_values(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 f"optim.eps={o.eps}: must be a finite number > 0, e.g. 1e-8",
             )
         )
+    reported = {key for v in out for key in v.keys}
+    out += [v for v in representable_values(cfg) if not set(v.keys) & reported]
     # Fractions: a dropout probability of 1 would zero every activation.
     for key, value, high_ok in (
         ("model.attention_dropout", cfg.model.attention_dropout, False),

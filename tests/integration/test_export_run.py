@@ -257,6 +257,7 @@ def test_init_from_an_export_or_a_run_starts_from_those_weights(
         *SHORT[1:],  # all but train.steps
         *LLAMA,
         "train.steps=4",
+        "--allow-config-change",  # a longer run: another schedule, accepted
         f"train.init_from={single}",
         "run.name=b",
     )

@@ -178,23 +178,24 @@ def test_deepspeed_disk_full_is_reported_as_on_the_torch_backend(tmp_path: Path)
 
 
 def test_refused_resume_leaves_config_yaml_as_it_was(tmp_path: Path) -> None:
-    """Resuming with another model width is refused (exit 1, checkpoints kept); config.yaml
-    used to describe the refused width already, and `export` then wrote a config.json of the
-    wrong width beside the weights."""
+    """Resuming with another model width is refused (exit 2 by the launcher; with
+    --allow-config-change, exit 1 by the ranks, checkpoints kept); config.yaml used to describe
+    the refused width already, and `export` then wrote a config.json of the wrong width beside
+    the weights."""
     base = ["train.steps=2", "checkpoint.every_steps=2", "optim.warmup_steps=1", "run.name=w"]
     first = llmtrain_run(tmp_path, base, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "w"
     before = (run_dir / "config.yaml").read_bytes()
-    wider = llmtrain_run(
-        tmp_path, [*base, "train.steps=4", "model.hidden_size=192", "model.num_attention_heads=4"]
-    )
+    width = [*base, "train.steps=4", "model.hidden_size=192", "model.num_attention_heads=4"]
+    assert llmtrain_run(tmp_path, width, timeout=300).returncode == 2
+    wider = llmtrain_run(tmp_path, [*width, "--allow-config-change"], timeout=300)
     assert wider.returncode == 1, wider.stderr[-3000:]
     assert (run_dir / "config.yaml").read_bytes() == before
     assert not (run_dir / "config.next.yaml").exists()
     assert _steps(run_dir) == [2]
     # An accepted resume (a longer run) does replace it.
-    longer = llmtrain_run(tmp_path, [*base, "train.steps=4"], timeout=300)
+    longer = llmtrain_run(tmp_path, [*base, "train.steps=4", "--allow-config-change"], timeout=300)
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert "steps: 4" in (run_dir / "config.yaml").read_text()
     assert not (run_dir / "config.next.yaml").exists()

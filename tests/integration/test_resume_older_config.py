@@ -86,7 +86,9 @@ def test_a_run_from_an_older_llmtrain_resumes_or_names_what_it_cannot_keep(
     assert "(step 2)" in log and steps_logged(old_dir) == [1, 2, 3]
 
     # And `llmtrain run` resumes it too (its folder name still hashes the older keys).
-    resumed = llmtrain(tmp_path, "run", *SHORT, "train.steps=4", timeout=300)
+    resumed = llmtrain(
+        tmp_path, "run", *SHORT, "train.steps=4", "--allow-config-change", timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert steps_logged(old_dir) == [1, 2, 3, 4]
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [old_dir.name]

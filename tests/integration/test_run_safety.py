@@ -151,7 +151,8 @@ def test_tampered_checkpoints_never_run_code_and_resume_falls_back(
             target.write_bytes(payloads[name])
     for step in (6, 4):  # the attacker also rewrites the unsigned manifests to match
         rewrite_manifest(ckpts / f"step_{step:08d}")
-    resumed = llmtrain_run(tmp_path, [*args, "train.steps=8"], timeout=300)
+    longer = [*args, "train.steps=8", "--allow-config-change"]  # a longer run: accepted
+    resumed = llmtrain_run(tmp_path, longer, timeout=300)
     assert not marker.exists(), "a checkpoint payload ran code"
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = resumed.stdout + (run_dir / "logs" / "rank0.log").read_text()

@@ -87,7 +87,13 @@ def test_wandb_offline_and_mlflow_follow_a_run_across_a_resume(
     )
     assert first.returncode == 0, first.stderr[-3000:]
     second = llmtrain(
-        tmp_path, "run", *BASE, "train.steps=6", f"logging.mlflow_tracking_uri={uri}", env=env
+        tmp_path,
+        "run",
+        *BASE,
+        "train.steps=6",
+        "--allow-config-change",  # a longer run: another schedule, accepted
+        f"logging.mlflow_tracking_uri={uri}",
+        env=env,
     )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stdout

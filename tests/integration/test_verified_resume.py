@@ -61,7 +61,9 @@ def test_a_file_swapped_after_the_verifier_read_it_is_refused_on_resume(
     thread = threading.Thread(target=swapper, daemon=True)
     thread.start()
     try:
-        resumed = llmtrain_run(tmp_path, [*args, "train.steps=8"], timeout=300)
+        resumed = llmtrain_run(
+            tmp_path, [*args, "train.steps=8", "--allow-config-change"], timeout=300
+        )
     finally:
         os.close(fd)
         thread.join(timeout=5)

@@ -375,3 +375,23 @@ def test_one_writer_per_run_directory_across_jobs_and_local_runs(
         assert not trainer_processes(run_dir)
     finally:  # nothing of this test outlives it
         subprocess.run(["scancel", "--", *jobs], env=cluster, timeout=30)
+
+
+def test_submit_refuses_to_resume_a_local_run_on_another_layout(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    # Issue 30 item 6 across launchers: a run trained locally (one process), then `submit` of
+    # the same run as a two-node job would continue its checkpoint on another layout. Refused
+    # (exit 2) naming the difference, before anything is written or queued.
+    local = [k for k in JOB if k not in ("launcher=slurm", "cluster.num_nodes=2")]
+    first = llmtrain(cluster, tmp_path, "run", *local, "train.steps=2", "run.name=mixed")
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = tmp_path / "runs" / "mixed"
+    config = (run_dir / "config.yaml").read_bytes()
+    refused = llmtrain(cluster, tmp_path, "submit", *JOB, "train.steps=2", "run.name=mixed")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert "cluster.num_nodes: 1 -> 2" in message, message
+    assert "llmtrain submit" in message and "--allow-config-change" in message
+    assert (run_dir / "config.yaml").read_bytes() == config
+    assert not (run_dir / "slurm.json").exists() and not (run_dir / "job.sbatch").exists()

@@ -29,6 +29,7 @@ checked against the signed manifest, read weights-only, before and while DeepSpe
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -386,6 +387,9 @@ class DeepSpeedEngine(Engine):
             full = fsio.disk_full_error(exc, directory)
             if full is None:
                 raise
+            if full.filename == str(directory):
+                # torch.save's error names no file: name the one it was writing.
+                full.filename = str(_newest_file(directory, before) or directory)
         if full is not None:
             # Out of the except block, the failed write's traceback (and its open file, holding
             # disk space on a file system that has none) is gone: the rank's error file fits.
@@ -423,3 +427,13 @@ class DeepSpeedEngine(Engine):
             "zero_stage": self.engine.zero_optimization_stage(),
             "pipeline_stages": self.engine.num_stages if self.pipeline else 1,
         }
+
+
+def _newest_file(directory: Path, before: set[Path]) -> Path | None:
+    """The file last written under `directory` since `before` was listed (None: none)."""
+    written = []
+    for path in set(directory.rglob("*")) - before:
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                written.append((path.stat().st_mtime_ns, str(path), path))
+    return max(written)[2] if written else None
