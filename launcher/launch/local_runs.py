@@ -11,7 +11,11 @@ A run's state is read from its folder (launcher/rundir.py names every file), nev
 - interrupted: preempted.json (a checkpoint written on Ctrl-C or a signal), or a run that stopped
   with nothing recorded (kill -9, a power cut): it resumes from its last checkpoint.
 - queued: a SLURM job recorded in slurm.json is still waiting (llmtrain submit).
-Every file is read back bounded and never through a symbolic link (launcher/runfiles.py).
+- unreadable: a file that says where the run stands is not a regular file (a FIFO, a device, a
+  folder), a symbolic link, or too large; ``problems`` names it. Such a run is listed as such and
+  never blocks the listing of the others.
+Every file is read back bounded, without blocking and never through a symbolic link
+(launcher/runfiles.py, launcher/bounded_read.py).
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import runfiles
+from launcher import bounded_read, excerpt, runfiles
 from launcher.errors import UserError
 from launcher.rundir import RunDir
 
-STATUSES = ("running", "queued", "done", "failed", "interrupted")
+STATUSES = ("running", "queued", "done", "failed", "interrupted", "unreadable")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class RunInfo:
     started: float | None  # epoch seconds
     holder_pid: int | None  # the process holding the lock (running)
     slurm_jobs: tuple[str, ...]
+    # Run files that were refused (not a regular file, a link, too large): "NAME: why".
+    problems: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -62,6 +68,7 @@ class RunInfo:
             "started": self.started,
             "pid": self.holder_pid,
             "slurm_jobs": list(self.slurm_jobs),
+            "problems": list(self.problems),
         }
 
 
@@ -121,11 +128,18 @@ def _holder(run: RunDir) -> int | None:
     return pid
 
 
-def _last_metrics(run: RunDir) -> dict[str, Any]:
+def _refused(path: Path, exc: BaseException, problems: list[str]) -> None:
+    """Note a run file the reader refused (not one that is absent or half-written)."""
+    if isinstance(exc, bounded_read.FileRefused) and not str(exc).startswith(("not JSON", "nest")):
+        problems.append(f"{path.name} {exc}")
+
+
+def _last_metrics(run: RunDir, problems: list[str]) -> dict[str, Any]:
     try:
         line = runfiles.last_line(run.metrics)
         record = runfiles.loads(line, max_bytes=65536, max_depth=4) if line else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        _refused(run.metrics, exc, problems)
         return {}
     return record if isinstance(record, dict) else {}
 
@@ -136,38 +150,44 @@ def _number(value: Any, kind: type) -> Any:
     return kind(value) if kind is float or float(value).is_integer() else None
 
 
-def _config_facts(run: RunDir) -> tuple[str | None, int | None]:
+def _config_facts(run: RunDir, problems: list[str]) -> tuple[str | None, int | None]:
     """(recipe, total steps) from config.yaml, else plan.json's step count."""
     import yaml
 
     recipe, total = None, None
     try:
         values = yaml.safe_load(runfiles.read_bytes(run.config, 1 << 20))
-    except (OSError, ValueError, yaml.YAMLError):
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
+        _refused(run.config, exc, problems)
         values = None
     if isinstance(values, dict):
         if isinstance(values.get("recipe"), str):
-            recipe = values["recipe"]
+            recipe = excerpt.name(values["recipe"], 60)
         train = values.get("train")
         if isinstance(train, dict):
             total = _number(train.get("steps"), int)
     if total is None:
-        with contextlib.suppress(OSError, ValueError):
+        try:
             plan = runfiles.read_json_object(run.plan)
             totals = plan.get("totals")
             if isinstance(totals, dict):
                 total = _number(totals.get("steps"), int)
+        except (OSError, ValueError) as exc:
+            _refused(run.plan, exc, problems)
     return recipe, total
 
 
-def _slurm_jobs(run: RunDir) -> tuple[str, ...]:
-    if not run.slurm_jobs.exists():
+def _slurm_jobs(run: RunDir, problems: list[str]) -> tuple[str, ...]:
+    if not os.path.lexists(run.slurm_jobs):
         return ()
-    from launcher.launch.slurm import read_jobs
-
     try:
-        return tuple(read_jobs(run.root)["job_ids"])
-    except UserError:
+        record = runfiles.read_json_object(run.slurm_jobs)
+        ids = record.get("job_ids")
+        if not isinstance(ids, list):
+            raise runfiles.RunFileError("job_ids is not a list of job ids")
+        return tuple(runfiles.job_id(i) for i in ids)
+    except (OSError, ValueError) as exc:
+        problems.append(f"{run.slurm_jobs.name} {exc}")
         return ()
 
 
@@ -182,11 +202,12 @@ def _started(run: RunDir) -> float | None:
 def run_info(folder: Path) -> RunInfo:
     """Where the run in `folder` stands (see the module docstring)."""
     run = RunDir(Path(folder))
-    recipe, total = _config_facts(run)
-    last = _last_metrics(run)
+    problems: list[str] = []
+    recipe, total = _config_facts(run, problems)
+    last = _last_metrics(run, problems)
     step = _number(last.get("step"), int)
     loss = _number(last.get("loss"), float)
-    jobs = _slurm_jobs(run)
+    jobs = _slurm_jobs(run, problems)
     holder = _holder(run)
     errors = [p for p in run.rank_errors() if not p.is_symlink()] if run.logs.is_dir() else []
     latest_error = max((_mtime(p) for p in errors), default=0.0)
@@ -194,6 +215,8 @@ def run_info(folder: Path) -> RunInfo:
     finished = _mtime(run.summary)
     if holder is not None:
         status = "running"
+    elif problems:
+        status = "unreadable"
     elif finished and finished >= max(latest_error, preempted):
         status = "done"
     elif jobs and _live(run):
@@ -204,7 +227,9 @@ def run_info(folder: Path) -> RunInfo:
         status = "interrupted"
     if status == "done" and step is None:
         step = total
-    return RunInfo(run.root, status, recipe, step, total, loss, _started(run), holder, jobs)
+    return RunInfo(
+        run.root, status, recipe, step, total, loss, _started(run), holder, jobs, tuple(problems)
+    )
 
 
 def _mtime(path: Path) -> float:
@@ -275,6 +300,11 @@ def status_lines(info: RunInfo) -> list[str]:
     ]
     if info.status == "running" and info.holder_pid:
         lines.append(f"held by pid {info.holder_pid}: `llmtrain cancel {info.name}` stops it")
+    lines += [f"unreadable: {problem}" for problem in info.problems]
+    if info.status == "unreadable":
+        lines.append(
+            "fix or remove the file(s) above (llmtrain reads run files only as regular files)"
+        )
     elif info.status in ("interrupted", "failed"):
         lines.append(
             "the same `llmtrain run` command resumes it from its last checkpoint"
@@ -314,34 +344,56 @@ def show_logs(
         drain()
 
 
-def _holds_lock(pid: int, lock: Path) -> bool:
-    """Whether process `pid` has the lock file open (its /proc/PID/fd): a recorded or reused pid
-    that is not the run's own launcher is never signalled."""
+def _signal_launcher(pid: int, record: dict[str, Any]) -> str | None:
+    """SIGINT to `pid` when it is proven to be the run's launcher (runlock.why_not_launcher), else
+    why not (nothing signalled). The process is pinned by a pidfd first and proven after, so a pid
+    reused between the proof and the signal is never hit."""
+    from launcher.launch import runlock
+
+    pidfd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return f"pid {pid} is gone"
     try:
-        target = os.stat(lock)
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            info = os.stat(f"/proc/{pid}/fd/{fd}")
-            if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
-                return True
-    return False
+        problem = runlock.why_not_launcher(pid, record)
+        if problem is not None:
+            return problem
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGINT)
+        else:
+            os.kill(pid, signal.SIGINT)
+    except OSError as exc:
+        return f"pid {pid} cannot be signalled ({exc.strerror})"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return None
 
 
 def cancel(info: RunInfo, wait_s: float = 120.0) -> str:
-    """Stop a running local run as Ctrl-C would (it checkpoints, then exits), and wait for it."""
+    """Stop a running local run as Ctrl-C would (it checkpoints, then exits), and wait for it.
+    Only a process proven to be the run's launcher is signalled; otherwise UserError at once."""
+    from launcher.launch import runlock
+
     run = RunDir(info.folder)
-    pid = _holder(run)
+    pid = _kernel_lock_holder(run.lock) if run.lock.is_file() else None
+    if pid is False:
+        raise UserError(
+            f"run {info.name}: the kernel's lock table (/proc/locks) cannot be read here, so the "
+            "process holding the run's lock cannot be proven to be its llmtrain; nothing was "
+            "signalled; stop it yourself"
+        )
     if pid is None:
         raise UserError(f"run {info.name} is not running ({info.status}); nothing to cancel")
-    if not _holds_lock(pid, run.lock):
+    assert isinstance(pid, int)
+    problem = _signal_launcher(pid, runlock.read_record(run.lock))
+    if problem is not None:
         raise UserError(
-            f"run {info.name}: the lock's holder, pid {pid}, cannot be confirmed as this run's "
-            "llmtrain (it does not hold the lock file open here); stop it yourself"
+            f"run {info.name}: the process holding its lock, pid {pid}, is not proven to be this "
+            f"run's llmtrain ({problem}); nothing was signalled; stop it yourself if it is yours"
         )
-    os.kill(pid, signal.SIGINT)
     deadline = time.monotonic() + wait_s
     while _holder(run) is not None and time.monotonic() < deadline:
         time.sleep(0.2)

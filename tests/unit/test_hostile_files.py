@@ -1,0 +1,225 @@
+"""Issue 30, part A: nothing hangs, nothing is deleted, no traceback, whatever the files hold.
+
+Each test is one of the issue's reproductions in its most hostile form: a FIFO in a run file's
+place (every run command), a stranger holding a run's flock (cancel), profiles that never end or
+claim impossible speed, messages quoting files, a full disk under `data prepare`, a secret pulled
+in with ${oc.env:...}. The forged output marker of item 1 is in tests/unit/test_output_marker.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher import cli
+from launcher.rundir import RunDir
+
+pytestmark = pytest.mark.unit
+
+
+class Hung(BaseException):
+    """A command blocked past its deadline (a BaseException: no `except OSError` swallows it)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block takes longer than `seconds`: SIGALRM
+    interrupts a blocked open() or read() and its handler's exception propagates (PEP 475)."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise Hung(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def llmtrain(capsys: pytest.CaptureFixture[str], *args: str, limit: int = 10) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of the console entry point in this process, within `limit`
+    seconds; an exception that escapes comes back as exit 1 with its traceback."""
+    import traceback
+
+    argv = sys.argv
+    sys.argv = ["llmtrain", *args]
+    code: int
+    try:
+        with deadline(limit):
+            cli.entry()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    except Hung:
+        traceback.print_exc()
+        code = 124
+    finally:
+        sys.argv = argv
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def make_run(root: Path, name: str, steps: int = 3) -> Path:
+    """A finished-looking local run directory: config.yaml, plan.json, metrics.jsonl, a log."""
+    run = root / name
+    (run / "logs").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    (run / "config.yaml").write_text(f"recipe: tiny\ntrain:\n  steps: {steps}\n")
+    (run / "plan.json").write_text(json.dumps({"totals": {"steps": steps}}))
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 5.0 - s}) + "\n" for s in range(1, steps + 1))
+    )
+    (run / "logs" / "rank0.log").write_text("rank0 training tiny\n")
+    (run / "summary.json").write_text("{}")
+    return run
+
+
+# --- item 2: a FIFO in a run file's place blocks nothing ------------------------------------------
+@pytest.mark.parametrize("name", ["slurm.json", "metrics.jsonl", "plan.json", ".llmtrain.lock"])
+def test_a_fifo_run_file_hangs_no_run_command(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "runs"
+    make_run(root, "good")
+    bad = make_run(root, "x")
+    target = bad / name
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    for command in (["status", "x"], ["logs", "x"], ["cancel", "x"], ["status", "x", "--json"]):
+        code, output = llmtrain(capsys, *command, "--root", str(root))
+        assert code in (0, 2), (command, output)
+        assert "Traceback" not in output, output
+    code, output = llmtrain(capsys, "runs", "--root", str(root), "--json")
+    assert code == 0, output
+    listed = {r["name"]: r for r in json.loads(output)["runs"]}
+    assert listed["good"]["status"] == "done" and listed["good"]["step"] == 3
+    if name in ("slurm.json", "metrics.jsonl"):
+        assert listed["x"]["status"] == "unreadable", listed["x"]
+        assert any(name in p and "FIFO" in p for p in listed["x"]["problems"]), listed["x"]
+        code, output = llmtrain(capsys, "status", "x", "--root", str(root))
+        assert code == 0 and "unreadable" in output and "FIFO" in output, output
+
+
+def test_a_fifo_rank_log_is_refused_by_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "runs"
+    run = make_run(root, "x")
+    (run / "logs" / "rank0.log").unlink()
+    os.mkfifo(run / "logs" / "rank0.log")
+    for extra in ([], ["--json"]):
+        code, output = llmtrain(capsys, "logs", "x", "--root", str(root), *extra)
+        assert code == 2 and "not a regular file" in output and "Traceback" not in output, output
+
+
+# --- item 4: cancel signals only the run's own launcher ---------------------------------------
+HOLD = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "time.sleep(1000)\n"
+)
+
+
+def _stranger(lock: Path, how: str) -> subprocess.Popen[str]:
+    if how == "script":
+        args = [sys.executable, "-c", HOLD, str(lock)]
+    else:
+        args = ["flock", str(lock), "sh", "-c", "echo held; exec sleep 1000"]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "held"
+    return process
+
+
+@pytest.mark.parametrize("how", ["script", "flock"])
+@pytest.mark.parametrize("record", ["stale", "forged"])
+def test_cancel_never_signals_a_stranger_holding_the_lock(
+    how: str, record: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if how == "flock" and not Path("/usr/bin/flock").exists():
+        pytest.skip("flock(1) is not installed")
+    root = tmp_path / "runs"
+    run = make_run(root, "x")
+    lock = RunDir(run).lock
+    # The record an earlier, finished llmtrain run left behind (its pid long gone).
+    record_of_a_finished_run = {
+        "pid": 999_999,
+        "host": socket.gethostname(),
+        "time": time.time() - 3600,
+        "token": "0123456789abcdef",
+    }
+    lock.write_text(json.dumps(record_of_a_finished_run))
+    stranger = _stranger(lock, how)
+    try:
+        if record == "forged":  # the stranger rewrites the record with its own pid and start
+            forged = {
+                "pid": stranger.pid,
+                "host": socket.gethostname(),
+                "time": time.time(),
+                "start": int(
+                    Path(f"/proc/{stranger.pid}/stat").read_text().rpartition(")")[2].split()[19]
+                ),
+                "boot": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                "token": "0123456789abcdef",
+            }
+            lock.write_text(json.dumps(forged))
+        started = time.monotonic()
+        code, output = llmtrain(capsys, "cancel", "x", "--root", str(root), limit=20)
+        took = time.monotonic() - started
+        assert code == 2, output
+        assert "nothing was signalled" in output and "Traceback" not in output, output
+        assert took < 5, took  # refused at once, not after waiting 120 s
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the stranger was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
+    # A real launcher: a process that takes the run's lock through runlock.acquire and waits for
+    # SIGINT (as `llmtrain run` does); cancel proves it and stops it.
+    root = tmp_path / "runs"
+    run = make_run(root, "x")
+    code = (
+        "import signal, sys, time\n"
+        "from launcher.launch import runlock\n"
+        f"lock = runlock.acquire({str(run)!r})\n"
+        "print('held', flush=True)\n"
+        "try:\n"
+        "    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n"
+        "    lock.release(); sys.exit(130)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline().strip() == "held"
+        done = subprocess.run(
+            [sys.executable, "-m", "launcher", "cancel", "x", "--root", str(root)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "stopped" in done.stdout, done.stdout
+        assert launcher.wait(timeout=10) == 130
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
