@@ -223,3 +223,110 @@ def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+# --- item 3: profiles are read bounded, and their figures must be physically possible ------------
+def _profile(tmp_path: Path, **changes: object) -> Path:
+    from launcher.plan import profile as prof
+    from tests.unit.test_plan_profile import tiny_profile
+
+    doc = tiny_profile()
+    for section, value in changes.items():
+        doc[section] = value
+    doc["digest"] = prof.digest(doc)  # anyone can recompute it
+    path = tmp_path / "forged.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _plan(capsys: pytest.CaptureFixture[str], profile: str) -> tuple[int, str, float]:
+    started = time.monotonic()
+    code, output = llmtrain(capsys, "plan", "recipe=tiny", f"cluster.profile={profile}")
+    return code, output, time.monotonic() - started
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "sparse-500MB", "folder", "symlink-to-zero"])
+def test_a_profile_that_never_ends_is_refused_at_once(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "profile.json"
+    if kind == "dev-zero":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "sparse-500MB":
+        with open(path, "wb") as f:
+            f.truncate(500 << 20)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    code, output, took = _plan(capsys, str(path))
+    assert code == 2, output
+    assert "cluster.profile=" in output and "Traceback" not in output, output
+    assert took < 3, took
+
+
+@pytest.mark.parametrize(
+    "figure", [1e-300, -1e-3, float("nan"), float("inf"), 0.0, 1e300, "1e-3", True]
+)
+def test_a_profile_with_impossible_timings_is_refused(
+    figure: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.unit.test_plan_profile import tiny_profile
+
+    gemms = tiny_profile()["gemm"]
+    gemms[1] = {**gemms[1], "fwd_s": figure}
+    code, output, _ = _plan(capsys, str(_profile(tmp_path, gemm=gemms)))
+    assert code == 2, output
+    said = " ".join(output.split())
+    assert "cluster.profile=" in said and "gemm[1].fwd_s" in said, said
+    assert "Traceback" not in output
+
+
+def test_a_forged_fast_profile_never_predicts_an_impossible_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The reproduction: every timing 1e-300 s, digest recomputed; plan predicted a 7e-299 s step.
+    from tests.unit.test_plan_profile import tiny_profile
+
+    doc = tiny_profile()
+    for section in ("gemm", "attention", "elementwise", "loss"):
+        doc[section] = [{**e, "fwd_s": 1e-300, "bwd_s": 1e-300} for e in doc[section]]
+    doc["optimizer"] = [{**e, "seconds": 1e-300} for e in doc["optimizer"]]
+    path = _profile(tmp_path, **{k: doc[k] for k in ("gemm", "attention", "elementwise", "loss")})
+    code, output, _ = _plan(capsys, str(path))
+    assert code == 2 and "faster than" in output and "Traceback" not in output, output
+
+
+# --- item 8: errors about files name the key, with at most a short escaped excerpt --------------
+HUGE = "\x1b[2J\x1b[31m" + "A" * 20_000
+
+
+def test_profile_errors_never_quote_a_file_at_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.plan import profile as prof
+    from tests.unit.test_plan_profile import tiny_profile
+
+    cases = []
+    version = tiny_profile()
+    version["version"] = HUGE
+    cases.append(version)
+    device = tiny_profile()
+    device["device"] = {**device["device"], "cluster_gpu": HUGE, "name": HUGE}
+    cases.append(device)
+    kind = tiny_profile()
+    kind["attention"][0]["kind"] = HUGE
+    cases.append(kind)
+    number = tiny_profile()
+    number["loss"][0]["vocab"] = HUGE
+    cases.append(number)
+    for i, doc in enumerate(cases):
+        doc["digest"] = prof.digest(doc)
+        path = tmp_path / f"p{i}.json"
+        path.write_text(json.dumps(doc))
+        code, output, _ = _plan(capsys, str(path))
+        assert code == 2 and "Traceback" not in output, output
+        assert "\x1b" not in output and "A" * 100 not in output, output[:300]
+        assert len(output) < 2000, len(output)
