@@ -330,3 +330,53 @@ def test_profile_errors_never_quote_a_file_at_length(
         assert code == 2 and "Traceback" not in output, output
         assert "\x1b" not in output and "A" * 100 not in output, output[:300]
         assert len(output) < 2000, len(output)
+
+
+LLAMA = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "vocab_size": 256,
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model_type": HUGE},
+        {"hidden_act": HUGE},
+        {"num_hidden_layers": HUGE},
+        {"num_attention_heads": [HUGE] * 3},
+        {"num_attention_heads": 0},
+        {"hidden_size": 1e308},
+        {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": HUGE},
+    ],
+    ids=["model_type", "hidden_act", "layers", "heads-list", "heads-zero", "huge", "n_inner"],
+)
+def test_from_hf_errors_never_quote_the_file_at_length(
+    change: dict[str, object], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, "n_positions": 128, **change}))
+    code, output = llmtrain(capsys, "show", f"model.from_hf={path}")
+    assert code == 2 and "model.from_hf" in output and "Traceback" not in output, output
+    assert "\x1b" not in output and "A" * 100 not in output, output[:300]
+    assert len(output) < 2000, len(output)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero-link", "sparse"])
+def test_from_hf_reads_a_config_json_that_never_ends_bounded(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero-link":
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "wb") as f:
+            f.truncate(100 << 20)
+    code, output = llmtrain(capsys, "show", f"model.from_hf={tmp_path}", limit=5)
+    assert code == 2 and "model.from_hf" in output and "Traceback" not in output, output
