@@ -380,3 +380,37 @@ def test_from_hf_reads_a_config_json_that_never_ends_bounded(
             f.truncate(100 << 20)
     code, output = llmtrain(capsys, "show", f"model.from_hf={tmp_path}", limit=5)
     assert code == 2 and "model.from_hf" in output and "Traceback" not in output, output
+
+
+# --- item 9: a value read from the environment is never cached, and secret names are secrets ------
+def _cached_texts(cache: Path) -> str:
+    return "".join(p.read_text() for p in cache.rglob("*.json")) if cache.exists() else ""
+
+
+@pytest.mark.parametrize("name", ["SECRET", "HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD"])
+def test_a_secret_named_variable_is_never_shown_or_cached(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    value = "hunter2-do-not-print-7f3a"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
+    monkeypatch.setenv(name, value)
+    code, output = llmtrain(capsys, "show", f"run.name=${{oc.env:{name}}}")
+    assert code == 2, output
+    assert "run.name" in output and name in output and value not in output, output
+    assert value not in _cached_texts(tmp_path / "cache")
+
+
+def test_an_environment_value_is_never_written_to_the_compose_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    value = "plain-value-from-the-environment"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
+    monkeypatch.setenv("RUN_LABEL", value)
+    for _ in range(2):  # the second would be served from the cache
+        code, output = llmtrain(capsys, "show", "run.name=${oc.env:RUN_LABEL}")
+        assert code == 0 and value in output, output
+    assert value not in _cached_texts(tmp_path / "cache")
+    code, output = llmtrain(capsys, "show", "run.name=plain")  # others are still cached
+    assert code == 0 and "plain" in _cached_texts(tmp_path / "cache")
