@@ -414,3 +414,43 @@ def test_an_environment_value_is_never_written_to_the_compose_cache(
     assert value not in _cached_texts(tmp_path / "cache")
     code, output = llmtrain(capsys, "show", "run.name=plain")  # others are still cached
     assert code == 0 and "plain" in _cached_texts(tmp_path / "cache")
+
+
+# --- item 8: data prepare onto a full disk says so, no traceback ---------------------------------
+def _can_mount() -> bool:
+    import shutil
+
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+@pytest.mark.skipif(not _can_mount(), reason="mounting a small tmpfs needs root")
+def test_data_prepare_onto_a_full_disk_says_disk_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import random
+    import uuid
+
+    text = tmp_path / "in.txt"
+    rng = random.Random(0)
+    text.write_text(" ".join("".join(rng.choices("abcdefgh", k=6)) for _ in range(200_000)))
+    mount = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        for fmt in ("megatron", "shards"):
+            out = mount / "data"
+            code, output = llmtrain(
+                capsys, "data", "prepare", "--input", str(text), "--output", str(out),
+                "--format", fmt,
+            )  # fmt: skip
+            assert code == 2, output
+            said = " ".join(output.split())
+            assert "disk full writing" in said and "--output" in said, said
+            assert "Traceback" not in output and "checkpoint" not in said, said
+            assert list(mount.iterdir()) == []  # no temporary folder left behind
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
