@@ -150,16 +150,29 @@ def open_append(path: Path, root: Path | None = None, binary: bool = False) -> I
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+def _open_regular(path: Path) -> int:
+    """A descriptor of the regular file `path`, opened without blocking and without following a
+    symlink at its name (launcher.bounded_read); anything else is an UnsafePathError (an
+    OSError, as callers of these readers expect)."""
+    from launcher import bounded_read
+
+    try:
+        return bounded_read.open_regular(path)
+    except bounded_read.FileRefused as exc:
+        raise UnsafePathError(errno.EINVAL, f"{path} {exc}", str(path)) from None
+
+
 def read_bytes(path: Path) -> bytes:
-    """Read a file without following a symlink at its name."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    """Read a regular file without following a symlink at its name (a FIFO or device there is
+    refused, never waited on)."""
+    fd = _open_regular(path)
     with os.fdopen(fd, "rb") as f:
         return f.read()
 
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    fd = _open_regular(path)
     with os.fdopen(fd, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
