@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import bounded_read
+from launcher.excerpt import excerpt
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
@@ -102,10 +103,10 @@ def job_id(value: object) -> str:
     """A SLURM job id read back from a file (or SLURM): digits, or NNN_MMM for an array task.
     RunFileError for anything else (an option such as ``--me``, spaces, a list)."""
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise RunFileError(f"job id {str(value)[:40]!r} is not a string of digits")
+        raise RunFileError(f"job id {excerpt(value)} is not a string of digits")
     text = str(value)
     if not _JOB_ID.fullmatch(text):
-        raise RunFileError(f"job id {text[:40]!r} is not digits (NNN or NNN_MMM)")
+        raise RunFileError(f"job id {excerpt(text)} is not digits (NNN or NNN_MMM)")
     return text
 
 
