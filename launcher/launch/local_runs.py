@@ -318,16 +318,57 @@ def log_files(info: RunInfo) -> list[Path]:
     return [run.rank_log(0), run.torchrun_log]
 
 
+# `logs` shows at most the last LOG_TAIL_BYTES of each log (a note says what was left out and
+# where the whole log is): a 100 GB log, or a sparse file in a log's place, is never read whole.
+LOG_TAIL_BYTES = 8 << 20
+
+
+def _tail_start(path: Path) -> int:
+    """Where to start showing `path`: its last LOG_TAIL_BYTES."""
+    try:
+        size = os.lstat(path).st_size
+    except OSError:
+        return 0
+    return max(0, size - LOG_TAIL_BYTES)
+
+
+def _skipped(path: Path, start: int) -> bytes:
+    return (
+        f"[llmtrain: the first {start:,} bytes of {path} are not shown; the whole log is "
+        "there]\n".encode()
+        if start
+        else b""
+    )
+
+
+def log_texts(info: RunInfo) -> list[tuple[Path, bytes | None]]:
+    """(path, the end of its text or None when absent) of each log `logs` shows."""
+    from launcher.launch.slurm import read_log
+
+    texts = []
+    for path in log_files(info):
+        start = _tail_start(path)
+        data = read_log(path, info.folder, start)
+        texts.append((path, None if data is None else _skipped(path, start) + data))
+    return texts
+
+
 def show_logs(
     info: RunInfo,
     write: Callable[[str], None],
     follow: bool = False,
     poll_s: float = 0.5,
 ) -> None:
-    """Print rank 0's log (and torchrun's); with `follow`, until the run stops running."""
+    """Print rank 0's log (and torchrun's), its last LOG_TAIL_BYTES; with `follow`, until the
+    run stops running."""
     from launcher.launch.slurm import read_log
 
     offsets: dict[Path, int] = {}
+    for path in log_files(info):
+        start = _tail_start(path)
+        if start:
+            offsets[path] = start
+            write(_skipped(path, start).decode())
 
     def drain() -> None:
         for path in log_files(info):

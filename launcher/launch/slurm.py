@@ -390,9 +390,10 @@ def read_log(path: Path, run_dir: Path | None, offset: int = 0) -> bytes | None:
                 "logs through links (remove it)"
             ) from None
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file; remove it")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise UserError(f"{path} is not a regular file; remove it")
         os.set_blocking(f.fileno(), True)
         f.seek(offset)
         return f.read()
