@@ -51,7 +51,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from launcher import bounded_read
 from launcher.excerpt import excerpt
@@ -120,7 +120,7 @@ def cpu_threads(gpus_per_node: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, gpus_per_node))
 
 
-def _positive(value: Any) -> bool:
+def _positive(value: Any) -> TypeGuard[float]:
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
