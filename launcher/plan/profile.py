@@ -257,9 +257,12 @@ def validate(doc: Any) -> dict[str, Any]:
     device = doc.get("device")
     if not isinstance(device, dict) or not isinstance(device.get("cluster_gpu"), str):
         raise ProfileError("no device.cluster_gpu")
-    for key in ("name", "kind"):
-        if key in device and not isinstance(device[key], str | None):
-            raise ProfileError(f"device.{key} = {excerpt(device[key])}: not text")
+    for key in ("cluster_gpu", "name", "kind"):
+        value = device.get(key)
+        if value is not None and not (
+            isinstance(value, str) and len(value) <= 200 and value.isprintable()
+        ):
+            raise ProfileError(f"device.{key} = {excerpt(value)}: not a short line of text")
     _check_entries(doc)
     _check_physics(doc)
     return doc
