@@ -13,7 +13,7 @@ on the node that runs it, with flock(1), and holds it until the job ends; ``llmt
 refuses a run directory whose slurm.json names a job SLURM still has queued or running.
 
 The record also proves who the launcher is, for ``llmtrain cancel``, which signals only a process
-proven to be this run's launcher (``proven_launcher``): the process holding the flock (the kernel's
+proven to be this run's launcher (``why_not_launcher``): the process holding the flock (the kernel's
 /proc/locks) must be the recorded pid, with the recorded start time (/proc/PID/stat, field 22,
 clock ticks after boot) on the recorded boot (/proc/sys/kernel/random/boot_id), and must itself
 hold the token of the record: the launcher keeps an anonymous file (memfd) named after it open for
