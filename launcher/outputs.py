@@ -283,11 +283,13 @@ def remove_owned(folder: Path) -> list[str]:
     finally:
         with contextlib.suppress(OSError):
             os.rmdir(quarantine)
+    # A changed file whose name was taken meanwhile stays in the quarantine: said, never lost.
+    kept = [f"{quarantine}/{p.name}" for p in quarantine.iterdir()] if quarantine.exists() else []
     for dirpath, _, _ in sorted(os.walk(folder, topdown=False), key=lambda t: -len(t[0])):
         with contextlib.suppress(OSError):
             os.rmdir(dirpath)
     remaining, _ = _files(folder) if folder.exists() else ([], None)
-    return remaining
+    return remaining + kept
 
 
 def install(
