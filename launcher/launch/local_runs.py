@@ -130,7 +130,8 @@ def _holder(run: RunDir) -> int | None:
 
 def _refused(path: Path, exc: BaseException, problems: list[str]) -> None:
     """Note a run file the reader refused (not one that is absent or half-written)."""
-    if isinstance(exc, bounded_read.FileRefused) and not str(exc).startswith(("not JSON", "nest")):
+    # The reader's own refusals ("is a FIFO ...", "is larger than ..."), not a line being written.
+    if isinstance(exc, bounded_read.FileRefused) and str(exc).startswith("is "):
         problems.append(f"{path.name} {exc}")
 
 
