@@ -1190,7 +1190,7 @@ def logs(
         if not as_json:
             local_runs.show_logs(local, _write_flush, follow=follow)
             return
-        texts = [(path, read_log(path, local.folder)) for path in local_runs.log_files(local)]
+        texts = local_runs.log_texts(local)  # the end of each log, bounded
     if as_json:
         if local is None:
             resolved = resolve(_slurm_target(target, root))

@@ -10,7 +10,8 @@ Every write into a run directory goes through here:
   planted there is refused (``UnsafePathError``) instead of followed.
 - ``sha256_file`` (opened with O_NOFOLLOW) and ``fsync_path``.
 - ``describe_write_error``: disk full (ENOSPC, EDQUOT) and read-only (EROFS, EACCES, EPERM)
-  errors said plainly, with the path and the free space left.
+  errors said plainly, with the path and the free space left; ``disk_full_is_user_error`` makes a
+  full disk inside a command's writing function (``data prepare``) that sentence, exit 2.
 
 Fault injection (tests only): ``LLMTRAIN_FAULT_DISK_FULL=1`` makes every write through this
 module fail with ENOSPC, as a full disk would; it is the test hook named as such, nothing else
@@ -21,14 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
+import inspect
 import json
 import os
 import secrets
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar, cast
 
 FAULT_DISK_FULL_ENV = "LLMTRAIN_FAULT_DISK_FULL"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -146,16 +150,29 @@ def open_append(path: Path, root: Path | None = None, binary: bool = False) -> I
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+def _open_regular(path: Path) -> int:
+    """A descriptor of the regular file `path`, opened without blocking and without following a
+    symlink at its name (launcher.bounded_read); anything else is an UnsafePathError (an
+    OSError, as callers of these readers expect)."""
+    from launcher import bounded_read
+
+    try:
+        return bounded_read.open_regular(path)
+    except bounded_read.FileRefused as exc:
+        raise UnsafePathError(errno.EINVAL, f"{path} {exc}", str(path)) from None
+
+
 def read_bytes(path: Path) -> bytes:
-    """Read a file without following a symlink at its name."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    """Read a regular file without following a symlink at its name (a FIFO or device there is
+    refused, never waited on)."""
+    fd = _open_regular(path)
     with os.fdopen(fd, "rb") as f:
         return f.read()
 
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    fd = _open_regular(path)
     with os.fdopen(fd, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
@@ -211,8 +228,14 @@ def disk_full_error(exc: BaseException, path: Path) -> OSError | None:
     return None
 
 
-def describe_write_error(exc: BaseException, path: Path) -> str | None:
-    """A plain sentence for a disk-full or read-only write error (None for any other error)."""
+_RESUME = "run the same command again to resume from the last good checkpoint"
+
+
+def describe_write_error(
+    exc: BaseException, path: Path, then: str = _RESUME, where_to: str = "run.root_dir"
+) -> str | None:
+    """A plain sentence for a disk-full or read-only write error (None for any other error).
+    `then`: what to do once there is room; `where_to`: the option that moves the output."""
     short_write = isinstance(exc, RuntimeError) and _SHORT_WRITE in str(exc)
     if not (isinstance(exc, OSError) or short_write) or isinstance(exc, UnsafePathError):
         return None
@@ -223,12 +246,43 @@ def describe_write_error(exc: BaseException, path: Path) -> str | None:
     if short_write or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS):
         return (
             f"disk full writing {where} ({free_text} on its file system); free space there or "
-            "move run.root_dir, then run the same command again to resume from the last good "
-            "checkpoint"
+            f"move {where_to}, then {then}"
         )
     if isinstance(exc, OSError) and exc.errno in READ_ONLY_ERRNOS:
         return (
             f"cannot write {where}: {os.strerror(exc.errno or 0)} (read-only or not permitted; "
-            f"{free_text}); make it writable or set run.root_dir to a writable folder"
+            f"{free_text}); make it writable or set {where_to} to a writable folder"
         )
     return None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def disk_full_is_user_error(path_argument: str, option: str) -> Callable[[_F], _F]:
+    """Decorate a command's writing function so that a full disk (ENOSPC, EDQUOT) anywhere inside
+    it is a UserError saying "disk full writing PATH" (``describe_write_error``; PATH the file
+    that failed, else the function's `path_argument`), exit 2, never a traceback. `option` names
+    the command-line option that moves the output."""
+
+    def decorate(function: _F) -> _F:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except OSError as exc:
+                if exc.errno not in DISK_FULL_ERRNOS:
+                    raise
+                target = signature.bind(*args, **kwargs).arguments.get(path_argument, ".")
+                message = describe_write_error(
+                    exc, Path(target), then="run the same command again", where_to=option
+                )
+                from launcher.errors import UserError
+
+                raise UserError(f"{message}; nothing was written to {option} {target}") from None
+
+        return cast(_F, wrapper)
+
+    return decorate

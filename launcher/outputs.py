@@ -1,18 +1,24 @@
 """Folders llmtrain writes as a whole (`data prepare --output`, `export --out`), and what
-``--overwrite`` may remove: only a folder llmtrain wrote, and only the files it wrote there.
+``--overwrite`` may remove: only files llmtrain provably wrote, and only while they are the bytes
+it wrote.
 
 - Written beside, renamed into place: the caller writes into ``temporary_sibling`` (a fresh
-  hidden folder next to the target); ``install`` writes the ownership marker (``MARKER``: which
-  command wrote the folder and every file it holds) and renames the folder to the target without
+  hidden folder next to the target); ``install`` writes the ownership marker (``MARKER``,
+  launcher/output_marker.py: the command, every file with its size and sha256, signed with the
+  user's key so that nobody else can forge it) and renames the folder to the target without
   replacing anything (``rename_noreplace``): a target that appeared meanwhile (a folder someone
   created, a concurrent prepare that finished first) makes this one fail with exit 2, and the
   target is left as it is.
-- ``--overwrite`` replaces only a folder whose marker names the same command and whose files are
-  exactly the ones the marker lists (a user's file put there later is never deleted: refused).
-  The old folder is renamed aside first, checked again, and removed file by file as its marker
-  lists them (never a recursive delete of whatever is there).
-- Never a run directory, a folder inside one, the current or root directory, or a folder holding a
-  run directory (``--out runs``, ``--out .``), with or without ``--overwrite``.
+- ``--overwrite`` replaces only a folder whose marker is signed by this user's llmtrain, names
+  the same command, and lists exactly the files present with their sizes (a user's file put
+  there is never deleted: refused). The old folder is renamed into a fresh private folder
+  beside it, checked again, and removed file by file: each listed file is moved into a private
+  quarantine, its bytes checked against the marker's sha256 there, and only then unlinked; a file
+  that changed is put back, a file nobody listed is never touched, and folders are removed only
+  when empty (never a recursive delete of whatever is there).
+- Never a run directory, a folder inside one, the current or root directory, or a folder holding
+  a run directory at any depth (the whole tree is searched, links not followed; a tree too large
+  or unreadable to search is refused), with or without ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -21,20 +27,24 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import json
+import hashlib
 import os
+import secrets
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from launcher import bounded_read, output_marker
 from launcher.errors import UserError
+from launcher.excerpt import name as shown
 from launcher.rundir import CHECKPOINTS, CONFIG, LAUNCH_SCRIPT, LOCK, PLAN
 
-MARKER = ".llmtrain-output.json"
-FORMAT = "llmtrain-output-v1"
-_SCAN_DEPTH = 3  # runs/NAME-HASH/checkpoints: a run directory this deep under --out is found
-_SCAN_LIMIT = 20_000  # entries looked at before giving up (the marker check still applies)
+MARKER = output_marker.MARKER
+FORMAT = output_marker.FORMAT
+# Entries searched for a run directory before giving up (and refusing): an export or a prepared
+# dataset holds a few to a few thousand files.
+_SCAN_LIMIT = 200_000
 NEW, EMPTY, REPLACE = "new", "empty", "replace"  # what check_target found at the target
 
 
@@ -45,79 +55,65 @@ def is_run_dir(path: Path) -> bool:
     return any(os.path.lexists(path / name) for name in (CHECKPOINTS, PLAN, LAUNCH_SCRIPT, LOCK))
 
 
+class _Unsearchable(Exception):
+    """The tree could not be searched whole (too many entries, an unreadable folder)."""
+
+
 def _holds_run_dir(folder: Path) -> Path | None:
-    """A run directory at most ``_SCAN_DEPTH`` levels under `folder` (links not followed)."""
+    """A run directory anywhere under `folder` (links not followed); _Unsearchable when the
+    tree cannot be searched whole."""
     seen = 0
-    level = [folder]
-    for _ in range(_SCAN_DEPTH):
-        deeper = []
-        for parent in level:
-            try:
-                entries = list(os.scandir(parent))
-            except OSError:
-                continue
-            for entry in entries:
-                seen += 1
-                if seen > _SCAN_LIMIT:
-                    return None
-                if entry.is_dir(follow_symlinks=False):
-                    child = Path(entry.path)
-                    if is_run_dir(child):
-                        return child
-                    deeper.append(child)
-        level = deeper
+    stack = [folder]
+    while stack:
+        parent = stack.pop()
+        try:
+            entries = list(os.scandir(parent))
+        except OSError as exc:
+            raise _Unsearchable(f"{parent} cannot be read ({exc.strerror})") from None
+        for entry in entries:
+            seen += 1
+            if seen > _SCAN_LIMIT:
+                raise _Unsearchable(f"it holds more than {_SCAN_LIMIT:,} entries")
+            if entry.is_dir(follow_symlinks=False):
+                child = Path(entry.path)
+                if is_run_dir(child):
+                    return child
+                stack.append(child)
     return None
 
 
 def _files(folder: Path) -> tuple[list[str], str | None]:
     """(every regular file under `folder`, relative, sorted; what is not a file or folder)."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        for name in dirnames + filenames:
-            full = Path(dirpath) / name
-            mode = os.lstat(full).st_mode
-            rel = full.relative_to(folder).as_posix()
-            if stat.S_ISREG(mode):
-                found.append(rel)
-            elif not stat.S_ISDIR(mode):
-                return sorted(found), rel
-    return sorted(found), None
+    found, odd = output_marker.listing(folder)
+    return sorted(found), odd
 
 
-def _marker(folder: Path) -> dict[str, Any] | None:
-    path = folder / MARKER
-    try:
-        if path.is_symlink() or not path.is_file():
-            return None
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if (
-        not isinstance(document, dict)
-        or document.get("format") != FORMAT
-        or not isinstance(document.get("files"), list)
-        or not all(isinstance(f, str) for f in document["files"])
-    ):
-        return None
-    return document
+def _names(names: list[str]) -> str:
+    return ", ".join(shown(n) for n in names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else ""
+    )
 
 
 def why_not_owned(folder: Path, command: str) -> str | None:
-    """None when `folder` is one `command` wrote and holds nothing else, else why not."""
-    document = _marker(folder)
+    """None when `folder` is one `command` wrote (its marker signed by this user's llmtrain) and
+    holds nothing else, each listed file of the size listed; else why not."""
+    document, problem = output_marker.read(folder)
     if document is None:
-        return f"it holds no {MARKER} (written with every folder `{command}` makes)"
+        return problem
     if document.get("command") != command:
         return f"its {MARKER} is not from `{command}`"
-    present, odd = _files(folder)
+    present, odd = output_marker.listing(folder)
     if odd is not None:
-        return f"it holds {odd}, which is not a regular file"
-    foreign = sorted(set(present) - {*document["files"], MARKER})
+        return f"it holds {shown(odd)}, which is not a regular file"
+    listed: dict[str, Any] = document["files"]
+    foreign = sorted(set(present) - {*listed, MARKER})
     if foreign:
-        shown = ", ".join(foreign[:3]) + (
-            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        )
-        return f"it holds files `{command}` did not write: {shown}"
+        return f"it holds files `{command}` did not write: {_names(foreign)}"
+    changed = sorted(
+        rel for rel in listed if rel in present and present[rel] != listed[rel]["size"]
+    )
+    if changed:
+        return f"files changed since `{command}` wrote them: {_names(changed)}"
     return None
 
 
@@ -153,7 +149,13 @@ def check_target(out: Path, option: str, command: str, overwrite: bool, what: st
         return NEW
     if not any(resolved.iterdir()):
         return EMPTY
-    held = _holds_run_dir(resolved)
+    try:
+        held = _holds_run_dir(resolved)
+    except _Unsearchable as exc:
+        raise UserError(
+            f"{option} {given}: cannot be searched whole for run directories ({exc}); llmtrain "
+            "never writes over a folder it cannot prove holds no run; choose a new folder"
+        ) from None
     if held is not None:
         raise UserError(
             f"{option} {given}: holds the run directory {held}; llmtrain never writes over a "
@@ -211,32 +213,83 @@ def rename_noreplace(src: Path, dst: Path) -> None:
         raise
 
 
-def _write_marker(folder: Path, command: str, extra: dict[str, Any]) -> None:
-    files, odd = _files(folder)
-    assert odd is None, f"{folder}: {odd}"
-    document = {"format": FORMAT, "command": command, **extra, "files": files}
-    (folder / MARKER).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+def _quarantined_unlink(path: Path, meta: dict[str, Any], quarantine: Path) -> bool:
+    """Delete `path` only if it is the bytes `meta` (size, sha256) lists: it is first moved into
+    the private `quarantine` (so nobody can swap it between the check and the unlink), checked
+    there, and unlinked; otherwise it is put back (or, if its name was taken meanwhile, left in
+    the quarantine). Whether it was deleted."""
+    held = quarantine / secrets.token_hex(8)
+    try:
+        os.rename(path, held)
+    except OSError:
+        return False
+    same = False
+    try:
+        fd = bounded_read.open_regular(held)
+    except (OSError, ValueError):
+        fd = None
+    if fd is not None:
+        try:
+            same = (
+                os.fstat(fd).st_size == meta["size"]
+                and output_marker.sha256_fd(fd) == meta["sha256"]
+            )
+        finally:
+            os.close(fd)
+    if same:
+        os.unlink(held)
+        return True
+    with contextlib.suppress(OSError):
+        rename_noreplace(held, path)
+    return False
+
+
+def _no_link_above(folder: Path, rel: str) -> bool:
+    """Whether every folder between `folder` and `folder`/`rel` is a real folder (no link)."""
+    current = folder
+    for part in Path(rel).parts[:-1]:
+        current = current / part
+        try:
+            if not stat.S_ISDIR(os.lstat(current).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _marker_bytes(folder: Path) -> bytes | None:
+    try:
+        return bounded_read.read_regular(folder / MARKER, output_marker.MAX_BYTES)
+    except (OSError, ValueError):
+        return None
 
 
 def remove_owned(folder: Path) -> list[str]:
-    """Delete the files `folder`'s marker lists, the marker, and the folders left empty; return
-    what remains (nothing, unless someone put files there)."""
-    document = _marker(folder)
-    listed = document["files"] if document is not None else []
-    for rel in listed:
-        path = folder / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            if not path.is_symlink() and path.is_file():
-                path.unlink()
-    with contextlib.suppress(FileNotFoundError):
-        (folder / MARKER).unlink()
+    """Delete the files `folder`'s signed marker lists, each only while it holds the bytes the
+    marker lists (``_quarantined_unlink``), then the marker and the folders left empty; return
+    what remains, relative (nothing, unless someone put or changed files there)."""
+    document, _ = output_marker.read(folder)
+    marker_bytes = _marker_bytes(folder)
+    quarantine = Path(tempfile.mkdtemp(prefix=".llmtrain-delete-", dir=folder.parent))
+    try:
+        if document is not None:
+            for rel, meta in document["files"].items():
+                if _no_link_above(folder, rel):
+                    _quarantined_unlink(folder / rel, meta, quarantine)
+            if marker_bytes is not None and _marker_bytes(folder) == marker_bytes:
+                digest = hashlib.sha256(marker_bytes).hexdigest()
+                meta = {"size": len(marker_bytes), "sha256": digest}
+                _quarantined_unlink(folder / MARKER, meta, quarantine)
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(quarantine)
+    # A changed file whose name was taken meanwhile stays in the quarantine: said, never lost.
+    kept = [f"{quarantine}/{p.name}" for p in quarantine.iterdir()] if quarantine.exists() else []
     for dirpath, _, _ in sorted(os.walk(folder, topdown=False), key=lambda t: -len(t[0])):
         with contextlib.suppress(OSError):
             os.rmdir(dirpath)
     remaining, _ = _files(folder) if folder.exists() else ([], None)
-    return remaining
+    return remaining + kept
 
 
 def install(
@@ -251,22 +304,29 @@ def install(
     what ``check_target`` found there (EMPTY: the empty folder is taken; REPLACE: an earlier
     output it accepted for --overwrite). Raises UserError, with `out` as it was, when `out`
     appeared meanwhile or changed since it was checked."""
-    _write_marker(tmp, command, extra or {})
-    old = None
+    output_marker.write(tmp, command, extra or {})
+    old = aside = None
     if found == EMPTY:
         with contextlib.suppress(OSError):
             out.rmdir()  # an empty folder made for it; filled meanwhile: kept, the rename refuses
     elif found == REPLACE:
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        # Moved into a fresh private folder (mode 0700, a random name): nobody else can reach
+        # what is removed from there on.
+        aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        old = aside / "old"
         try:
             os.rename(out, old)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                aside.rmdir()
             raise UserError(
                 f"{option} {out}: changed while this command ran ({exc.strerror}); left as it is"
             ) from None
         problem = why_not_owned(old, command)
         if problem is not None:  # someone wrote into it since the check: put it back untouched
             os.rename(old, out)
+            with contextlib.suppress(OSError):
+                aside.rmdir()
             raise UserError(
                 f"{option} {out}: changed while this command ran ({problem}); left as it is"
             )
@@ -286,10 +346,13 @@ def install(
             os.fsync(fd)
         finally:
             os.close(fd)
-    if old is not None:
+    if old is not None and aside is not None:
         left = remove_owned(old)
         if left:
             raise UserError(
-                f"{option} {out}: written; the previous output, moved to {old}, held files it "
-                f"did not write ({', '.join(left[:3])}), which were kept there"
+                f"{option} {out}: written; the previous output, moved to {old}, held files "
+                f"llmtrain did not write or that changed since ({_names(left)}), which were "
+                "kept there"
             )
+        with contextlib.suppress(OSError):
+            aside.rmdir()

@@ -5,40 +5,36 @@ have cut short), so every JSON document llmtrain reads back from it (slurm.json,
 record, preempted.json, rank error reports, the last line of metrics.jsonl) goes through
 ``read_json``/``loads``: at most ``max_bytes`` read, nesting deeper than ``max_depth`` refused
 before the parser sees it (a 3 MB ``[[[[...`` would otherwise raise RecursionError), and any
-failure is one ``RunFileError`` (a ValueError) that callers turn into a clear message. Values
-taken from such a document that reach a command line are checked by their own rule
-(``job_id``: SLURM job ids are digits, with ``_`` for array tasks), so a value like ``--me`` can
-never become an option of scancel.
+failure is one ``RunFileError`` (a ValueError) that callers turn into a clear message. Files are
+opened through ``launcher.bounded_read``: never blocking (a FIFO in a run file's place is refused,
+not waited on), regular files only. Values taken from such a document that reach a command line
+are checked by their own rule (``job_id``: SLURM job ids are digits, with ``_`` for array tasks),
+so a value like ``--me`` can never become an option of scancel.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from launcher import bounded_read
+from launcher.excerpt import excerpt
+
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 # A SLURM job id as llmtrain records and passes it: digits, or ARRAYJOB_TASK for an array task.
 _JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,20})?")
 
 
-class RunFileError(ValueError):
-    """A run file that is too large, too deeply nested, not JSON, or not what it should hold."""
+class RunFileError(bounded_read.FileRefused):
+    """A run file that is too large, too deeply nested, not JSON, not a regular file (a FIFO, a
+    device, a folder), a symbolic link, or not what it should hold (a ValueError)."""
 
 
-def depth(text: str) -> int:
-    """The deepest nesting of arrays and objects in JSON `text` (strings skipped)."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub('""', text))
-    if not brackets:
-        return 0
-    return max(accumulate(1 if ch in "[{" else -1 for ch in brackets))
+depth = bounded_read.json_depth
 
 
 def loads(data: bytes | str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
@@ -55,28 +51,26 @@ def loads(data: bytes | str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX
         raise RunFileError(f"not JSON ({str(exc)[:80]})") from None
 
 
-def _open_no_follow(path: Path) -> int:
-    """A read-only descriptor of `path`, RunFileError when its name is a symbolic link; other
-    OSErrors (missing, unreadable) propagate."""
+def _open_regular(path: Path) -> int:
+    """A read-only descriptor of the regular file `path` (opened without blocking, never through
+    a symbolic link: launcher.bounded_read); RunFileError for anything else; other OSErrors
+    (missing, unreadable) propagate."""
     try:
-        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RunFileError(
-                "a symbolic link (llmtrain never reads run files through one)"
-            ) from None
-        raise
+        return bounded_read.open_regular(path)
+    except bounded_read.FileRefused as exc:
+        raise RunFileError(str(exc)) from None
 
 
 def read_bytes(path: Path, max_bytes: int = MAX_BYTES) -> bytes:
-    """At most `max_bytes` of `path` (RunFileError beyond), never following a symlink at its
-    name (RunFileError too). Other OSErrors (missing, unreadable) propagate."""
-    fd = _open_no_follow(path)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise RunFileError(f"larger than {max_bytes} bytes")
-    return data
+    """At most `max_bytes` of the regular file `path` (RunFileError beyond, and for a FIFO, a
+    device, a folder or a symbolic link at its name). Other OSErrors (missing, unreadable)
+    propagate."""
+    try:
+        return bounded_read.read_regular(path, max_bytes)
+    except RunFileError:
+        raise
+    except bounded_read.FileRefused as exc:
+        raise RunFileError(str(exc)) from None
 
 
 def read_json(path: Path, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
@@ -92,7 +86,7 @@ def read_json_object(path: Path, *, max_bytes: int = MAX_BYTES) -> dict[str, Any
 
 def last_line(path: Path, max_bytes: int = 65536) -> bytes:
     """The last complete line of `path` (at most `max_bytes` of it), never through a symlink."""
-    fd = _open_no_follow(path)
+    fd = _open_regular(path)
     with os.fdopen(fd, "rb") as f:
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - max_bytes))
@@ -109,10 +103,10 @@ def job_id(value: object) -> str:
     """A SLURM job id read back from a file (or SLURM): digits, or NNN_MMM for an array task.
     RunFileError for anything else (an option such as ``--me``, spaces, a list)."""
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise RunFileError(f"job id {str(value)[:40]!r} is not a string of digits")
+        raise RunFileError(f"job id {excerpt(value)} is not a string of digits")
     text = str(value)
     if not _JOB_ID.fullmatch(text):
-        raise RunFileError(f"job id {text[:40]!r} is not digits (NNN or NNN_MMM)")
+        raise RunFileError(f"job id {excerpt(text)} is not digits (NNN or NNN_MMM)")
     return text
 
 

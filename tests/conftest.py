@@ -21,6 +21,8 @@ os.environ.setdefault("TERMINAL_WIDTH", "200")
 # write an empty cache of their own, never the developer's ~/.cache/llmtrain/profiles.
 os.environ["LLMTRAIN_PROFILE_DIR"] = tempfile.mkdtemp(prefix="llmtrain-test-profiles-")
 atexit.register(shutil.rmtree, os.environ["LLMTRAIN_PROFILE_DIR"], True)
+# The key that signs output markers (launcher/output_marker.py): the tests' own, never the user's.
+os.environ["LLMTRAIN_OUTPUT_KEY_FILE"] = os.path.join(os.environ["LLMTRAIN_PROFILE_DIR"], "out.key")
 
 
 # Tests that start processes: torchrun ranks, DeepSpeed, a SLURM cluster on fixed ports (one

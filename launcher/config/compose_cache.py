@@ -9,8 +9,10 @@ in those files or the overrides may resolve (so a changed variable is never serv
 edit to those files changes the key. An entry that cannot be read or has the wrong shape is
 removed and composed again. Only successful compositions are
 cached; errors always go through Hydra again, and so does a composition holding a secret's value
-(``launcher.config.secrets``): it is never written to disk. Set LLMTRAIN_NO_CACHE=1 to bypass the
-cache.
+(``launcher.config.secrets``): it is never written to disk. A composition that reads the
+environment (``${oc.env:...}`` in an override, a --config file or a recipe given by path) is never
+cached either: a resolved environment value (a token, a password) is never written to disk,
+whatever its name. Set LLMTRAIN_NO_CACHE=1 to bypass the cache.
 Location: $XDG_CACHE_HOME/llmtrain/compose (default ~/.cache/llmtrain/compose), a folder of mode
 0700 (with its llmtrain parent) holding files of mode 0600; a folder there that is a symlink or
 another user's is not used.
@@ -27,11 +29,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from launcher import __version__, fsio, resources
+from launcher import __version__, bounded_read, fsio, resources
 from launcher.config import schema
 from launcher.config.secrets import has_secret_values
 
 _MAX_ENTRIES = 256
+_MAX_ENTRY_BYTES = 8 << 20
 
 
 def cache_dir() -> Path:
@@ -70,6 +73,15 @@ def key(overrides: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
+def reads_environment(overrides: tuple[str, ...]) -> bool:
+    """Whether composing `overrides` resolves an environment variable: ``oc.env`` in an override
+    (a --config file's values arrive as overrides) or in a recipe file given by path."""
+    from launcher.config import config_file
+
+    texts = [*overrides, *(text for _, text in config_file.FILE_RECIPES.values())]
+    return any("oc.env" in text for text in texts)
+
+
 def _well_formed(entry: Any) -> bool:
     return (
         isinstance(entry, dict)
@@ -81,11 +93,11 @@ def _well_formed(entry: Any) -> bool:
 
 def load(overrides: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]] | None:
     """(values, choices) composed earlier for exactly these overrides and files, or None."""
-    if not enabled():
+    if not enabled() or reads_environment(overrides):
         return None
     path = cache_dir() / f"{key(overrides)}.json"
     try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
+        entry = bounded_read.read_json(path, max_bytes=_MAX_ENTRY_BYTES, max_depth=64)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError):
@@ -99,7 +111,7 @@ def load(overrides: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]] | 
 
 def store(overrides: tuple[str, ...], values: dict[str, Any], choices: dict[str, str]) -> None:
     """Remember a composition (atomically; a cache that cannot be written is skipped)."""
-    if not enabled() or has_secret_values(values):
+    if not enabled() or has_secret_values(values) or reads_environment(overrides):
         return
     try:
         directory = private_dir()

@@ -16,30 +16,51 @@ Architectures (``model_type``), their fields as transformers' configuration clas
 Not modelled, and so not carried over (the shape is still exact): ``rope_scaling`` (Llama 3.1's
 long-context frequency scaling), Mistral's ``sliding_window``, Qwen2's q/k/v-only biases (llmtrain
 has biases on every projection or none; ``train.init_from`` of Qwen2 weights refuses them).
-The file is read as ``--config`` files are (a regular file, bounded size, no YAML aliases).
+The file is read bounded (``launcher.bounded_read``: a regular file, opened without blocking, at
+most 1 MiB of JSON nested at most 32 deep); errors name the field and quote a value only as a
+short, escaped excerpt (``launcher.excerpt``).
 """
 
 from __future__ import annotations
 
-import json
+import math
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
+from launcher import bounded_read
 from launcher.config import config_file
 from launcher.errors import ConfigError
+from launcher.excerpt import excerpt
 
 KEY = "model.from_hf"
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral")
 SUPPORTED = (*LLAMA_LIKE, "gpt2")
 
 
+# No model dimension or hyper-parameter of a real config.json is anywhere near this.
+_LARGEST = 1e15
+
+
 def _num(config: dict[str, Any], field: str, where: str, default: Any = None) -> Any:
     value = config.get(field, default)
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError([f"{where}: {field} must be a number, found {value!r}"])
+    if (
+        value is None
+        or isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or abs(value) > _LARGEST
+    ):
+        raise ConfigError([f"{where}: {field} must be a number, found {excerpt(value)}"])
     return value
+
+
+def _count(config: dict[str, Any], field: str, where: str, default: Any = None) -> int:
+    """A positive whole number (a layer, head or vocabulary count, a width)."""
+    value = _num(config, field, where, default)
+    if value <= 0 or value != int(value):
+        raise ConfigError([f"{where}: {field} must be a positive whole number, found {value}"])
+    return int(value)
 
 
 def model_keys(config: dict[str, Any], where: str, name: str) -> dict[str, Any]:
@@ -48,25 +69,29 @@ def model_keys(config: dict[str, Any], where: str, name: str) -> dict[str, Any]:
     if kind not in SUPPORTED:
         raise ConfigError(
             [
-                f"{where}: model_type {kind!r} has no llmtrain layout; model.from_hf reads "
+                f"{where}: model_type {excerpt(kind)} has no llmtrain layout; model.from_hf reads "
                 f"{', '.join(SUPPORTED)} models (or set the model.* keys yourself)"
             ]
         )
     if kind == "gpt2":
-        hidden = _num(config, "n_embd", where)
+        hidden = _count(config, "n_embd", where)
         act = config.get("activation_function", "gelu_new")
         if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
-            raise ConfigError([f"{where}: activation_function {act!r}; llmtrain's GPT-2 is GELU"])
+            raise ConfigError(
+                [f"{where}: activation_function {excerpt(act)}; llmtrain's GPT-2 is GELU"]
+            )
         return {
             "name": name,
-            "num_layers": _num(config, "n_layer", where),
+            "num_layers": _count(config, "n_layer", where),
             "hidden_size": hidden,
-            "ffn_hidden_size": config.get("n_inner") or 4 * hidden,
-            "num_attention_heads": _num(config, "n_head", where),
+            "ffn_hidden_size": _count(config, "n_inner", where)
+            if config.get("n_inner") is not None
+            else 4 * hidden,
+            "num_attention_heads": _count(config, "n_head", where),
             "num_kv_heads": None,
             "head_dim": None,
-            "vocab_size": _num(config, "vocab_size", where),
-            "seq_length": _num(config, "n_positions", where),
+            "vocab_size": _count(config, "vocab_size", where),
+            "seq_length": _count(config, "n_positions", where),
             "activation": "gelu",
             "norm": "layernorm",
             "norm_eps": float(_num(config, "layer_norm_epsilon", where, 1e-5)),
@@ -81,21 +106,23 @@ def model_keys(config: dict[str, Any], where: str, name: str) -> dict[str, Any]:
         }
     act = config.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
-        raise ConfigError([f"{where}: hidden_act {act!r}; llmtrain's {kind} MLP is SwiGLU (silu)"])
-    heads = _num(config, "num_attention_heads", where)
-    hidden = _num(config, "hidden_size", where)
+        raise ConfigError(
+            [f"{where}: hidden_act {excerpt(act)}; llmtrain's {kind} MLP is SwiGLU (silu)"]
+        )
+    heads = _count(config, "num_attention_heads", where)
+    hidden = _count(config, "hidden_size", where)
     head_dim = config.get("head_dim")
     keys: dict[str, Any] = {
         "name": name,
-        "num_layers": _num(config, "num_hidden_layers", where),
+        "num_layers": _count(config, "num_hidden_layers", where),
         "hidden_size": hidden,
-        "ffn_hidden_size": _num(config, "intermediate_size", where),
+        "ffn_hidden_size": _count(config, "intermediate_size", where),
         "num_attention_heads": heads,
-        "num_kv_heads": _num(config, "num_key_value_heads", where, heads),
+        "num_kv_heads": _count(config, "num_key_value_heads", where, heads),
         "head_dim": None
         if head_dim in (None, hidden // heads)
-        else _num(config, "head_dim", where),
-        "vocab_size": _num(config, "vocab_size", where),
+        else _count(config, "head_dim", where),
+        "vocab_size": _count(config, "vocab_size", where),
         "activation": "swiglu",
         "norm": "rmsnorm",
         "norm_eps": float(_num(config, "rms_norm_eps", where, 1e-6)),
@@ -110,8 +137,8 @@ def model_keys(config: dict[str, Any], where: str, name: str) -> dict[str, Any]:
         "moe_ffn_hidden_size": None,
     }
     if kind == "mixtral":
-        keys["num_experts"] = _num(config, "num_local_experts", where)
-        keys["moe_top_k"] = _num(config, "num_experts_per_tok", where)
+        keys["num_experts"] = _count(config, "num_local_experts", where)
+        keys["moe_top_k"] = _count(config, "num_experts_per_tok", where)
         keys["moe_ffn_hidden_size"] = keys["ffn_hidden_size"]
     return keys
 
@@ -120,18 +147,14 @@ def _read_json(path: Path, where: str) -> dict[str, Any]:
     """config.json as a mapping: a regular file (a symbolic link to one is fine: the Hugging Face
     cache links snapshots to blobs) of at most 1 MiB of JSON. Errors never quote the file."""
     try:
-        info = path.stat()
+        node = bounded_read.read_json(
+            path, max_bytes=config_file.MAX_BYTES, max_depth=32, follow_symlinks=True
+        )
     except OSError as exc:
         raise ConfigError([f"{where}: {path} cannot be read ({exc.strerror})"]) from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError([f"{where}: {path} is not a regular file"])
-    if info.st_size > config_file.MAX_BYTES:
-        raise ConfigError([f"{where}: {path} is {info.st_size:,} bytes; not a model config.json"])
-    try:
-        with open(path, "rb") as f:
-            node = json.loads(f.read(config_file.MAX_BYTES + 1))
-    except (OSError, ValueError, RecursionError):
-        raise ConfigError([f"{where}: {path} is not a JSON file (a model's config.json)"]) from None
+    except bounded_read.FileRefused as exc:
+        why = "is not a JSON file" if str(exc).startswith("is not JSON") else str(exc)
+        raise ConfigError([f"{where}: {path} {why} (a model's config.json)"]) from None
     if not isinstance(node, dict):
         raise ConfigError([f"{where}: {path} holds no JSON object (a model's config.json)"])
     return node

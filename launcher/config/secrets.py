@@ -8,7 +8,12 @@ NAME, never by value:
   that runs ``llmtrain run`` / ``llmtrain submit`` (a missing one is an error, exit 2, before
   anything is written); a ``cluster.env`` entry of the same name supplies the value instead;
 - every ``cluster.env`` key whose name contains one of ``SECRET_WORDS`` (case-insensitive:
-  KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL) is a secret too.
+  KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL) is a secret too;
+- by default, every variable of llmtrain's own environment whose name says it is one (a word of
+  the name, split at ``_``, ends in one of ``SECRET_WORDS``: HF_TOKEN, WANDB_API_KEY, SECRET,
+  AWS_SECRET_ACCESS_KEY, DB_PASSWORD; not TOKENIZERS_PARALLELISM) is a declared secret for the
+  spread check below, when its value has at least ``MIN_CONTAINED`` characters: a config value
+  holding it (``run.name=${oc.env:SECRET}``) is refused like one of run.secret_env.
 
 Secret values reach the ranks through the process environment only: the torchrun subprocess's
 environment (local runs) or the environment of the ``sbatch`` call, which the job inherits
@@ -37,6 +42,14 @@ def is_secret_name(name: str) -> bool:
     """Whether a cluster.env key looks secret by its name alone."""
     upper = name.upper()
     return any(word in upper for word in SECRET_WORDS)
+
+
+def is_secret_env_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret: one of its words (split at
+    anything but letters and digits) ends in a SECRET_WORDS word, or its plural (HF_TOKEN,
+    WANDB_API_KEY, APIKEY, DB_PASSWORD, GOOGLE_CREDENTIALS; not TOKENIZERS_PARALLELISM)."""
+    words = re.split(r"[^A-Z0-9]+", name.upper())
+    return any(w.endswith((word, word + "S")) for w in words for word in SECRET_WORDS)
 
 
 def _names(declared: Iterable[str], env_keys: Iterable[str]) -> list[str]:
@@ -116,6 +129,11 @@ def declared_values(values: dict[str, Any], environ: Mapping[str, str]) -> dict[
     for name in _names(declared if isinstance(declared, list) else [], env):
         value = env.get(name, environ.get(name))
         if isinstance(value, str) and len(value) >= MIN_COMPARED and value != REDACTED:
+            found[name] = value
+    # Secret by name alone (see the module docstring); long values only, so that a short word
+    # in a variable named like a secret never matches an ordinary config value by chance.
+    for name, value in environ.items():
+        if name not in found and len(value) >= MIN_CONTAINED and is_secret_env_name(name):
             found[name] = value
     return found
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import UserError
+from launcher.excerpt import excerpt
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 STRUCTURED_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -118,7 +119,7 @@ def _text_of(record: Any, text_key: str, where: str) -> str:
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object with a {text_key!r} field")
     if text_key not in record:
-        keys = ", ".join(sorted(map(str, record))[:8])
+        keys = ", ".join(excerpt(k) for k in sorted(map(str, record))[:8])
         raise UserError(f"{where}: no {text_key!r} field (it has: {keys}); pass --text-key NAME")
     value = record[text_key]
     if not isinstance(value, str):
@@ -128,14 +129,20 @@ def _text_of(record: Any, text_key: str, where: str) -> str:
 
 def _jsonl(path: Path, text_key: str) -> Iterator[str]:
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
-            yield _text_of(record, text_key, f"{path}:{number}")
+        number = 0
+        try:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
+                except RecursionError:
+                    raise UserError(f"{path}:{number}: invalid JSON (nested too deeply)") from None
+                yield _text_of(record, text_key, f"{path}:{number}")
+        except UnicodeDecodeError:
+            raise UserError(f"{path}:{number + 1}: not UTF-8 text") from None
 
 
 def _json(path: Path, text_key: str) -> Iterator[str]:
@@ -143,6 +150,8 @@ def _json(path: Path, text_key: str) -> Iterator[str]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise UserError(f"{path}: invalid JSON (nested too deeply)") from None
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) != 1:

@@ -275,6 +275,7 @@ def check_output(
     return outputs.check_target(output, "--output", COMMAND, overwrite, "a prepared dataset")
 
 
+@fsio.disk_full_is_user_error("output", "--output")
 def prepare(
     inputs: Sequence[Path],
     output: Path,

@@ -19,6 +19,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from launcher import bounded_read
+from launcher.excerpt import excerpt
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -102,18 +105,25 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path}: missing; is {folder} a Hugging Face model folder?")
-    config = json.loads(config_path.read_text())
+    # Read bounded (a regular file, no blocking, 1 MiB / 64 MiB, nesting 32): a link is fine,
+    # the Hugging Face cache links snapshots to blobs.
+    config = bounded_read.read_json(config_path, max_bytes=1 << 20, follow_symlinks=True)
     if (folder / SINGLE_FILE).is_file():
         return load_file(str(folder / SINGLE_FILE)), config
     index_path = folder / INDEX_FILE
     if not index_path.is_file():
         raise FileNotFoundError(f"{folder}: neither {SINGLE_FILE} nor {INDEX_FILE}")
-    weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    index = bounded_read.read_json(index_path, max_bytes=64 << 20, follow_symlinks=True)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise ValueError(f"{index_path}: no weight_map of tensor names to shard files")
     tensors: dict[str, torch.Tensor] = {}
     for name in sorted(set(weight_map.values())):
         shard = (folder / name).resolve()
         if shard.parent != folder.resolve():
-            raise ValueError(f"{index_path}: shard {name!r} lies outside the folder")
+            raise ValueError(f"{index_path}: shard {excerpt(name)} lies outside the folder")
         tensors.update(load_file(str(shard)))
     missing = sorted(set(weight_map) - set(tensors))
     if missing:

@@ -11,7 +11,11 @@ A run's state is read from its folder (launcher/rundir.py names every file), nev
 - interrupted: preempted.json (a checkpoint written on Ctrl-C or a signal), or a run that stopped
   with nothing recorded (kill -9, a power cut): it resumes from its last checkpoint.
 - queued: a SLURM job recorded in slurm.json is still waiting (llmtrain submit).
-Every file is read back bounded and never through a symbolic link (launcher/runfiles.py).
+- unreadable: a file that says where the run stands is not a regular file (a FIFO, a device, a
+  folder), a symbolic link, or too large; ``problems`` names it. Such a run is listed as such and
+  never blocks the listing of the others.
+Every file is read back bounded, without blocking and never through a symbolic link
+(launcher/runfiles.py, launcher/bounded_read.py).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import runfiles
+from launcher import bounded_read, excerpt, runfiles
 from launcher.config.differences import backend_name, distinguishing, flat_values
 from launcher.errors import UserError
 from launcher.launch.run_record import (
@@ -39,7 +43,7 @@ from launcher.launch.run_record import (
 )
 from launcher.rundir import RunDir
 
-STATUSES = ("running", "queued", "done", "failed", "interrupted")
+STATUSES = ("running", "queued", "done", "failed", "interrupted", "unreadable")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class RunInfo:
     started: float | None  # epoch seconds
     holder_pid: int | None  # the process holding the lock (running)
     slurm_jobs: tuple[str, ...]
+    # Run files that were refused (not a regular file, a link, too large): "NAME: why".
+    problems: tuple[str, ...] = ()
     # What tells runs apart (launcher.launch.run_record, launcher.views.runs): config.yaml's
     # values and the command that started the run (command.json; None before llmtrain kept one).
     values: dict[str, Any] | None = field(default=None, compare=False, repr=False)
@@ -75,6 +81,7 @@ class RunInfo:
             "started": self.started,
             "pid": self.holder_pid,
             "slurm_jobs": list(self.slurm_jobs),
+            "problems": list(self.problems),
             "backend": backend_name(self.values),
             "layout": layout_text(self.layout, self.values),
             "overrides": self.command["typed"] if self.command else None,
@@ -138,11 +145,19 @@ def _holder(run: RunDir) -> int | None:
     return pid
 
 
-def _last_metrics(run: RunDir) -> dict[str, Any]:
+def _refused(path: Path, exc: BaseException, problems: list[str]) -> None:
+    """Note a run file the reader refused (not one that is absent or half-written)."""
+    # The reader's own refusals ("is a FIFO ...", "is larger than ..."), not a line being written.
+    if isinstance(exc, bounded_read.FileRefused) and str(exc).startswith("is "):
+        problems.append(f"{path.name} {exc}")
+
+
+def _last_metrics(run: RunDir, problems: list[str]) -> dict[str, Any]:
     try:
         line = runfiles.last_line(run.metrics)
         record = runfiles.loads(line, max_bytes=65536, max_depth=4) if line else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        _refused(run.metrics, exc, problems)
         return {}
     return record if isinstance(record, dict) else {}
 
@@ -153,38 +168,44 @@ def _number(value: Any, kind: type) -> Any:
     return kind(value) if kind is float or float(value).is_integer() else None
 
 
-def _config_facts(run: RunDir) -> tuple[str | None, int | None]:
+def _config_facts(run: RunDir, problems: list[str]) -> tuple[str | None, int | None]:
     """(recipe, total steps) from config.yaml, else plan.json's step count."""
     import yaml
 
     recipe, total = None, None
     try:
         values = yaml.safe_load(runfiles.read_bytes(run.config, 1 << 20))
-    except (OSError, ValueError, yaml.YAMLError):
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
+        _refused(run.config, exc, problems)
         values = None
     if isinstance(values, dict):
         if isinstance(values.get("recipe"), str):
-            recipe = values["recipe"]
+            recipe = excerpt.name(values["recipe"], 60)
         train = values.get("train")
         if isinstance(train, dict):
             total = _number(train.get("steps"), int)
     if total is None:
-        with contextlib.suppress(OSError, ValueError):
+        try:
             plan = runfiles.read_json_object(run.plan)
             totals = plan.get("totals")
             if isinstance(totals, dict):
                 total = _number(totals.get("steps"), int)
+        except (OSError, ValueError) as exc:
+            _refused(run.plan, exc, problems)
     return recipe, total
 
 
-def _slurm_jobs(run: RunDir) -> tuple[str, ...]:
-    if not run.slurm_jobs.exists():
+def _slurm_jobs(run: RunDir, problems: list[str]) -> tuple[str, ...]:
+    if not os.path.lexists(run.slurm_jobs):
         return ()
-    from launcher.launch.slurm import read_jobs
-
     try:
-        return tuple(read_jobs(run.root)["job_ids"])
-    except UserError:
+        record = runfiles.read_json_object(run.slurm_jobs)
+        ids = record.get("job_ids")
+        if not isinstance(ids, list):
+            raise runfiles.RunFileError("job_ids is not a list of job ids")
+        return tuple(runfiles.job_id(i) for i in ids)
+    except (OSError, ValueError) as exc:
+        problems.append(f"{run.slurm_jobs.name} {exc}")
         return ()
 
 
@@ -199,11 +220,12 @@ def _started(run: RunDir) -> float | None:
 def run_info(folder: Path) -> RunInfo:
     """Where the run in `folder` stands (see the module docstring)."""
     run = RunDir(Path(folder))
-    recipe, total = _config_facts(run)
-    last = _last_metrics(run)
+    problems: list[str] = []
+    recipe, total = _config_facts(run, problems)
+    last = _last_metrics(run, problems)
     step = _number(last.get("step"), int)
     loss = _number(last.get("loss"), float)
-    jobs = _slurm_jobs(run)
+    jobs = _slurm_jobs(run, problems)
     holder = _holder(run)
     errors = [p for p in run.rank_errors() if not p.is_symlink()] if run.logs.is_dir() else []
     latest_error = max((_mtime(p) for p in errors), default=0.0)
@@ -211,6 +233,8 @@ def run_info(folder: Path) -> RunInfo:
     finished = _mtime(run.summary)
     if holder is not None:
         status = "running"
+    elif problems:
+        status = "unreadable"
     elif finished and finished >= max(latest_error, preempted):
         status = "done"
     elif jobs and _live(run):
@@ -231,6 +255,7 @@ def run_info(folder: Path) -> RunInfo:
         _started(run),
         holder,
         jobs,
+        tuple(problems),
         values=config_values(run.root),
         command=read_command(run.root),
         layout=plan_layout(run.root),
@@ -369,16 +394,57 @@ def log_files(info: RunInfo) -> list[Path]:
     return [*files, run.launcher_log] if run.launcher_log.is_file() else files
 
 
+# `logs` shows at most the last LOG_TAIL_BYTES of each log (a note says what was left out and
+# where the whole log is): a 100 GB log, or a sparse file in a log's place, is never read whole.
+LOG_TAIL_BYTES = 8 << 20
+
+
+def _tail_start(path: Path) -> int:
+    """Where to start showing `path`: its last LOG_TAIL_BYTES."""
+    try:
+        size = os.lstat(path).st_size
+    except OSError:
+        return 0
+    return max(0, size - LOG_TAIL_BYTES)
+
+
+def _skipped(path: Path, start: int) -> bytes:
+    return (
+        f"[llmtrain: the first {start:,} bytes of {path} are not shown; the whole log is "
+        "there]\n".encode()
+        if start
+        else b""
+    )
+
+
+def log_texts(info: RunInfo) -> list[tuple[Path, bytes | None]]:
+    """(path, the end of its text or None when absent) of each log `logs` shows."""
+    from launcher.launch.slurm import read_log
+
+    texts = []
+    for path in log_files(info):
+        start = _tail_start(path)
+        data = read_log(path, info.folder, start)
+        texts.append((path, None if data is None else _skipped(path, start) + data))
+    return texts
+
+
 def show_logs(
     info: RunInfo,
     write: Callable[[str], None],
     follow: bool = False,
     poll_s: float = 0.5,
 ) -> None:
-    """Print rank 0's log (and torchrun's); with `follow`, until the run stops running."""
+    """Print rank 0's log (and torchrun's), its last LOG_TAIL_BYTES; with `follow`, until the
+    run stops running."""
     from launcher.launch.slurm import read_log
 
     offsets: dict[Path, int] = {}
+    for path in log_files(info):
+        start = _tail_start(path)
+        if start:
+            offsets[path] = start
+            write(_skipped(path, start).decode())
 
     def drain() -> None:
         for path in log_files(info):
@@ -395,34 +461,56 @@ def show_logs(
         drain()
 
 
-def _holds_lock(pid: int, lock: Path) -> bool:
-    """Whether process `pid` has the lock file open (its /proc/PID/fd): a recorded or reused pid
-    that is not the run's own launcher is never signalled."""
+def _signal_launcher(pid: int, record: dict[str, Any]) -> str | None:
+    """SIGINT to `pid` when it is proven to be the run's launcher (runlock.why_not_launcher), else
+    why not (nothing signalled). The process is pinned by a pidfd first and proven after, so a pid
+    reused between the proof and the signal is never hit."""
+    from launcher.launch import runlock
+
+    pidfd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return f"pid {pid} is gone"
     try:
-        target = os.stat(lock)
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            info = os.stat(f"/proc/{pid}/fd/{fd}")
-            if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
-                return True
-    return False
+        problem = runlock.why_not_launcher(pid, record)
+        if problem is not None:
+            return problem
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGINT)
+        else:
+            os.kill(pid, signal.SIGINT)
+    except OSError as exc:
+        return f"pid {pid} cannot be signalled ({exc.strerror})"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return None
 
 
 def cancel(info: RunInfo, wait_s: float = 120.0) -> str:
-    """Stop a running local run as Ctrl-C would (it checkpoints, then exits), and wait for it."""
+    """Stop a running local run as Ctrl-C would (it checkpoints, then exits), and wait for it.
+    Only a process proven to be the run's launcher is signalled; otherwise UserError at once."""
+    from launcher.launch import runlock
+
     run = RunDir(info.folder)
-    pid = _holder(run)
+    pid = _kernel_lock_holder(run.lock) if run.lock.is_file() else None
+    if pid is False:
+        raise UserError(
+            f"run {info.name}: the kernel's lock table (/proc/locks) cannot be read here, so the "
+            "process holding the run's lock cannot be proven to be its llmtrain; nothing was "
+            "signalled; stop it yourself"
+        )
     if pid is None:
         raise UserError(f"run {info.name} is not running ({info.status}); nothing to cancel")
-    if not _holds_lock(pid, run.lock):
+    assert isinstance(pid, int)
+    problem = _signal_launcher(pid, runlock.read_record(run.lock))
+    if problem is not None:
         raise UserError(
-            f"run {info.name}: the lock's holder, pid {pid}, cannot be confirmed as this run's "
-            "llmtrain (it does not hold the lock file open here); stop it yourself"
+            f"run {info.name}: the process holding its lock, pid {pid}, is not proven to be this "
+            f"run's llmtrain ({problem}); nothing was signalled; stop it yourself if it is yours"
         )
-    os.kill(pid, signal.SIGINT)
     deadline = time.monotonic() + wait_s
     while _holder(run) is not None and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -17,13 +17,12 @@ import contextlib
 import math
 import os
 import shlex
-import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher import fsio, runfiles
+from launcher import bounded_read, fsio, runfiles
 from launcher.rundir import RunDir
 
 _CONFIG_BYTES = 1 << 20
@@ -89,11 +88,8 @@ def _strings(value: Any) -> list[str] | None:
 
 def read_command(run_dir: Path) -> dict[str, Any] | None:
     """command.json checked field by field (None when absent, unreadable or not llmtrain's)."""
-    path = command_path(run_dir)
-    if not _regular(path):
-        return None
-    try:
-        document = runfiles.read_json_object(path, max_bytes=1 << 20)
+    try:  # the bounded reader: a link, a FIFO or a folder in its place is refused
+        document = runfiles.read_json_object(command_path(run_dir), max_bytes=1 << 20)
     except (OSError, ValueError):
         return None
     typed, overrides = _strings(document.get("typed")), _strings(document.get("overrides"))
@@ -111,31 +107,22 @@ def read_command(run_dir: Path) -> dict[str, Any] | None:
     }
 
 
-def _regular(path: Path) -> bool:
-    """A regular file at `path` itself (no symbolic link, FIFO, device or folder)."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _read_regular(path: Path, max_bytes: int, tail: bool = False) -> bytes | None:
-    """At most `max_bytes` of a regular file (its end with `tail`), opened without following a
-    link and without blocking (O_NONBLOCK: a FIFO would otherwise wait for a writer)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    """At most `max_bytes` of a regular file (its end with `tail`), through the one bounded
+    reader (``launcher.bounded_read``: no link, no FIFO, no device); None when refused."""
+    if not tail:
+        try:
+            return bounded_read.read_regular(path, max_bytes)
+        except (OSError, ValueError):  # FileRefused is a ValueError
+            return None
     try:
-        fd = os.open(path, flags)
-    except OSError:
+        fd = bounded_read.open_regular(path)
+    except (OSError, ValueError):
         return None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        if tail:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            return f.read(max_bytes)
-        data = f.read(max_bytes + 1)
-        return data if len(data) <= max_bytes else None
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - max_bytes))
+        return f.read(max_bytes)
 
 
 def config_values(run_dir: Path) -> dict[str, Any] | None:

@@ -12,6 +12,14 @@ A SLURM job takes the same lock from its batch script (job.sbatch, ``launcher.re
 on the node that runs it, with flock(1), and holds it until the job ends; ``llmtrain run`` also
 refuses a run directory whose slurm.json names a job SLURM still has queued or running.
 
+The record also proves who the launcher is, for ``llmtrain cancel``, which signals only a process
+proven to be this run's launcher (``why_not_launcher``): the process holding the flock (the kernel's
+/proc/locks) must be the recorded pid, with the recorded start time (/proc/PID/stat, field 22,
+clock ticks after boot) on the recorded boot (/proc/sys/kernel/random/boot_id), and must itself
+hold the token of the record: the launcher keeps an anonymous file (memfd) named after it open for
+the lock's life, which /proc/PID/fd shows. Any other process that takes the flock (``flock LOCK
+sleep 1000``, a script), or a recorded pid reused by another process, is never signalled.
+
 The lock protects nothing once its file is gone: deleted, a second run creates a new one and
 takes it. So the holder hands the lock's identity (its inode and a random token also written in
 the record, ``launcher.runfiles.LOCK_ENV``) to every rank, and each rank checks it before every
@@ -36,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import fsio, runfiles
+from launcher import bounded_read, fsio, runfiles
 from launcher.errors import UserError
 from launcher.rundir import RunDir
 
@@ -73,7 +81,10 @@ def _read_holder(fd: int) -> dict[str, Any]:
         clean["pid"] = pid
     if isinstance(started, int | float) and not isinstance(started, bool) and 0 < started < 1e11:
         clean["time"] = float(started)
-    for key in ("host", "command", "token"):
+    start = holder.get("start")
+    if isinstance(start, int) and not isinstance(start, bool) and 0 <= start < 1 << 62:
+        clean["start"] = start
+    for key in ("host", "command", "token", "boot"):
         value = holder.get(key)
         if isinstance(value, str) and _PRINTABLE.fullmatch(value):
             clean[key] = value
@@ -111,6 +122,96 @@ def stale_note(holder: dict[str, Any]) -> str | None:
     )
 
 
+def read_record(lock: Path) -> dict[str, Any]:
+    """The lock file's record (bounded, never blocking or through a link; fields checked as
+    ``_read_holder`` does), {} when it cannot be read."""
+    try:
+        fd = bounded_read.open_regular(lock)
+    except (OSError, ValueError):
+        return {}
+    try:
+        return _read_holder(fd)
+    finally:
+        os.close(fd)
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks after boot (/proc/PID/stat field 22; proc(5)),
+    or None when it cannot be read (gone, not Linux)."""
+    try:
+        data = bounded_read.read_regular(Path(f"/proc/{pid}/stat"), 4096, follow_symlinks=True)
+    except (OSError, ValueError):
+        return None
+    # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses; fields restart after
+    # the last ")", where field 3 (state) is index 0, so field 22 is index 19.
+    fields = data.rpartition(b")")[2].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_id() -> str | None:
+    """This boot's id (/proc/sys/kernel/random/boot_id): start times count from this boot."""
+    try:
+        data = bounded_read.read_regular(
+            Path("/proc/sys/kernel/random/boot_id"), 256, follow_symlinks=True
+        )
+    except (OSError, ValueError):
+        return None
+    return data.decode("ascii", "replace").strip() or None
+
+
+_PROOF_PREFIX = "llmtrain-lock-"
+
+
+def _token_proof(token: str) -> int | None:
+    """An anonymous file named after `token`, held open by the lock's holder (memfd_create(2));
+    /proc/PID/fd of the holder shows it as "/memfd:llmtrain-lock-TOKEN (deleted)"."""
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        return None
+    try:
+        fd: int = create(_PROOF_PREFIX + token, getattr(os, "MFD_CLOEXEC", 1))
+    except OSError:
+        return None
+    return fd
+
+
+def holds_token(pid: int, token: str) -> bool:
+    """Whether process `pid` holds the token proof of `token` open (its /proc/PID/fd)."""
+    wanted = f"/memfd:{_PROOF_PREFIX}{token} (deleted)"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted:
+                return True
+    return False
+
+
+def why_not_launcher(pid: int, record: dict[str, Any]) -> str | None:
+    """None when process `pid`, which holds the run's flock, is proven to be the launcher the
+    lock's `record` names (see the module docstring), else why it is not."""
+    if record.get("pid") != pid:
+        recorded = record.get("pid")
+        return f"the lock's record names pid {recorded if recorded else '(none)'}, not {pid}"
+    if record.get("host") != socket.gethostname():
+        return "the lock's record names another host"
+    if "start" not in record or "token" not in record:
+        return "the lock's record has no start time and token (written by another program?)"
+    here = boot_id()
+    if here is None or record.get("boot") != here:
+        return "the lock's record is from another boot of this machine"
+    if process_start(pid) != record["start"]:
+        return f"pid {pid} started at another time than the recorded launcher (a reused pid)"
+    if not holds_token(pid, record["token"]):
+        return f"pid {pid} does not hold the token of the lock's record"
+    return None
+
+
 @dataclass
 class RunLock:
     path: Path
@@ -118,6 +219,8 @@ class RunLock:
     note: str | None = None
     token: str = ""
     inode: int = 0
+    # The token's proof (``_token_proof``), open for the lock's life.
+    proof_fd: int | None = None
 
     def identity_env(self) -> dict[str, str]:
         """What the ranks need to check, before each checkpoint, that this lock is still the
@@ -125,6 +228,10 @@ class RunLock:
         return {runfiles.LOCK_ENV: f"{self.inode}:{self.token}"}
 
     def release(self) -> None:
+        if self.proof_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.proof_fd)
+            self.proof_fd = None
         with contextlib.suppress(OSError):
             os.ftruncate(self.fd, 0)
         with contextlib.suppress(OSError):
@@ -159,16 +266,26 @@ def acquire(run_dir: Path) -> RunLock:
         ) from None
     note = stale_note(_read_holder(fd))
     token = secrets.token_hex(8)
-    record = {
+    record: dict[str, Any] = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "time": time.time(),
+        # Who the launcher is, for `llmtrain cancel` (why_not_launcher).
+        "start": process_start(os.getpid()),
+        "boot": boot_id(),
         # The subcommand and folder only: overrides may carry a secret's value.
         "command": f"llmtrain {sys.argv[1] if len(sys.argv) > 1 else ''}".strip(),
         "cwd": os.getcwd(),
         "token": token,
     }
-    lock = RunLock(path=path, fd=fd, note=note, token=token, inode=os.fstat(fd).st_ino)
+    lock = RunLock(
+        path=path,
+        fd=fd,
+        note=note,
+        token=token,
+        inode=os.fstat(fd).st_ino,
+        proof_fd=_token_proof(token),
+    )
     try:
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)

@@ -379,7 +379,8 @@ def read_log(path: Path, run_dir: Path | None, offset: int = 0) -> bytes | None:
     """A log's bytes from `offset` (None when it does not exist). A log inside the run directory
     is never read through a symbolic link (UserError, exit 2): its content is not the run's."""
     inside = run_dir is not None and Path(path).parent == RunDir(run_dir).logs
-    flags = os.O_RDONLY | os.O_CLOEXEC | (getattr(os, "O_NOFOLLOW", 0) if inside else 0)
+    # O_NONBLOCK: a FIFO in a log's place is refused below instead of blocking the open.
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if inside else 0)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -391,9 +392,11 @@ def read_log(path: Path, run_dir: Path | None, offset: int = 0) -> bytes | None:
                 "logs through links (remove it)"
             ) from None
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file; remove it")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise UserError(f"{path} is not a regular file; remove it")
+        os.set_blocking(f.fileno(), True)
         f.seek(offset)
         return f.read()
 

@@ -25,6 +25,21 @@ figure measured with two threads does not price it.
 The digest catches a file edited by hand or cut short (it is no signature: anyone can recompute
 it). A profile is refused when its schema, version or digest is wrong or when it was measured on
 another device (``device.cluster_gpu`` differs from ``cluster.gpu``).
+
+Since a digest proves nothing, every figure must also be physically possible (``_check_physics``):
+a positive, finite number of seconds, at most ``MAX_SECONDS``, and no faster than the device can
+go: a GEMM or attention call's FLOPs per second at most ``MARGIN`` times the device's highest dense
+peak in the catalog (launcher/plan/hardware.py), element-wise, loss, optimizer and collective work
+at most ``MARGIN`` times its memory (or link) bandwidth. On the CPU, whose catalog entry is an
+estimate for a small workstation, the ceiling also grows with the threads the figure was measured
+with (``CPU_FLOPS_PER_THREAD``, ``CPU_BYTES_PER_THREAD``). A backward figure is judged as the
+forward + backward call calibrate measured it in. A forged profile claiming 1e-300 s per call is
+refused, exit 2, naming cluster.profile and the entry.
+
+The file itself is read bounded (``launcher.bounded_read``): a regular file of at most
+``MAX_BYTES``, opened without blocking (a FIFO or /dev/zero is refused, never read), JSON nested at
+most ``MAX_DEPTH`` deep. Messages name the entry and the key, quoting a value only as a short,
+escaped excerpt (``launcher.excerpt``).
 """
 
 from __future__ import annotations
@@ -37,11 +52,29 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
+
+from launcher import bounded_read
+from launcher.excerpt import excerpt
+from launcher.excerpt import name as shown
 
 SCHEMA = "llmtrain-profile"
 VERSION = 1
 SECTIONS = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives")
+MAX_BYTES = 16 << 20
+MAX_DEPTH = 8
+# Slowest single call a profile may hold: calibrate times each operator in well under a minute.
+MAX_SECONDS = 3600.0
+# How far past the catalog's peak a measured rate may look before it is refused as impossible: a
+# timer's resolution and caches let small calls look somewhat faster than the datasheet's peak,
+# never by more than this. (A forged figure is off by many orders of magnitude.)
+MARGIN = 4.0
+# CPU ceilings per thread measured with: Intel AMX does 1024 bf16 FLOP per cycle per core
+# (Intel 64 and IA-32 Architectures Optimization Reference Manual, ch. "Intel AMX"), ~4 GHz -> ~4
+# TFLOP/s; L1 cache bandwidth, 128 bytes per cycle per core at ~4 GHz -> ~0.5 TB/s.
+CPU_FLOPS_PER_THREAD = 4.1e12
+CPU_BYTES_PER_THREAD = 5.1e11
+MAX_THREADS = 4096
 
 
 class ProfileError(Exception):
@@ -88,30 +121,126 @@ def cpu_threads(gpus_per_node: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, gpus_per_node))
 
 
-def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+def _positive(value: Any) -> TypeGuard[float]:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+_TIMES = {"fwd_s", "bwd_s", "seconds"}
+_NUMBERS = {
+    "gemm": ("fwd_s", "bwd_s", "m", "n", "k"),
+    "attention": ("fwd_s", "bwd_s", "batch", "heads", "seq", "head_dim"),
+    "elementwise": ("fwd_s", "bwd_s", "bytes", "tokens"),
+    "loss": ("fwd_s", "bwd_s", "tokens", "vocab"),
+    "optimizer": ("seconds", "params"),
+    "collectives": ("seconds", "bytes", "ranks"),
+}
+_INTEGERS = {"m", "n", "k", "batch", "heads", "kv_heads", "seq", "head_dim", "tokens", "ranks"}
+_STRINGS = ("dtype", "kind", "backend")
 
 
 def _check_entries(doc: dict[str, Any]) -> None:
-    times = {
-        "gemm": ("fwd_s", "bwd_s", "m", "n", "k"),
-        "attention": ("fwd_s", "bwd_s", "batch", "heads", "seq", "head_dim"),
-        "elementwise": ("fwd_s", "bwd_s", "bytes", "tokens"),
-        "loss": ("fwd_s", "bwd_s", "tokens", "vocab"),
-        "optimizer": ("seconds", "params"),
-        "collectives": ("seconds", "bytes", "ranks"),
-    }
-    for section, keys in times.items():
+    """Every figure rates() reads is there and of its type: numbers positive and finite (sizes
+    whole numbers below 2^53), times at most MAX_SECONDS, threads a count, names short text."""
+    for section, keys in _NUMBERS.items():
         entries = doc.get(section, [])
         if not isinstance(entries, list):
             raise ProfileError(f"'{section}' is not a list")
         for i, e in enumerate(entries):
             if not isinstance(e, dict):
                 raise ProfileError(f"{section}[{i}] is not an object")
-            for key in keys:
-                if not _positive(e.get(key)) or not math.isfinite(float(e[key])):
+            for key in (*keys, *(("kv_heads",) if "kv_heads" in e else ())):
+                value = e.get(key)
+                if not _positive(value):
                     raise ProfileError(
-                        f"{section}[{i}].{key} = {e.get(key)!r}: not a positive number"
+                        f"{section}[{i}].{key} = {excerpt(value)}: not a positive number"
+                    )
+                if key in _INTEGERS and (float(value) != int(value) or value >= 2**53):
+                    raise ProfileError(
+                        f"{section}[{i}].{key} = {excerpt(value)}: not a whole number"
+                    )
+                if key in _TIMES and value > MAX_SECONDS:
+                    raise ProfileError(
+                        f"{section}[{i}].{key} = {excerpt(value)} s: longer than any call "
+                        f"calibrate times ({MAX_SECONDS:.0f} s)"
+                    )
+            threads = e.get("threads", 0)
+            if (
+                isinstance(threads, bool)
+                or not isinstance(threads, int)
+                or not 0 <= threads <= MAX_THREADS
+            ):
+                raise ProfileError(
+                    f"{section}[{i}].threads = {excerpt(threads)}: not a thread count "
+                    f"(0 to {MAX_THREADS})"
+                )
+            for key in _STRINGS:
+                if key in e and not (isinstance(e[key], str) and 0 < len(e[key]) <= 64):
+                    raise ProfileError(f"{section}[{i}].{key} = {excerpt(e[key])}: not a name")
+
+
+def _ceilings(cluster_gpu: str, threads: int) -> tuple[float, float]:
+    """(FLOP/s, bytes/s) no figure measured on `cluster_gpu` with `threads` threads can beat."""
+    from launcher.plan.hardware import CATALOG, UnknownGPUError, get_gpu
+
+    try:
+        specs = [get_gpu(cluster_gpu)]
+    except UnknownGPUError:  # refused by check_device anyway: bound it by the fastest device
+        specs = list(CATALOG.values())
+    flops = max(max(s.peak_tflops.values()) for s in specs) * 1e12 * MARGIN
+    nbytes = (
+        max(max(s.memory_bandwidth_gbps, s.intra_node_bandwidth_gbps) for s in specs) * 1e9 * MARGIN
+    )
+    if any(s.arch == "cpu" for s in specs):
+        flops = max(flops, CPU_FLOPS_PER_THREAD * max(1, threads))
+        nbytes = max(nbytes, CPU_BYTES_PER_THREAD * max(1, threads))
+    return flops, nbytes
+
+
+def _work(section: str, e: dict[str, Any]) -> tuple[float, float]:
+    """(least FLOPs, least bytes) one call of entry `e` must do: GEMM 2mnk; attention 2 x batch x
+    heads x seq^2 x head_dim (causal, half of 4bhs^2d); element-wise its bytes; the loss reads
+    tokens x vocab logits of 2 bytes at least; the optimizer 4 bytes per parameter at least; a
+    collective its bytes."""
+    if section == "gemm":
+        return 2.0 * e["m"] * e["n"] * e["k"], 0.0
+    if section == "attention":
+        return 2.0 * e["batch"] * e["heads"] * e["seq"] ** 2 * e["head_dim"], 0.0
+    if section == "elementwise":
+        return 0.0, float(e["bytes"])
+    if section == "loss":
+        return 0.0, 2.0 * e["tokens"] * e["vocab"]
+    if section == "optimizer":
+        return 0.0, 4.0 * e["params"]
+    return 0.0, float(e["bytes"])
+
+
+def _check_physics(doc: dict[str, Any]) -> None:
+    """Refuse a figure faster than the device can go (see the module docstring)."""
+    cluster_gpu = doc["device"]["cluster_gpu"]
+    for section, keys in _NUMBERS.items():
+        for i, e in enumerate(doc.get(section, [])):
+            flops, nbytes = _work(section, e)
+            most_flops, most_bytes = _ceilings(cluster_gpu, e.get("threads", 0))
+            for key in (k for k in keys if k in _TIMES):
+                # calibrate times the forward, and forward + backward as one call; its backward
+                # is their difference, which timer noise can bring near zero (it writes 1e-9 s
+                # then): the backward is judged as the forward + backward it was measured as.
+                seconds = float(e[key]) + (float(e["fwd_s"]) if key == "bwd_s" else 0.0)
+                if flops / seconds > most_flops or nbytes / seconds > most_bytes:
+                    rate = (
+                        f"{flops / seconds / 1e12:.3g} TFLOP/s"
+                        if flops
+                        else f"{nbytes / seconds / 1e9:.3g} GB/s"
+                    )
+                    raise ProfileError(
+                        f"{section}[{i}].{key} = {excerpt(e[key])} s: {rate}, faster than "
+                        f"{excerpt(cluster_gpu)} can go (at most {MARGIN:g}x its catalog "
+                        "peak); not a measurement (run `llmtrain calibrate` again)"
                     )
 
 
@@ -121,8 +250,8 @@ def validate(doc: Any) -> dict[str, Any]:
         raise ProfileError(f'not an llmtrain profile (no "schema": "{SCHEMA}")')
     if doc.get("version") != VERSION:
         raise ProfileError(
-            f"profile version {doc.get('version')!r}; this llmtrain reads version {VERSION} "
-            "(run `llmtrain calibrate` again)"
+            f"profile version {excerpt(doc.get('version'))}; this llmtrain reads version "
+            f"{VERSION} (run `llmtrain calibrate` again)"
         )
     if doc.get("digest") != digest(doc):
         raise ProfileError(
@@ -132,21 +261,29 @@ def validate(doc: Any) -> dict[str, Any]:
     device = doc.get("device")
     if not isinstance(device, dict) or not isinstance(device.get("cluster_gpu"), str):
         raise ProfileError("no device.cluster_gpu")
+    for key in ("cluster_gpu", "name", "kind"):
+        value = device.get(key)
+        if value is not None and not (
+            isinstance(value, str) and len(value) <= 200 and value.isprintable()
+        ):
+            raise ProfileError(f"device.{key} = {excerpt(value)}: not a short line of text")
     _check_entries(doc)
+    _check_physics(doc)
     return doc
 
 
 def read(path: Path) -> dict[str, Any]:
+    """The profile at `path`, read bounded and validated (see the module docstring)."""
     try:
-        text = path.read_text()
+        doc = bounded_read.read_json(
+            path, max_bytes=MAX_BYTES, max_depth=MAX_DEPTH, follow_symlinks=True
+        )
     except FileNotFoundError:
         raise ProfileError("no such file") from None
     except OSError as exc:
         raise ProfileError(f"cannot read it: {exc.strerror or exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    except bounded_read.FileRefused as exc:
+        raise ProfileError(f"it {exc}") from None
     return validate(doc)
 
 
@@ -395,8 +532,8 @@ def check_device(doc: dict[str, Any], cluster_gpu: str) -> None:
     measured = doc["device"]["cluster_gpu"]
     if measured != cluster_gpu:
         raise ProfileError(
-            f"measured on {doc['device'].get('name', measured)!r} (cluster.gpu={measured}), not "
-            f"on cluster.gpu={cluster_gpu}"
+            f"measured on {excerpt(doc['device'].get('name', measured))} (cluster.gpu="
+            f"{excerpt(measured)}), not on cluster.gpu={cluster_gpu}"
         )
 
 
@@ -428,7 +565,9 @@ def choose(
                 here = host_cpu_name()
                 there = doc["device"].get("name", "")
                 if here and there and here != there:
-                    raise ProfileError(f"measured on {there!r}, this machine is {here!r}")
+                    raise ProfileError(
+                        f"measured on {excerpt(there)}, this machine is {excerpt(here)}"
+                    )
         except ProfileError as exc:
             return None, f"cached profile {path} ignored: {exc}; priced from published figures"
         origin = "cache"
@@ -442,8 +581,8 @@ def choose(
         ProfileChoice(
             path=str(path),
             origin=origin,
-            created=str(doc.get("created", "?")),
-            device=str(doc["device"].get("name", doc["device"]["cluster_gpu"])),
+            created=shown(str(doc.get("created", "?")), 40),
+            device=shown(str(doc["device"].get("name") or doc["device"]["cluster_gpu"]), 60),
             rates=found,
         ),
         None,

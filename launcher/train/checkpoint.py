@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import fsio
+from launcher import bounded_read, fsio
 from launcher.rundir import (
     CHECKPOINT_PREFIX,
     UNFINISHED_PREFIX,
@@ -126,12 +126,12 @@ def checked_manifest(path: Path) -> tuple[dict[str, Any], str | None]:
     their sizes; else ({}, what is wrong). The data's sha256 are not read here: ``verify`` reads
     them, and ``launcher.train.safe_load.CheckpointFiles`` checks each file's bytes against this
     manifest as it reads them for loading (the bytes checked are the bytes loaded)."""
-    try:
-        manifest = json.loads(fsio.read_bytes(path / MANIFEST))
+    try:  # bounded: a regular file, no blocking, 64 MiB, nesting 8 (launcher/bounded_read.py)
+        manifest = bounded_read.read_json(path / MANIFEST, max_bytes=64 << 20, max_depth=8)
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
             return {}, f"{MANIFEST} is not a checkpoint manifest"
     except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not JSON"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return {}, f"no readable {MANIFEST} ({reason})"
     key = signing_key()
     if key is not None:

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import bounded_read
 from launcher.config.run_config import read_run_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
+from launcher.excerpt import name as shown
 from launcher.rundir import RunDir, step_dir_name
 
 GENERATION_CONFIG = "generation_config.json"
@@ -141,10 +143,12 @@ def _tokenizer_files(cfg: LLMTrainConfig) -> tuple[dict[str, bytes], str, int | 
     if cfg.data.path is not None:
         folder = Path(cfg.data.path).expanduser()
         try:
-            index = json.loads((folder / "index.json").read_text())
+            index = bounded_read.read_json(folder / "index.json", max_bytes=1 << 20)
+            if not isinstance(index, dict):
+                raise ValueError("not a JSON object")
         except (OSError, ValueError):
             return {}, f"none written: {folder}/index.json is unreadable", None
-    kind = str(index.get("tokenizer"))
+    kind = shown(str(index.get("tokenizer")), 40)
     eod = index.get("eod_id")
     eod_id = eod if isinstance(eod, int) else None
     if kind == "byte":

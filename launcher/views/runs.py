@@ -75,6 +75,11 @@ def status_lines(info: RunInfo, history: list[dict[str, float]] | None = None) -
             f"held by pid {info.holder_pid}: `llmtrain logs {info.name} --follow` shows it, "
             f"`llmtrain cancel {info.name}` stops it"
         )
+    lines += [f"unreadable: {problem}" for problem in info.problems]
+    if info.status == "unreadable":
+        lines.append(
+            "fix or remove the file(s) above (llmtrain reads run files only as regular files)"
+        )
     elif info.status in ("interrupted", "failed"):
         command = resume_command(info.command, info.folder, os.getcwd())
         lines.append(f"resume it (from its newest checkpoint, if any): {command}")

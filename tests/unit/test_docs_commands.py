@@ -286,12 +286,13 @@ def fake_slurm(bin_dir: Path, run: Path, job: str) -> None:
     stub(bin_dir, "scancel", "exit 0\n")
 
 
+# The lock taken as `llmtrain run` takes it (runlock.acquire: its record proves the launcher, so
+# `cancel` signals it; a process that only takes the flock is never signalled).
 HOLDER = """
-import fcntl, os, signal, sys, time
+import signal, sys, time
+from launcher.launch import runlock
 signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
-fcntl.flock(fd, fcntl.LOCK_EX)
-os.write(fd, ('{"pid": %d, "host": "%s"}' % (os.getpid(), os.uname().nodename)).encode())
+lock = runlock.acquire(sys.argv[1])
 print("locked", flush=True)
 time.sleep(120)
 """
@@ -301,7 +302,7 @@ def hold_lock(folder: Path) -> subprocess.Popen[str]:
     """A process holding the run's lock as a live `llmtrain run` does (a stand-in: a real run is an
     integration test, tests/integration/test_local_runs.py); Ctrl-C (what cancel sends) ends it."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(folder / ".llmtrain.lock")],
+        [sys.executable, "-c", HOLDER, str(folder)],
         stdout=subprocess.PIPE,
         text=True,
     )
