@@ -32,9 +32,26 @@ app = typer.Typer(
 
 
 def _complete_override(incomplete: str) -> list[str]:
+    import os
+
     from launcher.cli_hints import complete_override
 
+    # bash hands over its own words (split at '=' too, by COMP_WORDBREAKS) and which one the
+    # cursor is in; Typer passes none of the words before it, so they are read here.
+    words, cword = os.environ.get("COMP_WORDS"), os.environ.get("COMP_CWORD", "")
+    if words is not None and cword.isdigit():
+        from click.shell_completion import split_arg_string
+
+        split = split_arg_string(words)
+        at = int(cword)
+        return complete_override(split[at] if at < len(split) else "", split[1:at])
     return complete_override(incomplete)
+
+
+def _complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    from launcher.cli_hints import complete_run_name
+
+    return complete_run_name(str(ctx.params.get("root") or "runs"), incomplete)
 
 
 Overrides = Annotated[
@@ -593,7 +610,8 @@ def export(
     run_dir: Annotated[
         str,
         typer.Argument(
-            help="The run: its name as `llmtrain runs` lists it (or a unique prefix) or folder."
+            help="The run: its name as `llmtrain runs` lists it (or a unique prefix) or folder.",
+            autocompletion=_complete_run,
         ),
     ],
     out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write the model into.")],
@@ -694,7 +712,8 @@ def render(
 JobArg = Annotated[
     str,
     typer.Argument(
-        help="A run's name (as `llmtrain runs` lists it), a run directory, or a SLURM job id."
+        help="A run's name (as `llmtrain runs` lists it), a run directory, or a SLURM job id.",
+        autocompletion=_complete_run,
     ),
 ]
 RootOption = Annotated[

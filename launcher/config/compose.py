@@ -180,6 +180,7 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
         choices = {
             k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
         }
+        _command_line_groups_win(cfg, parsed)
         OmegaConf.set_struct(cfg, False)
         del cfg["hydra"]
         values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
@@ -200,6 +201,45 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
     compose_cache.store(overrides, values, choices)  # never stores a secret's value
     return Composed(config=config, values=redact(values), choices=choices, overrides=overrides)
+
+
+def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
+    """A group option chosen on the command line (`zero=stage3-offload`) wins over the recipe's
+    own keys in that group (Hydra applies the recipe's body after the group files, so
+    `zero: {stage: 2}` in recipes/llama3-70b.yaml would otherwise undo `zero=stage3-offload`).
+    The group file's keys are merged again over the composed group; a key given on the command
+    line (`zero.stage=2`) still wins over both, so it is left out of that merge."""
+    from omegaconf import OmegaConf
+
+    explicit = {ov.key.lstrip("+") for ov in parsed if not ov.is_group}
+    for ov in parsed:
+        if not ov.is_group or ov.is_delete or ov.value is None or ov.key == "recipe":
+            continue
+        path = resources.conf_dir() / ov.key / f"{ov.value}.yaml"
+        node = OmegaConf.load(path)
+        if not OmegaConf.is_dict(node):
+            continue
+        OmegaConf.set_struct(node, False)
+        node.pop("defaults", None)
+        for dotted in _leaf_keys(OmegaConf.to_container(node, resolve=False), ""):
+            if f"{ov.key}.{dotted}" in explicit or any(
+                f"{ov.key}.{dotted}".startswith(f"{k}.") for k in explicit
+            ):
+                _drop(node, dotted)
+        cfg[ov.key] = OmegaConf.merge(cfg[ov.key], node)
+
+
+def _leaf_keys(node: Any, prefix: str) -> list[str]:
+    if isinstance(node, dict) and node:
+        return [k for key, value in node.items() for k in _leaf_keys(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")] if prefix else []
+
+
+def _drop(node: Any, dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node[part]
+    del node[last]
 
 
 def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """Where each value of a composed configuration came from (`llmtrain show --sources`).
 
-Precedence, highest first, as Hydra applies it: a command-line override of the key, the recipe's own
-body, the group file chosen for the key's group (by default, by the recipe, or on the command line),
-and the schema default.
+Precedence, highest first: a command-line override of the key, the group file of a group option
+chosen on the command line (or in a --config file), the recipe's own body, the group file chosen
+for the key's group by default or by the recipe, and the schema default.
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def value_sources(composed: Composed) -> dict[str, str]:
             how = "default"
         group_keys[group] = (f"{group}/{option}.yaml ({how})", {f"{group}.{k}" for k in keys})
 
+    def chosen_by_user(group: str) -> bool:
+        return group in cli_groups or group in files
+
     sources = {}
     for leaf in flatten(composed.values):
         group = leaf.split(".", 1)[0]
@@ -93,6 +96,12 @@ def value_sources(composed: Composed) -> dict[str, str]:
         elif BUDGET_PARTNER.get(leaf) in files:
             partner = BUDGET_PARTNER[leaf]
             sources[leaf] = f"config file {files[partner]} ({partner} replaces it)"
+        elif group in group_keys and leaf in group_keys[group][1] and chosen_by_user(group):
+            # A group option the user chose wins over the recipe's own keys in that group.
+            in_recipe = leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys)
+            over = f"; wins over recipe {recipe}'s value" if in_recipe else ""
+            where, _ = group_keys[group]
+            sources[leaf] = f"{where[:-1]}{over})" if where.endswith(")") else where + over
         elif leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys):
             shown = f" ({recipe_path})" if recipe in config_file.FILE_RECIPES else ""
             sources[leaf] = f"recipe {recipe}{shown}"
