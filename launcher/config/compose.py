@@ -209,7 +209,7 @@ def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
     `zero: {stage: 2}` in recipes/llama3-70b.yaml would otherwise undo `zero=stage3-offload`).
     The group file's keys are merged again over the composed group; a key given on the command
     line (`zero.stage=2`) still wins over both, so it is left out of that merge."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     explicit = {ov.key.lstrip("+") for ov in parsed if not ov.is_group}
     for ov in parsed:
@@ -217,7 +217,7 @@ def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
             continue
         path = resources.conf_dir() / ov.key / f"{ov.value}.yaml"
         node = OmegaConf.load(path)
-        if not OmegaConf.is_dict(node):
+        if not isinstance(node, DictConfig):
             continue
         OmegaConf.set_struct(node, False)
         node.pop("defaults", None)

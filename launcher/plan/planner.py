@@ -170,7 +170,7 @@ def suggest_fixes(
     # The zero group's options (`zero=stage3-offload`): several keys at once, as a user types them.
     for option, values in _zero_options().items():
         changed = _with(cfg, zero=values)
-        if changed.zero != cfg.zero and values.get("stage", 0) >= z:
+        if changed.zero != cfg.zero and changed.zero.stage >= z:
             candidates.append(((f"zero={option}",), changed))
     # Only what validate accepts is offered: the same rules (and the backend's refusals) judge
     # every candidate before its memory is priced (a fix that validate refuses is no fix).
