@@ -461,6 +461,14 @@ def calibrate(
         float | None,
         typer.Option("--budget", help="Seconds to spend (default 60 on the CPU, 120 on a GPU)."),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write the profile even when figures are noise (repeats spread too wide, a "
+            "busy machine) or not physical; it is marked forced and plan says so.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Time, on this machine, the operators the planner prices for this configuration (GEMMs,
@@ -495,7 +503,7 @@ def calibrate(
 
     start = time.monotonic()
     doc, written = run_calibration(
-        composed.config, list(overrides or []), out_file, not no_cache, progress, seconds
+        composed.config, list(overrides or []), out_file, not no_cache, progress, seconds, force
     )
     took = time.monotonic() - start
     counts = {k: len(doc.get(k, [])) for k in ("gemm", "attention", "elementwise", "loss")}
@@ -504,6 +512,9 @@ def calibrate(
         return
     for note in doc.get("notes", []):
         err.print(Text("note ", style="yellow") + Text(note))
+    quality = doc.get("quality") or {}
+    for problem in quality.get("problems", []):
+        err.print(Text("noise ", style="yellow") + Text(f"{problem} (kept: --force)"))
     for path in written:
         out.print(f"profile written: {path}")
     out.print(
