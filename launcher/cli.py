@@ -326,7 +326,7 @@ def plan(
         result_plan = make_plan(composed.config, headroom=headroom)
     if as_json:
         document = plan_to_json(result_plan)
-        document["warnings"] = [v.message for v in violations]
+        document["warnings"] = [v.message for v in violations] + list(composed.notes)
         if substitute is not None:
             document["backend_substituted"] = {
                 "requested": substitute.requested,
@@ -337,6 +337,8 @@ def plan(
     else:
         for v in violations:
             err.print(Text(f"warning [{v.rule}] ", style="yellow") + Text(v.message))
+        for note in composed.notes:  # what model.from_hf did not carry over
+            err.print(Text("note ", style="yellow") + Text(note))
         if substitute is not None:
             err.print(
                 Text("note ", style="yellow")

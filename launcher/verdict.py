@@ -129,10 +129,13 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     violations = found + check(composed.config)
     violations.sort(key=lambda v: v.severity != ERROR)
     cfg = composed.config
-    notes: list[str] = []
+    notes: list[str] = list(composed.notes)  # what model.from_hf did not carry over
     if any(v.is_error for v in violations):
         return Verdict(
-            overrides, composed, tuple(violations), tuple(agreed_values(cfg, violations))
+            overrides,
+            composed,
+            tuple(violations),
+            (*composed.notes, *agreed_values(cfg, violations)),
         )
     preset = launch_refusal(cfg)
     if preset:

@@ -16,6 +16,7 @@ Hydra and OmegaConf are imported inside the functions that use them: a compositi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import typing
@@ -58,6 +59,8 @@ class Composed:
     # Group -> chosen option (model: llama3-70b, recipe: llama3-70b, ...).
     choices: dict[str, str]
     overrides: tuple[str, ...]
+    # What a model.from_hf config.json sets that is not carried over (hf_model._dropped).
+    notes: tuple[str, ...] = ()
 
 
 def group_options(group: str) -> list[str]:
@@ -141,8 +144,9 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
         # recipe=PATH -> recipe=<stem>-<content hash> (launcher.config.config_file)
         overrides = config_file.rewrite_recipe_paths(overrides)
         # model.from_hf=PATH -> the model.* keys of PATH's config.json (launcher.config.hf_model)
-        overrides = hf_model.expand(overrides)
-        return _compose(overrides)
+        overrides, notes = hf_model.expand_with_notes(overrides)
+        composed = _compose(overrides)
+        return dataclasses.replace(composed, notes=notes) if notes else composed
     except ConfigError as exc:  # an error message quotes overrides: never a secret's value
         problems = config_file.annotate(exc.problems, overrides)
         masked = [mask_secret_overrides(p, overrides) for p in problems]
