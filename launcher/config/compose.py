@@ -59,8 +59,11 @@ class Composed:
     # Group -> chosen option (model: llama3-70b, recipe: llama3-70b, ...).
     choices: dict[str, str]
     overrides: tuple[str, ...]
-    # What a model.from_hf config.json sets that is not carried over (hf_model._dropped).
+    # What a model.from_hf config.json sets that is not carried over (hf_model._dropped), and
+    # values taken from elsewhere than the configuration (the data's vocabulary).
     notes: tuple[str, ...] = ()
+    # Dotted key -> where its value came from, when not from the configuration (show --sources).
+    derived: tuple[tuple[str, str], ...] = ()
 
 
 def group_options(group: str) -> list[str]:
@@ -146,7 +149,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
         # model.from_hf=PATH -> the model.* keys of PATH's config.json (launcher.config.hf_model)
         overrides, notes = hf_model.expand_with_notes(overrides)
         composed = _compose(overrides)
-        return dataclasses.replace(composed, notes=notes) if notes else composed
+        composed = dataclasses.replace(composed, notes=notes) if notes else composed
+        return _vocab_from_data(composed, overrides)
     except ConfigError as exc:  # an error message quotes overrides: never a secret's value
         problems = config_file.annotate(exc.problems, overrides)
         masked = [mask_secret_overrides(p, overrides) for p in problems]
@@ -205,6 +209,49 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
     compose_cache.store(overrides, values, choices)  # never stores a secret's value
     return Composed(config=config, values=redact(values), choices=choices, overrides=overrides)
+
+
+def _vocab_from_data(composed: Composed, overrides: tuple[str, ...]) -> Composed:
+    """model.vocab_size from the tokenizer a prepared data.path was made with (its index.json),
+    when model.vocab_size is not given (command line, --config, model.from_hf): the model then
+    embeds every id the data holds. Read after the compose cache, so a re-prepared dataset is
+    seen; a path that is not a prepared dataset is left to the data checks of validate/run."""
+    import json
+    from pathlib import Path
+
+    given = {text.lstrip("+~").partition("=")[0].strip() for text in overrides}
+    path = composed.config.data.path
+    if "model.vocab_size" in given or not path:
+        return composed
+    index = Path(path).expanduser() / "index.json"
+    try:
+        if not index.is_file() or index.stat().st_size > config_file.MAX_BYTES:
+            return composed
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return composed
+    vocab = data.get("vocab_size") if isinstance(data, dict) else None
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        return composed
+    if vocab == composed.config.model.vocab_size:
+        return composed
+    tokenizer = data.get("tokenizer") if isinstance(data.get("tokenizer"), str) else "its"
+    source = f"data.path={path} ({tokenizer} tokenizer, vocabulary {vocab})"
+    values = {**composed.values, "model": {**composed.values["model"], "vocab_size": vocab}}
+    config = dataclasses.replace(
+        composed.config, model=dataclasses.replace(composed.config.model, vocab_size=vocab)
+    )
+    note = (
+        f"model.vocab_size={vocab} from {source}, not {composed.config.model.vocab_size}; "
+        "set model.vocab_size to choose another"
+    )
+    return dataclasses.replace(
+        composed,
+        config=config,
+        values=values,
+        notes=(*composed.notes, note),
+        derived=(*composed.derived, ("model.vocab_size", source)),
+    )
 
 
 def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:

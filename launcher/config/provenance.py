@@ -79,8 +79,12 @@ def value_sources(composed: Composed) -> dict[str, str]:
     def chosen_by_user(group: str) -> bool:
         return group in cli_groups or group in files
 
+    derived = dict(composed.derived)  # values taken from the data (compose._vocab_from_data)
     sources = {}
     for leaf in flatten(composed.values):
+        if leaf in derived:
+            sources[leaf] = derived[leaf]
+            continue
         group = leaf.split(".", 1)[0]
         in_file = [k for k in files if leaf == k or leaf.startswith(f"{k}.")]
         if leaf == "recipe" and "recipe" in files:
