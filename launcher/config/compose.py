@@ -254,6 +254,12 @@ def _vocab_from_data(composed: Composed, overrides: tuple[str, ...]) -> Composed
     )
 
 
+# Keys a group option does not take back from the recipe: a cluster option names a node type (GPU,
+# GPUs per node, links, price); how many nodes the run spans stays the recipe's
+# (`plan recipe=llama3-70b cluster=h100-80gb` plans the recipe's 256 nodes, not the file's 1).
+RECIPE_SCALE_KEYS = frozenset({"cluster.num_nodes"})
+
+
 def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
     """A group option chosen on the command line (`zero=stage3-offload`) wins over the recipe's
     own keys in that group (Hydra applies the recipe's body after the group files, so
@@ -262,7 +268,7 @@ def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
     line (`zero.stage=2`) still wins over both, so it is left out of that merge."""
     from omegaconf import DictConfig, OmegaConf
 
-    explicit = {ov.key.lstrip("+") for ov in parsed if not ov.is_group}
+    explicit = {ov.key.lstrip("+") for ov in parsed if not ov.is_group} | RECIPE_SCALE_KEYS
     for ov in parsed:
         if not ov.is_group or ov.is_delete or ov.value is None or ov.key == "recipe":
             continue

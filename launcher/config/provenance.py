@@ -11,7 +11,7 @@ from typing import Any
 
 from launcher import resources
 from launcher.config import config_file
-from launcher.config.compose import Composed
+from launcher.config.compose import RECIPE_SCALE_KEYS, Composed
 from launcher.config.schema_keys import BUDGET_PARTNER
 
 
@@ -100,7 +100,12 @@ def value_sources(composed: Composed) -> dict[str, str]:
         elif BUDGET_PARTNER.get(leaf) in files:
             partner = BUDGET_PARTNER[leaf]
             sources[leaf] = f"config file {files[partner]} ({partner} replaces it)"
-        elif group in group_keys and leaf in group_keys[group][1] and chosen_by_user(group):
+        elif (
+            group in group_keys
+            and leaf in group_keys[group][1]
+            and chosen_by_user(group)
+            and leaf not in RECIPE_SCALE_KEYS
+        ):
             # A group option the user chose wins over the recipe's own keys in that group.
             in_recipe = leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys)
             over = f"; wins over recipe {recipe}'s value" if in_recipe else ""

@@ -54,3 +54,16 @@ def test_plan_with_the_group_option_no_longer_errors(monkeypatch: pytest.MonkeyP
     result = CliRunner().invoke(app, ["plan", "recipe=llama3-70b", "zero=stage3-offload"])
     assert result.exit_code == 0, result.output
     assert "fits" in result.output
+
+
+def test_a_cluster_option_keeps_the_recipes_number_of_nodes() -> None:
+    # cluster=h100-80gb names the node type; the recipe's 256 nodes stay (the file says 1)
+    composed = compose_config(["recipe=llama3-70b", "cluster=h100-80gb"])
+    assert composed.config.cluster.num_nodes == 256
+    assert value_sources(composed)["cluster.num_nodes"] == "recipe llama3-70b"
+    # the node type's own keys do come from the file chosen
+    other = compose_config(["recipe=llama3-70b", "cluster=a100-80gb"]).config.cluster
+    assert (other.num_nodes, other.gpu) == (256, "a100-80gb")
+    assert compose_config(
+        ["recipe=llama3-70b", "cluster=h100-80gb", "cluster.num_nodes=1"]
+    ).config.cluster.num_nodes == 1
