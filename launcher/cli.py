@@ -600,6 +600,7 @@ def data_prepare(
         report=lambda line: err.print(Text(line, style="dim")),
         valid_fraction=valid_fraction,
         fmt=fmt,
+        byte_eod=True,  # byte tokens: id 256 ends each document (vocabulary 257)
     )
     document = index.to_json()
     if as_json:

@@ -211,32 +211,49 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     return Composed(config=config, values=redact(values), choices=choices, overrides=overrides)
 
 
-def _vocab_from_data(composed: Composed, overrides: tuple[str, ...]) -> Composed:
-    """model.vocab_size from the tokenizer a prepared data.path was made with (its index.json),
-    when model.vocab_size is not given (command line, --config, model.from_hf): the model then
-    embeds every id the data holds. Read after the compose cache, so a re-prepared dataset is
-    seen; a path that is not a prepared dataset is left to the data checks of validate/run."""
+def _prepared_vocab(spec: str) -> tuple[int, str] | None:
+    """(vocabulary, tokenizer) of a prepared dataset's index.json, or None (not one, unreadable)."""
     import json
     from pathlib import Path
 
-    given = {text.lstrip("+~").partition("=")[0].strip() for text in overrides}
-    path = composed.config.data.path
-    if "model.vocab_size" in given or not path:
-        return composed
-    index = Path(path).expanduser() / "index.json"
+    index = Path(spec).expanduser() / "index.json"
     try:
         if not index.is_file() or index.stat().st_size > config_file.MAX_BYTES:
-            return composed
+            return None
         data = json.loads(index.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        return composed
+        return None
     vocab = data.get("vocab_size") if isinstance(data, dict) else None
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        return None
+    tokenizer = data.get("tokenizer")
+    return vocab, tokenizer if isinstance(tokenizer, str) else "its"
+
+
+def _vocab_from_data(composed: Composed, overrides: tuple[str, ...]) -> Composed:
+    """model.vocab_size from the tokenizer prepared data was made with (index.json of data.path,
+    or the largest of data.blend's prepared datasets), when model.vocab_size is not given
+    (command line, --config, model.from_hf): the model then embeds every id the data holds.
+    Read after the compose cache, so a re-prepared dataset is seen; paths that are not prepared
+    datasets are left to the data checks of validate/run."""
+    given = {text.lstrip("+~").partition("=")[0].strip() for text in overrides}
+    if "model.vocab_size" in given:
         return composed
+    data = composed.config.data
+    specs = [("data.path", data.path)] if data.path else []
+    specs += [
+        (f"data.blend[{i}]", item)
+        for i, item in enumerate(data.blend or [])
+        if isinstance(item, str) and not _is_number(item)
+    ]
+    found = [(key, spec, _prepared_vocab(spec)) for key, spec in specs]
+    known = [(key, spec, v) for key, spec, v in found if v is not None]
+    if not known:
+        return composed
+    key, spec, (vocab, tokenizer) = max(known, key=lambda item: item[2][0])
     if vocab == composed.config.model.vocab_size:
         return composed
-    tokenizer = data.get("tokenizer") if isinstance(data.get("tokenizer"), str) else "its"
-    source = f"data.path={path} ({tokenizer} tokenizer, vocabulary {vocab})"
+    source = f"{key}={spec} ({tokenizer} tokenizer, vocabulary {vocab})"
     values = {**composed.values, "model": {**composed.values["model"], "vocab_size": vocab}}
     config = dataclasses.replace(
         composed.config, model=dataclasses.replace(composed.config.model, vocab_size=vocab)
@@ -252,6 +269,14 @@ def _vocab_from_data(composed: Composed, overrides: tuple[str, ...]) -> Composed
         notes=(*composed.notes, note),
         derived=(*composed.derived, ("model.vocab_size", source)),
     )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # Keys a group option does not take back from the recipe: a cluster option names a node type (GPU,
