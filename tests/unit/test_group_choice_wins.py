@@ -64,6 +64,9 @@ def test_a_cluster_option_keeps_the_recipes_number_of_nodes() -> None:
     # the node type's own keys do come from the file chosen
     other = compose_config(["recipe=llama3-70b", "cluster=a100-80gb"]).config.cluster
     assert (other.num_nodes, other.gpu) == (256, "a100-80gb")
-    assert compose_config(
-        ["recipe=llama3-70b", "cluster=h100-80gb", "cluster.num_nodes=1"]
-    ).config.cluster.num_nodes == 1
+    assert (
+        compose_config(
+            ["recipe=llama3-70b", "cluster=h100-80gb", "cluster.num_nodes=1"]
+        ).config.cluster.num_nodes
+        == 1
+    )
