@@ -48,6 +48,28 @@ def _complete_override(incomplete: str) -> list[str]:
     return complete_override(incomplete)
 
 
+def _bash_keeps_a_key_open() -> None:
+    """bash appends a space after the one completion it inserts; after `parallel.tp=` that would
+    leave `parallel.tp= 8` (two words). Typer's bash script (the one --install-completion writes
+    and `_LLMTRAIN_COMPLETE=source_bash` prints) gains `compopt -o nospace` for a single
+    completion ending in '='. Left as it is if a Typer release words its script otherwise."""
+    from typer import _completion_classes, _completion_shared
+
+    script = _completion_shared.COMPLETION_SCRIPT_BASH
+    end = "    return 0\n}"
+    if end not in script or "compopt" in script:
+        return
+    patched = script.replace(
+        end,
+        "    [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == *= ]] && compopt -o nospace\n" + end,
+    )
+    _completion_shared._completion_scripts["bash"] = patched
+    _completion_classes.BashComplete.source_template = patched
+
+
+_bash_keeps_a_key_open()
+
+
 def _complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
     from launcher.cli_hints import complete_run_name
 

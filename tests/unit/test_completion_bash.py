@@ -119,5 +119,10 @@ def test_a_real_interactive_bash_completes_recipe_and_cluster(tmp_path: Path) ->
         assert "recipe=llama3-70b" in wait_for("recipe=llama3-70b")
         subprocess.run([*tmux, "send-keys", "-t", "t", "cluster=h100-8", "Tab"])
         assert "cluster=h100-80gb" in wait_for("cluster=h100-80gb")
+        # a key completes to `parallel.tp=` with no space after it: the value follows directly
+        subprocess.run([*tmux, "send-keys", "-t", "t", "parallel.t", "Tab"])
+        wait_for("parallel.tp=")
+        subprocess.run([*tmux, "send-keys", "-t", "t", "8"])
+        assert "cluster=h100-80gb parallel.tp=8" in wait_for("parallel.tp=8")
     finally:
         subprocess.run([*tmux, "kill-server"], check=False, timeout=30)
