@@ -303,12 +303,24 @@ def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
             continue
         OmegaConf.set_struct(node, False)
         node.pop("defaults", None)
-        for dotted in _leaf_keys(OmegaConf.to_container(node, resolve=False), ""):
-            if f"{ov.key}.{dotted}" in explicit or any(
-                f"{ov.key}.{dotted}".startswith(f"{k}.") for k in explicit
+        plain = OmegaConf.to_container(node, resolve=False)
+        for dotted in _leaf_keys(plain, ""):
+            full = f"{ov.key}.{dotted}"
+            # null in a group file is "the default" (backend.moe_dispatcher: null), no choice
+            # to win with: a recipe's mixtral `moe_dispatcher: alltoall` stays.
+            if (
+                full in explicit
+                or any(full.startswith(f"{k}.") for k in explicit)
+                or _leaf(plain, dotted) is None
             ):
                 _drop(node, dotted)
         cfg[ov.key] = OmegaConf.merge(cfg[ov.key], node)
+
+
+def _leaf(node: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _leaf_keys(node: Any, prefix: str) -> list[str]:

@@ -35,6 +35,16 @@ def _yaml_keys(path: Any) -> tuple[set[str], list[Any]]:
     return set(flatten(data)), list(defaults)
 
 
+def _yaml_values(path: Any) -> dict[str, Any]:
+    """Dotted key -> value of a YAML file (its defaults list left out)."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+    assert isinstance(data, dict)
+    data.pop("defaults", None)
+    return flatten(data)
+
+
 def _override_key(text: str) -> tuple[str, bool]:
     """('parallel.tp', False) for 'parallel.tp=8'; ('model', True) for 'model=llama3-8b'."""
     key = text.split("=", 1)[0].lstrip("+~")
@@ -62,6 +72,7 @@ def value_sources(composed: Composed) -> dict[str, str]:
         if isinstance(entry, dict)
     }
     group_keys: dict[str, tuple[str, set[str]]] = {}
+    group_nulls: dict[str, bool] = {}  # a null in a group file never wins over the recipe
     for group, option in composed.choices.items():
         if group == "recipe":
             continue
@@ -75,6 +86,8 @@ def value_sources(composed: Composed) -> dict[str, str]:
         else:
             how = "default"
         group_keys[group] = (f"{group}/{option}.yaml ({how})", {f"{group}.{k}" for k in keys})
+        for key, value in _yaml_values(resources.conf_dir() / group / f"{option}.yaml").items():
+            group_nulls[f"{group}.{key}"] = value is None
 
     def chosen_by_user(group: str) -> bool:
         return group in cli_groups or group in files
@@ -105,6 +118,7 @@ def value_sources(composed: Composed) -> dict[str, str]:
             and leaf in group_keys[group][1]
             and chosen_by_user(group)
             and leaf not in RECIPE_SCALE_KEYS
+            and not (leaf in recipe_keys and group_nulls.get(leaf, False))
         ):
             # A group option the user chose wins over the recipe's own keys in that group.
             in_recipe = leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys)

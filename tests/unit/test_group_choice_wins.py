@@ -70,3 +70,13 @@ def test_a_cluster_option_keeps_the_recipes_number_of_nodes() -> None:
         ).config.cluster.num_nodes
         == 1
     )
+
+
+def test_a_null_in_the_group_file_does_not_undo_the_recipes_choice() -> None:
+    # recipes/mixtral-8x7b.yaml: backend.moe_dispatcher: alltoall; conf/backend/*.yaml: null
+    composed = compose_config(["recipe=mixtral-8x7b", "backend=megatron"])
+    assert composed.config.backend.moe_dispatcher == "alltoall"
+    assert composed.config.backend.name == "megatron"
+    sources = value_sources(composed)
+    assert sources["backend.moe_dispatcher"] == "recipe mixtral-8x7b"
+    assert sources["backend.name"] == "backend/megatron.yaml (chosen on the command line)"
