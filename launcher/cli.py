@@ -32,9 +32,48 @@ app = typer.Typer(
 
 
 def _complete_override(incomplete: str) -> list[str]:
+    import os
+
     from launcher.cli_hints import complete_override
 
+    # bash hands over its own words (split at '=' too, by COMP_WORDBREAKS) and which one the
+    # cursor is in; Typer passes none of the words before it, so they are read here.
+    words, cword = os.environ.get("COMP_WORDS"), os.environ.get("COMP_CWORD", "")
+    if words is not None and cword.isdigit():
+        from click.shell_completion import split_arg_string
+
+        split = split_arg_string(words)
+        at = int(cword)
+        return complete_override(split[at] if at < len(split) else "", split[1:at])
     return complete_override(incomplete)
+
+
+def _bash_keeps_a_key_open() -> None:
+    """bash appends a space after the one completion it inserts; after `parallel.tp=` that would
+    leave `parallel.tp= 8` (two words). Typer's bash script (the one --install-completion writes
+    and `_LLMTRAIN_COMPLETE=source_bash` prints) gains `compopt -o nospace` for a single
+    completion ending in '='. Left as it is if a Typer release words its script otherwise."""
+    from typer import _completion_classes, _completion_shared
+
+    script = _completion_shared.COMPLETION_SCRIPT_BASH
+    end = "    return 0\n}"
+    if end not in script or "compopt" in script:
+        return
+    patched = script.replace(
+        end,
+        "    [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == *= ]] && compopt -o nospace\n" + end,
+    )
+    _completion_shared._completion_scripts["bash"] = patched
+    _completion_classes.BashComplete.source_template = patched
+
+
+_bash_keeps_a_key_open()
+
+
+def _complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    from launcher.cli_hints import complete_run_name
+
+    return complete_run_name(str(ctx.params.get("root") or "runs"), incomplete)
 
 
 Overrides = Annotated[
@@ -330,7 +369,7 @@ def plan(
         result_plan = make_plan(composed.config, headroom=headroom)
     if as_json:
         document = plan_to_json(result_plan)
-        document["warnings"] = [v.message for v in violations]
+        document["warnings"] = [v.message for v in violations] + list(composed.notes)
         if substitute is not None:
             document["backend_substituted"] = {
                 "requested": substitute.requested,
@@ -341,6 +380,8 @@ def plan(
     else:
         for v in violations:
             err.print(Text(f"warning [{v.rule}] ", style="yellow") + Text(v.message))
+        for note in composed.notes:  # what model.from_hf did not carry over
+            err.print(Text("note ", style="yellow") + Text(note))
         if substitute is not None:
             err.print(
                 Text("note ", style="yellow")
@@ -538,6 +579,14 @@ def calibrate(
         float | None,
         typer.Option("--budget", help="Seconds to spend (default 60 on the CPU, 120 on a GPU)."),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write the profile even when figures are noise (repeats spread too wide, a "
+            "busy machine) or not physical; it is marked forced and plan says so.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Time, on this machine, the operators the planner prices for this configuration (GEMMs,
@@ -572,7 +621,7 @@ def calibrate(
 
     start = time.monotonic()
     doc, written = run_calibration(
-        composed.config, list(overrides or []), out_file, not no_cache, progress, seconds
+        composed.config, list(overrides or []), out_file, not no_cache, progress, seconds, force
     )
     took = time.monotonic() - start
     counts = {k: len(doc.get(k, [])) for k in ("gemm", "attention", "elementwise", "loss")}
@@ -581,6 +630,9 @@ def calibrate(
         return
     for note in doc.get("notes", []):
         err.print(Text("note ", style="yellow") + Text(note))
+    quality = doc.get("quality") or {}
+    for problem in quality.get("problems", []):
+        err.print(Text("noise ", style="yellow") + Text(f"{problem} (kept: --force)"))
     for path in written:
         out.print(f"profile written: {path}")
     out.print(
@@ -692,6 +744,7 @@ def data_prepare(
         fmt=fmt,
         input_format=input_format,
         chat_template=chat_template,
+        byte_eod=True,  # byte tokens: id 256 ends each document (vocabulary 257)
     )
     document = index.to_json()
     if index.layout == "chat":
@@ -730,7 +783,8 @@ def export(
     run_dir: Annotated[
         str,
         typer.Argument(
-            help="The run: its name as `llmtrain runs` lists it (or a unique prefix) or folder."
+            help="The run: its name as `llmtrain runs` lists it (or a unique prefix) or folder.",
+            autocompletion=_complete_run,
         ),
     ],
     out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write the model into.")],
@@ -868,7 +922,8 @@ def render(
 JobArg = Annotated[
     str,
     typer.Argument(
-        help="A run's name (as `llmtrain runs` lists it), a run directory, or a SLURM job id."
+        help="A run's name (as `llmtrain runs` lists it), a run directory, or a SLURM job id.",
+        autocompletion=_complete_run,
     ),
 ]
 RootOption = Annotated[

@@ -53,17 +53,58 @@ def override_typed_as_option(root: click.Command, argv: Sequence[str]) -> str | 
     return None
 
 
-def complete_override(incomplete: str) -> list[str]:
+def complete_override(incomplete: str, args: Sequence[str] = ()) -> list[str]:
     """Shell completion for an override: `recipe=<TAB>` -> recipe names, `cluster=h1<TAB>` ->
-    cluster options, `parallel.<TAB>` -> keys under parallel, otherwise groups and keys."""
-    from launcher.config.compose import all_schema_keys, group_options, groups
+    cluster options, `parallel.<TAB>` -> keys under parallel, otherwise groups and keys.
 
+    zsh and fish pass the whole word (`recipe=ll`). bash splits words at '=' (COMP_WORDBREAKS),
+    so it asks with the words before the cursor ending in `recipe`, `=` and the value typed so far
+    (`ll`), or ending in `recipe` with `=` itself as the word; bash then replaces only the text
+    after the '=', so the answer is the bare value (`llama3-70b`)."""
+    from launcher.config.compose import all_schema_keys, groups
+
+    if incomplete == "=" and args:  # bash: `recipe=<TAB>`
+        return _values_of(args[-1].lstrip("+~"), "")
+    if len(args) >= 2 and args[-1] == "=":  # bash: `recipe=ll<TAB>`
+        return _values_of(args[-2].lstrip("+~"), incomplete)
     prefix = incomplete.lstrip("+~")
     lead = incomplete[: len(incomplete) - len(prefix)]
     if "=" in prefix:
         key, _, partial = prefix.partition("=")
-        if key in groups():
-            return [f"{lead}{key}={o}" for o in group_options(key) if o.startswith(partial)]
-        return []
+        return [f"{lead}{key}={value}" for value in _values_of(key, partial)]
     candidates = [f"{g}=" for g in groups()] + [f"{k}=" for k in all_schema_keys()]
     return [f"{lead}{c}" for c in candidates if c.startswith(prefix)]
+
+
+def _values_of(key: str, partial: str) -> list[str]:
+    """The values a group or a fixed-choice key takes that start with `partial`."""
+    from launcher.config.compose import group_options, groups
+    from launcher.config.schema import CHOICES
+    from launcher.config.schema_keys import field_type
+
+    if key in groups():
+        values = list(group_options(key))
+    elif key in CHOICES:
+        values = [str(v) for v in CHOICES[key]]
+    elif field_type(key) in (bool, bool | None):
+        values = ["true", "false"]
+    else:
+        return []
+    return [v for v in values if v.startswith(partial)]
+
+
+def complete_run_name(root: str, incomplete: str) -> list[str]:
+    """The names of the run directories under `root` that start with `incomplete` (for
+    status, logs, cancel and export); nothing when `root` is not a folder."""
+    from pathlib import Path
+
+    from launcher.launch.local_runs import is_run_dir
+
+    folder = Path(root).expanduser()
+    if "/" in incomplete or not folder.is_dir():
+        return []
+    try:
+        names = sorted(p.name for p in folder.iterdir() if p.name.startswith(incomplete))
+    except OSError:
+        return []
+    return [name for name in names if is_run_dir(folder / name)]

@@ -93,14 +93,26 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
             remaining = [o for o in remaining if o not in culprits]
             continue
         if not complete:
-            # A bad group or recipe choice: the layout rules would judge a configuration the
-            # user did not ask for, but the value ranges of the keys given still stand.
+            # A bad group or recipe choice: the configuration composed without it is not the one
+            # the user asked for. The value ranges of the keys given still stand, and so do the
+            # layout rules' errors on keys given whose keys the bad choice does not set (cp=3 is
+            # reported beside cluster=h100, not once that is fixed).
             given = {_override_key(o) for o in remaining}
-            found += [
-                v
-                for v in value_range_problems(composed.config)
-                if v.is_error and set(v.keys) <= given
-            ]
+            failed = {_override_key(o) for o in overrides if o not in remaining}
+            bad_groups = {k for k in failed if "." not in k}
+            if "recipe" in bad_groups:  # any key may come from the recipe: ranges only
+                judged = value_range_problems(composed.config)
+                found += [v for v in judged if v.is_error and set(v.keys) <= given]
+            else:
+                seen = {v.message for v in found}
+                found += [
+                    v
+                    for v in check(composed.config)
+                    if v.is_error
+                    and set(v.keys) & given
+                    and not any(k.split(".")[0] in bad_groups for k in v.keys)
+                    and v.message not in seen
+                ]
         return (composed if complete else None), found
     return None, found
 
@@ -117,10 +129,13 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     violations = found + check(composed.config)
     violations.sort(key=lambda v: v.severity != ERROR)
     cfg = composed.config
-    notes: list[str] = []
+    notes: list[str] = list(composed.notes)  # what model.from_hf did not carry over
     if any(v.is_error for v in violations):
         return Verdict(
-            overrides, composed, tuple(violations), tuple(agreed_values(cfg, violations))
+            overrides,
+            composed,
+            tuple(violations),
+            (*composed.notes, *agreed_values(cfg, violations)),
         )
     preset = launch_refusal(cfg)
     if preset:
@@ -161,11 +176,14 @@ def agreed_values(cfg: LLMTrainConfig, violations: Sequence[Violation]) -> list[
             if not any(v.is_error and key in v.keys for v in check(trial)):
                 good.append(str(value))
         rules = ", ".join(dict.fromkeys(v.rule for v in naming))
-        answer = ", ".join(good) if good else f"none of {', '.join(map(str, _CANDIDATES))}"
-        notes.append(
-            f"{key}={current}: {len(naming)} errors above ({rules}); valid {name} with every "
-            f"rule: {answer}"
-        )
+        if good:
+            answer = f"valid {name} with every rule: {', '.join(good)}"
+        else:
+            answer = (
+                f"no value of {name} from {_CANDIDATES[0]} to {_CANDIDATES[-1]} passes every "
+                "rule with the other keys as they are: change one of the keys the errors name"
+            )
+        notes.append(f"{key}={current}: {len(naming)} errors above ({rules}); {answer}")
     return notes
 
 

@@ -16,6 +16,7 @@ Hydra and OmegaConf are imported inside the functions that use them: a compositi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import typing
@@ -58,6 +59,11 @@ class Composed:
     # Group -> chosen option (model: llama3-70b, recipe: llama3-70b, ...).
     choices: dict[str, str]
     overrides: tuple[str, ...]
+    # What a model.from_hf config.json sets that is not carried over (hf_model._dropped), and
+    # values taken from elsewhere than the configuration (the data's vocabulary).
+    notes: tuple[str, ...] = ()
+    # Dotted key -> where its value came from, when not from the configuration (show --sources).
+    derived: tuple[tuple[str, str], ...] = ()
 
 
 def group_options(group: str) -> list[str]:
@@ -141,8 +147,10 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
         # recipe=PATH -> recipe=<stem>-<content hash> (launcher.config.config_file)
         overrides = config_file.rewrite_recipe_paths(overrides)
         # model.from_hf=PATH -> the model.* keys of PATH's config.json (launcher.config.hf_model)
-        overrides = hf_model.expand(overrides)
-        return _compose(overrides)
+        overrides, notes = hf_model.expand_with_notes(overrides)
+        composed = _compose(overrides)
+        composed = dataclasses.replace(composed, notes=notes) if notes else composed
+        return _vocab_from_data(composed, overrides)
     except ConfigError as exc:  # an error message quotes overrides: never a secret's value
         problems = config_file.annotate(exc.problems, overrides)
         masked = [mask_secret_overrides(p, overrides) for p in problems]
@@ -180,6 +188,7 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
         choices = {
             k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
         }
+        _command_line_groups_win(cfg, parsed)
         OmegaConf.set_struct(cfg, False)
         del cfg["hydra"]
         values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
@@ -200,6 +209,131 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
     compose_cache.store(overrides, values, choices)  # never stores a secret's value
     return Composed(config=config, values=redact(values), choices=choices, overrides=overrides)
+
+
+def _prepared_vocab(spec: str) -> tuple[int, str] | None:
+    """(vocabulary, tokenizer) of a prepared dataset's index.json, or None (not one, unreadable)."""
+    import json
+    from pathlib import Path
+
+    index = Path(spec).expanduser() / "index.json"
+    try:
+        if not index.is_file() or index.stat().st_size > config_file.MAX_BYTES:
+            return None
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    vocab = data.get("vocab_size") if isinstance(data, dict) else None
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        return None
+    tokenizer = data.get("tokenizer")
+    return vocab, tokenizer if isinstance(tokenizer, str) else "its"
+
+
+def _vocab_from_data(composed: Composed, overrides: tuple[str, ...]) -> Composed:
+    """model.vocab_size from the tokenizer prepared data was made with (index.json of data.path,
+    or the largest of data.blend's prepared datasets), when model.vocab_size is not given
+    (command line, --config, model.from_hf): the model then embeds every id the data holds.
+    Read after the compose cache, so a re-prepared dataset is seen; paths that are not prepared
+    datasets are left to the data checks of validate/run."""
+    given = {text.lstrip("+~").partition("=")[0].strip() for text in overrides}
+    if "model.vocab_size" in given:
+        return composed
+    data = composed.config.data
+    specs = [("data.path", data.path)] if data.path else []
+    specs += [
+        (f"data.blend[{i}]", item)
+        for i, item in enumerate(data.blend or [])
+        if isinstance(item, str) and not _is_number(item)
+    ]
+    found = [(key, spec, _prepared_vocab(spec)) for key, spec in specs]
+    known = [(key, spec, v) for key, spec, v in found if v is not None]
+    if not known:
+        return composed
+    key, spec, (vocab, tokenizer) = max(known, key=lambda item: item[2][0])
+    if vocab == composed.config.model.vocab_size:
+        return composed
+    source = f"{key}={spec} ({tokenizer} tokenizer, vocabulary {vocab})"
+    values = {**composed.values, "model": {**composed.values["model"], "vocab_size": vocab}}
+    config = dataclasses.replace(
+        composed.config, model=dataclasses.replace(composed.config.model, vocab_size=vocab)
+    )
+    note = (
+        f"model.vocab_size={vocab} from {source}, not {composed.config.model.vocab_size}; "
+        "set model.vocab_size to choose another"
+    )
+    return dataclasses.replace(
+        composed,
+        config=config,
+        values=values,
+        notes=(*composed.notes, note),
+        derived=(*composed.derived, ("model.vocab_size", source)),
+    )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# Keys a group option does not take back from the recipe: a cluster option names a node type (GPU,
+# GPUs per node, links, price); how many nodes the run spans stays the recipe's
+# (`plan recipe=llama3-70b cluster=h100-80gb` plans the recipe's 256 nodes, not the file's 1).
+RECIPE_SCALE_KEYS = frozenset({"cluster.num_nodes"})
+
+
+def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
+    """A group option chosen on the command line (`zero=stage3-offload`) wins over the recipe's
+    own keys in that group (Hydra applies the recipe's body after the group files, so
+    `zero: {stage: 2}` in recipes/llama3-70b.yaml would otherwise undo `zero=stage3-offload`).
+    The group file's keys are merged again over the composed group; a key given on the command
+    line (`zero.stage=2`) still wins over both, so it is left out of that merge."""
+    from omegaconf import DictConfig, OmegaConf
+
+    explicit = {ov.key.lstrip("+") for ov in parsed if not ov.is_group} | RECIPE_SCALE_KEYS
+    for ov in parsed:
+        if not ov.is_group or ov.is_delete or ov.value is None or ov.key == "recipe":
+            continue
+        path = resources.conf_dir() / ov.key / f"{ov.value}.yaml"
+        node = OmegaConf.load(path)
+        if not isinstance(node, DictConfig):
+            continue
+        OmegaConf.set_struct(node, False)
+        node.pop("defaults", None)
+        plain = OmegaConf.to_container(node, resolve=False)
+        for dotted in _leaf_keys(plain, ""):
+            full = f"{ov.key}.{dotted}"
+            # null in a group file is "the default" (backend.moe_dispatcher: null), no choice
+            # to win with: a recipe's mixtral `moe_dispatcher: alltoall` stays.
+            if (
+                full in explicit
+                or any(full.startswith(f"{k}.") for k in explicit)
+                or _leaf(plain, dotted) is None
+            ):
+                _drop(node, dotted)
+        cfg[ov.key] = OmegaConf.merge(cfg[ov.key], node)
+
+
+def _leaf(node: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _leaf_keys(node: Any, prefix: str) -> list[str]:
+    if isinstance(node, dict) and node:
+        return [k for key, value in node.items() for k in _leaf_keys(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")] if prefix else []
+
+
+def _drop(node: Any, dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node[part]
+    del node[last]
 
 
 def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ def env_references(texts: list[str]) -> list[str]:
 def key(overrides: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([__version__, list(overrides)]).encode())
-    files = [Path(schema.__file__)]
+    files = [Path(schema.__file__), Path(__file__).with_name("compose.py")]  # its rules too
     for root in (resources.conf_dir(), resources.recipes_dir()):
         files += sorted(root.rglob("*.yaml"))
     texts = list(overrides)

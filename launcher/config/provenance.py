@@ -1,8 +1,8 @@
 """Where each value of a composed configuration came from (`llmtrain show --sources`).
 
-Precedence, highest first, as Hydra applies it: a command-line override of the key, the recipe's own
-body, the group file chosen for the key's group (by default, by the recipe, or on the command line),
-and the schema default.
+Precedence, highest first: a command-line override of the key, the group file of a group option
+chosen on the command line (or in a --config file), the recipe's own body, the group file chosen
+for the key's group by default or by the recipe, and the schema default.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from launcher import resources
 from launcher.config import config_file
-from launcher.config.compose import Composed
+from launcher.config.compose import RECIPE_SCALE_KEYS, Composed
 from launcher.config.schema_keys import BUDGET_PARTNER
 
 
@@ -33,6 +33,16 @@ def _yaml_keys(path: Any) -> tuple[set[str], list[Any]]:
     assert isinstance(data, dict)
     defaults = data.pop("defaults", [])
     return set(flatten(data)), list(defaults)
+
+
+def _yaml_values(path: Any) -> dict[str, Any]:
+    """Dotted key -> value of a YAML file (its defaults list left out)."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+    assert isinstance(data, dict)
+    data.pop("defaults", None)
+    return flatten(data)
 
 
 def _override_key(text: str) -> tuple[str, bool]:
@@ -62,6 +72,7 @@ def value_sources(composed: Composed) -> dict[str, str]:
         if isinstance(entry, dict)
     }
     group_keys: dict[str, tuple[str, set[str]]] = {}
+    group_nulls: dict[str, bool] = {}  # a null in a group file never wins over the recipe
     for group, option in composed.choices.items():
         if group == "recipe":
             continue
@@ -75,9 +86,18 @@ def value_sources(composed: Composed) -> dict[str, str]:
         else:
             how = "default"
         group_keys[group] = (f"{group}/{option}.yaml ({how})", {f"{group}.{k}" for k in keys})
+        for key, value in _yaml_values(resources.conf_dir() / group / f"{option}.yaml").items():
+            group_nulls[f"{group}.{key}"] = value is None
 
+    def chosen_by_user(group: str) -> bool:
+        return group in cli_groups or group in files
+
+    derived = dict(composed.derived)  # values taken from the data (compose._vocab_from_data)
     sources = {}
     for leaf in flatten(composed.values):
+        if leaf in derived:
+            sources[leaf] = derived[leaf]
+            continue
         group = leaf.split(".", 1)[0]
         in_file = [k for k in files if leaf == k or leaf.startswith(f"{k}.")]
         if leaf == "recipe" and "recipe" in files:
@@ -93,6 +113,18 @@ def value_sources(composed: Composed) -> dict[str, str]:
         elif BUDGET_PARTNER.get(leaf) in files:
             partner = BUDGET_PARTNER[leaf]
             sources[leaf] = f"config file {files[partner]} ({partner} replaces it)"
+        elif (
+            group in group_keys
+            and leaf in group_keys[group][1]
+            and chosen_by_user(group)
+            and leaf not in RECIPE_SCALE_KEYS
+            and not (leaf in recipe_keys and group_nulls.get(leaf, False))
+        ):
+            # A group option the user chose wins over the recipe's own keys in that group.
+            in_recipe = leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys)
+            over = f"; wins over recipe {recipe}'s value" if in_recipe else ""
+            where, _ = group_keys[group]
+            sources[leaf] = f"{where[:-1]}{over})" if where.endswith(")") else where + over
         elif leaf in recipe_keys or any(leaf.startswith(f"{k}.") for k in recipe_keys):
             shown = f" ({recipe_path})" if recipe in config_file.FILE_RECIPES else ""
             sources[leaf] = f"recipe {recipe}{shown}"

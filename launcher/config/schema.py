@@ -46,6 +46,9 @@ class ModelConfig:
     num_kv_heads: int | None = None
     # None means hidden_size // num_attention_heads.
     head_dim: int | None = None
+    # RMSNorm over each query and key head before RoPE (Qwen3's q_norm/k_norm). plan and validate
+    # price it (2 x head_dim weights a layer); the training model has none, so run/submit refuse it.
+    qk_norm: bool = False
     vocab_size: int = 256
     seq_length: int = 256
     activation: str = "gelu"  # gelu | swiglu

@@ -11,7 +11,9 @@ JSON Lines / JSON / parquet / saved Hugging Face datasets (``--text-key``), in i
 tokenizer is the byte tokenizer, a byte-level BPE trained here (``<|endoftext|>``, id 0, is its
 end-of-document token), or the user's own ``tokenizer.json`` (``launcher.data.hf_tokenizer``: its
 end-of-document token found or named with ``--eod-token``); the EOD is appended after every
-document (the byte tokenizer has no spare id, so its documents are simply concatenated). BPE and
+document (the byte tokenizer's is id 256, one past the bytes, vocabulary 257, as `llmtrain data
+prepare` writes it; ``byte_eod=False``, the built-in corpus and data prepared before it have none,
+vocabulary 256, and read as they are). BPE and
 tokenizer.json encode documents in batches on the library's thread pool (every core), while a
 reader thread parses the next batch (``bench/data_prepare.py`` measures it). Whole documents
 are held out as the validation split (``--valid-fraction``, ``is_valid_document``); with
@@ -74,17 +76,21 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens: vocabulary 256, no special tokens."""
+    """UTF-8 bytes as tokens (ids 0-255); with `eod`, id 256 ends each document (vocabulary 257)."""
 
     name = "byte"
-    vocab_size = 256
-    eod_id: int | None = None
+
+    def __init__(self, eod: bool = False):
+        self.eod_id: int | None = 256 if eod else None
+        self.vocab_size = 257 if eod else 256
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return bytes(np.asarray(ids, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
+        data = np.asarray(ids)
+        data = data[(data >= 0) & (data < 256)]  # the end-of-document id is no byte
+        return bytes(data.astype(np.uint8).tolist()).decode("utf-8", errors="replace")
 
 
 class BPETokenizer:
@@ -159,7 +165,7 @@ def load_tokenizer(data_dir: Path) -> Tokenizer:
     """The tokenizer a prepared directory was made with."""
     index = PreparedIndex.load(data_dir)
     if index.tokenizer == "byte":
-        return ByteTokenizer()
+        return ByteTokenizer(eod=index.eod_id == 256)
     path = data_dir / (index.tokenizer_file or TOKENIZER_FILE)
     if index.tokenizer == "hf":
         return HFTokenizerFile(path)
@@ -292,6 +298,7 @@ def prepare(
     fmt: str = "shards",
     input_format: str | None = None,
     chat_template: str | None = None,
+    byte_eod: bool = False,
 ) -> PreparedIndex:
     """Tokenize documents into token shards + index.json under `output` (written atomically).
 
@@ -365,7 +372,7 @@ def prepare(
             tok.save(tmp / TOKENIZER_FILE)
             tokenizer_file = TOKENIZER_FILE
         else:
-            tok = ByteTokenizer()
+            tok = ByteTokenizer(eod=byte_eod)
         split = SplitSpec(valid_fraction, fmt, shard_tokens)
         if tokenizer_file is not None:
             _write_tokenizer_config(tmp, tok)

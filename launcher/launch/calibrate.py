@@ -45,6 +45,7 @@ from launcher import __version__
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
+from launcher.plan import measurement_noise as noise
 from launcher.plan import profile as prof
 from launcher.plan.memory import DTYPE_BYTES
 from launcher.plan.operators import Gemm, Operators, elementwise_bytes, operators
@@ -61,6 +62,16 @@ class Timer:
     def __init__(self, device: torch.device, deadline: float):
         self.device = device
         self.deadline = deadline
+        self.spread = 0.0  # the widest relative spread of repeats since take_spread()
+
+    def take_spread(self) -> float:
+        """The widest spread of the repeats measured since the last call (measurement_noise)."""
+        spread, self.spread = self.spread, 0.0
+        return spread
+
+    def _median(self, samples: list[float]) -> float:
+        self.spread = max(self.spread, noise.relative_spread(samples))
+        return float(statistics.median(samples))
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -92,14 +103,14 @@ class Timer:
                     fn()
                 self.sync()
                 means.append((time.perf_counter() - start) / batch)
-            return float(statistics.median(means))
+            return self._median(means)
         times = [first]
         for _ in range(repeats - 1):
             start = time.perf_counter()
             fn()
             self.sync()
             times.append(time.perf_counter() - start)
-        return float(statistics.median(times))
+        return self._median(times)
 
 
 def _fwd_bwd(
@@ -474,6 +485,14 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
         kept = [e for e in old.get(section, []) if tuple(e.get(k) for k in keys) not in fresh]
         out[section] = kept + list(new.get(section, []))
     out["calibrated"] = list(old.get("calibrated", [])) + list(new.get("calibrated", []))
+    if isinstance(old.get("quality"), dict) and old["quality"].get("forced"):
+        # Figures written with --force earlier may still be in it: it stays marked forced.
+        quality = dict(new.get("quality") or {})
+        quality["forced"] = True
+        quality["problems"] = list(old["quality"].get("problems", [])) + list(
+            quality.get("problems", [])
+        )
+        out["quality"] = quality
     out["digest"] = prof.digest(out)
     return out
 
@@ -522,9 +541,13 @@ def calibrate(
     use_cache: bool,
     progress: Progress,
     budget_s: float,
+    force: bool = False,
 ) -> tuple[dict[str, Any], list[Path]]:
-    """Measure, write, return (the profile written, the paths written)."""
+    """Measure, write, return (the profile written, the paths written). A figure whose repeats
+    spread too wide, or that no kernel could give (measurement_noise), makes it write nothing
+    (UserError naming each) unless `force`; the profile then says it was forced."""
     started = time.monotonic()
+    load = noise.Load(os.getloadavg()[0], os.cpu_count() or 1)
     device = _device(cfg)
     layout = derive_layout(cfg)
     threads = prof.cpu_threads(cfg.cluster.gpus_per_node) if device.type == "cpu" else 0
@@ -571,24 +594,49 @@ def calibrate(
         gemms.setdefault(g.shape, g)
     steps = len(gemms) + 4
     done = 0
+    problems: list[str] = []  # figures that are noise or not physical
 
     def say(text: str) -> None:
         nonlocal done
         done += 1
         progress(f"[{done:>2}/{steps}] {text}  ({time.monotonic() - started:.1f} s)")
 
+    def judged(what: str, entry: dict[str, Any], ratio: bool = True) -> str:
+        """Record the repeats' spread in `entry`; a problem for a noisy or implausible figure;
+        the words the progress line ends with."""
+        spread = timer.take_spread()
+        entry["spread"] = round(spread, 4)
+        found = []
+        if noise.is_noise(spread):
+            found.append(
+                f"{what}: repeats spread {spread:.0%} of their median "
+                f"(limit {noise.SPREAD_LIMIT:.0%})"
+            )
+        if ratio:
+            odd = noise.ratio_problem(what, entry["fwd_s"], entry["bwd_s"])
+            if odd:
+                found.append(odd)
+        elif entry["bwd_s"] <= 1e-9:  # forward + backward timed faster than the forward alone
+            found.append(f"{what}: forward and backward together measured faster than forward")
+        problems.extend(found)
+        return f"  [NOISE: {'; '.join(found)}]" if found else f"  (spread {spread:.0%})"
+
+    timer.take_spread()
     progress(
-        f"calibrating {cfg.model.name} on {dev['name']} ({dtype_name}"
+        f"calibrating {cfg.model.name} on {dev['name']} ({dtype_name}, {load.text()}"
         + (f", {threads} thread(s) per process" if threads else "")
         + f"): {len(gemms)} GEMM shapes, attention, element-wise, loss, optimizer"
         + (", collectives" if layout.world_size > 1 else "")
     )
     for g in gemms.values():
         f, b = measure_gemm(g, timer, device, dtype, cfg.model.linear_bias)
-        doc["gemm"].append(
-            {**tag, "name": g.name, "m": g.m, "n": g.n, "k": g.k, "fwd_s": f, "bwd_s": b}
+        entry = {**tag, "name": g.name, "m": g.m, "n": g.n, "k": g.k, "fwd_s": f, "bwd_s": b}
+        doc["gemm"].append(entry)
+        verdict = judged(f"GEMM {g.name} {g.m}x{g.n}x{g.k}", entry)
+        say(
+            f"GEMM {g.name} {g.m}x{g.n}x{g.k}: forward {f * 1e3:.3f} ms, backward "
+            f"{b * 1e3:.3f} ms{verdict}"
         )
-        say(f"GEMM {g.name} {g.m}x{g.n}x{g.k}: forward {f * 1e3:.3f} ms, backward {b * 1e3:.3f} ms")
     a = ops.attention
     f, b = measure_attention(ops, timer, device, dtype, cfg.model.attention_dropout)
     doc["attention"].append(
@@ -604,9 +652,10 @@ def calibrate(
             "bwd_s": b,
         }
     )
+    verdict = judged(f"attention ({a.kind})", doc["attention"][-1])
     say(
         f"attention ({a.kind}) b={a.batch} heads={a.heads} seq={a.seq} d={a.head_dim}: forward "
-        f"{f * 1e3:.3f} ms, backward {b * 1e3:.3f} ms"
+        f"{f * 1e3:.3f} ms, backward {b * 1e3:.3f} ms{verdict}"
     )
     f, b = measure_elementwise(cfg, ops, timer, device, dtype)
     nbytes = elementwise_bytes(ops, DTYPE_BYTES[dtype_name])
@@ -621,18 +670,29 @@ def calibrate(
             "bwd_s": b,
         }
     )
-    say(f"element-wise work of one layer: forward {f * 1e3:.3f} ms, backward {b * 1e3:.3f} ms")
+    verdict = judged("element-wise work of one layer", doc["elementwise"][-1], ratio=False)
+    say(
+        f"element-wise work of one layer: forward {f * 1e3:.3f} ms, backward {b * 1e3:.3f} ms"
+        f"{verdict}"
+    )
     f, b = measure_loss(cfg, ops, timer, device, dtype)
     doc["loss"].append(
         {**tag, "tokens": ops.tokens, "vocab": ops.vocab_local, "fwd_s": f, "bwd_s": b}
     )
+    verdict = judged("loss", doc["loss"][-1], ratio=False)
     say(
         f"loss over {ops.vocab_local} logits + embedding: forward {f * 1e3:.3f} ms, "
-        f"backward {b * 1e3:.3f} ms"
+        f"backward {b * 1e3:.3f} ms{verdict}"
     )
     params, tensors = rank_params(cfg)
     if params > 0:
         timed = measure_optimizer(cfg, params, tensors, timer, device)
+        spread = timer.take_spread()
+        odd = [f"optimizer step: repeats spread {spread:.0%}"] if noise.is_noise(spread) else []
+        if len(timed) == 2:
+            line = noise.line_problem("optimizer step", timed[1], timed[0])
+            odd += [line] if line else []
+        problems.extend(odd)
         for n, s in timed:
             doc["optimizer"].append(
                 {
@@ -641,11 +701,13 @@ def calibrate(
                     "tensors": tensors,
                     "seconds": s,
                     "name": cfg.optim.name,
+                    "spread": round(spread, 4),
                 }
             )
         say(
             f"optimizer step ({cfg.optim.name}, clip, zero_grad): "
             + ", ".join(f"{s * 1e3:.3f} ms on {n:,} parameters" for n, s in timed)
+            + (f"  [NOISE: {'; '.join(odd)}]" if odd else f"  (spread {spread:.0%})")
         )
     else:
         say("optimizer: no optimizer states on this rank")
@@ -695,6 +757,24 @@ def calibrate(
             "created": doc["created"],
         }
     ]
+    doc["quality"] = {
+        "load1": round(load.load1, 2),
+        "cores": load.cores,
+        "busy": load.busy,
+        "spread_limit": noise.SPREAD_LIMIT,
+        "problems": problems,
+        "forced": bool(problems) and force,
+    }
+    if problems and not force:
+        shown = "; ".join(problems[:3]) + (
+            f"; and {len(problems) - 3} more" if problems[3:] else ""
+        )
+        raise UserError(
+            f"calibrate: {len(problems)} figure(s) are noise or not physical, so no profile was "
+            f"written ({load.text()} when it started): {shown}. Rerun it on a quiet machine "
+            "(nothing else running), or pass --force to write them anyway (plan then says it "
+            "prices from forced figures)"
+        )
     doc["digest"] = prof.digest(doc)
     written: list[Path] = []
     final = doc

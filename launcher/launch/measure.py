@@ -13,11 +13,17 @@ of the non-layer parameters, fixed per-step work; b: one layer), evaluated at th
 layers; memory likewise (peak allocated on a GPU; on the CPU the run's peak RSS less the runtime's
 RSS before the model existed). Each run's step time is the median of its steps after the first
 (warm-up). No torch in this process: the runs are child processes.
+
+A fit that no real step can have (a negative fixed part, a layer that costs nothing or less) is
+refused with the runs' figures, their spread and the machine's load: on a busy machine two short
+runs differ by noise more than by a layer (launcher.plan.measurement_noise). A run whose steps
+spread wider than the limit is named as noise in the table.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -29,6 +35,7 @@ from typing import Any
 from launcher.config.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.errors import UserError
+from launcher.plan import measurement_noise as noise
 
 MEASURE_STEPS = 5
 
@@ -41,6 +48,7 @@ class Point:
     predicted_step_s: float
     predicted_memory_bytes: float
     steps: int
+    spread: float = 0.0  # of its steps' times (measurement_noise.relative_spread)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class Measured:
     memory_kind: str  # "peak allocated (torch.cuda)" | "peak RSS less the runtime (CPU)"
     predicted_step_s: float  # the plan of the full model
     predicted_memory_bytes: float
+    load: noise.Load | None = None  # the machine's load when the runs started
 
 
 def _fit(x1: float, y1: float, x2: float, y2: float, x: float) -> tuple[float, float, float]:
@@ -130,6 +139,7 @@ def _one_run(
         predicted_step_s=plan.time.step_s,
         predicted_memory_bytes=plan.memory.heaviest.allocated,
         steps=len(steady),
+        spread=noise.relative_spread(steady),
     )
     return point, kind
 
@@ -154,6 +164,7 @@ def measure(
             f"{large} = 2 x pp x vpp layers to fit a line); plan it, or run it"
         )
     full = make_plan(cfg)
+    load = noise.Load(os.getloadavg()[0], os.cpu_count() or 1)
     root = keep or Path(tempfile.mkdtemp(prefix="llmtrain-measure-"))
     try:
         p1, kind = _one_run(overrides, small, root, steps, progress)
@@ -162,6 +173,16 @@ def measure(
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
     step, per_layer, fixed = _fit(small, p1.step_s, large, p2.step_s, full_layers)
+    unphysical = fit_problem(fixed, per_layer)
+    if unphysical:
+        raise UserError(
+            f"plan --measure: step = {fixed * 1e3:.1f} ms + {per_layer * 1e3:.2f} ms x layers is "
+            f"not a fit any real step has ({unphysical}): the {small}-layer run took "
+            f"{p1.step_s * 1e3:.1f} ms a step (spread {p1.spread:.0%}) and the {large}-layer run "
+            f"{p2.step_s * 1e3:.1f} ms (spread {p2.spread:.0%}), {load.text()} when they "
+            "started; that difference is noise, not a layer. Rerun it on a quiet machine, "
+            "or use `llmtrain plan` (published figures)"
+        )
     memory = None
     if p1.memory_bytes is not None and p2.memory_bytes is not None:
         memory = _fit(small, p1.memory_bytes, large, p2.memory_bytes, full_layers)[0]
@@ -175,7 +196,18 @@ def measure(
         memory_kind=kind,
         predicted_step_s=full.time.step_s,
         predicted_memory_bytes=full.memory.heaviest.allocated,
+        load=load,
     )
+
+
+def fit_problem(fixed_s: float, per_layer_s: float) -> str | None:
+    """Why step = fixed + per_layer x layers cannot describe real steps, or None: a layer costs
+    time (slope > 0), and the rest of a step (embedding, loss, optimizer) is not negative."""
+    if per_layer_s <= 0:
+        return "a layer would cost nothing or less"
+    if fixed_s < 0:
+        return "the part of a step outside the layers would be negative"
+    return None
 
 
 def to_json(m: Measured) -> dict[str, Any]:
@@ -189,6 +221,8 @@ def to_json(m: Measured) -> dict[str, Any]:
                 "measured_memory_bytes": p.memory_bytes,
                 "predicted_memory_allocated_bytes": p.predicted_memory_bytes,
                 "steps_measured": p.steps,
+                "spread": p.spread,
+                "noise": noise.is_noise(p.spread),
             }
             for p in m.points
         ],
@@ -198,6 +232,7 @@ def to_json(m: Measured) -> dict[str, Any]:
         "measured_memory_bytes": m.memory_bytes,
         "memory_kind": m.memory_kind,
         "predicted_memory_allocated_bytes": m.predicted_memory_bytes,
+        "load": None if m.load is None else {"load1": m.load.load1, "cores": m.load.cores},
     }
 
 
@@ -227,6 +262,14 @@ def table(m: Measured) -> str:
         f"the plan is {err:+.1%} against it. memory: {m.memory_kind} against the plan's "
         "allocated."
     )
+    for p in m.points:
+        if noise.is_noise(p.spread):
+            lines.append(
+                f"noise: the {p.layers}-layer run's steps spread {p.spread:.0%} of their median "
+                f"(limit {noise.SPREAD_LIMIT:.0%}); its figure is not a measurement of the model"
+            )
+    if m.load is not None and m.load.busy:
+        lines.append(f"the machine was busy ({m.load.text()}): every figure above competed for it")
     return "\n".join(lines)
 
 

@@ -88,7 +88,8 @@ class ModelShape:
         q_out, kv_out = heads * d, self.kv_heads * d
         weights = h * q_out + 2 * h * kv_out + q_out * h
         biases = q_out + 2 * kv_out + h if bias else 0
-        return weights + biases
+        qk_norm = 2 * d if m.qk_norm else 0  # one RMSNorm weight of head_dim for q, one for k
+        return weights + biases + qk_norm
 
     def mlp_params(self, ffn: int) -> int:
         h = self.model.hidden_size

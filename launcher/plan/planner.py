@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from launcher.backends.common import moe_dispatcher
@@ -130,7 +131,9 @@ def suggest_fixes(
 
     Tried in order of how little they cost in speed: ZeRO stage up, selective then full recompute,
     smaller micro-batch (global batch kept through more accumulation), tp up within a node, pp up,
-    CPU offload of the optimizer. Each candidate is re-planned with the same memory function.
+    CPU offload of the optimizer (with the ZeRO stage it needs), the zero group's options. Every
+    candidate, single or pair, must pass validate's rules; each is re-planned with the same
+    memory function.
     """
     layout = derive_layout(cfg)
     world = layout.world_size
@@ -160,16 +163,24 @@ def suggest_fixes(
                     _with(cfg, parallel={"pp": pp, "dp": None, "pp_layers": None}),
                 )
             )
+    offload_stages = range(max(1, z), 4)
     if cfg.zero.offload_optimizer != "cpu":
-        stage = max(1, z)
-        candidates.append(
-            (
-                (f"zero.stage={stage}", "zero.offload_optimizer=cpu")
-                if stage != z
-                else ("zero.offload_optimizer=cpu",),
-                _with(cfg, zero={"stage": stage, "offload_optimizer": "cpu"}),
+        for stage in offload_stages:
+            lead = () if stage == z else (f"zero.stage={stage}",)
+            candidates.append(
+                (
+                    (*lead, "zero.offload_optimizer=cpu"),
+                    _with(cfg, zero={"stage": stage, "offload_optimizer": "cpu"}),
+                )
             )
-        )
+    # The zero group's options (`zero=stage3-offload`): several keys at once, as a user types them.
+    for option, values in _zero_options().items():
+        changed = _with(cfg, zero=values)
+        if changed.zero != cfg.zero and changed.zero.stage >= z:
+            candidates.append(((f"zero={option}",), changed))
+    # Only what validate accepts is offered: the same rules (and the backend's refusals) judge
+    # every candidate before its memory is priced (a fix that validate refuses is no fix).
+    candidates = [(o, c) for o, c in candidates if _valid(c)]
     fixes: list[Fix] = []
     for overrides, changed in candidates:
         mem = _memory_only(changed, hw, headroom)
@@ -179,10 +190,10 @@ def suggest_fixes(
         # Pairs of the single changes, cheapest first.
         for i, (o1, c1) in enumerate(candidates):
             for o2, _ in candidates[i + 1 :]:
-                if o1[0].split("=")[0] == o2[0].split("=")[0]:
+                if {_fix_key(x) for x in o1} & {_fix_key(x) for x in o2}:
                     continue
                 merged = _merge(c1, o2, cfg)
-                if merged is None:
+                if merged is None or not _valid(merged):
                     continue
                 mem = _memory_only(merged, hw, headroom)
                 if mem.fits:
@@ -190,6 +201,34 @@ def suggest_fixes(
             if len(fitting) >= limit:
                 break
     return tuple(fitting[:limit])
+
+
+def _fix_key(override: str) -> str:
+    """The section a fix changes: `zero.stage=3` and `zero=stage3-offload` both change zero."""
+    key = override.split("=", 1)[0]
+    return key.split(".", 1)[0] if key.split(".", 1)[0] == "zero" else key
+
+
+def _valid(cfg: LLMTrainConfig) -> bool:
+    from launcher.validate.rules import check  # validate's rules, as `llmtrain validate` runs them
+
+    return not any(v.is_error for v in check(cfg))
+
+
+@functools.cache
+def _zero_options() -> dict[str, dict[str, object]]:
+    """conf/zero/NAME.yaml's keys by option name (flat key: value files)."""
+    import yaml
+
+    from launcher import resources
+
+    options: dict[str, dict[str, object]] = {}
+    for name in resources.group_options("zero"):
+        path = resources.conf_dir() / "zero" / f"{name}.yaml"
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if isinstance(values, dict):
+            options[name] = {k: v for k, v in values.items() if k != "defaults"}
+    return options
 
 
 def _merge(
@@ -200,6 +239,11 @@ def _merge(
     for line in overrides:
         key, _, raw = line.partition("=")
         section, _, name = key.partition(".")
+        if not name:  # a group option (zero=stage3-offload)
+            if section != "zero" or raw not in _zero_options():
+                return None
+            cfg = _with(cfg, zero=_zero_options()[raw])
+            continue
         value: object = int(raw) if raw.isdigit() else raw
         extra: dict[str, object] = {name: value}
         if section == "parallel" and name in ("tp", "pp"):

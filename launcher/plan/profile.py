@@ -571,12 +571,18 @@ def choose(
         except ProfileError as exc:
             return None, f"cached profile {path} ignored: {exc}; priced from published figures"
         origin = "cache"
+    forced = quality_note(doc)
+    if forced is not None and not forced[1]:  # noisy figures nobody chose to keep
+        if origin == "cluster.profile":
+            raise ProfileError(forced[0])
+        return None, f"cached profile {path} ignored: {forced[0]}; priced from published figures"
     found = rates(doc, dtype, threads)
     if not (found.gemms or found.attention or found.elementwise or found.loss):
         return None, (
             f"profile {path} holds no figures for {dtype} with {threads} thread(s) per process "
             "(calibrate this configuration to add them); priced from published figures"
         )
+    note = f"profile {path}: {forced[0]}" if forced is not None else None
     return (
         ProfileChoice(
             path=str(path),
@@ -585,8 +591,27 @@ def choose(
             device=shown(str(doc["device"].get("name") or doc["device"]["cluster_gpu"]), 60),
             rates=found,
         ),
-        None,
+        note,
     )
+
+
+def quality_note(doc: dict[str, Any]) -> tuple[str, bool] | None:
+    """(what is wrong with the profile's figures, whether calibrate --force kept them), or None
+    when calibrate found every figure steady and physical (launcher.plan.measurement_noise)."""
+    quality = doc.get("quality")
+    if not isinstance(quality, dict):
+        return None
+    problems = [str(p) for p in quality.get("problems") or []]
+    if not problems:
+        return None
+    first = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+    if quality.get("forced"):
+        return (
+            f"written with calibrate --force over {len(problems)} figure(s) that are noise or "
+            f"not physical ({first}); its prices may be noise too",
+            True,
+        )
+    return f"{len(problems)} of its figures are noise or not physical ({first})", False
 
 
 __all__ = [

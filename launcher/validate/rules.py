@@ -446,11 +446,20 @@ def world_size_rule(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     nodes_ok = math.lcm(model_parallel, c.gpus_per_node) // c.gpus_per_node
     others = p.pp * p.cp
     valid_tp = [t for t in divisors(world) if world % (t * others) == 0]
-    tp_hint = f"valid tp with pp={p.pp}, cp={p.cp}: {_join(valid_tp)}; " if valid_tp else ""
-    if c.num_nodes == 1:
-        # One machine (a laptop's CPU processes, one GPU node): more processes on it, not nodes.
+    # This rule's own list: the tp that divide the world size (other rules judge tp too; the
+    # verdict's note names the values every rule accepts).
+    tp_hint = (
+        f"tp dividing the world size with pp={p.pp}, cp={p.cp}: {_join(valid_tp)}; "
+        if valid_tp
+        else ""
+    )
+    if c.num_nodes == 1 and c.gpu == "cpu":
+        # CPU processes on one machine: more processes on it, not nodes.
         per_node = math.lcm(model_parallel, c.gpus_per_node)
-        more = f"or cluster.gpus_per_node={per_node} (processes or GPUs on this one node)"
+        more = f"or cluster.gpus_per_node={per_node} (processes on this one machine)"
+    elif c.num_nodes == 1:
+        # A GPU node has the GPUs it has: more nodes, never more GPUs per node than it holds.
+        more = f"or cluster.num_nodes={nodes_ok} ({nodes_ok * c.gpus_per_node} GPUs)"
     else:
         more = f"or use a multiple of {nodes_ok} nodes"
     return [
@@ -763,7 +772,7 @@ def tensor_parallel_shapes(cfg: LLMTrainConfig, layout: Layout) -> list[Violatio
                 _error(
                     "tensor-parallel-shapes",
                     ("parallel.tp", key),
-                    f"parallel.tp={tp} does not divide {key}={size}; valid tp: "
+                    f"parallel.tp={tp} does not divide {key}={size}; tp dividing it: "
                     f"{_join(nearest(divisors(size), tp, 5))}",
                 )
             )

@@ -136,7 +136,10 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         for f in plan.fixes[:5]:
             console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}")
         if not plan.fixes:
-            console.print("  none found among zero/recompute/micro-batch/tp/pp/offload")
+            console.print(
+                "  none found among zero (stages, offload, its group options), recompute, "
+                "micro-batch, tp, pp and pairs of them that validate accepts"
+            )
     # Stacked bar of memory buckets against capacity.
     width = max(20, min(100, console.width - 10))
     scale = max(mem.capacity, h.device_total)

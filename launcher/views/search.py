@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 def _candidate_json(c: Candidate) -> dict[str, Any]:
     return {
-        "overrides": c.line,
+        "overrides": c.line,  # one shell-quoted string, to paste after `llmtrain run`
+        "override_list": list(c.overrides),  # the same as arguments, for scripts (no quoting)
         "backend": c.backend,
         "memory_bytes": int(c.memory_bytes),
         "step_s": c.step_s,

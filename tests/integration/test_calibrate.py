@@ -35,7 +35,11 @@ def llmtrain(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedP
 
 def test_calibrate_writes_a_profile_that_plan_prices_from(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
-    done = llmtrain("calibrate", "cluster=cpu", "--out", str(out), "--no-cache", cwd=tmp_path)
+    # --force: on a busy machine (tests run beside others) figures may be noise; what this test
+    # checks is the profile's shape (test_calibrate_refuses_noise_unless_forced the refusal).
+    done = llmtrain(
+        "calibrate", "cluster=cpu", "--out", str(out), "--no-cache", "--force", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[ 1/" in done.stderr and f"profile written: {out}" in done.stdout  # progress shown
     doc = prof.read(out)  # schema, version, digest, positive finite figures
@@ -65,6 +69,7 @@ def test_calibrate_writes_a_profile_that_plan_prices_from(tmp_path: Path) -> Non
         "--out",
         str(out),
         "--no-cache",
+        "--force",
         cwd=tmp_path,
     )
     assert again.returncode == 0, again.stderr
@@ -97,6 +102,9 @@ def test_calibrate_refuses_bad_input_and_leaves_files_alone(tmp_path: Path) -> N
 
 def test_plan_measure_trains_shrunk_runs_and_extrapolates(tmp_path: Path) -> None:
     done = llmtrain("plan", "--measure", "recipe=tiny", "--json", cwd=tmp_path, timeout=600)
+    if done.returncode == 2 and "is not a fit any real step has" in done.stdout + done.stderr:
+        # The refusal of a noisy fit (tests/unit/test_measurement_noise.py): a busy machine.
+        pytest.skip("this machine was too busy for two short runs to differ by a layer")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     doc = json.loads(done.stdout)
     runs = doc["runs"]
@@ -110,3 +118,34 @@ def test_plan_measure_trains_shrunk_runs_and_extrapolates(tmp_path: Path) -> Non
     assert doc["fit"]["per_layer_s"] == pytest.approx(b - a, rel=1e-9)
     assert doc["predicted_step_s"] > 0
     assert not list(tmp_path.glob("runs"))  # the temporary run root is gone, nothing left here
+
+
+def test_calibrate_refuses_noise_unless_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real measurements judged with a spread limit of 0 (any two repeats differ): every figure
+    is noise, so nothing is written; --force writes it marked forced, and plan says so."""
+    from launcher.errors import UserError
+    from launcher.launch.calibrate import calibrate
+    from launcher.plan import measurement_noise
+    from launcher.plan.planner import make_plan
+
+    monkeypatch.setattr(measurement_noise, "SPREAD_LIMIT", 0.0)
+    overrides = ["cluster=cpu", "cluster.gpus_per_node=1"]  # one process: no collectives
+    cfg = compose_config(overrides).config
+    out = tmp_path / "cpu.json"
+    lines: list[str] = []
+    with pytest.raises(UserError) as info:
+        calibrate(cfg, overrides, out, False, lines.append, budget_s=4.0)
+    assert "are noise or not physical, so no profile was written" in str(info.value)
+    assert "--force" in str(info.value) and "core(s)" in str(info.value)
+    assert any("[NOISE:" in line for line in lines) and not out.exists()
+
+    doc, written = calibrate(cfg, overrides, out, False, lines.append, budget_s=4.0, force=True)
+    assert written == [out] and doc["quality"]["forced"] and doc["quality"]["problems"]
+    assert prof.read(out)["quality"]["forced"]
+    import dataclasses
+
+    priced = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, profile=str(out)))
+    note = make_plan(priced).profile_note
+    assert note is not None and "calibrate --force" in note
