@@ -49,6 +49,8 @@ from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.fitted import constants
+from launcher.plan.mcore_activations import applies as mcore_applies
+from launcher.plan.mcore_activations import layer_activations as mcore_layer_activations
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.offload import gradient_placement
 from launcher.plan.profile import Rates
@@ -662,14 +664,22 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             extra,
         )
     mode = recompute_mode(cfg, moe_here)
-    activations = per_layer(mode) * held
-    if mode in ("full", "op"):
-        # While a layer is recomputed for its backward its full activations exist once.
-        activations += per_layer("none")
-    elif mode == "core":
-        # Only the attention core is rebuilt: what it does not keep (the log-sum-exp, or eager
-        # attention's scores) exists once.
-        activations += per_layer("none") - per_layer("core")
+    mcore = mcore_applies(cfg)
+    if mcore:
+        # Megatron-Core's layer tensor by tensor, with backend.recompute_modules and
+        # backend.offload_modules (plan/mcore_activations.py): what is kept until the backward,
+        # plus what recompute and offload bring back for the layer in its backward.
+        layer = mcore_layer_activations(cfg, layout, moe_here)
+        activations = layer.kept * held + layer.transient
+    else:
+        activations = per_layer(mode) * held
+        if mode in ("full", "op"):
+            # While a layer is recomputed for its backward its full activations exist once.
+            activations += per_layer("none")
+        elif mode == "core":
+            # Only the attention core is rebuilt: what it does not keep (the log-sum-exp, or
+            # eager attention's scores) exists once.
+            activations += per_layer("none") - per_layer("core")
     # One layer's transient buffers: cp's K/V ring, the MoE dispatcher's.
     activations += cp_ring_bytes(cfg, layout)
     if moe_here:
@@ -683,7 +693,12 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         # cross-entropy keeps its softmax).
         mtp_moe = shape.mtp_is_moe
         mtp_held = max(1, round(in_flight / max(1, layout.vpp)))
-        activations += m.mtp_layers * mtp_held * per_layer(recompute_mode(cfg, mtp_moe), mtp_moe)
+        mtp_layer = (
+            mcore_layer_activations(cfg, layout, mtp_moe).kept
+            if mcore
+            else per_layer(recompute_mode(cfg, mtp_moe), mtp_moe)
+        )
+        activations += m.mtp_layers * mtp_held * mtp_layer
         activations += m.mtp_layers * logits_bytes(cfg, layout)
     return activations, in_flight
 
