@@ -22,6 +22,7 @@ from launcher.config.schema import LLMTrainConfig
 
 RECOMPUTE_KEY = "backend.recompute_modules"
 OFFLOAD_KEY = "backend.offload_modules"
+SWIGLU_KEY = "backend.swiglu_fusion"
 
 RECOMPUTE_MODULES = (
     "core_attn",
@@ -137,14 +138,21 @@ def megatron_activation_modules(cfg: LLMTrainConfig, layout: Layout) -> Refusal 
 
 
 def activation_modules_not_run(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
-    """torch and DeepSpeed: neither key exists there (their recompute is train.recompute's
-    op-level or full checkpointing; they offload no activations)."""
+    """torch and DeepSpeed: none of the keys exists there (their recompute is train.recompute's
+    op-level or full checkpointing; they offload no activations; their SwiGLU is eager or
+    compiled, backend.compile)."""
     if cfg.backend.recompute_modules is not None:
         return Refusal(
             (RECOMPUTE_KEY, "backend"),
             f"{RECOMPUTE_KEY}: per-module recomputation is Megatron-Core's; this engine runs "
             f"train.recompute=selective|full as a whole; use {RECOMPUTE_KEY}=null, or "
             "backend=megatron",
+        )
+    if not cfg.backend.swiglu_fusion:
+        return Refusal(
+            (SWIGLU_KEY, "backend"),
+            f"{SWIGLU_KEY}=false is Megatron-LM's --no-bias-swiglu-fusion; this engine has no "
+            f"such switch; use {SWIGLU_KEY}=true, or backend=megatron",
         )
     if cfg.backend.offload_modules:
         return Refusal(
