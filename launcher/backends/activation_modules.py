@@ -120,11 +120,11 @@ def megatron_activation_modules(cfg: LLMTrainConfig, layout: Layout) -> Refusal 
                 "input of attn_proj is the output of core_attn, which core_attn's backward "
                 "needs); add core_attn",
             )
-        moe_only = [x for x in ("expert_fc1", "moe_act") if x in off]
-        if moe_only and not (cfg.model.num_experts or 0) > 1:
+        moe_inputs = [x for x in ("expert_fc1", "moe_act") if x in off]
+        if moe_inputs and not (cfg.model.num_experts or 0) > 1:
             return Refusal(
                 (OFFLOAD_KEY, "model.num_experts"),
-                f"{OFFLOAD_KEY} has {', '.join(moe_only)} on a dense model: there are no "
+                f"{OFFLOAD_KEY} has {', '.join(moe_inputs)} on a dense model: there are no "
                 "experts whose inputs could be offloaded; drop it",
             )
         if cfg.train.recompute == "full":

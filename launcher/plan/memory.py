@@ -365,6 +365,22 @@ def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
     return tokens * m.vocab_size * per / vocab_tp
 
 
+def vocab_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> float:
+    """Embedding and output-layer parameters one GPU of `stage` holds (as stage_params counts
+    them)."""
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    vocab_tp = backend_of(cfg).vocab_split(max(1, layout.tp))
+    n = 0.0
+    if stage == 0:
+        n += shape.embedding_params() / vocab_tp
+    if stage == layout.pp - 1:
+        n += shape.output_params() / vocab_tp
+        if m.tie_embeddings and layout.pp > 1:
+            n += m.vocab_size * m.hidden_size / vocab_tp
+    return n
+
+
 @dataclass(frozen=True)
 class StageParams:
     """Parameters one GPU of a stage holds before ZeRO sharding (after tp / ep splits)."""
@@ -572,6 +588,12 @@ def stage_states(
         return per_param * (params.dense / shard + params.expert / expert_shard)
 
     weights = sharded(bpp.weights, z.stage >= 3)
+    copy = fp8_weight_copy_bytes(cfg)
+    if copy and not cfg.precision.fp8_param_gather:
+        # Transformer Engine keeps fp8 copies of its own linear layers' weights only: the
+        # embedding (VocabParallelEmbedding) and the output layer (tensor_parallel's
+        # ColumnParallelLinear) run in bf16 outside it (Megatron-Core gpt_model.py).
+        weights -= copy * vocab_params(cfg, layout, stage) / (shard if z.stage >= 3 else 1)
     gradients = sharded(bpp.gradients, z.stage >= 2)
     # Offloading engines keep (part of) the gradients on the host (plan/offload.py).
     gradients, host = gradient_placement(cfg, gradients, sharded(4.0, True))
