@@ -197,6 +197,11 @@ def recompute_mode(cfg: LLMTrainConfig, moe: bool, chosen: str | None = None) ->
     if chosen != "selective":
         return chosen
     dense, expert = backend_of(cfg).selective_recompute
+    modules = cfg.backend.recompute_modules
+    if modules is not None and backend_of(cfg).name == "megatron":
+        # Megatron-Core runs the attention core again only when core_attn is listed
+        # (backends/activation_modules.py); the other modules' extra GEMMs are not priced.
+        return "core" if "core_attn" in modules else "none"
     return expert if moe else dense
 
 

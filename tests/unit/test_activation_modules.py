@@ -166,3 +166,11 @@ def test_more_modules_never_hold_more_at_the_peak() -> None:
     )
     a2, _ = stage_activations(c2, layout, 0)
     assert a0 > a1 > a2
+
+
+def test_time_prices_the_attention_core_again_only_when_listed() -> None:
+    from launcher.backends.common import recompute_mode
+
+    assert recompute_mode(cfg(*DENSE), moe=False) == "core"  # Megatron's default, core_attn
+    assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[core_attn]"), False) == "core"
+    assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[mlp]"), False) == "none"
