@@ -23,6 +23,7 @@ from launcher.config.schema import LLMTrainConfig
 RECOMPUTE_KEY = "backend.recompute_modules"
 OFFLOAD_KEY = "backend.offload_modules"
 SWIGLU_KEY = "backend.swiglu_fusion"
+CE_KEY = "backend.cross_entropy_fusion"
 
 RECOMPUTE_MODULES = (
     "core_attn",
@@ -153,6 +154,12 @@ def activation_modules_not_run(cfg: LLMTrainConfig, layout: Layout) -> Refusal |
             (SWIGLU_KEY, "backend"),
             f"{SWIGLU_KEY}=false is Megatron-LM's --no-bias-swiglu-fusion; this engine has no "
             f"such switch; use {SWIGLU_KEY}=true, or backend=megatron",
+        )
+    if cfg.backend.cross_entropy_fusion:
+        return Refusal(
+            (CE_KEY, "backend"),
+            f"{CE_KEY}=true is Megatron-Core's fused cross-entropy; this engine's loss without "
+            f"full logits is train.chunked_loss; use {CE_KEY}=false, or backend=megatron",
         )
     if cfg.backend.offload_modules:
         return Refusal(

@@ -293,6 +293,10 @@ class BackendConfig:
     # --no-bias-swiglu-fusion): the fused kernel keeps only its input; unfused, PyTorch's SiLU
     # and product keep their own outputs too (launcher/plan/mcore_activations.py).
     swiglu_fusion: bool = True
+    # Megatron-Core's fused cross-entropy, Transformer Engine's kernel (--cross-entropy-loss-fusion
+    # --cross-entropy-fusion-impl te): the fp32 gradient computed in the forward, no fp32 copies
+    # of the logits (launcher/plan/memory.py logits_bytes).
+    cross_entropy_fusion: bool = False
     # backend=megatron: the Megatron-LM checkout holding pretrain_gpt.py that `run`/`submit`
     # launch (None: $MEGATRON_LM_PATH), and arguments appended to the rendered ones (your data
     # and tokenizer: --data-path, --tokenizer-type ...; without data arguments, --mock-data).

@@ -359,6 +359,12 @@ def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
         return chunk * m.vocab_size * per + held
     b = backend_of(cfg)
     vocab_tp = b.vocab_split(layout.tp)
+    if cfg.backend.cross_entropy_fusion:
+        # backend.cross_entropy_fusion (Megatron-Core, Transformer Engine's parallel cross-entropy,
+        # NVIDIA/TransformerEngine d0067d0 transformer_engine/pytorch/triton/cross_entropy.py):
+        # the forward writes the fp32 gradient (torch.empty_like(input, dtype=float32)) and saves
+        # only it; the logits in the compute dtype and that gradient are the peak.
+        per = dtype + 4.0
     if b.eager_loss:
         split = vocab_tp > 1
         per = max(per, LOSS_PARALLEL_BACKWARD_BYTES if split else EAGER_LOSS_BACKWARD_BYTES)

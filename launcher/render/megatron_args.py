@@ -285,6 +285,10 @@ def megatron_args(
             "--recompute-method", "uniform",
             "--recompute-num-layers", "1",
         ]  # fmt: skip
+    if cfg.backend.cross_entropy_fusion:
+        # Megatron-Core's fused cross-entropy with Transformer Engine's kernel
+        # (language_module.py compute_language_model_loss).
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     if cfg.backend.offload_modules:
         # Fine-grained activation offloading (Megatron-Core's docs,
         # fine_grained_activation_offloading.md): the listed modules' inputs go to the host.

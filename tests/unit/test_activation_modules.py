@@ -174,3 +174,23 @@ def test_time_prices_the_attention_core_again_only_when_listed() -> None:
     assert recompute_mode(cfg(*DENSE), moe=False) == "core"  # Megatron's default, core_attn
     assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[core_attn]"), False) == "core"
     assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[mlp]"), False) == "none"
+
+
+def test_fused_cross_entropy_keeps_the_logits_and_an_fp32_gradient() -> None:
+    from launcher.plan.memory import logits_bytes
+
+    # Llama 3 8B, tp 2: 8192 tokens x 128256 / 2 logits on the GPU. Megatron's unfused
+    # vocab-parallel loss: bf16 logits + fp32 copy + fp32 softmax, 10 bytes a logit; Transformer
+    # Engine's fused kernel: the bf16 logits and its fp32 gradient, 6.
+    plain = cfg(*DENSE, "train.micro_batch_size=1")
+    fused = cfg(*DENSE, "train.micro_batch_size=1", "backend.cross_entropy_fusion=true")
+    layout = derive_layout(plain)
+    logits = 8192 * 128256 / 2
+    assert logits_bytes(plain, layout) == pytest.approx(10 * logits)
+    assert logits_bytes(fused, layout) == pytest.approx(6 * logits)
+    args = megatron_args(fused)
+    i = args.index("--cross-entropy-loss-fusion")
+    assert args[i + 1 : i + 3] == ["--cross-entropy-fusion-impl", "te"]
+    assert "--cross-entropy-loss-fusion" not in megatron_args(plain)
+    torch_cfg = cfg(*DENSE, "backend=torch", "backend.cross_entropy_fusion=true")
+    assert any("backend.cross_entropy_fusion" in k for k in _refusal_keys(torch_cfg))
