@@ -43,6 +43,7 @@ def test_every_row_cites_its_source() -> None:
     # The commits the layouts were read at are stated once, in the file's header.
     assert "c810129341a84e58f4cbed3093f70668a088c028" in text  # Megatron-Bridge v0.4.2
     assert "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a" in text  # torchtitan
+    assert "7af9601c9da746d21481194356295bfe23df3737" in text  # Megatron-Bridge v0.2.0
     rows = yaml.safe_load(text)["layouts"]
     assert len(rows) >= 20
     for row in rows:
