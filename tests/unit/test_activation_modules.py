@@ -173,7 +173,12 @@ def test_time_prices_the_attention_core_again_only_when_listed() -> None:
 
     assert recompute_mode(cfg(*DENSE), moe=False) == "core"  # Megatron's default, core_attn
     assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[core_attn]"), False) == "core"
-    assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[mlp]"), False) == "none"
+    assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[layernorm]"), False) == "none"
+    # The MLP block again: priced as a layer's forward (an upper bound), on its layer kind only.
+    assert recompute_mode(cfg(*DENSE, "backend.recompute_modules=[mlp]"), False) == "full"
+    moe = cfg(*MOE_MLA, "backend.recompute_modules=[mlp,mla_up_proj]")
+    assert recompute_mode(moe, moe=True) == "none" and recompute_mode(moe, moe=False) == "full"
+    assert recompute_mode(cfg(*MOE_MLA, "backend.recompute_modules=[moe]"), moe=True) == "full"
 
 
 def test_fused_cross_entropy_keeps_the_logits_and_an_fp32_gradient() -> None:
