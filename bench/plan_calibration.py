@@ -1,5 +1,7 @@
-"""The planner against every calibration.csv row: fitted errors (committed constants) and
-leave-one-source-out cross-validated errors (fit on all sources but one, predict that one).
+"""The planner against every calibration.csv row: fitted errors (committed constants),
+leave-one-source-out cross-validated errors (fit on all sources but one, predict that one), the
+newer-from-older errors (fit on earlier engine release years only, predict the next), and how
+often the bands `plan` states hold (typical / worst: the 80% / 90% split-conformal levels).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/plan_calibration.py [--write]
   --write  regenerate launcher/plan/error_bands.py (the bands `plan` prints) from the CV errors.
