@@ -197,6 +197,18 @@ def recompute_mode(cfg: LLMTrainConfig, moe: bool, chosen: str | None = None) ->
     if chosen != "selective":
         return chosen
     dense, expert = backend_of(cfg).selective_recompute
+    modules = cfg.backend.recompute_modules
+    if modules is not None and backend_of(cfg).name == "megatron":
+        # Megatron-Core's per-module recompute (backends/activation_modules.py), priced with the
+        # nearest mode that does not understate it: the MLP block run again (mlp on a dense
+        # layer, moe or shared_experts on an MoE layer) as a whole layer's forward ("full", an
+        # upper bound: the attention is not rerun); the attention core alone as "core"; the
+        # small ones (layernorm, moe_act, mla_up_proj: a norm, an activation, two low-rank
+        # projections) are not priced.
+        block = {"moe", "shared_experts"} if moe else {"mlp"}
+        if block & set(modules):
+            return "full"
+        return "core" if "core_attn" in modules else "none"
     return expert if moe else dense
 
 

@@ -16,6 +16,7 @@ on CPU (DeepSpeed's CPU accelerator refuses it).
 
 from __future__ import annotations
 
+from launcher.backends.activation_modules import activation_modules_not_run
 from launcher.backends.common import Backend, Refusal
 from launcher.backends.engine_choices import chunked_loss_elsewhere
 from launcher.backends.fp8_params import fp8_param_gather_not_run
@@ -138,6 +139,7 @@ BACKEND = Backend(
     combos=(
         fp8_param_gather_not_run,
         moe_overlap_not_run,
+        activation_modules_not_run,
         _virtual_stages_with_pipeline,
         _megatron_split_keys,
         _zero_2_or_3_with_pipeline,

@@ -21,6 +21,7 @@ Facts from Megatron-LM's ``megatron/training/arguments.py`` and the Megatron-cor
 
 from __future__ import annotations
 
+from launcher.backends.activation_modules import megatron_activation_modules
 from launcher.backends.common import Backend, Refusal
 from launcher.backends.fp8_params import megatron_fp8_param_gather
 from launcher.backends.moe_overlap import megatron_moe_overlap
@@ -93,7 +94,13 @@ BACKEND = Backend(
         {"moe", "moe+tp", "mla", "mla+tp", "tied-embeddings+pp", "sequence-parallel", "mtp"}
     ),
     expert_span=("tp", "cp", "dp"),
-    combos=(_pipeline_split, _virtual_stages, megatron_fp8_param_gather, megatron_moe_overlap),
+    combos=(
+        _pipeline_split,
+        _virtual_stages,
+        megatron_fp8_param_gather,
+        megatron_moe_overlap,
+        megatron_activation_modules,
+    ),
     # Each rank runs Megatron-LM's own training script with the rendered arguments
     # (launcher/render/megatron_launch.py).
     entry="pretrain_gpt.py",

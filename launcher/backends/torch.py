@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from launcher.backends.activation_modules import activation_modules_not_run
 from launcher.backends.common import Backend, Refusal, device_of, precision_of
 from launcher.backends.engine_choices import (
     FP8_EAGER_NOTE,
@@ -275,6 +276,7 @@ BACKEND = Backend(
     combos=(
         fp8_param_gather_not_run,
         moe_overlap_not_run,
+        activation_modules_not_run,
         _optimizer_offload_alone,
         _empty_pipeline_stage,
         _interleaved_rounds,

@@ -296,6 +296,23 @@ class BackendConfig:
     # forward with another's backward, layer by layer; one extra micro-batch in flight). Only
     # backend=megatron runs it (launcher/backends/moe_overlap.py has its conditions).
     moe_comm_overlap: bool = False
+    # --- Megatron-Core activation memory (launcher/backends/activation_modules.py; priced by
+    # launcher/plan/mcore_activations.py). backend=megatron only.
+    # Megatron-Core's --recompute-modules with train.recompute=selective: core_attn | moe_act |
+    # layernorm | mla_up_proj | mlp | moe | shared_experts. None: Megatron's default [core_attn].
+    recompute_modules: list[str] | None = None
+    # Megatron-Core's fine-grained activation offloading (--fine-grained-activation-offloading
+    # --offload-modules): the inputs of these modules go to host memory after the forward:
+    # attn_norm | qkv_linear | core_attn | attn_proj | mlp_norm | expert_fc1 | moe_act.
+    offload_modules: list[str] = field(default_factory=list)
+    # Megatron-LM's fused SwiGLU (bias_swiglu_fusion, on by default since 2024-01; false renders
+    # --no-bias-swiglu-fusion): the fused kernel keeps only its input; unfused, PyTorch's SiLU
+    # and product keep their own outputs too (launcher/plan/mcore_activations.py).
+    swiglu_fusion: bool = True
+    # Megatron-Core's fused cross-entropy, Transformer Engine's kernel (--cross-entropy-loss-fusion
+    # --cross-entropy-fusion-impl te): the fp32 gradient computed in the forward, no fp32 copies
+    # of the logits (launcher/plan/memory.py logits_bytes).
+    cross_entropy_fusion: bool = False
     # backend=megatron: the Megatron-LM checkout holding pretrain_gpt.py that `run`/`submit`
     # launch (None: $MEGATRON_LM_PATH), and arguments appended to the rendered ones (your data
     # and tokenizer: --data-path, --tokenizer-type ...; without data arguments, --mock-data).

@@ -4,9 +4,14 @@
 A regime is (metric, model kind, precision, GPU family, long context); a layout takes the band of
 the most specific regime with at least MIN_ROWS cross-validated rows, falling back to coarser ones
 (dropping long context, then precision, then family) and finally to all rows of the metric.
-`typical` is the 80th percentile of |error| in the regime (per row the larger of its
-cross-validated error and its error with the committed constants), `worst` the largest; a layout
-of a model kind with no cross-validated rows of its own (e.g. MoE memory) takes the worst.
+Per row the error is the larger of its cross-validated error and its error with the committed
+constants. `typical` and `worst` are the 80% and 90% split-conformal levels of those errors
+(the ceil(c (n + 1))-th smallest of n: a new layout of the regime falls within them with
+probability at least 80% / 90% when its error is drawn like the rows'), pooled with the coarser
+regimes' rows where a regime has too few (worst: fewer than 9), and `worst` never below the
+regime's own largest error. A layout of a model kind with no cross-validated rows of its own
+(e.g. MoE memory) takes the worst as typical too. `memory.verdict` says "tight" only within the
+memory band's worst (memory.MemoryPlan.verdict).
 """
 
 from __future__ import annotations

@@ -305,8 +305,14 @@ def _p482(tp: int, pp: int, mbs: int, gbs: int) -> LLMTrainConfig:
     return replace(
         cfg,
         parallel=replace(cfg.parallel, sequence_parallel=False),
+        # Measured in 2023-09/10 (NVIDIA/Megatron-LM PR #482, opened 2023-09-01, results posted
+        # 2023-10-07): before Megatron-core's fused SwiGLU (fused_bias_swiglu.py added
+        # 2023-11-15, its --no-bias-swiglu-fusion switch 2024-01-09): swiglu_fusion=False.
         backend=replace(
-            cfg.backend, reduce_bucket_size=40_000_000, allgather_bucket_size=40_000_000
+            cfg.backend,
+            reduce_bucket_size=40_000_000,
+            allgather_bucket_size=40_000_000,
+            swiglu_fusion=False,
         ),
     )
 

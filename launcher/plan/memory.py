@@ -50,6 +50,8 @@ from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.fitted import constants
+from launcher.plan.mcore_activations import applies as mcore_applies
+from launcher.plan.mcore_activations import layer_activations as mcore_layer_activations
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.offload import gradient_placement
 from launcher.plan.profile import Rates
@@ -358,10 +360,32 @@ def logits_bytes(cfg: LLMTrainConfig, layout: Layout) -> float:
         return chunk * m.vocab_size * per + held
     b = backend_of(cfg)
     vocab_tp = b.vocab_split(layout.tp)
+    if cfg.backend.cross_entropy_fusion:
+        # backend.cross_entropy_fusion (Megatron-Core, Transformer Engine's parallel cross-entropy,
+        # NVIDIA/TransformerEngine d0067d0 transformer_engine/pytorch/triton/cross_entropy.py):
+        # the forward writes the fp32 gradient (torch.empty_like(input, dtype=float32)) and saves
+        # only it; the logits in the compute dtype and that gradient are the peak.
+        per = dtype + 4.0
     if b.eager_loss:
         split = vocab_tp > 1
         per = max(per, LOSS_PARALLEL_BACKWARD_BYTES if split else EAGER_LOSS_BACKWARD_BYTES)
     return tokens * m.vocab_size * per / vocab_tp
+
+
+def vocab_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> float:
+    """Embedding and output-layer parameters one GPU of `stage` holds (as stage_params counts
+    them)."""
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    vocab_tp = backend_of(cfg).vocab_split(max(1, layout.tp))
+    n = 0.0
+    if stage == 0:
+        n += shape.embedding_params() / vocab_tp
+    if stage == layout.pp - 1:
+        n += shape.output_params() / vocab_tp
+        if m.tie_embeddings and layout.pp > 1:
+            n += m.vocab_size * m.hidden_size / vocab_tp
+    return n
 
 
 @dataclass(frozen=True)
@@ -573,6 +597,12 @@ def stage_states(
     if finetune.is_finetune(cfg):
         return _finetune_states(cfg, layout, stage, params)
     weights = sharded(bpp.weights, z.stage >= 3)
+    copy = fp8_weight_copy_bytes(cfg)
+    if copy and not cfg.precision.fp8_param_gather:
+        # Transformer Engine keeps fp8 copies of its own linear layers' weights only: the
+        # embedding (VocabParallelEmbedding) and the output layer (tensor_parallel's
+        # ColumnParallelLinear) run in bf16 outside it (Megatron-Core gpt_model.py).
+        weights -= copy * vocab_params(cfg, layout, stage) / (shard if z.stage >= 3 else 1)
     gradients = sharded(bpp.gradients, z.stage >= 2)
     # Offloading engines keep (part of) the gradients on the host (plan/offload.py).
     gradients, host = gradient_placement(cfg, gradients, sharded(4.0, True))
@@ -687,19 +717,27 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             extra,
         )
     mode = recompute_mode(cfg, moe_here)
-    activations = per_layer(mode) * held
-    if finetune.is_finetune(cfg) and mode != "full":
-        # The adapters' rank-r intermediates (and dropout copies), kept like the layer's own.
-        tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
-        act = DTYPE_BYTES[cfg.precision.compute_dtype]
-        activations += held * finetune.adapter_activation_bytes(cfg, tokens, act)
-    if mode in ("full", "op"):
-        # While a layer is recomputed for its backward its full activations exist once.
-        activations += per_layer("none")
-    elif mode == "core":
-        # Only the attention core is rebuilt: what it does not keep (the log-sum-exp, or eager
-        # attention's scores) exists once.
-        activations += per_layer("none") - per_layer("core")
+    mcore = mcore_applies(cfg)
+    if mcore:
+        # Megatron-Core's layer tensor by tensor, with backend.recompute_modules and
+        # backend.offload_modules (plan/mcore_activations.py): what is kept until the backward,
+        # plus what recompute and offload bring back for the layer in its backward.
+        layer = mcore_layer_activations(cfg, layout, moe_here)
+        activations = layer.kept * held + layer.transient
+    else:
+        activations = per_layer(mode) * held
+        if finetune.is_finetune(cfg) and mode != "full":
+            # The adapters' rank-r intermediates (and dropout copies), kept like the layer's own.
+            tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
+            act = DTYPE_BYTES[cfg.precision.compute_dtype]
+            activations += held * finetune.adapter_activation_bytes(cfg, tokens, act)
+        if mode in ("full", "op"):
+            # While a layer is recomputed for its backward its full activations exist once.
+            activations += per_layer("none")
+        elif mode == "core":
+            # Only the attention core is rebuilt: what it does not keep (the log-sum-exp, or
+            # eager attention's scores) exists once.
+            activations += per_layer("none") - per_layer("core")
     # One layer's transient buffers: cp's K/V ring, the MoE dispatcher's.
     activations += cp_ring_bytes(cfg, layout)
     if moe_here:
@@ -713,7 +751,12 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         # cross-entropy keeps its softmax).
         mtp_moe = shape.mtp_is_moe
         mtp_held = max(1, round(in_flight / max(1, layout.vpp)))
-        activations += m.mtp_layers * mtp_held * per_layer(recompute_mode(cfg, mtp_moe), mtp_moe)
+        mtp_layer = (
+            mcore_layer_activations(cfg, layout, mtp_moe).kept
+            if mcore
+            else per_layer(recompute_mode(cfg, mtp_moe), mtp_moe)
+        )
+        activations += m.mtp_layers * mtp_held * mtp_layer
         activations += m.mtp_layers * logits_bytes(cfg, layout)
     return activations, in_flight
 

@@ -294,6 +294,9 @@ def assumptions(cfg: LLMTrainConfig, plan_layout: Layout) -> tuple[str, ...]:
         "Selective recompute: with eager attention recompute the attention core (Korthikanti); "
         "with flash, PyTorch op-level SAC (every other matmul output saved).",
         "Full recompute keeps each layer's input plus one layer's activations while recomputing.",
+        "Published-figure pricing describes the engine releases of calibration.csv up to 2025 "
+        "(newest: NeMo 25.02's Megatron-Core for compute); Megatron's activations as "
+        "Megatron-Core core_v0.16.1's layer keeps them (plan/mcore_activations.py).",
         (
             "Loss chunked (train.chunked_loss): one chunk of tokens' logits at a time (10 bytes "
             "per logit in bf16) plus the gradients it keeps for backward (input [tokens, h], "

@@ -166,6 +166,8 @@ def megatron_args(
     ]  # fmt: skip
     if m.activation == "swiglu":
         args.append("--swiglu")
+        if not cfg.backend.swiglu_fusion:
+            args.append("--no-bias-swiglu-fusion")
     args += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
     args += ["--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"]
     if m.position == "rope":
@@ -183,6 +185,10 @@ def megatron_args(
         args.append("--disable-bias-linear")
     if m.num_experts:
         args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_top_k or 1)]
+        # The experts as grouped GEMMs (TEGroupedMLP), as plan prices them and as
+        # recompute_modules' moe_act needs (transformer_config.py: "moe_act in recompute_modules
+        # is only supported with moe_grouped_gemm"); without it Megatron-Core runs them one by one.
+        args.append("--moe-grouped-gemm")
         if m.moe_ffn_hidden_size:
             args += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
         if m.moe_shared_experts:
@@ -269,11 +275,26 @@ def megatron_args(
             args.append("--fp8-param-gather")
     if t.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+        if cfg.backend.recompute_modules is not None:
+            # Megatron-Core's per-module recompute (launcher/backends/activation_modules.py;
+            # without the flag Megatron recomputes its default, core_attn).
+            args += ["--recompute-modules", *cfg.backend.recompute_modules]
     elif t.recompute == "full":
         args += [
             "--recompute-granularity", "full",
             "--recompute-method", "uniform",
             "--recompute-num-layers", "1",
+        ]  # fmt: skip
+    if cfg.backend.cross_entropy_fusion:
+        # Megatron-Core's fused cross-entropy with Transformer Engine's kernel
+        # (language_module.py compute_language_model_loss).
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
+    if cfg.backend.offload_modules:
+        # Fine-grained activation offloading (Megatron-Core's docs,
+        # fine_grained_activation_offloading.md): the listed modules' inputs go to the host.
+        args += [
+            "--fine-grained-activation-offloading",
+            "--offload-modules", *cfg.backend.offload_modules,
         ]  # fmt: skip
     return args
 

@@ -52,6 +52,7 @@ exec /opt/llmtrain/venv/bin/python -m torch.distributed.run \
     --disable-bias-linear \
     --num-experts 256 \
     --moe-router-topk 8 \
+    --moe-grouped-gemm \
     --moe-ffn-hidden-size 2048 \
     --moe-shared-expert-intermediate-size 2048 \
     --moe-layer-freq '([0]*3+[1]*58)' \
