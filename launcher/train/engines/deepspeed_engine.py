@@ -33,6 +33,7 @@ import contextlib
 import gc
 import json
 import math
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,16 @@ from launcher.train.safe_load import (
     verify_weights_only,
 )
 from launcher.validate import finetune_rules
+
+# DeepSpeed 0.19.8 (ZeRO 1-3) calls torch.distributed.all_gather_into_tensor and
+# reduce_scatter_tensor, which torch 2.13 deprecates with a FutureWarning per call: hundreds per run
+# in the rank logs, none of them the user's to act on. Only those two messages are silenced.
+for _name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+    warnings.filterwarnings(
+        "ignore",
+        message=rf"`torch\.distributed\.{_name}` is deprecated",
+        category=FutureWarning,
+    )
 
 TAG = "engine"
 
