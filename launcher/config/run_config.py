@@ -21,6 +21,7 @@ import yaml
 
 from launcher import fsio
 from launcher.config.compose import config_from_values
+from launcher.config.config_file import render_value
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.schema_keys import dataclass_of, schema_fields
 from launcher.errors import UserError
@@ -230,21 +231,12 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def override_value(value: Any) -> str:
-    """`value` written as a Hydra command-line override value (key=VALUE)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ",".join(override_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{override_value(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    if text and all(c.isalnum() or c in "_-./:+@" for c in text) and text[0] not in "-+":
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """`value` written as a Hydra command-line override value (key=VALUE): a plain word as it is,
+    anything else as ``config_file.render_value`` writes it (the one place for Hydra's quoting)."""
+    plain = isinstance(value, str) and value != "" and value[0] not in "-+"
+    if plain and all(c.isalnum() or c in "_-./:+@" for c in value):
+        return str(value)
+    return render_value(value)
 
 
 def restoring_overrides(overrides: tuple[str, ...], changes: list[Change]) -> list[str]:
