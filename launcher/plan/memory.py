@@ -49,6 +49,7 @@ from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
+from launcher.plan.dtypes import DTYPE_BYTES as DTYPE_BYTES  # re-exported
 from launcher.plan.fitted import constants
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.offload import gradient_placement
@@ -65,7 +66,6 @@ GIB = 1024**3
 # as reserved never exceeds the capacity left after the CUDA context (`reserved_observed`).
 FRAGMENTATION = constants("hopper").fragmentation
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 # Optimizer states in fp32 per parameter, besides the master copy: Adam keeps m and v (Kingma & Ba
 # 2015), Lion one momentum (Chen et al. 2023), SGD with momentum one buffer.
