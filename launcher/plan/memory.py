@@ -748,7 +748,7 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
             buffers += 4.0 * tokens * m.hidden_size * act_dtype / sp
         return buffers
     buffers = min(cfg.backend.reduce_bucket_size, rank_params) * bpp.gradients
-    if cfg.backend.name == "torch" and layout.dp * layout.cp == 1:
+    if backend_of(cfg).bucket_needs_replicas and layout.dp * layout.cp == 1:
         # One replica: the torch engine wraps nothing in DDP, so no gradient bucket exists
         # (torch_parallelize.apply_dp; measured by bench/lora_memory.py on the CPU).
         buffers = 0.0
