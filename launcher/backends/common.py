@@ -153,6 +153,12 @@ class Backend:
     # the loss runs on vocabulary-split logits); False: every tp rank holds them whole and computes
     # the full logits and loss.
     tp_splits_vocab: bool = True
+    # finetune methods besides full its engine runs (launcher/validate/finetune_rules.py), and
+    # whether adapters run with its tensor and pipeline parallel (torch: yes; DeepSpeed: ZeRO only).
+    adapter_methods: tuple[str, ...] = ()
+    adapters_with_model_parallel: bool = False
+    # With one replica (dp x cp = 1) no gradient-reduce bucket is allocated (torch: no DDP).
+    bucket_needs_replicas: bool = False
 
     def vocab_split(self, tp: int) -> int:
         """The tp ranks the embedding, the output layer and the logits are split over."""

@@ -101,6 +101,7 @@ def _compile_requested(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
 
 BACKEND = Backend(
     name="deepspeed",
+    adapter_methods=("lora",),
     # deepspeed/runtime/zero/stage_1_and_2.py: param_groups[i]["params"] =
     # [single_partition_of_fp32_groups[i]] (launcher/train/engines/deepspeed_engine.py).
     flat_optimizer_stages=(1, 2),

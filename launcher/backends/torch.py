@@ -253,6 +253,9 @@ def _fp8(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
 
 BACKEND = Backend(
     name="torch",
+    adapter_methods=("lora", "qlora"),
+    adapters_with_model_parallel=True,
+    bucket_needs_replicas=True,
     summary="PyTorch-native: DDP, FSDP2, DTensor TP/SP, torch.distributed.pipelining",
     launchable=True,
     not_launchable="",

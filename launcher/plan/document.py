@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.backends.engine_choices import engine_json
+from launcher.plan import finetune
 from launcher.plan.bands import ErrorBand
 from launcher.plan.planner import Plan
 
@@ -32,6 +33,11 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "name": plan.config.model.name,
             "total_params": plan.total_params,
             "active_params": plan.active_params,
+        },
+        # finetune=lora|qlora: the adapters alone train (launcher/plan/finetune.py).
+        "finetune": {
+            "name": plan.config.finetune.name,
+            "trainable_params": finetune.trainable_params(plan.config),
         },
         "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
         "backend": plan.config.backend.name,

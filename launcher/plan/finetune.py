@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config.schema import LLMTrainConfig, ModelConfig
+from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.model_shape import ModelShape
 
 # NF4 bytes per weight (module docstring): 4-bit codes, int8 scaler per 64, bf16 factor per 256.
@@ -104,8 +105,6 @@ def target_weights_per_layer(cfg: LLMTrainConfig, tp: int = 1) -> float:
 
 def frozen_bytes(cfg: LLMTrainConfig) -> float:
     """Bytes of a frozen weight: the compute dtype on a GPU, fp32 on the CPU."""
-    from launcher.plan.memory import DTYPE_BYTES
-
     return 4.0 if cfg.cluster.gpu == "cpu" else float(DTYPE_BYTES[cfg.precision.compute_dtype])
 
 

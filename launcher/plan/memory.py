@@ -49,6 +49,7 @@ from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
+from launcher.plan.dtypes import DTYPE_BYTES as DTYPE_BYTES  # re-exported
 from launcher.plan.fitted import constants
 from launcher.plan.mcore_activations import applies as mcore_applies
 from launcher.plan.mcore_activations import layer_activations as mcore_layer_activations
@@ -67,7 +68,6 @@ GIB = 1024**3
 # as reserved never exceeds the capacity left after the CUDA context (`reserved_observed`).
 FRAGMENTATION = constants("hopper").fragmentation
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 # Optimizer states in fp32 per parameter, besides the master copy: Adam keeps m and v (Kingma & Ba
 # 2015), Lion one momentum (Chen et al. 2023), SGD with momentum one buffer.
@@ -791,7 +791,7 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
             buffers += 4.0 * tokens * m.hidden_size * act_dtype / sp
         return buffers
     buffers = min(cfg.backend.reduce_bucket_size, rank_params) * bpp.gradients
-    if cfg.backend.name == "torch" and layout.dp * layout.cp == 1:
+    if backend_of(cfg).bucket_needs_replicas and layout.dp * layout.cp == 1:
         # One replica: the torch engine wraps nothing in DDP, so no gradient bucket exists
         # (torch_parallelize.apply_dp; measured by bench/lora_memory.py on the CPU).
         buffers = 0.0

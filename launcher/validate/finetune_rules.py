@@ -15,6 +15,7 @@ What runs (each checked on CPU by tests/integration/test_lora.py or the engine's
 
 from __future__ import annotations
 
+from launcher.backends.common import all_backends, backend_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 from launcher.plan.finetune import projections
@@ -116,7 +117,7 @@ def _refuse(keys: tuple[str, ...], message: str) -> Problem:
 
 def finetune_layout(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
     """The combinations the engines run with adapters (module docstring)."""
-    ft, m, backend = cfg.finetune, cfg.model, cfg.backend.name
+    ft, m, b = cfg.finetune, cfg.model, backend_of(cfg)
     if ft.name == "full":
         return []
     what = f"finetune={ft.name}"
@@ -137,11 +138,12 @@ def finetune_layout(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
                 "finetune=full trains this model",
             )
         )
-    if backend == "megatron":
+    if ft.name not in b.adapter_methods:
+        able = [n for n, other in all_backends().items() if ft.name in other.adapter_methods]
         out.append(
             _refuse(
                 ("finetune.name", "backend.name"),
-                f"{what} runs on llmtrain's engines: backend=torch (or deepspeed)",
+                f"{what} is not run by backend={b.name}: backend={' or '.join(able)}",
             )
         )
     if cfg.precision.name == "fp8":
@@ -151,7 +153,7 @@ def finetune_layout(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
                 f"{what}: fp8 layers are not adapted: precision=bf16",
             )
         )
-    if backend == "torch" and layout.tp > 1:
+    if b.adapters_with_model_parallel and layout.tp > 1:
         if cfg.parallel.sequence_parallel:
             out.append(
                 _refuse(
@@ -170,11 +172,12 @@ def finetune_layout(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
                     "finetune.targets without k and v (e.g. [q,o,gate,up,down])",
                 )
             )
-    if backend == "deepspeed" and (layout.tp > 1 or layout.pp > 1):
+    runs = ft.name in b.adapter_methods
+    if runs and not b.adapters_with_model_parallel and (layout.tp > 1 or layout.pp > 1):
         out.append(
             _refuse(
                 ("finetune.name", "parallel.tp" if layout.tp > 1 else "parallel.pp"),
-                f"{what} on backend=deepspeed runs ZeRO 0-3 data parallel only: parallel.tp=1 "
+                f"{what} on backend={b.name} runs data parallel only: parallel.tp=1 "
                 "and parallel.pp=1, or backend=torch (tensor and pipeline parallel with adapters)",
             )
         )
@@ -185,8 +188,6 @@ def finetune_layout(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
 
 def _qlora(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
     out: list[Problem] = []
-    if cfg.backend.name != "torch":
-        out.append(_refuse(("finetune.name", "backend.name"), "finetune=qlora: backend=torch"))
     for key, value, fix in (
         ("parallel.tp", layout.tp, "parallel.tp=1"),
         ("parallel.pp", layout.pp, "parallel.pp=1"),

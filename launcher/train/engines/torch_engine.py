@@ -12,6 +12,11 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    range, the embeddings off the first chunk, norm and head off the last), materialise on the
    device and initialise with ``init_weights(seed)``: each parameter draws from a generator
    seeded by its name, so a chunk's weights equal those layers in the unsplit model.
+   finetune=lora|qlora: after train.init_from's weights are copied in, the base's digest is
+   taken (each rank hashing its share) and the base frozen, the target projections wrapped in
+   ``launcher.train.lora.LoRALinear`` (NF4 base weights for qlora); under tp their adapters are
+   sharded like the weight they adapt (``torch_parallelize.adapter_plan``), the optimizer and
+   checkpoints hold the adapters alone (``torch_state.TRAINABLE_OPTIONS``).
 2. Tensor parallel (tp > 1), the torchtitan plan: Colwise wq/wk/wv/w1/w3, Rowwise wo/w2, the token
    embedding Rowwise (vocab-sharded), the head Colwise with its output gathered; everything else
    (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind

@@ -1,0 +1,76 @@
+"""The tiny fine-tuning flow through the real command line, offline on the CPU: a base
+(recipe=tiny-llama), LoRA on it (recipe=tiny-sft-lora, train.init_from), a resume that reads the
+base again and the adapter-only checkpoint, `sample`, the merged and the PEFT exports, and a
+resume on another base refused by the checkpoint's base digest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_run import llmtrain
+
+pytestmark = pytest.mark.integration
+
+SHORT = ["model.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=2"]
+
+
+def test_tiny_lora_flow(tmp_path: Path) -> None:
+    base = llmtrain(tmp_path, "run", "recipe=tiny-llama", "train.steps=3", *SHORT)
+    assert base.returncode == 0, base.stderr[-3000:]
+    tuned = llmtrain(tmp_path, "run", "recipe=tiny-sft-lora", "train.steps=3", *SHORT)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny-sft-lora"
+    log = (run / "logs" / "rank0.log").read_text() if (run / "logs").is_dir() else tuned.stdout
+    assert "initialised from runs/tiny-llama" in tuned.stdout + tuned.stderr + log
+    (step,) = sorted((run / "checkpoints").glob("step_*"))
+    assert (step / "engine" / "base_weights.json").is_file()
+
+    # Resume: the base comes from train.init_from again, the adapters from the checkpoint.
+    again = llmtrain(tmp_path, "run", "recipe=tiny-sft-lora", "train.steps=5", *SHORT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout + again.stderr, again.stdout[-2000:]
+
+    sample = llmtrain(
+        tmp_path, "sample", "tiny-sft-lora", "def ", "--max-new-tokens", "5", "--json"
+    )
+    assert sample.returncode == 0, sample.stderr[-3000:]
+    document = json.loads(sample.stdout)
+    assert document["step"] == 5 and 0 < document["tokens"] <= 5
+
+    merged = llmtrain(tmp_path, "export", "tiny-sft-lora", "--out", "merged", "--json")
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    assert json.loads(merged.stdout)["architecture"] == "LlamaForCausalLM"
+    adapter = llmtrain(tmp_path, "export", "tiny-sft-lora", "--out", "adapter", "--adapter")
+    assert adapter.returncode == 0, adapter.stderr[-3000:]
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["peft_type"] == "LORA"
+    assert set(config["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    full = llmtrain(tmp_path, "export", "tiny-llama", "--out", "x", "--adapter")
+    assert full.returncode == 2 and "finetune=full" in full.stderr, full.stderr[-2000:]
+
+    # Another base under the same adapters: the checkpoint is refused, naming train.init_from.
+    other = llmtrain(
+        tmp_path, "run", "recipe=tiny-llama", "run.name=other", "train.seed=7", "train.steps=2"
+    )
+    assert other.returncode == 0, other.stderr[-3000:]
+    moved = llmtrain(
+        tmp_path,
+        "run",
+        "recipe=tiny-sft-lora",
+        "train.init_from=runs/other",
+        "train.steps=6",
+        *SHORT,
+    )
+    assert moved.returncode != 0
+    assert "trained on base weights" in moved.stdout + moved.stderr, moved.stderr[-3000:]
