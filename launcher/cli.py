@@ -841,18 +841,27 @@ def sample(
     root: Annotated[
         str, typer.Option("--root", help="The folder holding run directories (run.root_dir).")
     ] = "runs",
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw", help="Continue PROMPT as plain text, without the data's chat template."
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Print a short greedy continuation of PROMPT from a run's model (LoRA adapters applied)."""
+    """Print a short greedy reply to PROMPT from a run's model (LoRA adapters applied): one user
+    message in the run data's chat template when it has one, else a continuation of the text."""
     from pathlib import Path
 
     from launcher.launch.local_runs import find_run
     from launcher.train.sample import sample as run_sample
 
     folder = find_run(run_dir, Path(root)) or Path(run_dir)
-    result = run_sample(folder, prompt, max_new_tokens=max_new_tokens, step=step)
+    result = run_sample(folder, prompt, max_new_tokens=max_new_tokens, step=step, chat=not raw)
     if as_json:
         _print_json(result.to_json())
+    elif result.template is not None:  # a chat reply: the reply alone, below the prompt
+        out.print(f"user: {result.prompt}\nassistant: {result.text}", markup=False, highlight=False)
     else:
         out.print(result.prompt + result.text, markup=False, highlight=False)
 

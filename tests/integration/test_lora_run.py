@@ -29,16 +29,22 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     assert (step / "engine" / "base_weights.json").is_file()
 
     # Resume: the base comes from train.init_from again, the adapters from the checkpoint.
-    again = llmtrain(tmp_path, "run", "recipe=tiny-sft-lora", "train.steps=5", *SHORT)
+    again = llmtrain(
+        tmp_path, "run", "recipe=tiny-sft-lora", "train.steps=5", *SHORT, "--allow-config-change"
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout + again.stderr, again.stdout[-2000:]
 
+    # The run's data (data=chat) carries a ChatML template: the prompt is a user turn in it.
     sample = llmtrain(
-        tmp_path, "sample", "tiny-sft-lora", "def ", "--max-new-tokens", "5", "--json"
+        tmp_path, "sample", "tiny-sft-lora", "What is 2 + 3?", "--max-new-tokens", "5", "--json"
     )
     assert sample.returncode == 0, sample.stderr[-3000:]
     document = json.loads(sample.stdout)
-    assert document["step"] == 5 and 0 < document["tokens"] <= 5
+    assert document["step"] == 5 and 0 <= document["tokens"] <= 5
+    assert document["chat_template"] is not None
+    raw = llmtrain(tmp_path, "sample", "tiny-sft-lora", "def ", "--raw", "--json")
+    assert raw.returncode == 0 and json.loads(raw.stdout)["chat_template"] is None
 
     merged = llmtrain(tmp_path, "export", "tiny-sft-lora", "--out", "merged", "--json")
     assert merged.returncode == 0, merged.stderr[-3000:]
