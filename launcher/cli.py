@@ -346,7 +346,7 @@ def plan(
 
     from launcher.plan.document import plan_to_json
     from launcher.plan.planner import make_plan
-    from launcher.validate.rules import check
+    from launcher.validate.rules import check, passes
     from launcher.verdict import substitute_backend
     from launcher.views.config import show_violations
     from launcher.views.plan import render_plan
@@ -366,7 +366,7 @@ def plan(
         substitute, result_plan = found
         violations = [v for v in violations if not v.is_error]
     else:
-        result_plan = make_plan(composed.config, headroom=headroom)
+        result_plan = make_plan(composed.config, headroom=headroom, accept=passes)
     if as_json:
         document = plan_to_json(result_plan)
         document["warnings"] = [v.message for v in violations] + list(composed.notes)

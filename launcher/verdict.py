@@ -24,7 +24,7 @@ from launcher.config.compose import Composed, compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import ConfigError
 from launcher.plan.planner import Plan, make_plan
-from launcher.validate.rules import ERROR, Violation, check, value_range_problems
+from launcher.validate.rules import ERROR, Violation, check, passes, value_range_problems
 
 COMMANDS = ("run", "submit")
 
@@ -140,7 +140,7 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     preset = launch_refusal(cfg)
     if preset:
         notes.append(f"planning preset: run/submit need {planning_preset_needs(cfg)} ({preset})")
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, accept=passes)
     refusals = {
         command: tuple(launch_problems(cfg, plan, local=command == "run", force=force))
         for command in COMMANDS
@@ -215,7 +215,7 @@ def substitute_backend(
         other = replace(cfg, backend=replace(cfg.backend, name=name))
         if any(v.is_error for v in check(other)):
             continue
-        plan = make_plan(other, headroom=headroom)
+        plan = make_plan(other, headroom=headroom, accept=passes)
         if best is None or plan.time.step_s < best[1].time.step_s:
             reasons = tuple(v.message for v in errors)
             best = (Substitute(cfg.backend.name, name, reasons, other), plan)

@@ -22,6 +22,7 @@ import re
 import typing
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from launcher import resources
@@ -301,11 +302,14 @@ def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
         node = OmegaConf.load(path)
         if not isinstance(node, DictConfig):
             continue
+        # A `# @package _global_` file (conf/finetune/) writes keys from the root, not under
+        # its group's name.
+        prefix = "" if _global_package(path) else f"{ov.key}."
         OmegaConf.set_struct(node, False)
         node.pop("defaults", None)
         plain = OmegaConf.to_container(node, resolve=False)
         for dotted in _leaf_keys(plain, ""):
-            full = f"{ov.key}.{dotted}"
+            full = f"{prefix}{dotted}"
             # null in a group file is "the default" (backend.moe_dispatcher: null), no choice
             # to win with: a recipe's mixtral `moe_dispatcher: alltoall` stays.
             if (
@@ -314,7 +318,22 @@ def _command_line_groups_win(cfg: Any, parsed: list[ParsedOverride]) -> None:
                 or _leaf(plain, dotted) is None
             ):
                 _drop(node, dotted)
-        cfg[ov.key] = OmegaConf.merge(cfg[ov.key], node)
+        if prefix:
+            cfg[ov.key] = OmegaConf.merge(cfg[ov.key], node)
+        else:
+            for key in list(node.keys()):
+                cfg[key] = OmegaConf.merge(cfg[key], node[key])
+
+
+def _global_package(path: Path) -> bool:
+    """Whether a group file's header declares Hydra's `# @package _global_`."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                return False
+            if line.replace(" ", "").startswith("#@package_global_"):
+                return True
+    return False
 
 
 def _leaf(node: Any, dotted: str) -> Any:

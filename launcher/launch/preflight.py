@@ -21,7 +21,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.planner import Plan, make_plan
 from launcher.train.trackers import problems as tracker_problems
-from launcher.validate.rules import check
+from launcher.validate.rules import check, passes
 
 
 def backend_problems(cfg: LLMTrainConfig) -> list[str]:
@@ -209,7 +209,7 @@ def preflight(cfg: LLMTrainConfig, force: bool = False, local: bool = True) -> P
     problems = [v.message for v in check(cfg) if v.is_error]
     if problems:
         raise UserError("the configuration is invalid:\n- " + "\n- ".join(problems))
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, accept=passes)
     problems = launch_problems(cfg, plan, local=local, force=force)
     if problems:
         raise UserError("cannot run this configuration:\n- " + "\n- ".join(problems))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from launcher.backends.common import moe_dispatcher
@@ -125,16 +126,21 @@ def _with(cfg: LLMTrainConfig, **parts: dict[str, object]) -> LLMTrainConfig:
 
 
 def suggest_fixes(
-    cfg: LLMTrainConfig, hw: HardwareView, headroom: float, limit: int = 6
+    cfg: LLMTrainConfig,
+    hw: HardwareView,
+    headroom: float,
+    limit: int = 6,
+    accept: Callable[[LLMTrainConfig], bool] | None = None,
 ) -> tuple[Fix, ...]:
     """The smallest single changes (then pairs) that make the heaviest rank fit.
 
     Tried in order of how little they cost in speed: ZeRO stage up, selective then full recompute,
     smaller micro-batch (global batch kept through more accumulation), tp up within a node, pp up,
     CPU offload of the optimizer (with the ZeRO stage it needs), the zero group's options. Every
-    candidate, single or pair, must pass validate's rules; each is re-planned with the same
-    memory function.
+    candidate, single or pair, must pass `accept` (validate's rules, which the layers above plan
+    pass in: plan never imports validate); each is re-planned with the same memory function.
     """
+    valid = accept or (lambda _: True)
     layout = derive_layout(cfg)
     world = layout.world_size
     candidates: list[tuple[tuple[str, ...], LLMTrainConfig]] = []
@@ -180,7 +186,7 @@ def suggest_fixes(
             candidates.append(((f"zero={option}",), changed))
     # Only what validate accepts is offered: the same rules (and the backend's refusals) judge
     # every candidate before its memory is priced (a fix that validate refuses is no fix).
-    candidates = [(o, c) for o, c in candidates if _valid(c)]
+    candidates = [(o, c) for o, c in candidates if valid(c)]
     fixes: list[Fix] = []
     for overrides, changed in candidates:
         mem = _memory_only(changed, hw, headroom)
@@ -193,7 +199,7 @@ def suggest_fixes(
                 if {_fix_key(x) for x in o1} & {_fix_key(x) for x in o2}:
                     continue
                 merged = _merge(c1, o2, cfg)
-                if merged is None or not _valid(merged):
+                if merged is None or not valid(merged):
                     continue
                 mem = _memory_only(merged, hw, headroom)
                 if mem.fits:
@@ -207,12 +213,6 @@ def _fix_key(override: str) -> str:
     """The section a fix changes: `zero.stage=3` and `zero=stage3-offload` both change zero."""
     key = override.split("=", 1)[0]
     return key.split(".", 1)[0] if key.split(".", 1)[0] == "zero" else key
-
-
-def _valid(cfg: LLMTrainConfig) -> bool:
-    from launcher.validate.rules import check  # validate's rules, as `llmtrain validate` runs them
-
-    return not any(v.is_error for v in check(cfg))
 
 
 @functools.cache
@@ -446,8 +446,15 @@ def profile_band(catalog: ErrorBand, sources: dict[str, str], time: TimePlan) ->
     )
 
 
-def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
-    """Plan a validated configuration: memory per stage, FLOPs, step time, totals, fixes."""
+def make_plan(
+    cfg: LLMTrainConfig,
+    headroom: float = 0.10,
+    *,
+    accept: Callable[[LLMTrainConfig], bool] | None = None,
+) -> Plan:
+    """Plan a validated configuration: memory per stage, FLOPs, step time, totals, fixes.
+    `accept` judges each fix's configuration (``launcher.validate.rules.passes``, given by the
+    commands that show fixes); without it every fix that fits is offered."""
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom must be in [0, 1), got {headroom}")
     layout = derive_layout(cfg)
@@ -465,7 +472,7 @@ def make_plan(cfg: LLMTrainConfig, headroom: float = 0.10) -> Plan:
         checkpoint_bytes=checkpoint_bytes(cfg, total_params),
         storage_write_gbps=cfg.cluster.storage_write_gbps,
     )
-    fixes = () if memory.verdict == "fits" else suggest_fixes(cfg, hw, headroom)
+    fixes = () if memory.verdict == "fits" else suggest_fixes(cfg, hw, headroom, accept=accept)
     time_band = error_band("time", cfg, hw.arch)
     sources: dict[str, str] = {}
     if profile is not None:

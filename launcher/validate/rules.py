@@ -1082,3 +1082,8 @@ def chat_data(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
 @rule("finetune")
 def finetune(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return [Violation("finetune", s, k, m) for s, k, m in finetune_problems(cfg, layout)]
+
+
+def passes(cfg: LLMTrainConfig) -> bool:
+    """Whether `cfg` passes every rule (plan's fixes are offered only when they do)."""
+    return not any(v.is_error for v in check(cfg))
