@@ -5,7 +5,8 @@ Two gloo ranks, pp=2 x vpp=2: rank 0 holds chunks 0 and 2, rank 1 chunks 1 and 3
 (``_train_and_resume`` of test_torch_engine) trains 4 steps saving after step 2, then a fresh
 engine loads that checkpoint and runs steps 3-4 again: their losses and gradient norms must equal
 the uninterrupted run's bit for bit (CPU is deterministic), so every chunk's weights and the
-optimizer state of every chunk came back.
+optimizer state of every chunk came back. A second test does the same through `llmtrain run`
+(checkpoint files, manifest, resume after the run is cut back).
 """
 
 from __future__ import annotations
@@ -61,3 +62,23 @@ def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(tmp_path: Pa
     keys = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
     moments = {k.removeprefix("optim.state.") for k in keys if k.startswith("optim.state.")}
     assert moments == {f"{name}.{m}" for name in whole for m in ("step", "exp_avg", "exp_avg_sq")}
+
+
+def test_interleaved_pipeline_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """The same through `llmtrain run` (the command that crashed at its first checkpoint): two
+    processes train 12 steps checkpointing every 4, the run is cut back to step 8 and resumed,
+    and steps 9-12 log the uninterrupted losses exactly (test_run.resume_matches)."""
+    from tests.integration.test_run import resume_matches
+
+    run_dir = resume_matches(
+        tmp_path,
+        [
+            "cluster.gpus_per_node=2",
+            "backend=torch",
+            "parallel.pp=2",
+            "parallel.vpp=2",
+            "parallel.pp_schedule=interleaved",
+            UNTIED,
+        ],
+    )
+    assert (run_dir / "checkpoints" / "step_00000012" / "engine" / ".metadata").is_file()
