@@ -36,7 +36,14 @@ INTERLEAVED = [
 ]
 
 
-def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(tmp_path: Path) -> None:
+# Each rank's chunks as plain modules, and each chunk under FSDP2 (DTensor shards over dp=1).
+SHARDING = {"plain": [], "fsdp2": ["zero.stage=3"]}
+
+
+@pytest.mark.parametrize("sharding", list(SHARDING))
+def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(
+    tmp_path: Path, sharding: str
+) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
     from launcher.config.compose import compose_config
@@ -45,15 +52,17 @@ def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(tmp_path: Pa
     from launcher.train.safe_load import CheckpointFiles
 
     steps, save_at, ckpt = 4, 2, tmp_path / "ckpt"
-    results = launch(2, INTERLEAVED, steps, _train_and_resume, save_at=save_at, save_dir=str(ckpt))
+    layout = [*INTERLEAVED, *SHARDING[sharding]]
+    results = launch(2, layout, steps, _train_and_resume, save_at=save_at, save_dir=str(ckpt))
     for r in results:
         assert r["extra"]["pp_schedule"] == "interleaved" and len(r["extra"]["chunks"]) == 2
+        assert r["extra"]["data_parallel"] == ("fsdp2" if sharding == "fsdp2" else "none")
         assert r["resumed"] == r["losses"][save_at:], (r["losses"], r["resumed"])
         assert _same(r["resumed_norms"], r["norms"][save_at:]), (r["norms"], r["resumed_norms"])
 
     # The checkpoint names every tensor as the unsplit model does (what consolidation and export
     # read), the optimizer's flattened state included: no chunk index anywhere.
-    cfg = compose_config([*TINY, *INTERLEAVED, "cluster.gpus_per_node=2"]).config
+    cfg = compose_config([*TINY, *layout, "cluster.gpus_per_node=2"]).config
     whole = build_model(cfg.model, "meta").state_dict()
     state = full_state(ckpt, cfg.model.num_layers, CheckpointFiles.unchecked(ckpt))
     assert {k: tuple(v.shape) for k, v in state.items()} == {
