@@ -36,13 +36,20 @@ INTERLEAVED = [
 ]
 
 
-# Each rank's chunks as plain modules, and each chunk under FSDP2 (DTensor shards over dp=1).
-SHARDING = {"plain": [], "fsdp2": ["zero.stage=3"]}
+# Each rank's chunks as plain modules, each chunk under FSDP2 (DTensor shards over dp=1), and
+# LoRA adapters on a frozen base (the checkpoint holds the adapters and their optimizer state
+# only: torch_state.TRAINABLE_OPTIONS). finetune.name rather than the finetune=lora group, which
+# sets pp=1.
+VARIANTS = {
+    "plain": [],
+    "fsdp2": ["zero.stage=3"],
+    "lora": ["finetune.name=lora", "finetune.rank=4", "finetune.targets=[all-linear]"],
+}
 
 
-@pytest.mark.parametrize("sharding", list(SHARDING))
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(
-    tmp_path: Path, sharding: str
+    tmp_path: Path, variant: str
 ) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -52,25 +59,30 @@ def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(
     from launcher.train.safe_load import CheckpointFiles
 
     steps, save_at, ckpt = 4, 2, tmp_path / "ckpt"
-    layout = [*INTERLEAVED, *SHARDING[sharding]]
+    layout = [*INTERLEAVED, *VARIANTS[variant]]
     results = launch(2, layout, steps, _train_and_resume, save_at=save_at, save_dir=str(ckpt))
     for r in results:
         assert r["extra"]["pp_schedule"] == "interleaved" and len(r["extra"]["chunks"]) == 2
-        assert r["extra"]["data_parallel"] == ("fsdp2" if sharding == "fsdp2" else "none")
+        assert r["extra"]["data_parallel"] == ("fsdp2" if variant == "fsdp2" else "none")
         assert r["resumed"] == r["losses"][save_at:], (r["losses"], r["resumed"])
         assert _same(r["resumed_norms"], r["norms"][save_at:]), (r["norms"], r["resumed_norms"])
 
     # The checkpoint names every tensor as the unsplit model does (what consolidation and export
     # read), the optimizer's flattened state included: no chunk index anywhere.
     cfg = compose_config([*TINY, *layout, "cluster.gpus_per_node=2"]).config
-    whole = build_model(cfg.model, "meta").state_dict()
-    state = full_state(ckpt, cfg.model.num_layers, CheckpointFiles.unchecked(ckpt))
-    assert {k: tuple(v.shape) for k, v in state.items()} == {
-        k: tuple(v.shape) for k, v in whole.items()
-    }
+    whole = {k: tuple(v.shape) for k, v in build_model(cfg.model, "meta").state_dict().items()}
     keys = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    saved = {k.removeprefix("model.") for k in keys if k.startswith("model.")}
+    if variant == "lora":  # the adapters of every layer, both ranks' chunks, under their names
+        assert all(".lora_a." in k or ".lora_b." in k for k in saved), sorted(saved)
+        assert {k.split(".")[1] for k in saved} == {"0", "1", "2", "3"}, sorted(saved)
+        assert {k.rsplit(".lora_", 1)[0] + ".weight" for k in saved} <= set(whole)
+    else:
+        state = full_state(ckpt, cfg.model.num_layers, CheckpointFiles.unchecked(ckpt))
+        assert {k: tuple(v.shape) for k, v in state.items()} == whole
+        assert saved == set(whole)
     moments = {k.removeprefix("optim.state.") for k in keys if k.startswith("optim.state.")}
-    assert moments == {f"{name}.{m}" for name in whole for m in ("step", "exp_avg", "exp_avg_sq")}
+    assert moments == {f"{name}.{m}" for name in saved for m in ("step", "exp_avg", "exp_avg_sq")}
 
 
 def test_interleaved_pipeline_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
