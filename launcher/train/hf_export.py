@@ -12,8 +12,13 @@ appeared meanwhile; --overwrite replaces only an earlier export): safetensors sh
 config.json, generation_config.json and the tokenizer.
 
 Tokenizer: the run's prepared data folder names it in index.json. A ``tokenizer.json`` there (a
-user's own, or the BPE trained by ``data prepare``) is copied; the byte tokenizer is written as an
-equivalent tokenizer.json (``byte_tokenizer``). transformers is never imported.
+user's own, or the BPE trained by ``data prepare``) is copied, with the named special tokens and
+chat template of the folder's tokenizer_config.json; the byte tokenizer is written as an
+equivalent tokenizer.json (``byte_tokenizer``) with the special ids its data used: <|endoftext|>
+256 where index.json names that end-of-document id, none for older byte data and the built-in
+corpus; data.builtin=chat gets its own byte + ChatML tokenizer (``launcher.data.builtin_chat``).
+tokenizer_config.json, special_tokens_map.json, config.json and generation_config.json name the
+same bos/eos/pad (``special_tokens``). transformers is never imported.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from launcher.excerpt import name as shown
 from launcher.rundir import RunDir, step_dir_name
 
 GENERATION_CONFIG = "generation_config.json"
+# The byte tokenizer's end-of-document token: id 256, one past the bytes, as `llmtrain data
+# prepare` appends it (launcher.data.prepare.ByteTokenizer), named as the BPE's EOD_TOKEN.
+BYTE_EOD_ID = 256
+EOD_TOKEN = "<|endoftext|>"
 COMMAND = "llmtrain export"  # names the outputs marker's writer (launcher.outputs)
 
 
@@ -97,71 +106,180 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> tuple[int, Path]:
     return found.step, found.path
 
 
-def special_ids(eod_id: int | None, vocab_size: int) -> dict[str, int | None]:
-    """bos/eos/pad ids for config.json and generation_config.json. Written out even when None:
+ROLES = ("bos", "eos", "pad")
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The exported tokenizer: {file name: bytes} (tokenizer.json), what it is, the data's
+    end-of-document id, and the data's own tokenizer_config.json entries (its named special
+    tokens and chat template; {} where it has none)."""
+
+    files: dict[str, bytes]
+    description: str
+    eod_id: int | None
+    data_config: dict[str, Any] = field(default_factory=dict)
+
+
+def _token_name(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken object."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _added_tokens(files: dict[str, bytes]) -> dict[str, int]:
+    """{content: id} of the added tokens of the exported tokenizer.json."""
+    try:
+        document = json.loads(files["tokenizer.json"])
+    except (KeyError, ValueError):
+        return {}
+    added = document.get("added_tokens") if isinstance(document, dict) else None
+    return {
+        t["content"]: t["id"]
+        for t in (added if isinstance(added, list) else [])
+        if isinstance(t, dict) and isinstance(t.get("content"), str) and type(t.get("id")) is int
+    }
+
+
+def special_tokens(
+    files: dict[str, bytes], eod_id: int | None, data_config: dict[str, Any] | None = None
+) -> dict[str, tuple[str, int]]:
+    """{role: (token, id)} for bos, eos and pad, each an added token of the tokenizer.json. The
+    data's end-of-document token ends each document, so it is the model's eos; with no
+    beginning-of-document token it is also bos (GPT-2's convention), and pad (nothing is padded in
+    pre-training; generate() wants one). A role the data's tokenizer_config.json names is that
+    token instead: a chat model's eos is its turn end (ChatML's <|im_end|>, Llama 3's <|eot_id|>),
+    the token its answers end with."""
+    added = _added_tokens(files)
+    by_id = {i: name for name, i in added.items()}
+    roles = {r: (by_id[eod_id], eod_id) for r in ROLES} if eod_id in by_id else {}
+    for role in ROLES:
+        name = _token_name((data_config or {}).get(f"{role}_token"))
+        if name is not None and name in added:
+            roles[role] = (name, added[name])
+    return roles
+
+
+def special_ids(
+    eod_id: int | None, vocab_size: int, tokens: dict[str, tuple[str, int]] | None = None
+) -> dict[str, int | None]:
+    """bos/eos/pad ids for config.json and generation_config.json: those of `tokens`
+    (``special_tokens``), else the end-of-document id for all three. Written out even when None:
     transformers' own defaults (GPT-2's 50256) would otherwise name an id outside a small
-    vocabulary. The data's end-of-document token ends each document, so it is the model's eos;
-    with no beginning-of-document token it is also bos (GPT-2's convention), and pad (nothing is
-    padded in pre-training; generate() wants one)."""
-    if eod_id is None or not 0 <= eod_id < vocab_size:
-        return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
-    return {"bos_token_id": eod_id, "eos_token_id": eod_id, "pad_token_id": eod_id}
+    vocabulary."""
+    ids: dict[str, int | None] = {}
+    for role in ROLES:
+        token_id = tokens[role][1] if tokens and role in tokens else eod_id
+        ok = token_id is not None and 0 <= token_id < vocab_size
+        ids[f"{role}_token_id"] = token_id if ok else None
+    return ids
+
+
+def generation_ids(
+    eod_id: int | None, vocab_size: int, tokens: dict[str, tuple[str, int]] | None = None
+) -> dict[str, int | list[int] | None]:
+    """generation_config.json's ids: ``special_ids``, with generation stopping at the
+    end-of-document token too where eos is another (a chat model's turn end): a list, as
+    transformers' GenerationConfig takes it."""
+    ids: dict[str, int | list[int] | None] = {**special_ids(eod_id, vocab_size, tokens)}
+    eos, eod = ids["eos_token_id"], special_ids(eod_id, vocab_size)["eos_token_id"]
+    if isinstance(eos, int) and eod is not None and eod != eos:
+        ids["eos_token_id"] = [eos, eod]
+    return ids
 
 
 def tokenizer_extras(
-    files: dict[str, bytes], eod_id: int | None, seq_length: int
+    files: dict[str, bytes],
+    eod_id: int | None,
+    seq_length: int,
+    data_config: dict[str, Any] | None = None,
 ) -> dict[str, bytes]:
     """tokenizer_config.json and special_tokens_map.json for the exported tokenizer.json, so
     AutoTokenizer loads it as the fast tokenizer it is (not the architecture's own class, which
-    would add a <s> that is not in the vocabulary) with its special tokens named."""
+    would add a <s> that is not in the vocabulary) with its special tokens named
+    (``special_tokens``) and the data's chat template, where it has one."""
     if "tokenizer.json" not in files:
         return {}
-    special: dict[str, str] = {}
-    if eod_id is not None:
-        vocab = json.loads(files["tokenizer.json"]).get("added_tokens", [])
-        names = [t.get("content") for t in vocab if isinstance(t, dict) and t.get("id") == eod_id]
-        if names and isinstance(names[0], str):
-            special = {"bos_token": names[0], "eos_token": names[0], "pad_token": names[0]}
-    config = {
+    tokens = special_tokens(files, eod_id, data_config)
+    special = {f"{role}_token": name for role, (name, _) in tokens.items()}
+    config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": seq_length,
         "clean_up_tokenization_spaces": False,
         **special,
     }
+    template = (data_config or {}).get("chat_template")
+    if isinstance(template, str):
+        config["chat_template"] = template
     return {
         "tokenizer_config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
         "special_tokens_map.json": (json.dumps(special, indent=2, sort_keys=True) + "\n").encode(),
     }
 
 
-def _tokenizer_files(cfg: LLMTrainConfig) -> tuple[dict[str, bytes], str, int | None]:
-    """({file name: bytes}, description, end-of-document id) for the run's tokenizer."""
+def _byte_tokenizer(specials: tuple[str, ...]) -> dict[str, bytes]:
     from launcher.export.byte_tokenizer import write_byte_tokenizer
 
-    index: dict[str, Any] = {"tokenizer": "byte"}
-    folder: Path | None = None
-    if cfg.data.path is not None:
-        folder = Path(cfg.data.path).expanduser()
-        try:
-            index = bounded_read.read_json(folder / "index.json", max_bytes=1 << 20)
-            if not isinstance(index, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError):
-            return {}, f"none written: {folder}/index.json is unreadable", None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.json"
+        write_byte_tokenizer(path, specials)
+        return {"tokenizer.json": path.read_bytes()}
+
+
+def _builtin_chat_tokenizer() -> TokenizerFiles:
+    """data.builtin=chat: the tokenizer its data is made with (``launcher.data.builtin_chat``:
+    the bytes, then <|endoftext|> 256, <|im_start|> 257, <|im_end|> 258; ChatML), written again
+    here (it is generated, the same on every machine) rather than read from a cache."""
+    from launcher.data.builtin_chat import SPECIALS, write_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tokenizer(Path(tmp))
+        files = {"tokenizer.json": path.read_bytes()}
+        data_config = json.loads((Path(tmp) / "tokenizer_config.json").read_text("utf-8"))
+    eod_id = 256 + SPECIALS.index(EOD_TOKEN)
+    return TokenizerFiles(files, "byte + ChatML specials (data.builtin=chat)", eod_id, data_config)
+
+
+def _data_tokenizer_config(folder: Path) -> dict[str, Any]:
+    """The prepared data's tokenizer_config.json ({} where absent or unreadable)."""
+    try:
+        config = bounded_read.read_json(folder / "tokenizer_config.json", max_bytes=1 << 20)
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _tokenizer_files(cfg: LLMTrainConfig) -> TokenizerFiles:
+    """The run's tokenizer, named by its prepared data (index.json), or the built-in data's."""
+    if cfg.data.path is None:
+        if cfg.data.builtin == "chat":
+            return _builtin_chat_tokenizer()
+        # The built-in corpus: bytes, no end-of-document token.
+        return TokenizerFiles(_byte_tokenizer(()), "byte (as tokenizer.json)", None)
+    folder = Path(cfg.data.path).expanduser()
+    try:
+        index = bounded_read.read_json(folder / "index.json", max_bytes=1 << 20)
+        if not isinstance(index, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError):
+        return TokenizerFiles({}, f"none written: {folder}/index.json is unreadable", None)
     kind = shown(str(index.get("tokenizer")), 40)
     eod = index.get("eod_id")
-    eod_id = eod if isinstance(eod, int) else None
+    eod_id = eod if type(eod) is int else None
     if kind == "byte":
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "tokenizer.json"
-            write_byte_tokenizer(path)
-            return {"tokenizer.json": path.read_bytes()}, "byte (as tokenizer.json)", eod_id
-    assert folder is not None
+        # As the data is read back (prepare.tokenizer_from_index): id 256 ends each document
+        # where index.json says so (`data prepare` since byte EOD); older byte data has none.
+        if eod_id != BYTE_EOD_ID:
+            return TokenizerFiles(_byte_tokenizer(()), "byte (as tokenizer.json)", None)
+        files = _byte_tokenizer((EOD_TOKEN,))
+        return TokenizerFiles(files, f"byte + {EOD_TOKEN} {eod_id} (as tokenizer.json)", eod_id)
     name = str(index.get("tokenizer_file") or "tokenizer.json")
     source = folder / name
     if Path(name).name != name or source.is_symlink() or not source.is_file():
-        return {}, f"none written: {source} is missing", eod_id
-    return {"tokenizer.json": source.read_bytes()}, f"{kind} ({source})", eod_id
+        return TokenizerFiles({}, f"none written: {source} is missing", eod_id)
+    files = {"tokenizer.json": source.read_bytes()}
+    return TokenizerFiles(files, f"{kind} ({source})", eod_id, _data_tokenizer_config(folder))
 
 
 def export_hf(
@@ -224,12 +342,14 @@ def export_hf(
             "which config.json would be written): " + "; ".join(shown) + ". Was config.yaml "
             "changed after the checkpoint was written? Nothing was exported"
         )
-    extra, tokenizer, eod_id = _tokenizer_files(cfg)
+    tok = _tokenizer_files(cfg)
+    extra, vocab = dict(tok.files), cfg.model.vocab_size
+    tokens = special_tokens(extra, tok.eod_id, tok.data_config)
     dtype = next(iter(tensors.values())).dtype
     config = hf_config(cfg.model, torch_dtype=str(dtype).removeprefix("torch."))
-    config.update(special_ids(eod_id, cfg.model.vocab_size))
-    extra.update(tokenizer_extras(extra, eod_id, cfg.model.seq_length))
-    generation = {**special_ids(eod_id, cfg.model.vocab_size)}
+    config.update(special_ids(tok.eod_id, vocab, tokens))
+    extra.update(tokenizer_extras(extra, tok.eod_id, cfg.model.seq_length, tok.data_config))
+    generation = generation_ids(tok.eod_id, vocab, tokens)
     extra[GENERATION_CONFIG] = (json.dumps(generation, indent=2, sort_keys=True) + "\n").encode()
     metadata = {"llmtrain_run": run_dir.name, "llmtrain_step": str(step_done)}
     # Written beside, then renamed into place without replacing anything that appeared meanwhile;
@@ -260,7 +380,7 @@ def export_hf(
         checkpoint=checkpoint,
         architecture=architecture,
         parameters=sum(int(v.numel()) for v in tensors.values()),
-        tokenizer=tokenizer,
+        tokenizer=tok.description,
         files=sorted(p.name for p in out.iterdir()),
     )
 

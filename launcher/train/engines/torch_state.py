@@ -56,9 +56,54 @@ SCALER_FILE = "loss_scaler.json"
 ZERO1_OPTIM_FILE = "zero1_optim_rank{rank}.pt"
 
 
-def model_arg(parts: list[nn.Module]) -> Any:
-    """The model as DCP's state-dict helpers take it: the module, or the list of pipeline chunks."""
-    return parts[0] if len(parts) == 1 else parts
+def model_arg(parts: list[nn.Module]) -> nn.Module:
+    """The model as DCP's state-dict helpers take it (one ``nn.Module``): the module, or the
+    pipeline chunks of this rank in an ``nn.ModuleList``, whose keys ``chunk_keys`` maps back."""
+    return parts[0] if len(parts) == 1 else nn.ModuleList(parts)
+
+
+# The flattened optimizer state (flatten_optimizer_state_dict=True) names each entry
+# "state.<fqn>.<key>" or "param_groups.<fqn>.<key>" (torch.distributed.checkpoint.state_dict,
+# _flatten_optim_state_dict); the model state names it "<fqn>".
+_OPTIM_SECTIONS = ("state.", "param_groups.")
+
+
+def _own_name(key: str) -> str:
+    """A key of the ModuleList of chunks without the chunk index it prefixes to the FQN."""
+    for section in _OPTIM_SECTIONS:
+        if key.startswith(section):
+            return section + key[len(section) :].split(".", 1)[1]
+    return key.split(".", 1)[1]
+
+
+def chunk_keys(
+    parts: list[nn.Module], state: dict[str, dict[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """`state` ({"model": ..., "optim": ...} of ``model_arg(parts)``) under the model's own names,
+    and the map back to the ModuleList's keys. Several pipeline chunks merge into one state per
+    rank, as torchtitan's ``ModelWrapper`` / ``OptimizersContainer`` merge theirs
+    (torchtitan/components/checkpoint.py): the checkpoint holds the model's own parameter names
+    (what ``launcher.train.consolidate`` reads back), whatever the pipeline split."""
+    if len(parts) == 1:
+        return state, {}
+    merged: dict[str, dict[str, Any]] = {}
+    back: dict[str, str] = {}
+    for part, entries in state.items():
+        merged[part] = {}
+        for key, value in entries.items():
+            own = _own_name(key)
+            if own in merged[part]:  # chunks hold disjoint layers; a shared entry has no owner
+                raise TorchEngineError(f"pipeline chunks share the {part} entry {own!r}")
+            merged[part][own] = value
+            back[f"{part}/{own}"] = key
+    return merged, back
+
+
+def _chunk_entries(state: dict[str, Any], part: str, back: dict[str, str]) -> dict[str, Any]:
+    """The `part` entries of a merged state under the ModuleList's keys again (``chunk_keys``)."""
+    if not back:
+        return state
+    return {back[f"{part}/{key}"]: value for key, value in state.items()}
 
 
 def state_options(parts: list[nn.Module]) -> StateDictOptions:
@@ -67,18 +112,29 @@ def state_options(parts: list[nn.Module]) -> StateDictOptions:
     return TRAINABLE_OPTIONS if frozen else STATE_OPTIONS
 
 
-def engine_state(parts: list[nn.Module], optimizer: Optimizer, fp8_fsdp: bool) -> dict[str, Any]:
-    """The model and optimizer state dicts DCP saves and loads in place (flattened optimizer
-    state, as pipeline resumes need; see platform notes)."""
+def _engine_state(
+    parts: list[nn.Module], optimizer: Optimizer, fp8_fsdp: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``engine_state`` and the map from its keys back to those of ``model_arg(parts)``."""
     model = model_arg(parts)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         # DCP does not know ZeroRedundancyOptimizer: the model goes through DCP, each rank's
         # optimizer shard into its own file (_save_extra).
-        return {"model": get_model_state_dict(model, options=state_options(parts))}
+        model_only = {"model": get_model_state_dict(model, options=state_options(parts))}
+        return chunk_keys(parts, model_only)
+    # One optimizer over every chunk of the rank: its flattened state names each parameter by
+    # the same FQN as the model state.
     model_sd, optim_sd = get_state_dict(model, optimizer, options=state_options(parts))
     if fp8_fsdp:  # plain tensors in place of torchao's fp8 all-gather wrapper
         model_sd, optim_sd = fp8.plain_tensors(model_sd), fp8.plain_tensors(optim_sd)
-    return {"model": model_sd, "optim": optim_sd}
+    return chunk_keys(parts, {"model": model_sd, "optim": optim_sd})
+
+
+def engine_state(parts: list[nn.Module], optimizer: Optimizer, fp8_fsdp: bool) -> dict[str, Any]:
+    """The model and optimizer state dicts DCP saves and loads in place (flattened optimizer
+    state, as pipeline resumes need; see platform notes), keyed by the model's own parameter
+    names whether this rank holds the whole model or several pipeline chunks."""
+    return _engine_state(parts, optimizer, fp8_fsdp)[0]
 
 
 def save_extra(
@@ -139,7 +195,7 @@ def load_state(
     manifest); never unpickles code (see ``safe_load``; the ZeRO-1 shard and the scaler are
     read weights-only and as JSON)."""
     directory = Path(directory)
-    state = engine_state(parts, optimizer, fp8_fsdp)
+    state, back = _engine_state(parts, optimizer, fp8_fsdp)
     tensors, others = split_non_tensor_state(state)
     saved = read_non_tensor_state(directory, files)
     try:
@@ -158,7 +214,8 @@ def load_state(
         for key, value in tensors[part].items():
             state[part][key] = value
     if isinstance(optimizer, ZeroRedundancyOptimizer):
-        set_model_state_dict(model_arg(parts), state["model"], options=state_options(parts))
+        model_sd = _chunk_entries(state["model"], "model", back)
+        set_model_state_dict(model_arg(parts), model_sd, options=state_options(parts))
         shard = directory / ZERO1_OPTIM_FILE.format(rank=dist.get_rank())
         data = io.BytesIO(files.read(shard))
         optimizer.optim.load_state_dict(torch.load(data, weights_only=True))
@@ -166,8 +223,8 @@ def load_state(
         set_state_dict(
             model_arg(parts),
             optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+            model_state_dict=_chunk_entries(state["model"], "model", back),
+            optim_state_dict=_chunk_entries(state["optim"], "optim", back),
             options=state_options(parts),
         )
     if scaler is not None:
