@@ -18,9 +18,12 @@ Megatron-LM needs to run on plain PyTorch (megatron/training/arguments.py, core_
 --transformer-impl local; --no-gradient-accumulation-fusion (the fused weight-gradient GEMM is
 Apex's / TE's); --no-persist-layer-norm (the local spec's torch norm asserts it off);
 --no-masked-softmax-fusion and --no-rope-fusion (Apex / TE kernels); and --spec
-bench.mcore_sdpa_spec layer_spec: Megatron-Core's own local layer spec with PyTorch's fused
-attention in place of its unfused DotProductAttention (which would keep the s x s scores that no
-production run keeps; bench/mcore_sdpa_spec.py says why). The plan is asked with
+bench.mcore_without_te layer_spec, which stands in for Transformer Engine where it matters for
+memory (bench/mcore_without_te.py says why): Megatron-Core's own local layer spec with PyTorch's
+fused attention in place of its unfused DotProductAttention (which would keep the s x s scores
+that no production run keeps), and torch.optim.AdamW, Megatron-Core's fallback optimizer, made
+fused (in place, as Transformer Engine's FusedAdam; the multi-tensor default would add
+temporaries the size of the fp32 parameters). The plan is asked with
 backend.attention_kernel=sdpa accordingly. The bias-SwiGLU fusion stays on (Megatron-Core's own
 torch.compile'd function, what plan prices). For the measurement: --log-interval 1 and
 --log-memory-interval 1 (Megatron-LM prints "memory (MB) | allocated: ... | max allocated: ..."
@@ -77,7 +80,7 @@ CASES = {"none": "train.recompute=none", "selective": "train.recompute=selective
 # What Megatron-LM needs on plain PyTorch, and what it prints for the measurement (docstring).
 EXTRA_ARGS = [
     "--transformer-impl", "local",
-    "--spec", "bench.mcore_sdpa_spec", "layer_spec",
+    "--spec", "bench.mcore_without_te", "layer_spec",
     "--no-gradient-accumulation-fusion",
     "--no-persist-layer-norm",
     "--no-masked-softmax-fusion",
@@ -259,7 +262,7 @@ def check_args(args: list[str], megatron: Path) -> None:
     validate_args(parsed)
     wanted = {
         "transformer_impl": "local",
-        "spec": ["bench.mcore_sdpa_spec", "layer_spec"],
+        "spec": ["bench.mcore_without_te", "layer_spec"],
         "gradient_accumulation_fusion": False,
         "no_persist_layer_norm": True,
         "masked_softmax_fusion": False,

@@ -1,17 +1,22 @@
-"""A Megatron-Core GPT layer spec for a GPU without Transformer Engine or Apex: Megatron-Core's own
-local spec (megatron/core/models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec, core_v0.16.1)
-with its core attention replaced by PyTorch's fused scaled_dot_product_attention.
+"""What stands in for Transformer Engine when Megatron-LM runs on plain PyTorch (a GPU image without
+Transformer Engine or Apex), for bench/gpu_megatron_memory.py. Imported by the ranks only, through
+``--spec bench.mcore_without_te layer_spec`` (megatron/core/transformer/spec_utils.py import_module
+takes the module attribute as is, so all of this happens when the module is imported: in
+gpt_builder, after Megatron parsed its arguments and before it builds the optimizer). Needs
+megatron-core 0.16.1; never imported by llmtrain.
 
-Why: the local spec's DotProductAttention materializes the [b, heads, s, s] scores (softmax in
-fp32, kept for the backward), which no production Megatron run does; Transformer Engine's fused
-attention keeps q, k, v, the output and the fp32 log-sum-exp, and so do PyTorch's flash /
-cuDNN / memory-efficient kernels. With this spec bench/gpu_megatron_memory.py measures a memory
-profile the planner's Megatron-Core model (launcher/plan/mcore_activations.py) describes.
-
-Used by Megatron-LM's pretrain_gpt.py as ``--spec bench.mcore_sdpa_spec layer_spec``
-(megatron/core/transformer/spec_utils.py import_module takes the module attribute as is, so the
-spec is built when this module is imported: in gpt_builder, after Megatron parsed its arguments).
-Needs megatron-core; imported by the ranks only, never by llmtrain.
+- The layer spec: Megatron-Core's own local spec (megatron/core/models/gpt/gpt_layer_specs.py
+  get_gpt_layer_local_spec, core_v0.16.1) with its core attention replaced by PyTorch's fused
+  scaled_dot_product_attention. The local DotProductAttention materializes the [b, heads, s, s]
+  scores (softmax in fp32, kept for the backward), which no production Megatron run does;
+  Transformer Engine's fused attention keeps q, k, v, the output and the fp32 log-sum-exp, and so
+  do PyTorch's flash / cuDNN / memory-efficient kernels.
+- The optimizer: without Transformer Engine or Apex, Megatron-Core falls back to
+  torch.optim.AdamW (megatron/core/optimizer/__init__.py, USING_PYTORCH_OPTIMIZER), whose default
+  multi-tensor implementation allocates temporaries as large as the fp32 parameters at each step;
+  Transformer Engine's FusedAdam, which Megatron-Core uses when it is there, updates in place.
+  torch.optim.AdamW is made fused=True (one in-place kernel) for these ranks, so the measured peak
+  is not an artifact of the missing Transformer Engine.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ _FUSED = (
     torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
     torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
 )
+TAG = "mcore_without_te"
 # Whether the fused kernels take grouped-query attention natively (enable_gqa); None: not tried.
 _native_gqa: bool | None = None
 
@@ -48,11 +54,11 @@ def _attend(
                 )
             except RuntimeError as exc:  # no fused kernel takes enable_gqa for this shape
                 if _native_gqa is None:
-                    print(f"mcore_sdpa_spec: enable_gqa refused ({exc}); repeating k, v")
+                    print(f"{TAG}: enable_gqa refused ({exc}); repeating k, v")
                 _native_gqa = False
             else:
                 if _native_gqa is None:
-                    print("mcore_sdpa_spec: fused attention with native grouped-query heads")
+                    print(f"{TAG}: fused attention with native grouped-query heads")
                 _native_gqa = True
                 return out
         if groups > 1:
@@ -69,9 +75,9 @@ class SdpaAttention(DotProductAttention):
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         if self.softmax_offset is not None:
-            raise ValueError("mcore_sdpa_spec: only softmax_type vanilla is supported")
+            raise ValueError(f"{TAG}: only softmax_type vanilla is supported")
         if self.config.window_size is not None:
-            raise ValueError("mcore_sdpa_spec: window attention is not supported")
+            raise ValueError(f"{TAG}: window attention is not supported")
 
     def forward(  # type: ignore[no-untyped-def, override]
         self,
@@ -85,10 +91,10 @@ class SdpaAttention(DotProductAttention):
     ):
         """query [sq, b, np, hn], key / value [sk, b, ng, hn] -> [sq, b, np * hn]."""
         if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("mcore_sdpa_spec: packed sequences and attention bias unsupported")
+            raise ValueError(f"{TAG}: packed sequences and attention bias unsupported")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         if mask_type != AttnMaskType.causal:
-            raise ValueError(f"mcore_sdpa_spec: causal attention only, not {mask_type}")
+            raise ValueError(f"{TAG}: causal attention only, not {mask_type}")
         # The causal mask is implied (is_causal): `attention_mask` is the dataloader's causal one.
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         dropout = self.attention_dropout.p if self.training else 0.0
@@ -112,4 +118,20 @@ def _normalization() -> str:
         return "RMSNorm"
 
 
+class FusedAdamW(torch.optim.AdamW):
+    """torch.optim.AdamW with fused=True unless the caller chose (module docstring)."""
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("foreach") is None:
+            kwargs.setdefault("fused", True)
+        super().__init__(*args, **kwargs)
+
+
+def use_fused_adamw() -> None:
+    if not issubclass(torch.optim.AdamW, FusedAdamW):
+        torch.optim.AdamW = FusedAdamW  # type: ignore[misc]
+        print(f"{TAG}: torch.optim.AdamW is fused (in place of Transformer Engine's FusedAdam)")
+
+
 layer_spec = build_layer_spec(_normalization())
+use_fused_adamw()
