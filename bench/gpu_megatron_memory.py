@@ -27,8 +27,10 @@ temporaries the size of the fp32 parameters). The plan is asked with
 backend.attention_kernel=sdpa accordingly. The bias-SwiGLU fusion stays on (Megatron-Core's own
 torch.compile'd function, what plan prices). For the measurement: --log-interval 1 and
 --log-memory-interval 1 (Megatron-LM prints "memory (MB) | allocated: ... | max allocated: ..."
-after every iteration: training.py training_log, utils.py report_memory), --ckpt-format torch and
---no-create-attention-mask-in-dataloader (the causal mask is implied).
+after every iteration: training.py training_log, utils.py report_memory);
+--no-create-attention-mask-in-dataloader (the causal mask is implied); --ckpt-format torch,
+--no-save-optim and --no-save-rng (Megatron-LM always writes a final checkpoint with the --save
+llmtrain renders: weights only keeps that to seconds).
 
 Measured: the largest "max allocated" Megatron-LM printed (torch.cuda.max_memory_allocated, MiB;
 the peak of the whole run) and the median "elapsed time per iteration (ms)" after --warmup
@@ -40,8 +42,8 @@ launcher/plan/mcore_activations.py, is expected within 10% on its first check; s
 reported, not gated, as the plan's time model is calibrated for Transformer Engine's kernels),
 or a run failed or printed no figures; 2 for bad arguments or no CUDA GPU (without --dry-run).
 Results go to stdout as a table and, one JSON object per case, to --json or $OUT/
-gpu_megatron_memory.jsonl when $OUT is set. The checkpoint Megatron-LM writes at the end of each
-run is deleted once the figures are read.
+gpu_megatron_memory.jsonl when $OUT is set (with each run's torchrun.log as
+$OUT/torchrun-CASE.log). The checkpoint of each run is deleted once its figures are read.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ EXTRA_ARGS = [
     "--no-rope-fusion",
     "--no-create-attention-mask-in-dataloader",
     "--ckpt-format", "torch",
+    "--no-save-optim",
+    "--no-save-rng",
     "--log-interval", "1",
     "--log-memory-interval", "1",
 ]  # fmt: skip
@@ -197,6 +201,8 @@ def run_case(case: str, opts: argparse.Namespace, cluster: str) -> dict[str, Any
     row["measured"] = meas
     if run_dir is not None:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    if text and os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / f"torchrun-{case}.log").write_text(text)
     if meas["peak_allocated_bytes"] is None and not problem:
         problem = "the run printed no Megatron-LM memory report"
     if problem:
@@ -271,6 +277,7 @@ def check_args(args: list[str], megatron: Path) -> None:
         "log_interval": 1,
         "log_memory_interval": 1,
         "mock_data": True,
+        "no_save_optim": True,
         "num_query_groups": 8,
         "seq_length": 4096,
     }
