@@ -34,8 +34,8 @@ llmtrain renders: weights only keeps that to seconds).
 
 Measured: the largest "max allocated" Megatron-LM printed (torch.cuda.max_memory_allocated, MiB;
 the peak of the whole run) and the median "elapsed time per iteration (ms)" after --warmup
-iterations, both from the run's torchrun.log. Predicted: `launcher.plan.planner.make_plan` on the
-same overrides, in this process (the heaviest GPU's allocated bytes, the step time).
+iterations, both from the run's logs/torchrun.log. Predicted: `launcher.plan.planner.make_plan`
+on the same overrides, in this process (the heaviest GPU's allocated bytes, the step time).
 Error = predicted / measured - 1. The exit status gates on memory only: 1 when a case's
 |error| exceeds --limit (default 0.10: the planner's tensor-by-tensor Megatron-Core model,
 launcher/plan/mcore_activations.py, is expected within 10% on its first check; step time is
@@ -72,6 +72,7 @@ from launcher.config.compose import compose_config  # noqa: E402
 from launcher.config.run_config import override_value  # noqa: E402
 from launcher.plan.planner import make_plan  # noqa: E402
 from launcher.render.megatron_launch import ENTRY, megatron_run_args  # noqa: E402
+from launcher.rundir import RunDir  # noqa: E402
 
 MIB = 2**20
 LIMIT = 0.10
@@ -195,7 +196,7 @@ def run_case(case: str, opts: argparse.Namespace, cluster: str) -> dict[str, Any
     run_dir, problem = launch(args, opts.root_dir.parent)
     row["wall_s"] = round(time.monotonic() - started, 1)
     row["run_dir"] = str(run_dir) if run_dir else None
-    log = run_dir / "torchrun.log" if run_dir else None
+    log = RunDir(run_dir).torchrun_log if run_dir else None
     text = log.read_text(errors="replace") if log and log.is_file() else ""
     meas = parse_log(text, opts.warmup)
     row["measured"] = meas
