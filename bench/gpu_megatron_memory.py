@@ -260,13 +260,19 @@ def check_args(args: list[str], megatron: Path) -> None:
     saved = sys.argv
     sys.argv = [str(megatron / ENTRY), *argv]
     try:
-        from megatron.training.arguments import parse_args, validate_args
+        from megatron.training.arguments import (
+            core_transformer_config_from_args,
+            parse_args,
+            validate_args,
+        )
 
         parsed = parse_args()
     finally:
         sys.argv = saved
     parsed.rank, parsed.world_size = 0, 1
     validate_args(parsed)
+    # The TransformerConfig pretrain_gpt.py builds from them (its __post_init__ checks).
+    config = core_transformer_config_from_args(parsed)
     wanted = {
         "transformer_impl": "local",
         "spec": ["bench.mcore_without_te", "layer_spec"],
@@ -285,6 +291,13 @@ def check_args(args: list[str], megatron: Path) -> None:
     wrong = {
         k: getattr(parsed, k, None) for k, v in wanted.items() if getattr(parsed, k, None) != v
     }
+    wrong.update(
+        {
+            f"config.{k}": getattr(config, k)
+            for k, v in {"transformer_impl": "local", "bias_activation_fusion": True}.items()
+            if getattr(config, k, None) != v
+        }
+    )
     if wrong:
         raise SystemExit(f"Megatron-LM parsed {wrong}, expected {wanted}")
     print(f"Megatron-LM's parser took the {len(argv)} rendered arguments: {' '.join(argv)}")
