@@ -101,6 +101,12 @@ EXTRA_ARGS = [
 MEMORY_LINE = re.compile(
     r"\(after \d+ iterations\) memory \(MB\) \| allocated: ([\d.]+) \| max allocated: ([\d.]+)"
 )
+# Megatron-LM's own estimate (training/theoretical_memory_usage.py, printed with the first memory
+# report; MB there is 2**20 bytes): shown beside the plan's, not gated.
+THEORETICAL_LINE = re.compile(
+    r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB, activation=([\d.]+) MB, "
+    r"total=([\d.]+) MB"
+)
 ITERATION_LINE = re.compile(
     r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
 )
@@ -136,8 +142,10 @@ def parse_log(text: str, warmup: int) -> dict[str, Any]:
     peaks = [float(m.group(2)) for m in MEMORY_LINE.finditer(text)]
     times = {int(m.group(1)): float(m.group(2)) for m in ITERATION_LINE.finditer(text)}
     steady = [ms for it, ms in sorted(times.items()) if it > warmup]
+    theory = THEORETICAL_LINE.search(text)
     return {
         "peak_allocated_bytes": max(peaks) * MIB if peaks else None,
+        "megatron_theoretical_bytes": float(theory.group(3)) * MIB if theory else None,
         "step_s": statistics.median(steady) / 1000.0 if steady else None,
         "iterations_logged": len(times),
         "iterations_timed": len(steady),
@@ -234,6 +242,7 @@ def show_row(row: dict[str, Any]) -> str:
         f"{row['case']:<10} peak allocated plan {gib(p['peak_allocated_bytes'])} measured "
         f"{gib(m['peak_allocated_bytes'])} error {pct(row['memory_error'])} | step plan "
         f"{sec(p['step_s'])} measured {sec(m['step_s'])} error {pct(row['step_error'])} | "
+        f"Megatron's own estimate {gib(m.get('megatron_theoretical_bytes'))} | "
         + ("ok" if row["ok"] else "MISS" if row["memory_error"] is not None else "FAILED")
     )
 
