@@ -78,7 +78,7 @@ MIB = 2**20
 LIMIT = 0.10
 WARMUP = 3
 STEPS = 10
-RUN_TIMEOUT_S = 170  # per case; two cases fit a 6-minute device slot
+RUN_TIMEOUT_S = 165  # per case; two fit the 6-minute device slot with the install
 CASES = {"none": "train.recompute=none", "selective": "train.recompute=selective"}
 # What Megatron-LM needs on plain PyTorch, and what it prints for the measurement (docstring).
 EXTRA_ARGS = [
@@ -366,15 +366,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     opts.root_dir.mkdir(parents=True, exist_ok=True)
     print(f"GPU: {gpu[0]} ({gpu[1] / 2**30:.1f} GiB) as cluster={cluster}", flush=True)
-    rows = [run_case(case, opts, cluster) for case in opts.case_list]
     out = opts.json or (
         str(Path(os.environ["OUT"]) / "gpu_megatron_memory.jsonl")
         if os.environ.get("OUT")
         else None
     )
     if out:
-        with open(out, "w") as f:
-            for row in rows:
+        Path(out).write_text("")
+    rows = []
+    for case in opts.case_list:
+        row = run_case(case, opts, cluster)
+        rows.append(row)
+        # Each case as it ends: an outer timeout still leaves the finished ones.
+        print(show_row(row), flush=True)
+        if out:
+            with open(out, "a") as f:
                 f.write(json.dumps({"gpu": gpu[0], **row}) + "\n")
     print(
         f"\nMegatron-LM core_v0.16.1 on {gpu[0]} vs `llmtrain plan` "
