@@ -362,6 +362,11 @@ def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = 
     me = os.getpid()
     # The ranks check that torchrun is still this process's child (launcher.orphans).
     env = {**os.environ, **prepared.env, **prepared.secrets, LAUNCHER_PID_ENV: str(me)}
+    inherited = os.environ.get("PYTHONPATH")
+    if inherited and "PYTHONPATH" in prepared.env:
+        # The backend's checkout first, then this environment's own path (e.g. megatron-core
+        # installed with pip --target), which the checkout alone would hide.
+        env["PYTHONPATH"] = os.pathsep.join([prepared.env["PYTHONPATH"], inherited])
     if prepared.lock is not None:  # every rank checks the lock is still ours before a checkpoint
         env.update(prepared.lock.identity_env())
     try:

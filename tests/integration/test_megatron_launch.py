@@ -99,7 +99,11 @@ def test_run_launches_pretrain_gpt_under_torchrun(tmp_path: Path, megatron_dir: 
     work = tmp_path / "work"
     work.mkdir()
     overrides = [*OVERRIDES, f"backend.megatron_path={megatron_dir}"]
-    done = llmtrain(work, "run", *overrides, env=FAKE_GPUS, timeout=300)
+    # A PYTHONPATH of its own (megatron-core installed with pip --target) stays after the checkout.
+    site = tmp_path / "site"
+    done = llmtrain(
+        work, "run", *overrides, env={**FAKE_GPUS, "PYTHONPATH": str(site)}, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = only_run_dir(work)
     cfg = compose_config(overrides).config
@@ -112,7 +116,7 @@ def test_run_launches_pretrain_gpt_under_torchrun(tmp_path: Path, megatron_dir: 
         assert isinstance(env, dict)
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
         assert env["MASTER_ADDR"] and env["MASTER_PORT"]  # torchrun's rendezvous
-        assert env["PYTHONPATH"] == str(megatron_dir)
+        assert env["PYTHONPATH"] == f"{megatron_dir}:{site}"
         assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # Megatron-LM with tp > 1
     argv = records[0]["argv"]
     assert isinstance(argv, list)
