@@ -122,7 +122,11 @@ def _data_args(cfg: LLMTrainConfig, data: MegatronData | None, run_dir: str | No
     if t.eval_every:
         args += ["--eval-interval", str(t.eval_every), "--eval-iters", str(t.eval_steps)]
     else:
-        args += ["--eval-iters", "0"]
+        # No evaluation. Megatron-Core 0.16's get_train_valid_test_num_samples divides
+        # train_iters by eval_interval (default None: a TypeError before the first step), so an
+        # interval is given too; with --eval-iters 0 it never evaluates (measured on one H200,
+        # core_v0.16.1's pretrain_gpt.py).
+        args += ["--eval-iters", "0", "--eval-interval", str(derive_layout(cfg).steps)]
     return args
 
 

@@ -41,6 +41,7 @@ exec /opt/llmtrain/venv/bin/python -m torch.distributed.run \
     --load /scratch/runs/deepseek-v3-megatron/checkpoints \
     --exit-signal-handler \
     --eval-iters 0 \
+    --eval-interval 235240 \
     --swiglu \
     --normalization RMSNorm \
     --position-embedding-type rope \
