@@ -912,9 +912,10 @@ def stage_not_coexisting(
     params = max(1.0, states.params)
     grads_per_param = states.gradients / params
     tied = m.tie_embeddings
-    vocab = m.vocab_size * m.hidden_size / max(1, layout.tp)
-    embedding = shape.embedding_params() / max(1, layout.tp)
-    head = shape.output_params() / max(1, layout.tp) + (vocab if tied else 0.0)
+    vocab_tp = backend_of(cfg).vocab_split(max(1, layout.tp))
+    vocab = m.vocab_size * m.hidden_size / vocab_tp
+    embedding = shape.embedding_params() / vocab_tp
+    head = shape.output_params() / vocab_tp + (vocab if tied else 0.0)
     finetuned = finetune.is_finetune(cfg)
     # torch.autocast (no FSDP): the parameters are fp32 and `weights` is the compute-dtype copies
     # autocast makes for each matmul, saved for its backward and freed with it (the cast cache is
@@ -939,14 +940,16 @@ def stage_not_coexisting(
         grads_embedding = grads_per_param * (embedding - (vocab if tied else 0.0))
     grads_layers = states.gradients - grads_head - grads_embedding
     tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
-    act = float(DTYPE_BYTES[p.compute_dtype])
-    logits_grad = tokens * m.vocab_size * act / backend_of(cfg).vocab_split(max(1, layout.tp))
+    logits_grad = tokens * m.vocab_size * compute / vocab_tp
+    # A trained output layer's weight gradient in the compute dtype, before autocast's cast
+    # back to the fp32 parameter's dtype (a frozen one makes none).
+    head_weight_grad = compute * vocab if copies_in_weights else 0.0
     nodes = [
         BackwardNode(grads=0.0, freed=0.0, transient=parts.head),
         BackwardNode(
             grads=grads_head,
             freed=copies_head,
-            transient=logits_grad + copy_bytes * vocab,
+            transient=logits_grad + head_weight_grad,
         ),
         *layer_backward(
             layout.stage_layers[stage], parts.kept, grads_layers, copies_layers, parts.transient
