@@ -11,6 +11,8 @@ Everything is in bytes. The buckets:
   (``schedule.chunk_microbatches_in_flight``), plus
   the fp32 logits and loss on the last stage;
 - buffers: gradient reduce / parameter all-gather buckets, ZeRO-3 gathered layers, pipeline p2p;
+- liveness: the buckets are summed, except where the engine makes gradients during the backward
+  as it frees the activations (plan/grad_liveness.py; ``stage_not_coexisting``);
 - overhead: CUDA context and NCCL, from the hardware catalog. torch does not count it: `allocated`
   and `reserved` below are what torch.cuda.max_memory_allocated / max_memory_reserved report, and
   the  GPU must hold reserved + overhead.
