@@ -11,6 +11,8 @@ Everything is in bytes. The buckets:
   (``schedule.chunk_microbatches_in_flight``), plus
   the fp32 logits and loss on the last stage;
 - buffers: gradient reduce / parameter all-gather buckets, ZeRO-3 gathered layers, pipeline p2p;
+- liveness: the buckets are summed, except where the engine makes gradients during the backward
+  as it frees the activations (plan/grad_liveness.py; ``stage_not_coexisting``);
 - overhead: CUDA context and NCCL, from the hardware catalog. torch does not count it: `allocated`
   and `reserved` below are what torch.cuda.max_memory_allocated / max_memory_reserved report, and
   the  GPU must hold reserved + overhead.
@@ -51,6 +53,13 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES as DTYPE_BYTES  # re-exported
 from launcher.plan.fitted import constants
+from launcher.plan.grad_liveness import (
+    BackwardNode,
+    backward_peak,
+    layer_backward,
+    lazy_gradients,
+    reserved_reuses_activations,
+)
 from launcher.plan.mcore_activations import applies as mcore_applies
 from launcher.plan.mcore_activations import layer_activations as mcore_layer_activations
 from launcher.plan.model_shape import ModelShape
@@ -487,15 +496,23 @@ class StageMemory:
     host_bytes: float
     fragmentation: float = FRAGMENTATION
     capacity: float = 0.0  # device memory (0: unknown, no cap on reserved_observed)
+    # What the buckets' sum counts twice because they are never live together: gradients created
+    # during the backward as the activations are freed (plan/grad_liveness.py; 0 elsewhere).
+    not_coexisting: float = 0.0
+    # The share of it the caching allocator can serve from the same cached blocks: all of it when
+    # the gradients are allocated on the stream that freed the activations, none when they come
+    # from another stream's pool (grad_liveness.reserved_reuses_activations).
+    reused: float = 0.0
 
     @property
     def allocated(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+        total = self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+        return total - self.not_coexisting
 
     @property
     def reserved(self) -> float:
         """What the caching allocator would reserve with no capacity limit (the fit verdict)."""
-        return self.allocated * self.fragmentation
+        return (self.allocated + self.not_coexisting - self.reused) * self.fragmentation
 
     @property
     def reserved_observed(self) -> float:
@@ -651,7 +668,25 @@ def _finetune_states(
 
 
 def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[float, int]:
-    """(activation bytes, chunk-micro-batches in flight) of one GPU of `stage` at its peak.
+    """(activation bytes, chunk-micro-batches in flight) of one GPU of `stage` at its peak."""
+    parts = activation_parts(cfg, layout, stage)
+    return parts.kept + parts.transient + parts.head, parts.in_flight
+
+
+@dataclass(frozen=True)
+class ActivationParts:
+    """A stage's activations by how long they live: `kept` are stored by the layers until each
+    one's backward; `transient` exists once, for the layer being computed (recompute, the cp ring,
+    the MoE dispatcher); `head` is the logits and loss (and MTP modules') peak on the last stage."""
+
+    kept: float
+    transient: float
+    head: float
+    in_flight: int
+
+
+def activation_parts(cfg: LLMTrainConfig, layout: Layout, stage: int) -> ActivationParts:
+    """The parts of ``stage_activations``.
 
     Reads the model and precision sections, the backend, parallel.sequence_parallel and
     pp_schedule, train.recompute, and the layout's micro-batch size, micro-batches, tp, cp, pp,
@@ -723,27 +758,30 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
         # backend.offload_modules (plan/mcore_activations.py): what is kept until the backward,
         # plus what recompute and offload bring back for the layer in its backward.
         layer = mcore_layer_activations(cfg, layout, moe_here)
-        activations = layer.kept * held + layer.transient
+        kept = layer.kept * held
+        transient = layer.transient
     else:
-        activations = per_layer(mode) * held
+        kept = per_layer(mode) * held
+        transient = 0.0
         if finetune.is_finetune(cfg) and mode != "full":
             # The adapters' rank-r intermediates (and dropout copies), kept like the layer's own.
             tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
             act = DTYPE_BYTES[cfg.precision.compute_dtype]
-            activations += held * finetune.adapter_activation_bytes(cfg, tokens, act)
+            kept += held * finetune.adapter_activation_bytes(cfg, tokens, act)
         if mode in ("full", "op"):
             # While a layer is recomputed for its backward its full activations exist once.
-            activations += per_layer("none")
+            transient += per_layer("none")
         elif mode == "core":
             # Only the attention core is rebuilt: what it does not keep (the log-sum-exp, or
             # eager attention's scores) exists once.
-            activations += per_layer("none") - per_layer("core")
+            transient += per_layer("none") - per_layer("core")
     # One layer's transient buffers: cp's K/V ring, the MoE dispatcher's.
-    activations += cp_ring_bytes(cfg, layout)
+    transient += cp_ring_bytes(cfg, layout)
     if moe_here:
-        activations += dispatcher_bytes(cfg, layout)
+        transient += dispatcher_bytes(cfg, layout)
+    head = 0.0
     if stage == layout.pp - 1:
-        activations += logits_bytes(cfg, layout)
+        head += logits_bytes(cfg, layout)
     if stage == mtp_stage(cfg.parallel.pipeline_layout, layout.pp, m.mtp_layers):
         # Each multi-token-prediction module: one more layer's activations for every micro-batch
         # in flight in its virtual stage (the stage's chunks in flight / vpp), and its own logits
@@ -756,9 +794,9 @@ def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[
             if mcore
             else per_layer(recompute_mode(cfg, mtp_moe), mtp_moe)
         )
-        activations += m.mtp_layers * mtp_held * mtp_layer
-        activations += m.mtp_layers * logits_bytes(cfg, layout)
-    return activations, in_flight
+        head += m.mtp_layers * mtp_held * mtp_layer
+        head += m.mtp_layers * logits_bytes(cfg, layout)
+    return ActivationParts(kept, transient, head, in_flight)
 
 
 def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
@@ -828,8 +866,11 @@ def assemble_stage(
     states: StageStates,
     activations: tuple[float, int],
     buffers: float,
+    not_coexisting: float = 0.0,
+    reused: bool = True,
 ) -> StageMemory:
-    """The StageMemory of `stage` (holding `layers` layers) from its three parts."""
+    """The StageMemory of `stage` (holding `layers` layers) from its three parts (and
+    ``stage_not_coexisting``'s correction of their sum)."""
     return StageMemory(
         stage=stage,
         layers=layers,
@@ -844,17 +885,99 @@ def assemble_stage(
         host_bytes=states.host_bytes,
         fragmentation=constants(hw.arch).fragmentation,
         capacity=float(hw.memory_bytes),
+        not_coexisting=not_coexisting,
+        reused=not_coexisting if reused else 0.0,
     )
 
 
+def stage_not_coexisting(
+    cfg: LLMTrainConfig, layout: Layout, stage: int, states: StageStates, buffers: float
+) -> float:
+    """Bytes by which the buckets' sum exceeds the true peak where the engine creates gradients
+    during the backward (plan/grad_liveness.py; 0 where they live in preallocated buffers).
+
+    The timeline of one step's backward (grad_liveness.backward_peak): what lives through it (the
+    optimizer states with the fp32 master, the buffers, the weights unless they are autocast's
+    copies), then the loss (its logits peak, ``logits_bytes``), the output layer (its gradient;
+    the compute-dtype gradients of the logits and, under autocast, of the weight before its cast
+    to fp32), the layers last to first (each frees its stored activations and its saved weight
+    copies and creates its gradients), the embedding (its gradient; tied, a new gradient summed
+    into the output layer's in place: AccumulateGrad adds to an existing .grad)."""
+    if layout.pp > 1 or layout.num_microbatches != 1 or not lazy_gradients(cfg, layout):
+        return 0.0
+    parts = activation_parts(cfg, layout, stage)
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    p = cfg.precision
+    total = states.weights + states.gradients + states.optimizer + buffers
+    total += parts.kept + parts.transient + parts.head
+    params = max(1.0, states.params)
+    grads_per_param = states.gradients / params
+    tied = m.tie_embeddings
+    vocab_tp = backend_of(cfg).vocab_split(max(1, layout.tp))
+    vocab = m.vocab_size * m.hidden_size / vocab_tp
+    embedding = shape.embedding_params() / vocab_tp
+    head = shape.output_params() / vocab_tp + (vocab if tied else 0.0)
+    finetuned = finetune.is_finetune(cfg)
+    # torch.autocast (no FSDP): the parameters are fp32 and `weights` is the compute-dtype copies
+    # autocast makes for each matmul, saved for its backward and freed with it (the cast cache is
+    # cleared when the forward leaves autocast; the engine's backward runs outside it). The
+    # embedding lookup runs on the fp32 table: no copy of it exists. FSDP's unsharded compute
+    # copies are buffers; fp8 copies are kept.
+    compute = float(DTYPE_BYTES[p.compute_dtype])
+    autocast = cfg.zero.stage < 2 and compute < 4.0 and not p.fp8
+    copies_in_weights = autocast and not finetuned and p.master_weights
+    # LoRA with its frozen base stored in fp32 (finetune.frozen_bytes: on the CPU): `weights`
+    # is that fp32 base, resident, and autocast's copies of it, which each frozen linear saves to
+    # compute its input's gradient, come on top of the buckets.
+    base_copies = autocast and finetuned and finetune.frozen_bytes(cfg) > compute
+    copy_bytes = compute if copies_in_weights or base_copies else 0.0
+    copies_head = copy_bytes * head
+    copies_layers = copy_bytes * (params - embedding - (head if not tied else head - vocab))
+    resident = states.optimizer + buffers + (0.0 if copies_in_weights else states.weights)
+    if finetuned:
+        grads_head = grads_embedding = 0.0
+    else:
+        grads_head = grads_per_param * head
+        grads_embedding = grads_per_param * (embedding - (vocab if tied else 0.0))
+    grads_layers = states.gradients - grads_head - grads_embedding
+    tokens = layout.micro_batch_size * m.seq_length / max(1, layout.cp)
+    logits_grad = tokens * m.vocab_size * compute / vocab_tp
+    # A trained output layer's weight gradient in the compute dtype, before autocast's cast
+    # back to the fp32 parameter's dtype (a frozen one makes none).
+    head_weight_grad = compute * vocab if copies_in_weights else 0.0
+    nodes = [
+        BackwardNode(grads=0.0, freed=0.0, transient=parts.head),
+        BackwardNode(
+            grads=grads_head,
+            freed=copies_head,
+            transient=logits_grad + head_weight_grad,
+        ),
+        *layer_backward(
+            layout.stage_layers[stage], parts.kept, grads_layers, copies_layers, parts.transient
+        ),
+        BackwardNode(
+            grads=grads_embedding,
+            freed=0.0,
+            transient=grads_per_param * vocab if tied and not finetuned else 0.0,
+        ),
+    ]
+    peak = resident + backward_peak(parts.kept + copies_head + copies_layers, nodes)
+    return total - peak
+
+
 def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int) -> StageMemory:
+    states = stage_states(cfg, layout, stage)
+    buffers = stage_buffers(cfg, layout)
     return assemble_stage(
         stage,
         layout.stage_layers[stage],
         hw,
-        stage_states(cfg, layout, stage),
+        states,
         stage_activations(cfg, layout, stage),
-        stage_buffers(cfg, layout),
+        buffers,
+        stage_not_coexisting(cfg, layout, stage, states, buffers),
+        reserved_reuses_activations(cfg),
     )
 
 

@@ -90,6 +90,7 @@ from launcher.config.pipeline_split import (
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.flops import FlopsPerToken, config_flops
+from launcher.plan.grad_liveness import reserved_reuses_activations
 from launcher.plan.memory import (
     HardwareView,
     MemoryPlan,
@@ -99,6 +100,7 @@ from launcher.plan.memory import (
     assemble_stage,
     stage_activations,
     stage_buffers,
+    stage_not_coexisting,
     stage_params,
     stage_states,
 )
@@ -986,7 +988,15 @@ class _Search:
             if act is None:
                 # Activations do not depend on the ZeRO stage: the group's configuration will do.
                 act = self._acts[akey] = stage_activations(base_cfg, layout, stage)
-            mem = assemble_stage(stage, layers[stage], self.hw, states[stage], act, buffers)
+            lazy, reused = 0.0, True
+            # Gradients made during the backward (plan/grad_liveness.py).
+            if layout.pp == 1 and layout.num_microbatches == 1:
+                cfg = cfg or with_zero()
+                lazy = stage_not_coexisting(cfg, layout, stage, states[stage], buffers)
+                reused = reserved_reuses_activations(cfg)
+            mem = assemble_stage(
+                stage, layers[stage], self.hw, states[stage], act, buffers, lazy, reused
+            )
             if mem.device_total > self.usable:
                 self.reject(MEMORY, 1)
                 return
@@ -1053,7 +1063,10 @@ class _Search:
             return stage_states(cfg, layout, s, self._params[pkey])
 
         def alone(s: int, st: StageStates) -> float:
-            return assemble_stage(s, layers[s], self.hw, st, (0.0, 0), 0.0).device_total
+            # Gradients made during the backward may never coexist with the rest (memory.
+            # stage_not_coexisting): leaving them out keeps the bound a lower bound.
+            lazy = st.gradients if layout.pp == 1 and layout.num_microbatches == 1 else 0.0
+            return assemble_stage(s, layers[s], self.hw, st, (0.0, 0), 0.0, lazy).device_total
 
         probe = {s: one(s) for s in {0, layout.pp - 1, layers.index(max(layers))}}
         bound = max(alone(s, st) for s, st in probe.items())

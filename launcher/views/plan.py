@@ -200,6 +200,9 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
     table.add_column("GiB", justify="right")
     for (name, _), value in zip(BUCKETS, _bucket_values(plan), strict=True):
         table.add_row(name, f"{value / GIB:.2f}")
+    if h.not_coexisting:
+        # plan/grad_liveness.py: gradients made during the backward as activations are freed.
+        table.add_row("never live together", f"{-h.not_coexisting / GIB:.2f}")
     table.add_row("allocated (torch)", f"{h.allocated / GIB:.2f}")
     table.add_row("reserved (torch)", f"{h.reserved / GIB:.2f}")
     table.add_row("device total", f"{h.device_total / GIB:.2f}")
