@@ -19,12 +19,12 @@ text, a conversation without an assistant message, an assistant message with emp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.data.documents import json_line
 from launcher.errors import UserError
 
 INPUT_FORMATS = ("chat", "instruct")
@@ -62,10 +62,7 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 if not line.strip():
                     continue
                 where = f"{path}:{number}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{where}: invalid JSON ({exc.msg})") from None
+                record = json_line(line, where)
                 if not isinstance(record, dict):
                     raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
                 yield where, record

@@ -127,6 +127,17 @@ def _text_of(record: Any, text_key: str, where: str) -> str:
     return value
 
 
+def json_line(line: str, where: str) -> Any:
+    """One JSON Lines record; UserError naming `where` (FILE:LINE) for invalid or too deeply
+    nested JSON (Python's parser recurses: a line of 2,000 '[' would raise RecursionError)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise UserError(f"{where}: invalid JSON (nested too deeply)") from None
+
+
 def _jsonl(path: Path, text_key: str) -> Iterator[str]:
     with open(path, encoding="utf-8") as f:
         number = 0
@@ -134,12 +145,7 @@ def _jsonl(path: Path, text_key: str) -> Iterator[str]:
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
-                except RecursionError:
-                    raise UserError(f"{path}:{number}: invalid JSON (nested too deeply)") from None
+                record = json_line(line, f"{path}:{number}")
                 yield _text_of(record, text_key, f"{path}:{number}")
         except UnicodeDecodeError:
             raise UserError(f"{path}:{number + 1}: not UTF-8 text") from None

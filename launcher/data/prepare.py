@@ -407,7 +407,7 @@ def detect_input_format(inputs: Sequence[Path], text_key: str = "text") -> str:
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 return "text"  # the text reader names the file and line
             if not isinstance(record, dict) or text_key in record:
                 return "text"

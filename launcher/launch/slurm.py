@@ -372,6 +372,10 @@ def log_files(target: Target) -> list[Path]:
                 files.append(Path(path.replace("%j", job)))
             elif target.run_dir is not None:
                 files.append(RunDir(target.run_dir).slurm_log(job, suffix))
+    if target.run_dir is not None:
+        # The ranks write to their own logs, never to the job's stdout: rank 0's holds the step
+        # lines and the summary (launcher.launch.console copies it to a terminal for local runs).
+        files.append(RunDir(target.run_dir).rank_log(0))
     return list(dict.fromkeys(files))
 
 

@@ -44,7 +44,9 @@ def test_a_deleted_lock_file_stops_its_holder_before_its_next_checkpoint(tmp_pat
             assert time.monotonic() < deadline, "the first run wrote no checkpoint"
             time.sleep(0.05)
         (run_dir / ".llmtrain.lock").unlink()  # a careless `rm` while it runs
-        second = llmtrain_run(tmp_path, [*ARGS, "train.steps=12"], timeout=300)
+        second = llmtrain_run(
+            tmp_path, [*ARGS, "train.steps=12", "--allow-config-change"], timeout=300
+        )
         assert second.returncode == 0, second.stderr[-3000:]
         # The first run stopped at its next checkpoint, at the latest: it never got to write
         # alongside the second one.

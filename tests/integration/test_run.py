@@ -200,7 +200,7 @@ def test_a_malicious_pickle_in_a_checkpoint_is_refused(tmp_path: Path, backend: 
     run_dir = only_run_dir(tmp_path)
     marker = tmp_path / "pwned"
     _plant(run_dir, marker)
-    resumed = llmtrain(tmp_path, *args, "train.steps=8")
+    resumed = llmtrain(tmp_path, *args, "train.steps=8", "--allow-config-change")
     assert resumed.returncode == 1, resumed.stderr[-3000:]
     assert "refused" in resumed.stderr.lower() or "not allowed" in resumed.stderr.lower()
     assert not marker.exists(), "the pickled payload ran"

@@ -22,6 +22,8 @@ from launcher.rundir import RunDir
 
 pytestmark = pytest.mark.unit
 
+ROOT = Path(__file__).resolve().parents[2]
+
 LLMTRAIN = str(Path(sys.executable).with_name("llmtrain"))
 
 
@@ -39,12 +41,9 @@ def bash_completes(words: list[str], cword: int, cwd: Path | None = None) -> lis
 
 def test_values_after_an_equals_sign_complete_as_bash_splits_them() -> None:
     # `llmtrain plan recipe=ll<Tab>`
-    assert bash_completes(["llmtrain", "plan", "recipe", "=", "ll"], 4) == [
-        "llama3-1b",
-        "llama3-405b",
-        "llama3-70b",
-        "llama3-8b",
-    ]
+    shipped = sorted(p.stem for p in (ROOT / "recipes").glob("ll*.yaml"))
+    assert {"llama3-1b", "llama3-405b", "llama3-70b", "llama3-8b"} <= set(shipped)
+    assert bash_completes(["llmtrain", "plan", "recipe", "=", "ll"], 4) == shipped
     # `cluster=h1<Tab>`: bare values (bash keeps `cluster=` and replaces `h1`)
     cluster = bash_completes(["llmtrain", "plan", "cluster", "=", "h1"], 4)
     assert "h100-80gb" in cluster and all(c.startswith("h1") for c in cluster)
@@ -115,8 +114,9 @@ def test_a_real_interactive_bash_completes_recipe_and_cluster(tmp_path: Path) ->
         keys = 'eval "$(_LLMTRAIN_COMPLETE=source_bash llmtrain)"; echo READY'
         subprocess.run([*tmux, "send-keys", "-t", "t", keys, "Enter"], check=True)
         assert "READY" in wait_for("\nREADY")
-        subprocess.run([*tmux, "send-keys", "-t", "t", "llmtrain plan recipe=llama3-7", "Tab"])
-        assert "recipe=llama3-70b" in wait_for("recipe=llama3-70b")
+        # a unique prefix (llama3-70b is also the start of llama3-70b-lora and -qlora)
+        subprocess.run([*tmux, "send-keys", "-t", "t", "llmtrain plan recipe=llama3-40", "Tab"])
+        assert "recipe=llama3-405b " in wait_for("recipe=llama3-405b ")
         subprocess.run([*tmux, "send-keys", "-t", "t", "cluster=h100-8", "Tab"])
         assert "cluster=h100-80gb" in wait_for("cluster=h100-80gb")
         # a key completes to `parallel.tp=` with no space after it: the value follows directly

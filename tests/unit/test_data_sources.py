@@ -36,7 +36,7 @@ def test_jsonl_json_and_text_documents_in_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"text": "ok"}\n{"txt": "oops"}\n', r"a\.jsonl:2: no 'text' field \(it has: txt\)"),
+        ('{"text": "ok"}\n{"txt": "oops"}\n', r"a\.jsonl:2: no 'text' field \(it has: 'txt'\)"),
         ('{"text": "ok"}\n{not json\n', r"a\.jsonl:2: invalid JSON"),
         ('{"text": 3}\n', r"'text' is int"),
     ],
