@@ -116,9 +116,10 @@ def test_a_real_interactive_bash_completes_recipe_and_cluster(tmp_path: Path) ->
         assert "READY" in wait_for("\nREADY")
         # a unique prefix (llama3-70b is also the start of llama3-70b-lora and -qlora)
         subprocess.run([*tmux, "send-keys", "-t", "t", "llmtrain plan recipe=llama3-40", "Tab"])
-        assert "recipe=llama3-405b " in wait_for("recipe=llama3-405b ")
+        assert "recipe=llama3-405b" in wait_for("recipe=llama3-405b")
         subprocess.run([*tmux, "send-keys", "-t", "t", "cluster=h100-8", "Tab"])
-        assert "cluster=h100-80gb" in wait_for("cluster=h100-80gb")
+        # the recipe completed with a space after it (tmux trims a line's trailing spaces)
+        assert "recipe=llama3-405b cluster=h100-80gb" in wait_for("cluster=h100-80gb")
         # a key completes to `parallel.tp=` with no space after it: the value follows directly
         subprocess.run([*tmux, "send-keys", "-t", "t", "parallel.t", "Tab"])
         wait_for("parallel.tp=")
