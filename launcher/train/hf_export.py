@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,28 +353,20 @@ def export_hf(
     generation = generation_ids(tok.eod_id, vocab, tokens)
     extra[GENERATION_CONFIG] = (json.dumps(generation, indent=2, sort_keys=True) + "\n").encode()
     metadata = {"llmtrain_run": run_dir.name, "llmtrain_step": str(step_done)}
-    # Written beside, then renamed into place without replacing anything that appeared meanwhile;
-    # --overwrite replaces only an earlier export (launcher.outputs).
-    staging = outputs.temporary_sibling(out)
-    try:
-        write_hf_folder(
-            staging / "model",
+    _install_staged(
+        lambda folder: write_hf_folder(
+            folder,
             tensors,
             config,
             max_shard_bytes=max_shard_bytes or DEFAULT_SHARD_BYTES,
             metadata=metadata,
             extra_files=extra,
-        )
-        outputs.install(
-            staging / "model",
-            out,
-            "--out",
-            COMMAND,
-            found,
-            extra={"run": str(run_dir.resolve()), "step": step_done},
-        )
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        ),
+        out,
+        found,
+        run_dir,
+        step_done,
+    )
     return ExportResult(
         out=out,
         step=step_done,
@@ -395,7 +388,6 @@ def _export_adapter(
     run_dir: Path,
 ) -> ExportResult:
     """`--adapter`: the adapters alone as a PEFT folder (launcher.train.lora_export)."""
-    from launcher import outputs
     from launcher.export.hf_layout import hf_architecture
     from launcher.train import lora_export
 
@@ -412,19 +404,13 @@ def _export_adapter(
             "merged model without --adapter"
         )
     adapters = lora_export.adapters_of(state, checkpoint)
-    staging = outputs.temporary_sibling(out)
-    try:
-        lora_export.write_adapter_folder(staging / "adapter", cfg, adapters)
-        outputs.install(
-            staging / "adapter",
-            out,
-            "--out",
-            COMMAND,
-            found,
-            extra={"run": str(run_dir.resolve()), "step": step_done},
-        )
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _install_staged(
+        lambda folder: lora_export.write_adapter_folder(folder, cfg, adapters),
+        out,
+        found,
+        run_dir,
+        step_done,
+    )
     return ExportResult(
         out=out,
         step=step_done,
@@ -434,3 +420,25 @@ def _export_adapter(
         tokenizer="none (the base model's)",
         files=sorted(p.name for p in out.iterdir()),
     )
+
+
+def _install_staged(
+    write: Callable[[Path], object], out: Path, found: str, run_dir: Path, step_done: int
+) -> None:
+    """`write` a folder beside `out`, then rename it into place without replacing anything that
+    appeared meanwhile; --overwrite replaces only an earlier export (launcher.outputs)."""
+    from launcher import outputs
+
+    staging = outputs.temporary_sibling(out)
+    try:
+        write(staging / "export")
+        outputs.install(
+            staging / "export",
+            out,
+            "--out",
+            COMMAND,
+            found,
+            extra={"run": str(run_dir.resolve()), "step": step_done},
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
