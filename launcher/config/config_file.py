@@ -27,6 +27,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from launcher import bounded_read
 from launcher.config.schema_keys import (
     BUDGET_PARTNER,
     groups,
@@ -67,10 +68,11 @@ def read_yaml_file(path: Path, what: str) -> tuple[dict[str, Any], str]:
             [f"{what}={path}: {info.st_size:,} bytes; a config file holds at most {MAX_BYTES:,}"]
         )
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        # The bounded reader opens without blocking and checks the opened file again: a FIFO
+        # swapped in after the stat above is refused, never waited on.
+        data = bounded_read.read_regular(path, MAX_BYTES, follow_symlinks=True)
         text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # FileRefused and UnicodeDecodeError are ValueErrors
         raise ConfigError([f"{what}={path}: cannot be read as UTF-8 text ({exc})"]) from None
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:

@@ -259,8 +259,9 @@ def cached_config(model_id: str, where: str) -> Path:
         if rev is None:
             ref = repo / "refs" / "main"
             try:
-                rev = ref.read_text(encoding="utf-8", errors="replace")[:200].strip()
-            except OSError:
+                data = bounded_read.read_regular(ref, 4096, follow_symlinks=True)
+                rev = data.decode("utf-8", errors="replace")[:200].strip()
+            except (OSError, ValueError):
                 found = sorted(p.name for p in snapshots.iterdir() if p.is_dir())
                 rev = found[0] if len(found) == 1 else None
         if rev is None or not re.fullmatch(r"[\w.-]+", rev) or rev in (".", ".."):

@@ -38,6 +38,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from launcher import bounded_read
 from launcher.errors import UserError
 
 # tokenizer_config.json's named special tokens (transformers' SPECIAL_TOKENS_ATTRIBUTES).
@@ -52,6 +53,15 @@ SPECIAL_TOKEN_NAMES = (
 )
 CONFIG_FILE = "tokenizer_config.json"
 _SENTINEL = "\ue000llmtrain-assistant-{}\ue001"
+
+
+# Tokenizer configs and templates are small; a larger file is not one (HF caches link to blobs).
+_MAX_FILE_BYTES = 16 << 20
+
+
+def _read_text(path: Path) -> str:
+    """A template file's text through the bounded reader (UnicodeDecodeError is a ValueError)."""
+    return bounded_read.read_regular(path, _MAX_FILE_BYTES, follow_symlinks=True).decode("utf-8")
 
 
 class TemplateRenderError(ValueError):
@@ -81,9 +91,11 @@ class ChatTemplate:
         Jinja file that replaces its chat_template (a named "default" one of a list is taken)."""
         config: dict[str, Any] = {}
         if path.is_file():
-            try:
-                config = json.loads(path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            try:  # bounded: a FIFO or /dev/zero in its place is refused, never waited on
+                config = bounded_read.read_json(
+                    path, max_bytes=_MAX_FILE_BYTES, follow_symlinks=True
+                )
+            except (OSError, ValueError) as exc:  # FileRefused is a ValueError
                 raise UserError(f"{path}: not valid JSON ({exc})") from None
             if not isinstance(config, dict):
                 raise UserError(f"{path}: expected a JSON object")
@@ -94,8 +106,8 @@ class ChatTemplate:
         }
         if template_file is not None:
             try:
-                source = template_file.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
+                source = _read_text(template_file)
+            except (OSError, ValueError) as exc:
                 raise UserError(
                     f"--chat-template {template_file}: cannot read it ({exc})"
                 ) from None
@@ -107,7 +119,11 @@ class ChatTemplate:
         if not isinstance(raw, str) or not raw.strip():
             jinja = path.parent / "chat_template.jinja"  # transformers 4.4x+ save it beside
             if jinja.is_file():
-                return cls(jinja.read_text(encoding="utf-8"), special, str(jinja))
+                try:
+                    text = _read_text(jinja)
+                except (OSError, ValueError) as exc:
+                    raise UserError(f"{jinja}: cannot read it ({exc})") from None
+                return cls(text, special, str(jinja))
             raise UserError(
                 f"no chat template: {path} has no chat_template"
                 + ("" if path.is_file() else " (the file does not exist)")

@@ -12,11 +12,11 @@ checkpoints of its own resumes from them instead (the trainer logs that init_fro
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from launcher import bounded_read
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 
 KEY = "train.init_from"
@@ -72,7 +72,13 @@ def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
     if (path / SINGLE_FILE).is_file():
         files = [path / SINGLE_FILE]
     elif (path / INDEX_FILE).is_file():
-        weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
+        try:  # bounded: an index is a few MB at most; a FIFO or a huge file is refused
+            index = bounded_read.read_json(
+                path / INDEX_FILE, max_bytes=64 << 20, follow_symlinks=True
+            )
+            weight_map = index["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InitFromError(f"{KEY}={path}: unreadable {INDEX_FILE} ({exc})") from None
         files = [path / name for name in sorted(set(weight_map.values()))]
     else:
         raise InitFromError(f"{KEY}={path}: no {SINGLE_FILE} or {INDEX_FILE}")

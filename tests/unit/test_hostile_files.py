@@ -454,3 +454,27 @@ def test_data_prepare_onto_a_full_disk_says_disk_full(
             assert list(mount.iterdir()) == []  # no temporary folder left behind
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> None:
+    """A FIFO given as a chat template or an HF index, or as --config, is refused at once."""
+    import time
+
+    from launcher.config.config_file import read_yaml_file
+    from launcher.data.chat_template import ChatTemplate
+    from launcher.errors import ConfigError, UserError
+    from launcher.train.init_from import InitFromError, _hf_tensors
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    with pytest.raises(UserError, match="cannot read it"):
+        ChatTemplate.from_tokenizer_config(tmp_path / "none.json", template_file=fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_yaml_file(fifo, "--config")
+    model = tmp_path / "model"
+    model.mkdir()
+    os.mkfifo(model / "model.safetensors.index.json")
+    with pytest.raises(InitFromError):  # shapes only (preflight): never waits on the FIFO
+        _hf_tensors(model, meta=True)
+    assert time.monotonic() - start < 5
