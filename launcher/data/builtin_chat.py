@@ -121,17 +121,10 @@ def _byte_of(char: str) -> int:
 
 def builtin_chat_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
     """The prepared built-in chat dataset under `cache_root` (made once, under a file lock)."""
-    from launcher.data.prepare import INDEX_FILE, _file_lock, prepare
+    from launcher.data.prepare import prepare, prepared_once
 
-    cache_root = Path(cache_root)
-    target = cache_root / BUILTIN_CHAT
-    if (target / INDEX_FILE).is_file():
-        return target
-    cache_root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_root / f"{BUILTIN_CHAT}.lock", timeout_s):
-        if (target / INDEX_FILE).is_file():
-            return target
-        source = cache_root / f"{BUILTIN_CHAT}.source"
+    def make(target: Path) -> None:
+        source = Path(cache_root) / f"{BUILTIN_CHAT}.source"
         source.mkdir(exist_ok=True)
         records = source / "conversations.jsonl"
         records.write_text("".join(json.dumps(r) + "\n" for r in conversations()), encoding="utf-8")
@@ -146,4 +139,5 @@ def builtin_chat_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
             fmt="megatron",
             input_format="chat",
         )
-    return target
+
+    return prepared_once(cache_root, BUILTIN_CHAT, make, timeout_s)

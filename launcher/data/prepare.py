@@ -35,7 +35,7 @@ import shutil
 import sys
 import sysconfig
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -722,19 +722,28 @@ def stdlib_source_files() -> list[Path]:
     return chosen
 
 
-def builtin_corpus_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
-    """The tiny recipe's offline corpus (byte tokens), prepared once under `cache_root`.
+def prepared_once(
+    cache_root: Path, name: str, make: Callable[[Path], object], timeout_s: float = 600.0
+) -> Path:
+    """`cache_root/name`, a prepared dataset `make(target)` writes once.
 
     Safe when several ranks call it at once: one prepares under an exclusive file lock, the others
     wait on the lock and then find index.json."""
     cache_root = Path(cache_root)
-    target = cache_root / BUILTIN_CORPUS
+    target = cache_root / name
     if (target / INDEX_FILE).is_file():
         return target
     cache_root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_root / f"{BUILTIN_CORPUS}.lock", timeout_s):
-        if (target / INDEX_FILE).is_file():
-            return target
+    with _file_lock(cache_root / f"{name}.lock", timeout_s):
+        if not (target / INDEX_FILE).is_file():
+            make(target)
+    return target
+
+
+def builtin_corpus_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
+    """The tiny recipe's offline corpus (byte tokens), prepared once under `cache_root`."""
+
+    def make(target: Path) -> None:
         files = stdlib_source_files()
         if not files:
             raise UserError(
@@ -748,7 +757,8 @@ def builtin_corpus_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
             "root": sysconfig.get_paths()["stdlib"],
         }
         prepare(files, target, tokenizer="byte", overwrite=True, source=source)
-    return target
+
+    return prepared_once(cache_root, BUILTIN_CORPUS, make, timeout_s)
 
 
 @contextlib.contextmanager
@@ -765,7 +775,7 @@ def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"waited {timeout_s:.0f} s for {path}; another process is preparing "
-                        "the built-in corpus (delete the lock file if none is)"
+                        "that dataset (delete the lock file if none is)"
                     ) from None
                 time.sleep(0.1)
         try:
