@@ -105,6 +105,7 @@ class _Widths:
 
 
 def _widths(cfg: LLMTrainConfig, layout: Layout) -> _Widths:
+    """The sizes shared by the attention and MLP halves of one layer."""
     m = cfg.model
     tp = max(1, layout.tp)
     dt = float(DTYPE_BYTES.get(cfg.precision.compute_dtype, 2))

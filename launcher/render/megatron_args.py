@@ -90,6 +90,7 @@ def _weighted(pairs: tuple[tuple[float, str], ...]) -> list[str]:
 
 
 def _data_args(cfg: LLMTrainConfig, data: MegatronData | None, run_dir: str | None) -> list[str]:
+    """Tokenizer, data paths (or mock data), checkpoints in the run directory, evaluation."""
     data = data or MegatronData((), (), None, ())
     t = cfg.train
     args: list[str] = []
@@ -155,6 +156,7 @@ def _model_shape_args(cfg: LLMTrainConfig) -> list[str]:
 
 
 def _sequence_args(cfg: LLMTrainConfig) -> list[str]:
+    """Sequence length (also the position embeddings' reach) and vocabulary size."""
     m = cfg.model
     return [
         "--seq-length", str(m.seq_length),
@@ -227,8 +229,8 @@ def _moe_args(cfg: LLMTrainConfig) -> list[str]:
 
 
 def _mtp_args(cfg: LLMTrainConfig) -> list[str]:
-    # Multi-token prediction (Megatron-Core --mtp-num-layers; placed by an "m" in
-    # --pipeline-model-parallel-layout, else on the last pipeline stage).
+    """Multi-token prediction (Megatron-Core --mtp-num-layers; placed by an "m" in
+    --pipeline-model-parallel-layout, else on the last pipeline stage)."""
     m = cfg.model
     return ["--mtp-num-layers", str(m.mtp_layers)] if m.mtp_layers else []
 
