@@ -286,27 +286,54 @@ def _words(values: Sequence[object]) -> str:
     return " or ".join(str(v) for v in values)
 
 
-def _table_refusals(b: Backend, cfg: LLMTrainConfig, layout: Layout, device: bool) -> list[Refusal]:
-    p, z = cfg.parallel, cfg.zero
-    out: list[Refusal] = []
-    tag = f"backend={b.name}"
-    if device and device_of(cfg) not in b.devices:
-        out.append(
-            Refusal(
-                ("cluster.gpu",),
-                f"{tag} needs {' or '.join(d.upper() for d in b.devices)} devices, but "
-                f"cluster={cfg.cluster.name} has {device_of(cfg).upper()}",
-            )
+def _table_refusals(
+    b: Backend, cfg: LLMTrainConfig, layout: Layout, *, device: bool
+) -> list[Refusal]:
+    """Every reason `b`'s table gives against `cfg`, in the order of the table's fields, then
+    its combinations."""
+    out = _device_refusals(b, cfg) if device else []
+    out += _degree_refusals(b, cfg)
+    out += _zero_refusals(b, cfg)
+    out += _precision_and_optimizer_refusals(b, cfg)
+    out += _schedule_and_dispatcher_refusals(b, cfg)
+    out += _feature_refusals(b, cfg)
+    out += [found for combo in b.combos if (found := combo(cfg, layout)) is not None]
+    return out
+
+
+def _device_refusals(b: Backend, cfg: LLMTrainConfig) -> list[Refusal]:
+    """cluster.gpu's device kind, when the backend does not run on it."""
+    if device_of(cfg) in b.devices:
+        return []
+    return [
+        Refusal(
+            ("cluster.gpu",),
+            f"backend={b.name} needs {' or '.join(d.upper() for d in b.devices)} devices, but "
+            f"cluster={cfg.cluster.name} has {device_of(cfg).upper()}",
         )
+    ]
+
+
+def _degree_refusals(b: Backend, cfg: LLMTrainConfig) -> list[Refusal]:
+    """Each parallel degree above 1 that the backend does not run."""
+    out = []
     for key in DEGREES:
-        value = getattr(p, key)
+        value = getattr(cfg.parallel, key)
         if value > 1 and key not in b.degrees:
-            note = b.degree_notes.get(key, f"{tag} has no {DEGREE_WORDS[key]}")
+            note = b.degree_notes.get(key, f"backend={b.name} has no {DEGREE_WORDS[key]}")
             out.append(
                 Refusal(
                     (f"parallel.{key}",), f"parallel.{key}={value}: {note}; use parallel.{key}=1"
                 )
             )
+    return out
+
+
+def _zero_refusals(b: Backend, cfg: LLMTrainConfig) -> list[Refusal]:
+    """The ZeRO stage, and parameter or optimizer offload with a stage that does not offload."""
+    z = cfg.zero
+    tag = f"backend={b.name}"
+    out: list[Refusal] = []
     if z.stage not in b.zero_stages and 0 <= z.stage <= 3:
         note = b.zero_notes.get(z.stage, f"{tag} has no ZeRO stage {z.stage}")
         out.append(
@@ -352,6 +379,13 @@ def _table_refusals(b: Backend, cfg: LLMTrainConfig, layout: Layout, device: boo
                 + f"; use {use}",
             )
         )
+    return out
+
+
+def _precision_and_optimizer_refusals(b: Backend, cfg: LLMTrainConfig) -> list[Refusal]:
+    """The precision and the optimizer, when the backend has neither."""
+    tag = f"backend={b.name}"
+    out: list[Refusal] = []
     prec = precision_of(cfg)
     if prec not in b.precisions:
         out.append(
@@ -371,6 +405,14 @@ def _table_refusals(b: Backend, cfg: LLMTrainConfig, layout: Layout, device: boo
                 f"use optim.name={b.optimizers[0]}",
             )
         )
+    return out
+
+
+def _schedule_and_dispatcher_refusals(b: Backend, cfg: LLMTrainConfig) -> list[Refusal]:
+    """The pipeline schedule (with pp > 1) and backend.moe_dispatcher, when not the backend's."""
+    p = cfg.parallel
+    tag = f"backend={b.name}"
+    out: list[Refusal] = []
     if p.pp > 1 and "pp" in b.degrees and p.pp_schedule not in b.schedules:
         out.append(
             Refusal(
@@ -390,19 +432,19 @@ def _table_refusals(b: Backend, cfg: LLMTrainConfig, layout: Layout, device: boo
                 f"{b.moe_dispatchers[0]})",
             )
         )
-    for feature in features_of(cfg):
-        if feature not in b.features:
-            out.append(
-                Refusal(
-                    _FEATURE_KEYS[feature],
-                    f"{tag} does not run {FEATURES[feature]}; {_FEATURE_FIX[feature]}",
-                )
-            )
-    for combo in b.combos:
-        found = combo(cfg, layout)
-        if found is not None:
-            out.append(found)
     return out
+
+
+def _feature_refusals(b: Backend, cfg: LLMTrainConfig) -> list[Refusal]:
+    """Each model feature of `cfg` (features_of) the backend does not run."""
+    return [
+        Refusal(
+            _FEATURE_KEYS[feature],
+            f"backend={b.name} does not run {FEATURES[feature]}; {_FEATURE_FIX[feature]}",
+        )
+        for feature in features_of(cfg)
+        if feature not in b.features
+    ]
 
 
 _FEATURE_KEYS = {
@@ -430,7 +472,7 @@ _FEATURE_FIX = {
 def raw_refusals(name: str, cfg: LLMTrainConfig, *, device: bool = True) -> list[Refusal]:
     """Why backend `name` cannot run `cfg` (whatever cfg.backend says), with what works; [] if it
     can. `device=False` leaves out the device kind (for rendering arguments for another machine)."""
-    return _table_refusals(get_backend(name), cfg, derive_layout(cfg), device)
+    return _table_refusals(get_backend(name), cfg, derive_layout(cfg), device=device)
 
 
 def runnable_by(cfg: LLMTrainConfig, *, exclude: str = "") -> list[str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import typing
 from dataclasses import dataclass
 from functools import cache
@@ -27,6 +26,15 @@ from typing import Any
 
 from launcher import resources
 from launcher.config import compose_cache, config_file, hf_model
+from launcher.config.compose_messages import (
+    INDEX,
+    expected_type,
+    explain,
+    nest,
+    not_mapping_files,
+    yaml_problem,
+)
+from launcher.config.group_options import group_options
 from launcher.config.schema import CHOICES, LLMTrainConfig
 from launcher.config.schema_keys import (
     BUDGET_PARTNER,
@@ -65,12 +73,6 @@ class Composed:
     notes: tuple[str, ...] = ()
     # Dotted key -> where its value came from, when not from the configuration (show --sources).
     derived: tuple[tuple[str, str], ...] = ()
-
-
-def group_options(group: str) -> list[str]:
-    if group == "recipe":
-        return resources.recipe_names() + sorted(config_file.FILE_RECIPES)
-    return resources.group_options(group)
 
 
 @cache
@@ -126,17 +128,17 @@ def _shape_problems(node: dict[str, Any], prefix: str, where: str) -> list[str]:
             continue
         if isinstance(value, dict) and dict not in kinds:
             problems.append(
-                f"{dotted}: expected {_expected_type(dotted)}, got a mapping (in {where})"
+                f"{dotted}: expected {expected_type(dotted)}, got a mapping (in {where})"
             )
         elif isinstance(value, list) and list not in kinds:
-            problems.append(f"{dotted}: expected {_expected_type(dotted)}, got a list (in {where})")
+            problems.append(f"{dotted}: expected {expected_type(dotted)}, got a list (in {where})")
         elif (
             value is not None
             and not isinstance(value, (dict, list))
             and (list in kinds or dict in kinds)
         ):
             problems.append(
-                f"{dotted}: expected {_expected_type(dotted)}, got {value!r} (in {where})"
+                f"{dotted}: expected {expected_type(dotted)}, got {value!r} (in {where})"
             )
     return problems
 
@@ -194,11 +196,11 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
         del cfg["hydra"]
         values = typing.cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     except yaml.YAMLError as exc:
-        raise ConfigError([_yaml_problem(exc)]) from None
+        raise ConfigError([yaml_problem(exc)]) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError([_explain(exc)]) from None
+        raise ConfigError([explain(exc)]) from None
     except OSError as exc:  # OmegaConf.load of a file holding a scalar, or an unreadable file
-        raise ConfigError(_not_mapping_files() or [str(exc)]) from None
+        raise ConfigError(not_mapping_files() or [str(exc)]) from None
     values["recipe"] = choices.get("recipe", "none")
     _command_line_budget_wins(parsed, values)
     problems = unknown_key_problems(values) + choice_problems(values) + element_problems(values)
@@ -463,12 +465,12 @@ def _check_override_keys(parsed: list[ParsedOverride]) -> list[str]:
     nodes = {k.rsplit(".", 1)[0] for k in known if "." in k}
     problems: list[str] = []
     for ov in parsed:
-        key = _INDEX.sub("", ov.key)
+        key = INDEX.sub("", ov.key)
         if ov.is_group or key in known or key in nodes or key.split(".")[0] == "hydra":
             continue
         if any(key.startswith(f"{k}.") for k in known if is_mapping_field(k)):
             continue
-        problems += unknown_key_problems(_nest(key)) or _below_a_value(key)
+        problems += unknown_key_problems(nest(key)) or _below_a_value(key)
     return problems
 
 
@@ -484,20 +486,10 @@ def _below_a_value(key: str) -> list[str]:
         if is_list and len(parts) == i + 1 and parts[i].isdigit():
             return []
         return [
-            f"{key}: unknown key; {prefix} is a value ({_expected_type(prefix)}), "
+            f"{key}: unknown key; {prefix} is a value ({expected_type(prefix)}), "
             "not a node with keys"
         ]
     return []
-
-
-_INDEX = re.compile(r"\[\d+\]$")
-
-
-def _nest(dotted: str) -> dict[str, Any]:
-    node: dict[str, Any] = {}
-    for part in reversed(dotted.split(".")):
-        node = {part: node}
-    return node
 
 
 def choice_problems(values: dict[str, Any]) -> list[str]:
@@ -525,142 +517,9 @@ def element_problems(values: dict[str, Any]) -> list[str]:
         bad = [item for item in items if isinstance(item, (list, dict))]
         if bad:  # the value is not printed: cluster.env may hold a secret
             problems.append(
-                f"{key}: expected {_expected_type(key)}, but an element is a "
-                f"{type(bad[0]).__name__}"
+                f"{key}: expected {expected_type(key)}, but an element is a {type(bad[0]).__name__}"
             )
     return problems
-
-
-_TYPE_WORDS = {
-    int: "an integer",
-    float: "a number",
-    bool: "true or false",
-    str: "a string",
-}
-
-
-def _expected_type(full_key: str) -> str:
-    tp = field_type(_INDEX.sub("", full_key))
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    optional = type(None) in typing.get_args(tp)
-    base = args[0] if optional and args else tp
-    if _INDEX.search(full_key):
-        inner = typing.get_args(base)
-        return (
-            f"{_TYPE_WORDS.get(inner[0], 'a value')} (list element)" if inner else "a list element"
-        )
-    if tp is None:
-        return "a value of the schema's type"
-    word = _TYPE_WORDS.get(base, str(base).replace("typing.", ""))
-    return f"{word} or null" if optional else word
-
-
-def _not_mapping_files() -> list[str]:
-    """Group files that hold something other than key: value pairs (found after a failure)."""
-    import yaml
-
-    problems = []
-    for path in sorted(resources.conf_dir().glob("*/*.yaml")):
-        try:
-            node = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            continue
-        if node is not None and not isinstance(node, (dict, list)):  # lists fail elsewhere
-            problems.append(
-                f"{path.parent.name}={path.stem}: {path} must hold keys and values "
-                f"(key: value), not {type(node).__name__} {str(node)[:40]!r}"
-            )
-    return problems
-
-
-def _yaml_problem(exc: BaseException) -> str:
-    """One line for a YAML syntax error in a config file: the file, line, column and problem."""
-    mark = getattr(exc, "problem_mark", None)
-    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a file"
-    return f"{where}: invalid YAML: {what}"
-
-
-def _explain(exc: BaseException) -> str:
-    """One line from a Hydra/OmegaConf exception: the key, what was wrong, what is expected.
-
-    An error inside a config file ("In 'model/x': ...") also says which file.
-    """
-    message = _explain_root(exc)
-    in_file = re.match(r"In '([\w.-]+)/([\w.-]+)'", str(exc))
-    if not in_file:
-        return message
-    group, name = in_file.groups()
-    path = f"recipes/{name}.yaml" if group == "recipe" else f"conf/{group}/{name}.yaml"
-    return message if message.startswith("In '") else f"{message} (in {path})"
-
-
-def _explain_root(exc: BaseException) -> str:
-    # The deepest exception of the chain that names a key, else the deepest. Hydra chains the
-    # OmegaConf error of an override as __cause__, of a config file as __context__.
-    chain: list[BaseException] = [exc]
-    while len(chain) < 20:
-        nxt = chain[-1].__cause__ or chain[-1].__context__
-        if nxt is None or nxt in chain:
-            break
-        chain.append(nxt)
-    keyed = [e for e in chain if getattr(e, "full_key", None)]
-    root = keyed[-1] if keyed else chain[-1]
-    full_key = getattr(root, "full_key", None)
-    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-    text = lines[0] if lines else type(root).__name__
-    if text.endswith(":") and len(lines) > 1:  # "... raised while composing config:" + why
-        text = f"{text} {lines[1]}"
-    if full_key:
-        unknown = re.match(r"Key '[^']*' not in '", text)
-        if unknown and full_key.split(".")[0] != "hydra":
-            problems = unknown_key_problems(_nest(_INDEX.sub("", full_key)))
-            if problems:
-                return problems[0]
-        match = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
-        if match:
-            value, kind = match.group(1), match.group(2)
-            expected = _expected_type(full_key)
-            hint = ""
-            if kind == "float" and "integer" in expected:
-                try:
-                    number = float(value)
-                    if number.is_integer():
-                        hint = f"; write it as an integer: {full_key}={int(number)}"
-                except (OverflowError, ValueError):
-                    pass
-            return f"{full_key}={value}: expected {expected}, got {kind} {value!r}{hint}"
-        bool_match = re.match(r"Value '(.*)' is not a valid bool", text)
-        if bool_match:
-            return f"{full_key}={bool_match.group(1)}: expected true or false"
-        if "does not support deletion" in text:
-            return _cannot_delete(full_key)
-        if "is not in struct" in text:
-            return f"{full_key}: not set yet; add it with +{full_key}=VALUE"
-        if "Missing mandatory value" in text or "missing" in text.lower():
-            return f"{full_key}: a value is required here (it was deleted or left as ???)"
-        return f"{full_key}: {text}"
-    missing = re.search(r"Could not find '([\w-]+)/([\w.-]+)'", text)
-    if missing:
-        group, option = missing.groups()
-        options = group_options(group) if group in groups() else []
-        return (
-            f"{group}={option}: no such {group}{did_you_mean(option, options)}; "
-            f"available: {', '.join(options) or 'none'} (selected by {text.split(':')[0]})"
-        )
-    deleted = re.match(r"Could not delete from config\. '([^']+)' does not exist", text)
-    if deleted and deleted.group(1) in all_schema_keys():  # a key whose value is null
-        return _cannot_delete(deleted.group(1))
-    if "Could not delete" in text or "Could not find" in text or "Could not append" in text:
-        return f"{text}. Check the key with `llmtrain show`."
-    return text
-
-
-def _cannot_delete(key: str) -> str:
-    return (
-        f"~{key}: a schema key cannot be deleted; set it instead "
-        f"({key}=VALUE, or {key}=null where null is allowed)"
-    )
 
 
 # Older names, kept for the callers that imported them from here.

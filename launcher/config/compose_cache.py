@@ -58,6 +58,7 @@ def key(overrides: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([__version__, list(overrides)]).encode())
     files = [Path(schema.__file__), Path(__file__).with_name("compose.py")]  # its rules too
+    files.append(Path(__file__).with_name("compose_messages.py"))  # and the keys' index rule
     for root in (resources.conf_dir(), resources.recipes_dir()):
         files += sorted(root.rglob("*.yaml"))
     texts = list(overrides)

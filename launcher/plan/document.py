@@ -24,10 +24,6 @@ def _finite(x: float) -> float | None:
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The public, stable document: the keys listed in issue 3, plus extras."""
-    mem = plan.memory
-    h = mem.heaviest
-    t = plan.time
-    tot = plan.totals
     return {
         "model": {
             "name": plan.config.model.name,
@@ -42,103 +38,128 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
         "backend": plan.config.backend.name,
         "engine": engine_json(plan.config),
-        "layout": {
-            "world_size": plan.layout.world_size,
-            "tp": plan.layout.tp,
-            "pp": plan.layout.pp,
-            "vpp": plan.layout.vpp,
-            "cp": plan.layout.cp,
-            "ep": plan.layout.ep,
-            "dp": plan.layout.dp,
-            "micro_batch_size": plan.layout.micro_batch_size,
-            "global_batch_size": plan.layout.global_batch_size,
-            "grad_accum": plan.layout.grad_accum,
-        },
-        "memory": {
-            "weights_bytes": int(h.weights),
-            "gradients_bytes": int(h.gradients),
-            "optimizer_bytes": int(h.optimizer),
-            "activations_bytes": int(h.activations),
-            "buffers_bytes": int(h.buffers),
-            "overhead_bytes": int(h.overhead),
-            "allocated_bytes": int(h.allocated),
-            "reserved_bytes": int(h.reserved),
-            "device_bytes": int(h.device_total),
-            "capacity_bytes": int(mem.capacity),
-            "usable_bytes": int(mem.usable),
-            "headroom": mem.headroom,
-            "fits": mem.fits,
-            "verdict": mem.verdict,
-            "error_band": _band_json(plan.memory_band),
-            "heaviest_stage": h.stage,
-            "host_bytes_per_gpu": int(h.host_bytes),
-            "host_bytes_per_node": int(h.host_bytes * plan.hardware.gpus_per_node),
-            "stages": [
-                {
-                    "stage": s.stage,
-                    "layers": s.layers,
-                    "in_flight": s.in_flight,
-                    "allocated_bytes": int(s.allocated),
-                    "device_bytes": int(s.device_total),
-                }
-                for s in mem.stages
-            ],
-        },
+        "layout": _layout_json(plan),
+        "memory": _memory_json(plan),
         "flops": {
             "per_token_model": plan.flops.model,
             "per_token_hardware": plan.flops.hardware,
             "per_token_executed": plan.flops.executed,
         },
-        "time": {
-            "step_s": t.step_s,
-            "error_band": _band_json(plan.time_band),
-            "pricing": pricing_json(plan),
-            "tokens_per_s": t.tokens_per_s,
-            "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
-            "tflops_per_gpu": t.tflops_per_gpu,
-            "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
-            "mfu": t.mfu,
-            "hfu": t.hfu,
-            "bubble_fraction": t.bubble_fraction,
-            "compute_s": t.compute_s,
-            "bubble_s": t.bubble_s,
-            "exposed_comm_s": t.exposed_comm_s,
-            "optimizer_s": t.optimizer_s,
-            "collectives": [
-                {
-                    "name": c.name,
-                    "kind": c.kind,
-                    "group": c.group,
-                    "group_size": c.group_size,
-                    "message_bytes": int(c.message_bytes),
-                    "calls_per_step": c.calls_per_step,
-                    "bus_gbps": c.bus_gbps,
-                    "time_s": c.time_s,
-                    "exposed_s": c.exposed_s,
-                }
-                for c in t.collectives
-            ],
-        },
-        "totals": {
-            "steps": tot.steps,
-            "train_s": tot.train_s,
-            "gpu_hours": tot.gpu_hours,
-            "cost_usd": tot.cost_usd,
-            "expected_interruptions": tot.expected_interruptions,
-            "lost_fraction": tot.lost_fraction,
-            "expected_wall_s": tot.expected_wall_s if math.isfinite(tot.expected_wall_s) else None,
-        },
+        "time": _time_json(plan),
+        "totals": _totals_json(plan),
         "checkpoint": {
-            "size_bytes": int(tot.checkpoint_bytes),
-            "write_s": tot.checkpoint_write_s,
-            "interval_s": _finite(tot.checkpoint_interval_s),
-            "mtbf_s": _finite(tot.mtbf_s),
+            "size_bytes": int(plan.totals.checkpoint_bytes),
+            "write_s": plan.totals.checkpoint_write_s,
+            "interval_s": _finite(plan.totals.checkpoint_interval_s),
+            "mtbf_s": _finite(plan.totals.mtbf_s),
         },
         "fixes": [
             {"overrides": list(f.overrides), "device_bytes": int(f.device_bytes)}
             for f in plan.fixes
         ],
         "assumptions": list(plan.assumptions),
+    }
+
+
+def _layout_json(plan: Plan) -> dict[str, Any]:
+    """layout: the parallel degrees and batch sizes."""
+    lay = plan.layout
+    return {
+        "world_size": lay.world_size,
+        "tp": lay.tp,
+        "pp": lay.pp,
+        "vpp": lay.vpp,
+        "cp": lay.cp,
+        "ep": lay.ep,
+        "dp": lay.dp,
+        "micro_batch_size": lay.micro_batch_size,
+        "global_batch_size": lay.global_batch_size,
+        "grad_accum": lay.grad_accum,
+    }
+
+
+def _memory_json(plan: Plan) -> dict[str, Any]:
+    """memory: the heaviest rank's buckets in bytes, the verdict, and each pipeline stage."""
+    mem = plan.memory
+    h = mem.heaviest
+    return {
+        "weights_bytes": int(h.weights),
+        "gradients_bytes": int(h.gradients),
+        "optimizer_bytes": int(h.optimizer),
+        "activations_bytes": int(h.activations),
+        "buffers_bytes": int(h.buffers),
+        "overhead_bytes": int(h.overhead),
+        "allocated_bytes": int(h.allocated),
+        "reserved_bytes": int(h.reserved),
+        "device_bytes": int(h.device_total),
+        "capacity_bytes": int(mem.capacity),
+        "usable_bytes": int(mem.usable),
+        "headroom": mem.headroom,
+        "fits": mem.fits,
+        "verdict": mem.verdict,
+        "error_band": _band_json(plan.memory_band),
+        "heaviest_stage": h.stage,
+        "host_bytes_per_gpu": int(h.host_bytes),
+        "host_bytes_per_node": int(h.host_bytes * plan.hardware.gpus_per_node),
+        "stages": [
+            {
+                "stage": s.stage,
+                "layers": s.layers,
+                "in_flight": s.in_flight,
+                "allocated_bytes": int(s.allocated),
+                "device_bytes": int(s.device_total),
+            }
+            for s in mem.stages
+        ],
+    }
+
+
+def _time_json(plan: Plan) -> dict[str, Any]:
+    """time: the step time, its parts and pricing, throughput, MFU/HFU, each collective."""
+    t = plan.time
+    return {
+        "step_s": t.step_s,
+        "error_band": _band_json(plan.time_band),
+        "pricing": pricing_json(plan),
+        "tokens_per_s": t.tokens_per_s,
+        "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+        "tflops_per_gpu": t.tflops_per_gpu,
+        "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
+        "mfu": t.mfu,
+        "hfu": t.hfu,
+        "bubble_fraction": t.bubble_fraction,
+        "compute_s": t.compute_s,
+        "bubble_s": t.bubble_s,
+        "exposed_comm_s": t.exposed_comm_s,
+        "optimizer_s": t.optimizer_s,
+        "collectives": [
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "group": c.group,
+                "group_size": c.group_size,
+                "message_bytes": int(c.message_bytes),
+                "calls_per_step": c.calls_per_step,
+                "bus_gbps": c.bus_gbps,
+                "time_s": c.time_s,
+                "exposed_s": c.exposed_s,
+            }
+            for c in t.collectives
+        ],
+    }
+
+
+def _totals_json(plan: Plan) -> dict[str, Any]:
+    """totals: the whole training's steps, time, GPU-hours, cost and expected failures."""
+    tot = plan.totals
+    return {
+        "steps": tot.steps,
+        "train_s": tot.train_s,
+        "gpu_hours": tot.gpu_hours,
+        "cost_usd": tot.cost_usd,
+        "expected_interruptions": tot.expected_interruptions,
+        "lost_fraction": tot.lost_fraction,
+        "expected_wall_s": tot.expected_wall_s if math.isfinite(tot.expected_wall_s) else None,
     }
 
 

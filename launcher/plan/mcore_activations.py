@@ -90,17 +90,54 @@ def applies(cfg: LLMTrainConfig) -> bool:
     return backend_of(cfg).name == "megatron" and cfg.train.recompute in ("none", "selective")
 
 
-def saved_tensors(cfg: LLMTrainConfig, layout: Layout, moe: bool) -> list[Saved]:
-    """What one Megatron-Core layer keeps, per token of the rank's shard (module docstring)."""
-    shape = ModelShape(cfg.model)
+@dataclass(frozen=True)
+class _Widths:
+    """What every tensor's size below is made of: bytes per element, the splits, the flags."""
+
+    hidden: int
+    tp: int
+    sp: int  # tp with sequence parallel (norm inputs and outputs split), else 1
+    dt: float  # bytes per element in the compute dtype
+    lin: float  # a linear layer's saved input (Transformer Engine fp8: quantized, 1 byte)
+    fp8: bool
+    gated: float  # fc1's outputs per ffn unit (SwiGLU: gate and up)
+    unfused: bool  # SwiGLU without Megatron-LM's fusion (backend.swiglu_fusion=false)
+
+
+def _widths(cfg: LLMTrainConfig, layout: Layout) -> _Widths:
+    """The sizes shared by the attention and MLP halves of one layer."""
     m = cfg.model
-    h = m.hidden_size
-    heads = m.num_attention_heads
     tp = max(1, layout.tp)
-    sp = tp if cfg.parallel.sequence_parallel else 1
     dt = float(DTYPE_BYTES.get(cfg.precision.compute_dtype, 2))
     fp8 = cfg.precision.fp8
-    lin = 1.0 if fp8 else dt  # a linear layer's saved input (Transformer Engine fp8: quantized)
+    return _Widths(
+        hidden=m.hidden_size,
+        tp=tp,
+        sp=tp if cfg.parallel.sequence_parallel else 1,
+        dt=dt,
+        lin=1.0 if fp8 else dt,
+        fp8=fp8,
+        gated=2.0 if m.activation == "swiglu" else 1.0,
+        unfused=m.activation == "swiglu" and not cfg.backend.swiglu_fusion,
+    )
+
+
+def saved_tensors(cfg: LLMTrainConfig, layout: Layout, moe: bool) -> list[Saved]:
+    """What one Megatron-Core layer keeps, per token of the rank's shard (module docstring)."""
+    w = _widths(cfg, layout)
+    return [
+        *_attention_tensors(cfg, layout, w),
+        Saved("MLP norm input", w.dt * w.hidden / w.sp, offload=frozenset({"mlp_norm"})),
+        *(_moe_tensors(cfg, layout, w) if moe else _dense_mlp_tensors(cfg, w)),
+    ]
+
+
+def _attention_tensors(cfg: LLMTrainConfig, layout: Layout, w: _Widths) -> list[Saved]:
+    """The attention half: norm input, QKV input, q/k/v, output, log-sum-exp; MLA's latents,
+    eager attention's scores and the dropout masks when there are any."""
+    shape = ModelShape(cfg.model)
+    m = cfg.model
+    h, heads, tp, sp, dt, lin = w.hidden, m.num_attention_heads, w.tp, w.sp, w.dt, w.lin
     dropout = m.attention_dropout > 0 or m.hidden_dropout > 0
     eager = m.attention == "eager" and layout.cp <= 1
     if shape.is_mla:
@@ -129,7 +166,7 @@ def saved_tensors(cfg: LLMTrainConfig, layout: Layout, moe: bool) -> list[Saved]
         Saved("attention output", dt * o_dim / tp, offload=f({"attn_proj"})),
         Saved("log-sum-exp", 4.0 * heads / tp, recompute=f({"core_attn"})),
     ]
-    if fp8:
+    if w.fp8:
         out.append(Saved("output projection input (fp8 copy)", o_dim / tp))
     if shape.is_mla:
         q_rank = m.q_lora_rank or 0
@@ -142,26 +179,35 @@ def saved_tensors(cfg: LLMTrainConfig, layout: Layout, moe: bool) -> list[Saved]
         out.append(Saved("attention scores", per_score, recompute=f({"core_attn"})))
     if dropout:
         out.append(Saved("dropout masks", 2.0 * h / sp))
-    out.append(Saved("MLP norm input", dt * h / sp, offload=f({"mlp_norm"})))
-    gated = 2.0 if m.activation == "swiglu" else 1.0
-    unfused = m.activation == "swiglu" and not cfg.backend.swiglu_fusion
-    if not moe:
-        ffn = m.ffn_hidden_size
-        mlp = f({"mlp"})
-        out += [
-            Saved("fc1 input (norm output)", lin * h / sp, recompute=mlp),
-            Saved("fc1 output (activation input)", dt * gated * ffn / tp, recompute=mlp),
-            Saved("fc2 input", lin * ffn / tp, recompute=mlp),
-        ]
-        if unfused:
-            # mlp.py's glu(): silu(gate) * up, each op keeping its inputs: SiLU's output too.
-            out.append(Saved("SiLU output (unfused SwiGLU)", dt * ffn / tp, recompute=mlp))
-        return out
+    return out
+
+
+def _dense_mlp_tensors(cfg: LLMTrainConfig, w: _Widths) -> list[Saved]:
+    """A dense layer's MLP: fc1's input and output, fc2's input (unfused SwiGLU: SiLU's too)."""
+    ffn = cfg.model.ffn_hidden_size
+    mlp = frozenset({"mlp"})
+    out = [
+        Saved("fc1 input (norm output)", w.lin * w.hidden / w.sp, recompute=mlp),
+        Saved("fc1 output (activation input)", w.dt * w.gated * ffn / w.tp, recompute=mlp),
+        Saved("fc2 input", w.lin * ffn / w.tp, recompute=mlp),
+    ]
+    if w.unfused:
+        # mlp.py's glu(): silu(gate) * up, each op keeping its inputs: SiLU's output too.
+        out.append(Saved("SiLU output (unfused SwiGLU)", w.dt * ffn / w.tp, recompute=mlp))
+    return out
+
+
+def _moe_tensors(cfg: LLMTrainConfig, layout: Layout, w: _Widths) -> list[Saved]:
+    """An MoE layer: the router's input and scores, each routed copy's grouped-GEMM tensors on
+    the busiest rank, and the shared experts' when there are any."""
+    m = cfg.model
+    h, sp, dt, lin, gated = w.hidden, w.sp, w.dt, w.lin, w.gated
     experts = m.num_experts or 0
     top_k = m.moe_top_k or 1
     f_e = m.moe_ffn_hidden_size or m.ffn_hidden_size
+    f = frozenset
     whole = f({"moe"})
-    out += [
+    out = [
         Saved(
             "router and shared-expert input (norm output)",
             dt * h / sp,
@@ -189,7 +235,7 @@ def saved_tensors(cfg: LLMTrainConfig, layout: Layout, moe: bool) -> list[Saved]
         Saved("expert fc2 input", copies * lin * f_e / etp, recompute=f({"moe_act", "moe"})),
         Saved("routing probabilities (fp32)", copies * 4.0, recompute=whole),
     ]
-    if unfused:
+    if w.unfused:
         # experts.py bias_act_func without fusion: glu() keeps SiLU's output, the product with
         # the probabilities keeps glu's output.
         out.append(
@@ -203,10 +249,10 @@ def saved_tensors(cfg: LLMTrainConfig, layout: Layout, moe: bool) -> list[Saved]
         f_s = m.moe_shared_experts * f_e
         shared = f({"shared_experts", "moe"})
         out += [
-            Saved("shared-expert fc1 output", dt * gated * f_s / tp, recompute=shared),
-            Saved("shared-expert fc2 input", lin * f_s / tp, recompute=shared),
+            Saved("shared-expert fc1 output", dt * gated * f_s / w.tp, recompute=shared),
+            Saved("shared-expert fc2 input", lin * f_s / w.tp, recompute=shared),
         ]
-        if fp8:
+        if w.fp8:
             out.append(Saved("shared-expert fc1 input (fp8 copy)", h / sp, recompute=shared))
     return out
 

@@ -90,6 +90,7 @@ def _weighted(pairs: tuple[tuple[float, str], ...]) -> list[str]:
 
 
 def _data_args(cfg: LLMTrainConfig, data: MegatronData | None, run_dir: str | None) -> list[str]:
+    """Tokenizer, data paths (or mock data), checkpoints in the run directory, evaluation."""
     data = data or MegatronData((), (), None, ())
     t = cfg.train
     args: list[str] = []
@@ -130,20 +131,9 @@ def _data_args(cfg: LLMTrainConfig, data: MegatronData | None, run_dir: str | No
     return args
 
 
-def megatron_args(
-    cfg: LLMTrainConfig, data: MegatronData | None = None, run_dir: str | None = None
-) -> list[str]:
-    """The argument list (unquoted words). Raises MegatronUnsupported with every reason.
-
-    `data`: the resolved datasets (``launcher.data.sources.megatron_data``); `run_dir`: where
-    --save/--load point."""
-    m, p, z, prec, t, o = cfg.model, cfg.parallel, cfg.zero, cfg.precision, cfg.train, cfg.optim
-    layout = derive_layout(cfg)
-    problems = [r.message for r in raw_refusals("megatron", cfg, device=False)]
-    if problems:
-        raise MegatronUnsupported(problems)
-    split = _split_args(cfg)
-
+def _model_shape_args(cfg: LLMTrainConfig) -> list[str]:
+    """Layers, widths and heads; grouped-query or multi-latent attention."""
+    m = cfg.model
     args = [
         "--num-layers", str(m.num_layers),
         "--hidden-size", str(m.hidden_size),
@@ -162,12 +152,23 @@ def megatron_args(
         args += ["--qk-head-dim", str(head_dim)]
         args += ["--qk-pos-emb-head-dim", str(m.qk_rope_head_dim or 0)]
         args += ["--v-head-dim", str(m.v_head_dim or head_dim)]
-    args += [
+    return args
+
+
+def _sequence_args(cfg: LLMTrainConfig) -> list[str]:
+    """Sequence length (also the position embeddings' reach) and vocabulary size."""
+    m = cfg.model
+    return [
         "--seq-length", str(m.seq_length),
         "--max-position-embeddings", str(m.seq_length),
         "--vocab-size", str(m.vocab_size),
-        *_data_args(cfg, data, run_dir),
     ]  # fmt: skip
+
+
+def _layer_args(cfg: LLMTrainConfig) -> list[str]:
+    """Activation, normalization, position embedding, dropout, tied embeddings, biases."""
+    m = cfg.model
+    args: list[str] = []
     if m.activation == "swiglu":
         args.append("--swiglu")
         if not cfg.backend.swiglu_fusion:
@@ -187,49 +188,66 @@ def megatron_args(
         args.append("--untie-embeddings-and-output-weights")
     if not m.linear_bias:
         args.append("--disable-bias-linear")
-    if m.num_experts:
-        args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_top_k or 1)]
-        # The experts as grouped GEMMs (TEGroupedMLP), as plan prices them and as
-        # recompute_modules' moe_act needs (transformer_config.py: "moe_act in recompute_modules
-        # is only supported with moe_grouped_gemm"); without it Megatron-Core runs them one by one.
-        args.append("--moe-grouped-gemm")
-        if m.moe_ffn_hidden_size:
-            args += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
-        if m.moe_shared_experts:
-            shared = m.moe_shared_experts * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
-            args += ["--moe-shared-expert-intermediate-size", str(shared)]
-        if m.moe_dense_layers:
-            dense, moe = m.moe_dense_layers, m.num_layers - m.moe_dense_layers
-            args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{moe})"]
-        # backend.moe_dispatcher (null: Megatron-core's own default, allgather, no flag).
-        # megatron/core/transformer/transformer_config.py: moe_token_dispatcher_type
-        # allgather | alltoall | flex; flex with moe_flex_dispatcher_backend "deepep" (its
-        # default; moe_enable_deepep, the older switch, is deprecated in its favour), rendered
-        # explicitly so that the DeepEP that plan prices is what runs (Megatron-core MoE README's
-        # "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep").
-        dispatcher = cfg.backend.moe_dispatcher
-        if dispatcher is not None:
-            args += ["--moe-token-dispatcher-type", dispatcher]
-            if dispatcher == "flex":
-                args += ["--moe-flex-dispatcher-backend", "deepep"]
-        # backend.moe_comm_overlap: Megatron-Core's combined 1F1B schedule (its conditions:
-        # launcher/backends/moe_overlap.py, checked before anything is rendered).
-        if cfg.backend.moe_comm_overlap:
-            args.append("--overlap-moe-expert-parallel-comm")
+    return args
 
-    if m.mtp_layers:
-        # Multi-token prediction (Megatron-Core --mtp-num-layers; placed by an "m" in
-        # --pipeline-model-parallel-layout, else on the last pipeline stage).
-        args += ["--mtp-num-layers", str(m.mtp_layers)]
-    args += [
+
+def _moe_args(cfg: LLMTrainConfig) -> list[str]:
+    """Experts, their widths and placement, the token dispatcher and its overlap; none for a
+    dense model."""
+    m = cfg.model
+    if not m.num_experts:
+        return []
+    args = ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_top_k or 1)]
+    # The experts as grouped GEMMs (TEGroupedMLP), as plan prices them and as
+    # recompute_modules' moe_act needs (transformer_config.py: "moe_act in recompute_modules
+    # is only supported with moe_grouped_gemm"); without it Megatron-Core runs them one by one.
+    args.append("--moe-grouped-gemm")
+    if m.moe_ffn_hidden_size:
+        args += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+    if m.moe_shared_experts:
+        shared = m.moe_shared_experts * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
+        args += ["--moe-shared-expert-intermediate-size", str(shared)]
+    if m.moe_dense_layers:
+        dense, moe = m.moe_dense_layers, m.num_layers - m.moe_dense_layers
+        args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{moe})"]
+    # backend.moe_dispatcher (null: Megatron-core's own default, allgather, no flag).
+    # megatron/core/transformer/transformer_config.py: moe_token_dispatcher_type
+    # allgather | alltoall | flex; flex with moe_flex_dispatcher_backend "deepep" (its
+    # default; moe_enable_deepep, the older switch, is deprecated in its favour), rendered
+    # explicitly so that the DeepEP that plan prices is what runs (Megatron-core MoE README's
+    # "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep").
+    dispatcher = cfg.backend.moe_dispatcher
+    if dispatcher is not None:
+        args += ["--moe-token-dispatcher-type", dispatcher]
+        if dispatcher == "flex":
+            args += ["--moe-flex-dispatcher-backend", "deepep"]
+    # backend.moe_comm_overlap: Megatron-Core's combined 1F1B schedule (its conditions:
+    # launcher/backends/moe_overlap.py, checked before anything is rendered).
+    if cfg.backend.moe_comm_overlap:
+        args.append("--overlap-moe-expert-parallel-comm")
+    return args
+
+
+def _mtp_args(cfg: LLMTrainConfig) -> list[str]:
+    """Multi-token prediction (Megatron-Core --mtp-num-layers; placed by an "m" in
+    --pipeline-model-parallel-layout, else on the last pipeline stage)."""
+    m = cfg.model
+    return ["--mtp-num-layers", str(m.mtp_layers)] if m.mtp_layers else []
+
+
+def _parallel_args(cfg: LLMTrainConfig) -> list[str]:
+    """Tensor, pipeline (with its split), context and expert parallel sizes; sequence parallel;
+    ZeRO as the distributed optimizer (with its CPU offload) or Megatron-FSDP."""
+    p, z = cfg.parallel, cfg.zero
+    args = [
         "--tensor-model-parallel-size", str(p.tp),
         "--pipeline-model-parallel-size", str(p.pp),
-        *split,
+        *_split_args(cfg),
         "--context-parallel-size", str(p.cp),
     ]  # fmt: skip
     if p.ep > 1:
         args += ["--expert-model-parallel-size", str(p.ep)]
-        etp = expert_tensor_parallel(cfg, layout)
+        etp = expert_tensor_parallel(cfg, derive_layout(cfg))
         if etp != max(1, p.tp):
             # MoE parallel folding: the expert groups span tensor-parallel ranks too.
             args += ["--expert-tensor-parallel-size", str(etp)]
@@ -245,8 +263,14 @@ def megatron_args(
                 "--use-precision-aware-optimizer",
                 "--optimizer-offload-fraction", "1.0",
             ]  # fmt: skip
+    return args
 
-    args += [
+
+def _training_args(cfg: LLMTrainConfig) -> list[str]:
+    """Batch sizes, steps, the optimizer with its schedule and hyperparameters, the seed."""
+    o, t = cfg.optim, cfg.train
+    layout = derive_layout(cfg)
+    args = [
         "--micro-batch-size", str(layout.micro_batch_size),
         "--global-batch-size", str(layout.global_batch_size),
         "--train-iters", str(layout.steps),
@@ -267,6 +291,13 @@ def megatron_args(
             "--adam-beta2", repr(o.betas[1]),
             "--adam-eps", repr(o.eps),
         ]  # fmt: skip
+    return args
+
+
+def _precision_args(cfg: LLMTrainConfig) -> list[str]:
+    """bf16 or fp16 (with a fixed loss scale when precision.loss_scaling=none), fp8."""
+    prec = cfg.precision
+    args: list[str] = []
     if prec.compute_dtype == "bf16":
         args.append("--bf16")
     elif prec.compute_dtype == "fp16":
@@ -277,18 +308,31 @@ def megatron_args(
         args += ["--fp8-format", "hybrid"]
         if prec.fp8_param_gather:
             args.append("--fp8-param-gather")
+    return args
+
+
+def _recompute_args(cfg: LLMTrainConfig) -> list[str]:
+    """train.recompute as Megatron-LM's recompute granularity (and modules, method, layers)."""
+    t = cfg.train
     if t.recompute == "selective":
-        args += ["--recompute-granularity", "selective"]
+        args = ["--recompute-granularity", "selective"]
         if cfg.backend.recompute_modules is not None:
             # Megatron-Core's per-module recompute (launcher/backends/activation_modules.py;
             # without the flag Megatron recomputes its default, core_attn).
             args += ["--recompute-modules", *cfg.backend.recompute_modules]
-    elif t.recompute == "full":
-        args += [
+        return args
+    if t.recompute == "full":
+        return [
             "--recompute-granularity", "full",
             "--recompute-method", "uniform",
             "--recompute-num-layers", "1",
         ]  # fmt: skip
+    return []
+
+
+def _loss_fusion_and_offload_args(cfg: LLMTrainConfig) -> list[str]:
+    """backend.cross_entropy_fusion and backend.offload_modules."""
+    args: list[str] = []
     if cfg.backend.cross_entropy_fusion:
         # Megatron-Core's fused cross-entropy with Transformer Engine's kernel
         # (language_module.py compute_language_model_loss).
@@ -301,6 +345,32 @@ def megatron_args(
             "--offload-modules", *cfg.backend.offload_modules,
         ]  # fmt: skip
     return args
+
+
+def megatron_args(
+    cfg: LLMTrainConfig, data: MegatronData | None = None, run_dir: str | None = None
+) -> list[str]:
+    """The argument list (unquoted words). Raises MegatronUnsupported with every reason.
+
+    `data`: the resolved datasets (``launcher.data.sources.megatron_data``); `run_dir`: where
+    --save/--load point. Each part of the configuration has its step below, in the order the
+    flags are written: a new group of flags is one more line here."""
+    problems = [r.message for r in raw_refusals("megatron", cfg, device=False)]
+    if problems:
+        raise MegatronUnsupported(problems)
+    return [
+        *_model_shape_args(cfg),
+        *_sequence_args(cfg),
+        *_data_args(cfg, data, run_dir),
+        *_layer_args(cfg),
+        *_moe_args(cfg),
+        *_mtp_args(cfg),
+        *_parallel_args(cfg),
+        *_training_args(cfg),
+        *_precision_args(cfg),
+        *_recompute_args(cfg),
+        *_loss_fusion_and_offload_args(cfg),
+    ]
 
 
 def render_megatron_args(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from launcher.backends.common import backend_of
@@ -280,9 +281,37 @@ def lock_lines() -> list[str]:
 
 def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str) -> str:
     """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues."""
+    run_dir = _check_line("run_dir", run_dir)
+    head = _sbatch_directives(cfg, run_dir, workdir)
+    srun = _srun_words(cfg, python, run_dir, workdir)
+    stop = _stop_shell(cfg, run_dir)
+    body = [
+        "",
+        "set -uo pipefail",
+        f"RUN_DIR={shlex.quote(run_dir)}",
+        *_exports(job_env(cfg)),
+        *check_lines(secret_names(cfg), "llmtrain submit passes it in the environment of sbatch"),
+        *megatron_lines(cfg),
+        "",
+        *lock_lines(),
+        "",
+        *_done_already_lines(stop),
+        "",
+        *_rendezvous_lines(cfg),
+        f"rm -f {stop.marker}",
+        "",
+        *_training_step_lines(srun, stop),
+        "",
+        *_exit_lines(cfg, stop),
+    ]
+    return "\n".join(head + body) + "\n"
+
+
+def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[str]:
+    """The script's first lines: what it runs, then its ``#SBATCH`` directives (nodes, GPUs,
+    time, logs, the preemption signal, requeue, slurm.extra_sbatch_args)."""
     s, c = cfg.slurm, cfg.cluster
     q = shlex.quote
-    run_dir = _check_line("run_dir", run_dir)
     steps = derive_layout(cfg).steps
     n, g = c.num_nodes, c.gpus_per_node
     head = [
@@ -318,7 +347,14 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
             raise RenderError(problem)
         option, sep, value = arg.partition("=")
         head.append(f"#SBATCH {q(option)}={q(value)}" if sep else f"#SBATCH {q(option)}")
+    return head
 
+
+def _srun_words(cfg: LLMTrainConfig, python: str, run_dir: str, workdir: str) -> list[str]:
+    """The training step: srun (one task per node, in the container when there is one), the
+    per-node wrapper, and torchrun with the ranks' command, one line's worth per item."""
+    s, n = cfg.slurm, cfg.cluster.num_nodes
+    q = shlex.quote
     srun = [
         "srun",
         f"--nodes={n}",
@@ -333,13 +369,37 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
             f"--container-workdir={q(workdir)}",
         ]
     srun += [q(_check_line("slurm.extra_srun_args", a)) for a in s.extra_srun_args]
-    backend = backend_of(cfg)
-    # Ranks that do not answer USR1 themselves get SIGTERM on a preemption notice instead.
-    term_ranks = not backend.answers_usr1
-    node_wrapper = q(MEGATRON_NODE_WRAPPER if term_ranks else NODE_WRAPPER)
+    node_wrapper = q(MEGATRON_NODE_WRAPPER if _ranks_get_term(cfg) else NODE_WRAPPER)
     srun.append(f"bash -c {node_wrapper} llmtrain-node")
     srun += torchrun_words(cfg, python, run_dir, '"$rdzv_addr:$rdzv_port"', '"$SLURM_JOB_ID"')
+    return srun
 
+
+def _ranks_get_term(cfg: LLMTrainConfig) -> bool:
+    """Ranks that do not answer USR1 themselves get SIGTERM on a preemption notice instead."""
+    return not backend_of(cfg).answers_usr1
+
+
+@dataclass(frozen=True)
+class _StopShell:
+    """Shell text of how the job knows it is done or was stopped by a preemption notice."""
+
+    term_ranks: bool  # the ranks get SIGTERM on a preemption notice (_ranks_get_term)
+    steps: int
+    final: str  # the quoted path that shows the last step's checkpoint
+    done: str  # a test: the last step's checkpoint exists
+    marker: str  # the quoted path of the trainer's preemption marker
+    usr1: str  # the USR1 trap's command
+    preempted: str  # a test: the ranks stopped on a preemption notice
+    stopped: str  # the line that says so, before the requeue
+
+
+def _stop_shell(cfg: LLMTrainConfig, run_dir: str) -> _StopShell:
+    """llmtrain's trainer leaves a marker after its checkpoint on USR1; Megatron-LM's ranks get
+    SIGTERM instead, leave none, and are told done by the iteration in their tracker file."""
+    q = shlex.quote
+    steps = derive_layout(cfg).steps
+    backend = backend_of(cfg)
     final = q(f"{run_dir}/{CHECKPOINTS}/{step_dir_name(steps)}")
     done = f"[ -d {final} ]"
     if backend.checkpoint_tracker:
@@ -347,49 +407,47 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         final = q(f"{run_dir}/{CHECKPOINTS}/{backend.checkpoint_tracker}")
         done = f'[ "$(cat {final} 2>/dev/null)" = {steps} ]'
     marker = q(f"{run_dir}/{PREEMPTED}")
-    stopped = '  echo "llmtrain: checkpointed on a preemption signal; requeueing $SLURM_JOB_ID"'
-    usr1 = 'echo "llmtrain: USR1: checkpoint and stop"; forward USR1'
-    # llmtrain's trainer leaves the marker after its checkpoint; Megatron-LM leaves none.
-    preempted = f"[ -f {marker} ]"
-    if term_ranks:
-        usr1 = (
-            'preempted=1; echo "llmtrain: USR1: Megatron-LM ranks get SIGTERM (checkpoint and '
-            'stop)"; forward USR1'
+    if not _ranks_get_term(cfg):
+        return _StopShell(
+            term_ranks=False,
+            steps=steps,
+            final=final,
+            done=done,
+            marker=marker,
+            usr1='echo "llmtrain: USR1: checkpoint and stop"; forward USR1',
+            preempted=f"[ -f {marker} ]",
+            stopped='  echo "llmtrain: checkpointed on a preemption signal; requeueing '
+            '$SLURM_JOB_ID"',
         )
-        preempted = f'[ "$preempted" = 1 ] && ! {done}'
-        stopped = (
-            '  echo "llmtrain: Megatron-LM stopped on a preemption signal (newest checkpoint: '
-            f'iteration $(cat {final} 2>/dev/null || echo none)); requeueing $SLURM_JOB_ID"'
-        )
-    requeue = (
-        [
-            stopped,
-            '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
-            '  echo "llmtrain: scontrol requeue failed; resubmit to resume" >&2',
-            "  exit 99",
-        ]
-        if s.requeue
-        else [
-            '  echo "llmtrain: checkpointed after a preemption signal; slurm.requeue is off"',
-            "  exit 0  # a chained continuation job (if any) resumes from the checkpoint",
-        ]
+    return _StopShell(
+        term_ranks=True,
+        steps=steps,
+        final=final,
+        done=done,
+        marker=marker,
+        usr1='preempted=1; echo "llmtrain: USR1: Megatron-LM ranks get SIGTERM (checkpoint and '
+        'stop)"; forward USR1',
+        preempted=f'[ "$preempted" = 1 ] && ! {done}',
+        stopped='  echo "llmtrain: Megatron-LM stopped on a preemption signal (newest checkpoint: '
+        f'iteration $(cat {final} 2>/dev/null || echo none)); requeueing $SLURM_JOB_ID"',
     )
-    body = [
-        "",
-        "set -uo pipefail",
-        f"RUN_DIR={q(run_dir)}",
-        *_exports(job_env(cfg)),
-        *check_lines(secret_names(cfg), "llmtrain submit passes it in the environment of sbatch"),
-        *megatron_lines(cfg),
-        "",
-        *lock_lines(),
-        "",
+
+
+def _done_already_lines(stop: _StopShell) -> list[str]:
+    """Stop at once when the last step's checkpoint exists."""
+    return [
         "# Done already (a chained continuation job, or a requeue after the last step): stop.",
-        f"if {done}; then",
-        f'  echo "llmtrain: all {steps} steps are done ({final})"',
+        f"if {stop.done}; then",
+        f'  echo "llmtrain: all {stop.steps} steps are done ({stop.final})"',
         "  exit 0",
         "fi",
-        "",
+    ]
+
+
+def _rendezvous_lines(cfg: LLMTrainConfig) -> list[str]:
+    """The first node's address and a port from the job id (and restart count); the hostfile."""
+    g = cfg.cluster.gpus_per_node
+    return [
         "# Rendezvous on the first node's address as SLURM knows it (NodeAddr), not its name.",
         'rdzv_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'rdzv_addr=$(scontrol show node "$rdzv_node" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
@@ -401,15 +459,19 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         '>"$RUN_DIR/hostfile"',
         'echo "llmtrain: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on '
         '$SLURM_JOB_NODELIST, rendezvous $rdzv_addr:$rdzv_port"',
-        f"rm -f {marker}",
-        "",
+    ]
+
+
+def _training_step_lines(srun: list[str], stop: _StopShell) -> list[str]:
+    """srun in the background with the signal traps, waited for until it has exited."""
+    return [
         "srun_pid=",
         "cancelled=0",
-        *(["preempted=0"] if term_ranks else []),
+        *(["preempted=0"] if stop.term_ranks else []),
         "forward() {  # forward SIG: hand a signal to every process of the training step",
         '  [ -n "$srun_pid" ] && kill -"$1" "$srun_pid" 2>/dev/null',
         "}",
-        f"trap {q(usr1)} USR1",
+        f"trap {shlex.quote(stop.usr1)} USR1",
         "trap 'cancelled=1; forward TERM' TERM INT",
         _continued(srun) + " &",
         "srun_pid=$!",
@@ -417,15 +479,33 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
         'while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; done',
         'wait "$srun_pid"',
         "rc=$?",
-        "",
+    ]
+
+
+def _exit_lines(cfg: LLMTrainConfig, stop: _StopShell) -> list[str]:
+    """After srun: cancelled, preempted (requeue, or stop when slurm.requeue is off), or the
+    training step's own exit code."""
+    requeue = (
+        [
+            stop.stopped,
+            '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            '  echo "llmtrain: scontrol requeue failed; resubmit to resume" >&2',
+            "  exit 99",
+        ]
+        if cfg.slurm.requeue
+        else [
+            '  echo "llmtrain: checkpointed after a preemption signal; slurm.requeue is off"',
+            "  exit 0  # a chained continuation job (if any) resumes from the checkpoint",
+        ]
+    )
+    return [
         'if [ "$cancelled" = 1 ]; then',
         '  echo "llmtrain: cancelled"',
         "  exit 143",
         "fi",
-        f"if {preempted}; then",
+        f"if {stop.preempted}; then",
         *requeue,
         "fi",
         'echo "llmtrain: training step exited with code $rc"',
         'exit "$rc"',
     ]
-    return "\n".join(head + body) + "\n"

@@ -108,15 +108,32 @@ def plan_headline(plan: Plan) -> str:
 def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
     """The answer first, in about 25 lines at 80 columns: the verdict, the smallest changes that
     fit when it does not, memory, time, throughput, cost. `detail` adds the tables behind it."""
+    _print_summary_panel(plan, console)
+    if not plan.memory.fits:
+        _print_fixes(plan, console)
+    _print_memory_bar(plan, console)
+    _print_headline_figures(plan, console)
+    if not detail:
+        console.print(f"[dim]{DETAIL_HINT}[/]")
+        return
+    _print_memory_table(plan, console)
+    _print_stage_table(plan, console)
+    _render_timeline(plan, console)
+    _print_time_table(plan, console)
+    _print_collectives_table(plan, console)
+    _print_totals_table(plan, console)
+    console.print("[dim]Assumptions:[/]")
+    for a in plan.assumptions:
+        console.print(f"[dim]- {a}[/]")
+
+
+def _print_summary_panel(plan: Plan, console: Console) -> None:
+    """The boxed verdict: model, GPUs, backend, fine-tuning, heaviest rank, layout, engine."""
     from rich.panel import Panel
-    from rich.table import Table
-    from rich.text import Text
 
     mem = plan.memory
     h = mem.heaviest
     lay = plan.layout
-    t = plan.time
-    tot = plan.totals
     verdict = VERDICT_TEXT[mem.verdict]
     console.print(
         Panel(
@@ -131,16 +148,27 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
             title="llmtrain plan",
         )
     )
-    if not mem.fits:
-        console.print("[bold]Smallest changes that fit[/] (device GiB):")
-        for f in plan.fixes[:5]:
-            console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}")
-        if not plan.fixes:
-            console.print(
-                "  none found among zero (stages, offload, its group options), recompute, "
-                "micro-batch, tp, pp and pairs of them that validate accepts"
-            )
-    # Stacked bar of memory buckets against capacity.
+
+
+def _print_fixes(plan: Plan, console: Console) -> None:
+    """The smallest changes that fit (at most five), or what was tried when none does."""
+    console.print("[bold]Smallest changes that fit[/] (device GiB):")
+    for f in plan.fixes[:5]:
+        console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}")
+    if not plan.fixes:
+        console.print(
+            "  none found among zero (stages, offload, its group options), recompute, "
+            "micro-batch, tp, pp and pairs of them that validate accepts"
+        )
+
+
+def _print_memory_bar(plan: Plan, console: Console) -> None:
+    """The heaviest rank's buckets as a stacked bar against capacity, the usable limit marked
+    under it, and the bar's legend."""
+    from rich.text import Text
+
+    mem = plan.memory
+    h = mem.heaviest
     width = max(20, min(100, console.width - 10))
     scale = max(mem.capacity, h.device_total)
     bar = Text()
@@ -166,6 +194,14 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         item = Text(f"{GLYPHS[name]} " if plain else "■ ", style=colour)
         items.append(item + Text(f"{name} {value / GIB:.1f}"))
     _print_legend(console, items)
+
+
+def _print_headline_figures(plan: Plan, console: Console) -> None:
+    """Peak memory, host memory (offload), step time and its parts, where the prices come from,
+    throughput, and the whole training's time, cost and checkpoint cadence."""
+    h = plan.memory.heaviest
+    t = plan.time
+    tot = plan.totals
     console.print(
         f"[bold]peak[/] allocated {_gib(h.allocated)}, reserved {_gib(h.reserved)} (torch), "
         f"device {_gib(h.device_total)}; {band_text(plan.memory_band)}"
@@ -191,10 +227,14 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         f"{tot.checkpoint_bytes / 1e9:,.1f} GB every {_dur(tot.checkpoint_interval_s)} "
         "(Young/Daly)"
     )
-    if not detail:
-        console.print(f"[dim]{DETAIL_HINT}[/]")
-        return
 
+
+def _print_memory_table(plan: Plan, console: Console) -> None:
+    """The heaviest rank's memory by bucket, with torch's and the device's totals (--detail)."""
+    from rich.table import Table
+
+    mem = plan.memory
+    h = mem.heaviest
     table = Table(title=f"Memory per GPU, stage {h.stage} (heaviest)")
     table.add_column("bucket")
     table.add_column("GiB", justify="right")
@@ -211,22 +251,34 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         table.add_row("host (offload) per GPU", f"{h.host_bytes / GIB:.2f}")
         table.add_row("host per node", f"{h.host_bytes * plan.hardware.gpus_per_node / GIB:.2f}")
     console.print(table)
-    if len(mem.stages) > 1:
-        st = Table(title="Per pipeline stage")
-        for col in ("stage", "layers", "in flight", "allocated GiB", "device GiB"):
-            st.add_column(col, justify="right")
-        for s in mem.stages:
-            st.add_row(
-                str(s.stage),
-                str(s.layers),
-                str(s.in_flight),
-                f"{s.allocated / GIB:.1f}",
-                f"{s.device_total / GIB:.1f}",
-            )
-        console.print(st)
 
-    _render_timeline(plan, console)
 
+def _print_stage_table(plan: Plan, console: Console) -> None:
+    """Memory per pipeline stage (--detail, with more than one stage)."""
+    from rich.table import Table
+
+    stages = plan.memory.stages
+    if len(stages) <= 1:
+        return
+    st = Table(title="Per pipeline stage")
+    for col in ("stage", "layers", "in flight", "allocated GiB", "device GiB"):
+        st.add_column(col, justify="right")
+    for s in stages:
+        st.add_row(
+            str(s.stage),
+            str(s.layers),
+            str(s.in_flight),
+            f"{s.allocated / GIB:.1f}",
+            f"{s.device_total / GIB:.1f}",
+        )
+    console.print(st)
+
+
+def _print_time_table(plan: Plan, console: Console) -> None:
+    """The step time's parts, throughput, MFU/HFU and FLOPs per token (--detail)."""
+    from rich.table import Table
+
+    t = plan.time
     tt = Table(title="Time per step")
     tt.add_column("quantity")
     tt.add_column("value", justify="right")
@@ -245,23 +297,36 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
     )
     console.print(tt)
 
-    if t.collectives:
-        ct = Table(title="Collectives per step (heaviest stage)")
-        for col in ("collective", "group", "size", "message", "calls", "GB/s", "time", "exposed"):
-            ct.add_column(col, justify="right" if col not in ("collective", "group") else "left")
-        for c in t.collectives:
-            ct.add_row(
-                c.name,
-                c.group,
-                str(c.group_size),
-                f"{c.message_bytes / 1e6:,.1f} MB",
-                str(c.calls_per_step),
-                f"{c.bus_gbps:g}",
-                _dur(c.time_s),
-                "hidden" if c.hidden else _dur(c.exposed_s),
-            )
-        console.print(ct)
 
+def _print_collectives_table(plan: Plan, console: Console) -> None:
+    """Each collective of a step on the heaviest stage, hidden or exposed (--detail)."""
+    from rich.table import Table
+
+    collectives = plan.time.collectives
+    if not collectives:
+        return
+    ct = Table(title="Collectives per step (heaviest stage)")
+    for col in ("collective", "group", "size", "message", "calls", "GB/s", "time", "exposed"):
+        ct.add_column(col, justify="right" if col not in ("collective", "group") else "left")
+    for c in collectives:
+        ct.add_row(
+            c.name,
+            c.group,
+            str(c.group_size),
+            f"{c.message_bytes / 1e6:,.1f} MB",
+            str(c.calls_per_step),
+            f"{c.bus_gbps:g}",
+            _dur(c.time_s),
+            "hidden" if c.hidden else _dur(c.exposed_s),
+        )
+    console.print(ct)
+
+
+def _print_totals_table(plan: Plan, console: Console) -> None:
+    """The whole training: steps, time, GPU-hours, cost, checkpoints and failures (--detail)."""
+    from rich.table import Table
+
+    tot = plan.totals
     to = Table(title="Totals")
     to.add_column("quantity")
     to.add_column("value", justify="right")
@@ -277,10 +342,6 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
     to.add_row("expected time lost", f"{tot.lost_fraction:.1%}")
     to.add_row("expected wall time", _dur(tot.expected_wall_s))
     console.print(to)
-
-    console.print("[dim]Assumptions:[/]")
-    for a in plan.assumptions:
-        console.print(f"[dim]- {a}[/]")
 
 
 def _print_legend(console: Console, items: list[Any]) -> None:
