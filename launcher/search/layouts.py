@@ -13,13 +13,14 @@ A key the user fixed on the command line keeps its configured value. The backend
 offloads, schedules and sequence parallelism it runs are in the space.
 
 How it stays fast while using the planner's own formulas (nothing is re-derived here):
-1. Divisibility pruning, level by level (tp, cp, pp, ep, micro-batch, schedule, recompute, then
-   zero/offload/sequence parallel): the error conditions of ``launcher.validate.rules`` written
-   for the values that vary (``LayoutSpace.violated_rule``); a pruned value counts every layout
-   under it against that rule. Then the backend's own refusals (``backends.raw_refusals``, the
-   function validate's backend-capabilities rule calls), memoised on the values they depend on.
-   Tests compare this with ``check()`` on every layout of small spaces, and every layout returned
-   is checked with ``check()`` again.
+1. Rule pruning, level by level (tp, cp, pp, dp, ep, micro-batch, micro-batches, schedule, then
+   sequence parallel/zero/offload, ``space.LEVELS``): every error condition validate declares
+   (``launcher.validate.rule.LayoutRule``) prunes at the first level where the values it reads are
+   fixed (``LayoutSpace.refused``); a pruned value counts every layout under it against that rule.
+   Then the backend's own refusals (``backends.raw_refusals``, the function validate's
+   backend-capabilities rule calls), memoised on the values they depend on. Tests compare this
+   with ``check()`` on every layout of small spaces, and every layout returned is checked with
+   ``check()`` again.
 2. Best-first with bounds: a step is never shorter than (compute + exposed TP/CP/EP/PP
    communication of one micro-batch) x micro-batches x (1 + bubble overhead)
    (``timing.microbatch_compute_s``, ``timing.microbatch_time``, ``schedule.bubble_overhead``).
@@ -139,6 +140,43 @@ def _smallest_cluster(
     return None
 
 
+def _check_request(
+    cfg: LLMTrainConfig,
+    top: int,
+    min_headroom: float,
+    caps: dict[str, int | None],
+    fixed: frozenset[str],
+) -> None:
+    """UserError for options out of range, caps below a fixed degree, and configuration errors
+    no layout can fix."""
+    if top < 1:
+        raise UserError(f"--top={top}: must be at least 1")
+    if not 0.0 <= min_headroom < 1.0:
+        raise UserError(f"--headroom={min_headroom}: must be a fraction in [0, 1), e.g. 0.10")
+    for degree, cap in caps.items():
+        if cap is not None and cap < 1:
+            raise UserError(f"--max-{degree}={cap}: must be at least 1")
+    for degree, cap in caps.items():
+        key, name = f"parallel.{degree}", f"--max-{degree}"
+        value = getattr(cfg.parallel, degree)
+        if key in fixed and cap is not None and value > cap:
+            raise UserError(
+                f"{key}={value} is fixed on the command line but {name}={cap} allows at most "
+                f"{cap}; drop one of them, e.g. {name}={value} or {key}={cap}"
+            )
+    problems = _config_errors(cfg)
+    if problems:
+        hint = (
+            f"\n(no layout of backend={cfg.backend.name} fixes these; --any-backend searches every "
+            "backend)"
+            if any(p.startswith("[backend-capabilities]") for p in problems)
+            else ""
+        )
+        raise UserError(
+            "the configuration has errors no layout can fix:\n  " + "\n  ".join(problems) + hint
+        )
+
+
 def search(
     cfg: LLMTrainConfig,
     *,
@@ -162,35 +200,8 @@ def search(
     searched up to `max_nodes` nodes.
     """
     start = time.perf_counter()
-    if top < 1:
-        raise UserError(f"--top={top}: must be at least 1")
-    if not 0.0 <= min_headroom < 1.0:
-        raise UserError(f"--headroom={min_headroom}: must be a fraction in [0, 1), e.g. 0.10")
-    for name, value in (("--max-tp", max_tp), ("--max-pp", max_pp), ("--max-cp", max_cp)):
-        if value is not None and value < 1:
-            raise UserError(f"{name}={value}: must be at least 1")
     fixed = frozenset(fixed)
-    for key, value, name, cap in (
-        ("parallel.tp", cfg.parallel.tp, "--max-tp", max_tp),
-        ("parallel.pp", cfg.parallel.pp, "--max-pp", max_pp),
-        ("parallel.cp", cfg.parallel.cp, "--max-cp", max_cp),
-    ):
-        if key in fixed and cap is not None and value > cap:
-            raise UserError(
-                f"{key}={value} is fixed on the command line but {name}={cap} allows at most "
-                f"{cap}; drop one of them, e.g. {name}={value} or {key}={cap}"
-            )
-    problems = _config_errors(cfg)
-    if problems:
-        hint = (
-            f"\n(no layout of backend={cfg.backend.name} fixes these; --any-backend searches every "
-            "backend)"
-            if any(p.startswith("[backend-capabilities]") for p in problems)
-            else ""
-        )
-        raise UserError(
-            "the configuration has errors no layout can fix:\n  " + "\n  ".join(problems) + hint
-        )
+    _check_request(cfg, top, min_headroom, {"tp": max_tp, "pp": max_pp, "cp": max_cp}, fixed)
     space_args: dict[str, object] = {
         "fixed": fixed,
         "max_tp": max_tp,

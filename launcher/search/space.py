@@ -328,6 +328,8 @@ class LayoutSpace:
             if rule:
                 return rule
         m = values["microbatches"] = self.microbatches(c.micro_batch_size, values["dp"])
+        if m is None:
+            raise AssertionError(f"{c} passed the batch rules without micro-batches")
         values.update(pp_schedule=c.pp_schedule, vpp=c.vpp)
         values.update(sequence_parallel=c.sequence_parallel, zero_stage=c.zero_stage)
         values["offload_optimizer"] = c.offload_optimizer
