@@ -143,13 +143,12 @@ def rule(name: str) -> Callable[[RuleFn], RuleFn]:
 
 
 def declare(name: str, *parts: Part) -> DeclaredRule:
-    """Register a rule made of these parts (conditions named after another rule are refused)."""
+    """A rule made of these parts (a condition named after another rule is refused). It counts
+    once it is in RULES (launcher/validate/rules.py registers the built-in ones in order)."""
     for part in parts:
         if isinstance(part, LayoutRule) and part.name != name:
             raise ValueError(f"condition of rule {part.name} declared under {name}")
-    declared = DeclaredRule(name, parts)
-    RULES[name] = declared
-    return declared
+    return DeclaredRule(name, parts)
 
 
 def layout_conditions() -> list[LayoutRule]:
