@@ -130,7 +130,7 @@ def copy_replacing(obj: _T, **changes: object) -> _T:
 
 @dataclass(frozen=True)
 class LayoutSpace:
-    """The grid of layouts for one configuration and cluster, and the rules' arithmetic on it."""
+    """The grid of layouts for one configuration and cluster, and the rules on partial layouts."""
 
     base: LLMTrainConfig
     fixed: frozenset[str]

@@ -28,7 +28,8 @@ WARNING = "warning"
 # The layout values a LayoutRule may read, in the order the layout search fixes them (dp is
 # derived from the world size once tp, cp and pp are; microbatches from the batch sizes once the
 # micro-batch size is). In `validate`, dp is None when dp x tp x pp x cp does not cover the world:
-# the world-size rule says so, and the conditions reading dp stay silent.
+# the world-size rule says so, and the conditions reading dp stay silent. The recomputation is not
+# one (no rule reads it): a condition on it would need a level of its own in the search.
 LAYOUT_VALUES = (
     "tp",
     "cp",

@@ -93,9 +93,7 @@ def test_the_search_prunes_with_a_registered_rule() -> None:
     assert result.rejected[NAME] == refused[NAME]
     assert result.candidates
     assert not [
-        c
-        for c in result.candidates
-        if c.choice.micro_batch_size == 2 and c.choice.zero_stage == 3
+        c for c in result.candidates if c.choice.micro_batch_size == 2 and c.choice.zero_stage == 3
     ]
 
 
