@@ -520,11 +520,16 @@ def launch_refusal(cfg: LLMTrainConfig) -> str | None:
     )
 
 
+def expert_span_names(cfg: LLMTrainConfig) -> tuple[str, ...]:
+    """The degrees whose ranks hold the expert-parallel groups for this backend."""
+    b = all_backends().get(cfg.backend.name)
+    return b.expert_span if b else ("dp", "cp")
+
+
 def expert_span(cfg: LLMTrainConfig, layout: Layout) -> tuple[tuple[str, ...], int]:
     """The degrees whose ranks hold the expert-parallel groups for this backend, and their product
     (Megatron-core's MoE parallel folding draws them from tp x cp x dp; the others from dp x cp)."""
-    b = all_backends().get(cfg.backend.name)
-    names = b.expert_span if b else ("dp", "cp")
+    names = expert_span_names(cfg)
     size = 1
     for n in names:
         size *= getattr(layout, n)

@@ -1,6 +1,7 @@
-"""The layout rules' arithmetic, written once: small predicates that validate's rules
-(launcher/validate/rules.py, which word the errors and the values that work) and the layout
-search's space (launcher/search/layouts.py, which prunes the values that vary) both call.
+"""The layout rules' arithmetic, written once: small predicates that the declared conditions of
+validate's layout rules call (launcher/validate/parallel_rules.py and split_rules.py, which also
+word the errors and the values that work). The layout search (launcher/search/space.py) reaches
+them only through those conditions, and derives the micro-batches per step with ``microbatches``.
 
 Conventions (launcher/validate/rules.py's docstring states them for users):
 - tensor parallel splits the attention heads, the key/value heads (or replicates each kv head
