@@ -7,7 +7,7 @@ Hydra does the composition (defaults lists, group options, override grammar). On
 - reject unknown keys, also those added with `+` (Hydra accepts those silently on structured
   configs), naming the valid keys of that node;
 - turn OmegaConf's type errors into one line naming the key and the expected type;
-- check the fixed-choice keys of ``schema.CHOICES``.
+- check the fixed-choice keys (``key_info.choices``, declared on the schema's fields).
 Every problem found is raised together as one ``ConfigError`` (exit code 2, no traceback).
 
 Hydra and OmegaConf are imported inside the functions that use them: a composition found in
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher import resources
-from launcher.config import compose_cache, config_file, hf_model
-from launcher.config.schema import CHOICES, LLMTrainConfig
+from launcher.config import compose_cache, config_file, hf_model, key_info
+from launcher.config.schema import LLMTrainConfig
 from launcher.config.schema_keys import (
     BUDGET_PARTNER,
     all_schema_keys,
@@ -502,7 +502,7 @@ def _nest(dotted: str) -> dict[str, Any]:
 
 def choice_problems(values: dict[str, Any]) -> list[str]:
     problems = []
-    for key, allowed in CHOICES.items():
+    for key, allowed in key_info.choices().items():
         node: Any = values
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
