@@ -15,22 +15,30 @@ from typing import Any
 
 from launcher.config import schema
 from launcher.config.allowed import METADATA_KEY, Allowed
-from launcher.config.schema_keys import all_schema_keys, dataclass_of
+from launcher.config.schema_keys import all_schema_keys, dataclass_of, schema_fields
 
 
 def schema_field(dotted: str) -> dataclasses.Field[Any] | None:
-    """The dataclass field of a dotted key, or None when the schema has no such key."""
-    cls: type | None = schema.LLMTrainConfig
-    found: dataclasses.Field[Any] | None = None
-    for part in dotted.split("."):
-        if cls is None:
-            return None
-        by_name = {f.name: f for f in dataclasses.fields(cls)}
-        if part not in by_name:
-            return None
-        found = by_name[part]
-        cls = dataclass_of(typing.get_type_hints(cls)[part])
-    return found
+    """The dataclass field of a dotted key (a section's too), or None when the schema has no
+    such key."""
+    return _fields().get(dotted)
+
+
+@cache
+def _fields() -> dict[str, dataclasses.Field[Any]]:
+    """Every field of the schema by dotted key, read once."""
+    out: dict[str, dataclasses.Field[Any]] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = schema_fields(cls)
+        for f in dataclasses.fields(cls):
+            out[f"{prefix}{f.name}"] = f
+            sub = dataclass_of(hints[f.name])
+            if sub is not None:
+                walk(sub, f"{prefix}{f.name}.")
+
+    walk(schema.LLMTrainConfig, "")
+    return out
 
 
 def allowed(dotted: str) -> Allowed | None:

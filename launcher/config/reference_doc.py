@@ -23,6 +23,8 @@ from launcher import fsio, resources
 from launcher.config import key_info, schema
 from launcher.config.schema_keys import dataclass_of
 
+# The heading the generated section starts at (the page's last section), the command that writes
+# it, and the page it is written into (in the source checkout: a developer's tool).
 REFERENCE_HEADING = "## Key reference"
 COMMAND = "python -m launcher.config.reference_doc"
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

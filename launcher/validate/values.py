@@ -103,14 +103,14 @@ def bound_problem(cfg: LLMTrainConfig, key: str, value: object, spec: Allowed) -
         optional = type(None) in typing.get_args(kind)
         return None if optional else _bound_words(cfg, spec, integer=integer)
     if spec.length is not None:
-        ok = isinstance(value, list | tuple) and len(value) == spec.length
-        ok = ok and all(_within(v, spec, None, integer=False) for v in value)  # type: ignore[union-attr]
+        items = list(value) if isinstance(value, list | tuple) else []
+        ok = len(items) == spec.length and all(_within(v, spec, None, integer=False) for v in items)
     else:
         limit = _value(cfg, spec.le_key) if spec.le_key else None
         ok = _within(value, spec, limit, integer=integer)
     if not ok:
         return _bound_words(cfg, spec, integer=integer)
-    if spec.typo_above is not None and value > spec.typo_above:  # type: ignore[operator]
+    if spec.typo_above is not None and isinstance(value, int) and value > spec.typo_above:
         return f"implausibly large (limit {spec.typo_above:,}); check for a typo"
     return None
 
