@@ -153,6 +153,7 @@ def _warning(name: str, keys: tuple[str, ...], message: str) -> Violation:
 
 # --- rules ---
 
+
 # Each key's value on its own: the bounds its schema field declares and what the ranks can hold
 # (launcher/validate/values.py).
 @rule("positive-values")
