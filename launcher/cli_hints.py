@@ -79,13 +79,13 @@ def complete_override(incomplete: str, args: Sequence[str] = ()) -> list[str]:
 def _values_of(key: str, partial: str) -> list[str]:
     """The values a group or a fixed-choice key takes that start with `partial`."""
     from launcher.config.compose import group_options, groups
-    from launcher.config.schema import CHOICES
+    from launcher.config.key_info import choices
     from launcher.config.schema_keys import field_type
 
     if key in groups():
         values = list(group_options(key))
-    elif key in CHOICES:
-        values = [str(v) for v in CHOICES[key]]
+    elif key in choices():
+        values = list(choices()[key])
     elif field_type(key) in (bool, bool | None):
         values = ["true", "false"]
     else:

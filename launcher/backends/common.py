@@ -137,7 +137,7 @@ class Backend:
     cp_ring_kv_buffers: float = 2.0
     cp_ring_kv_fp32_buffers: float = 2.0
     cp_ring_q_fp32_buffers: float = 1.0
-    # The MoE token dispatchers the ranks can run (backend.moe_dispatcher; MOE_DISPATCHERS), the
+    # The MoE token dispatchers the ranks can run (backend.moe_dispatcher's choices), the
     # first being the default (backend.moe_dispatcher=null). Priced by plan.timing (the expert
     # all-to-all / all-gather) and plan.memory.dispatcher_bytes.
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
@@ -183,7 +183,7 @@ class Backend:
         return first is not None and cfg.zero.stage >= first and pp > 1
 
 
-# backend.moe_dispatcher's values (schema.MOE_DISPATCHERS):
+# backend.moe_dispatcher's values (the choices on its schema field):
 # - allgather: every rank gathers the hidden states of its tp x ep group's tokens and keeps those
 #   routed to its experts; the outputs go back by reduce-scatter (Megatron-core's
 #   MoEAllGatherTokenDispatcher, --moe-token-dispatcher-type allgather).

@@ -35,7 +35,6 @@ from launcher.backends.common import Refusal, device_of, precision_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 
-FP8_RECIPES = ("tensorwise", "rowwise")
 # The chunked loss's fp32 logits per chunk: at most 2**27 elements (512 MiB); at V = 128k that is
 # ~1k tokens, a [1k x h x 128k] GEMM, large enough to run at full speed on a GPU.
 LOSS_CHUNK_ELEMENTS = 2**27

@@ -7,7 +7,7 @@ Hydra does the composition (defaults lists, group options, override grammar). On
 - reject unknown keys, also those added with `+` (Hydra accepts those silently on structured
   configs), naming the valid keys of that node;
 - turn OmegaConf's type errors into one line naming the key and the expected type;
-- check the fixed-choice keys of ``schema.CHOICES``.
+- check the fixed-choice keys (``key_info.choices``, declared on the schema's fields).
 Every problem found is raised together as one ``ConfigError`` (exit code 2, no traceback).
 
 Hydra and OmegaConf are imported inside the functions that use them: a composition found in
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import resources
-from launcher.config import compose_cache, config_file, hf_model
+from launcher.config import compose_cache, config_file, hf_model, key_info
 from launcher.config.compose_messages import (
     INDEX,
     expected_type,
@@ -35,7 +35,7 @@ from launcher.config.compose_messages import (
     yaml_problem,
 )
 from launcher.config.group_options import group_options
-from launcher.config.schema import CHOICES, LLMTrainConfig
+from launcher.config.schema import LLMTrainConfig
 from launcher.config.schema_keys import (
     BUDGET_PARTNER,
     all_schema_keys,
@@ -494,7 +494,7 @@ def _below_a_value(key: str) -> list[str]:
 
 def choice_problems(values: dict[str, Any]) -> list[str]:
     problems = []
-    for key, allowed in CHOICES.items():
+    for key, allowed in key_info.choices().items():
         node: Any = values
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None

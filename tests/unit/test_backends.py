@@ -12,7 +12,7 @@ import pytest
 from launcher.backends import all_backends, launch_refusal, raw_refusals, refusals
 from launcher.backends.common import backend_of
 from launcher.config.compose import compose_config
-from launcher.config.schema import CHOICES
+from launcher.config.key_info import choices
 from launcher.plan.kernels import attention_kernel
 from launcher.plan.memory import bytes_per_param, fp8_weight_copy_bytes
 from launcher.render.run_files import BACKEND_FILES
@@ -267,7 +267,7 @@ def test_nothing_outside_the_backends_branches_on_a_backend_name() -> None:
 
 
 def test_the_backend_choices_are_the_backend_modules() -> None:
-    assert CHOICES["backend.name"] == tuple(all_backends())
+    assert choices()["backend.name"] == tuple(all_backends())
     for name, backend in all_backends().items():
         assert backend.name == name
 

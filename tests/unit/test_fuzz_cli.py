@@ -36,8 +36,9 @@ from typer.testing import CliRunner
 
 from launcher import resources
 from launcher.cli import app, entry
-from launcher.config import compose
-from launcher.config.schema import CHOICES
+from launcher.config import compose, key_info
+from launcher.config.allowed import Allowed
+from launcher.config.schema_keys import field_type
 from launcher.errors import UserError
 from launcher.validate import rules
 
@@ -58,6 +59,27 @@ GROUPS: tuple[str, ...] = tuple(compose.groups())
 FILE_GROUPS: tuple[str, ...] = tuple(g for g in GROUPS if g in NODES)
 # Keys that are both a group and a top-level value, or mappings that take any key below them.
 NOT_DELETABLE_BY_SCHEMA = {"recipe"}
+# The fixed-choice keys and the bounds declared on the schema's fields.
+CHOICES: dict[str, tuple[str, ...]] = key_info.choices()
+RANGES: dict[str, Allowed] = key_info.ranges()
+TYPO_LIMITS = {k: s.typo_above for k, s in RANGES.items() if s.typo_above is not None}
+
+
+def _bounded(*, integer: bool, ge: int | None = None, gt: int | None = None) -> tuple[str, ...]:
+    """The keys of one kind whose only bound is this lower one."""
+    return tuple(
+        k
+        for k, s in RANGES.items()
+        if (s.ge, s.gt, s.le, s.lt, s.le_key, s.length, s.example)
+        == (ge, gt, None, None, None, None, None)
+        and (int in (field_type(k), *typing.get_args(field_type(k)))) == integer
+    )
+
+
+POSITIVE_INTS = _bounded(integer=True, ge=1)
+COUNTS = _bounded(integer=True, ge=0)
+POSITIVE_NUMBERS = _bounded(integer=False, gt=0)
+NON_NEGATIVE_NUMBERS = _bounded(integer=False, ge=0)
 MAPPING_KEYS = {k for k in KEYS if typing.get_origin(compose._field_type(k)) is dict}
 # OmegaConf reads these as booleans (and any integer), so they are not junk for a bool key.
 BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "none", "inf", "nan"}
@@ -241,18 +263,18 @@ def out_of_range(draw: st.DrawFn) -> Case:
         betas = draw(st.sampled_from([(0.9, 1.0), (-0.1, 0.9), (1.5, 0.5), (0.9, 0.95, 0.99)]))
         value = str(list(betas))
     elif pick == 4:
-        key = draw(st.sampled_from(sorted(rules._ABSURD)))
-        value = draw(st.integers(rules._ABSURD[key] + 1, 10**30))
+        key = draw(st.sampled_from(sorted(TYPO_LIMITS)))
+        value = draw(st.integers(TYPO_LIMITS[key] + 1, 10**30))
     elif pick == 5:
-        key = draw(st.sampled_from(rules._NON_NEGATIVE))
+        key = draw(st.sampled_from(COUNTS))
         value = draw(st.integers(-(10**12), -1))
     elif pick == 6:
-        key = draw(st.sampled_from(rules._POSITIVE_NUMBER + rules._NON_NEGATIVE_NUMBER))
+        key = draw(st.sampled_from(POSITIVE_NUMBERS + NON_NEGATIVE_NUMBERS))
         value = draw(st.one_of(st.just("nan"), st.just("inf"), FRACTION.map(lambda f: -abs(f))))
-        if key in rules._POSITIVE_NUMBER and draw(st.booleans()):
+        if key in POSITIVE_NUMBERS and draw(st.booleans()):
             value = draw(st.sampled_from(["0", "0.0", "-1"]))
     else:
-        key = draw(st.sampled_from(rules._POSITIVE + rules._POSITIVE_OPTIONAL))
+        key = draw(st.sampled_from(POSITIVE_INTS))
         value = draw(st.one_of(st.just(0), st.integers(-(10**12), -1)))
     return Case("out-of-range", (f"{key}={value}",), (key,), commands=VALIDATING)
 

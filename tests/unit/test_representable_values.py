@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.config.compose import compose_config
-from launcher.validate.rules import FP32_MAX, FP32_TINY, INT64_MAX, check
+from launcher.validate.rules import check
+from launcher.validate.values import FP32_MAX, FP32_TINY, INT64_MAX
 
 pytestmark = pytest.mark.unit
 
