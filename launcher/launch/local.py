@@ -188,6 +188,7 @@ def place_of(cfg: LLMTrainConfig, run_dir: Path) -> Place:
 def prepare_run_dir(
     composed: Composed,
     plan_json: dict[str, Any],
+    *,
     fresh: bool,
     guard: Callable[[Path], None] | None = None,
     mode: str = LOCAL,
@@ -277,7 +278,7 @@ def _write_run_dir(run: RunDir, files: dict[str, str], resuming: bool) -> None:
         raise UserError(_write_problem(exc, run.root)) from None
 
 
-def launch(prepared: Prepared, progress_to_stderr: bool = False, screen: bool = True) -> None:
+def launch(prepared: Prepared, *, progress_to_stderr: bool = False, screen: bool = True) -> None:
     """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
     RunInterrupted (``launcher.launch.run_outcome``). The run's lock stays open in torchrun for
     its whole life. With `screen`, rank 0's log is shown as it grows (on stderr with
