@@ -114,10 +114,9 @@ def train_here(
 ) -> None:
     """Record the command, then train in the prepared run directory until the run ends; a run
     that failed, was preempted or interrupted says how to resume it and exits with its code."""
-    from launcher.launch.handles import LocalRun
     from launcher.launch.local import describe, launch
     from launcher.launch.run_outcome import RunFailed, RunInterrupted, RunPreempted
-    from launcher.launch.run_record import record_command
+    from launcher.launch.run_record import read_command, record_command, resume_command
 
     try:
         try:  # command.json: what `status` shows and the command that resumes the run
@@ -142,7 +141,7 @@ def train_here(
         # a detached run writes no progress (its rank-0 log has it).
         launch(prepared, progress_to_stderr=as_json, screen=not child)
     except (RunFailed, RunPreempted, RunInterrupted) as exc:
-        again = LocalRun.at(prepared.run_dir).resume_command()
+        again = resume_command(read_command(prepared.run_dir), prepared.run_dir)
         if as_json:
             print_json(
                 {

@@ -63,10 +63,6 @@ class LocalRun:
     info: local_runs.RunInfo
     units: str = "runs"
 
-    @classmethod
-    def at(cls, folder: Path) -> LocalRun:
-        return cls(local_runs.run_info(folder))
-
     def status_document(self) -> dict[str, Any]:
         history = metric_history(self.info.folder)
         losses = [[int(r["step"]), r.get("loss")] for r in history]
