@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from launcher.backends import launch_refusal, planning_preset_needs, runnable_by
+from launcher.backends import all_backends, launch_refusal, planning_preset_needs, runnable_by
 from launcher.config.compose import Composed, compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import ConfigError
@@ -220,3 +220,43 @@ def substitute_backend(
             reasons = tuple(v.message for v in errors)
             best = (Substitute(cfg.backend.name, name, reasons, other), plan)
     return best
+
+
+@dataclass(frozen=True)
+class PlanVerdict:
+    """What `plan` predicts for a configuration: its plan, or None when an error stands (the
+    configured backend's refusals alone do not: another backend that runs the layout as it is is
+    planned instead, and named as the substitute)."""
+
+    composed: Composed
+    violations: tuple[Violation, ...]  # every problem without a plan; the warnings with one
+    plan: Plan | None
+    substitute: Substitute | None = None
+
+
+def plan_verdict(composed: Composed, *, headroom: float = 0.10) -> PlanVerdict:
+    """`plan`'s decision: the rules' verdict, the backend substitute when only the backend
+    refuses (``substitute_backend``), and the plan."""
+    violations = check(composed.config)
+    if not any(v.is_error for v in violations):
+        plan = make_plan(composed.config, headroom=headroom, accept=passes)
+        return PlanVerdict(composed, tuple(violations), plan)
+    found = substitute_backend(composed.config, violations, headroom=headroom)
+    if found is None:
+        return PlanVerdict(composed, tuple(violations), None)
+    substitute, plan = found
+    warnings = tuple(v for v in violations if not v.is_error)
+    return PlanVerdict(composed, warnings, plan, substitute)
+
+
+def search_configs(
+    composed: Composed, overrides: Sequence[str], *, any_backend: bool
+) -> dict[str, LLMTrainConfig]:
+    """The configurations `plan --search` ranks, by backend: the one given first, then (with
+    `any_backend`) the same overrides under each other backend."""
+    configs = {composed.config.backend.name: composed.config}  # as given first
+    if any_backend:
+        for name in all_backends():
+            if name not in configs:
+                configs[name] = compose_config([*overrides, f"backend={name}"]).config
+    return configs

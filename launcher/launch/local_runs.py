@@ -26,7 +26,6 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,7 +124,7 @@ def _record(lock: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def _holder(run: RunDir) -> int | None:
+def lock_holder(run: RunDir) -> int | None:
     """The pid of the process that holds the run's lock now, or None."""
     if not run.lock.is_file() or run.lock.is_symlink():
         return None
@@ -226,7 +225,7 @@ def run_info(folder: Path) -> RunInfo:
     step = _number(last.get("step"), int)
     loss = _number(last.get("loss"), float)
     jobs = _slurm_jobs(run, problems)
-    holder = _holder(run)
+    holder = lock_holder(run)
     errors = [p for p in run.rank_errors() if not p.is_symlink()] if run.logs.is_dir() else []
     latest_error = max((_mtime(p) for p in errors), default=0.0)
     preempted = _mtime(run.preempted)
@@ -394,73 +393,6 @@ def log_files(info: RunInfo) -> list[Path]:
     return [*files, run.launcher_log] if run.launcher_log.is_file() else files
 
 
-# `logs` shows at most the last LOG_TAIL_BYTES of each log (a note says what was left out and
-# where the whole log is): a 100 GB log, or a sparse file in a log's place, is never read whole.
-LOG_TAIL_BYTES = 8 << 20
-
-
-def _tail_start(path: Path) -> int:
-    """Where to start showing `path`: its last LOG_TAIL_BYTES."""
-    try:
-        size = os.lstat(path).st_size
-    except OSError:
-        return 0
-    return max(0, size - LOG_TAIL_BYTES)
-
-
-def _skipped(path: Path, start: int) -> bytes:
-    return (
-        f"[llmtrain: the first {start:,} bytes of {path} are not shown; the whole log is "
-        "there]\n".encode()
-        if start
-        else b""
-    )
-
-
-def log_texts(info: RunInfo) -> list[tuple[Path, bytes | None]]:
-    """(path, the end of its text or None when absent) of each log `logs` shows."""
-    from launcher.launch.slurm import read_log
-
-    texts = []
-    for path in log_files(info):
-        start = _tail_start(path)
-        data = read_log(path, info.folder, start)
-        texts.append((path, None if data is None else _skipped(path, start) + data))
-    return texts
-
-
-def show_logs(
-    info: RunInfo,
-    write: Callable[[str], None],
-    follow: bool = False,
-    poll_s: float = 0.5,
-) -> None:
-    """Print rank 0's log (and torchrun's), its last LOG_TAIL_BYTES; with `follow`, until the
-    run stops running."""
-    from launcher.launch.slurm import read_log
-
-    offsets: dict[Path, int] = {}
-    for path in log_files(info):
-        start = _tail_start(path)
-        if start:
-            offsets[path] = start
-            write(_skipped(path, start).decode())
-
-    def drain() -> None:
-        for path in log_files(info):
-            data = read_log(path, info.folder, offsets.get(path, 0))
-            if data:
-                offsets[path] = offsets.get(path, 0) + len(data)
-                write(data.decode("utf-8", "replace"))
-
-    drain()
-    while follow and _holder(RunDir(info.folder)) is not None:
-        time.sleep(poll_s)
-        drain()
-    if follow:
-        drain()
-
-
 def _signal_launcher(pid: int, record: dict[str, Any]) -> str | None:
     """SIGINT to `pid` when it is proven to be the run's launcher (runlock.why_not_launcher), else
     why not (nothing signalled). The process is pinned by a pidfd first and proven after, so a pid
@@ -512,9 +444,9 @@ def cancel(info: RunInfo, wait_s: float = 120.0) -> str:
             f"run's llmtrain ({problem}); nothing was signalled; stop it yourself if it is yours"
         )
     deadline = time.monotonic() + wait_s
-    while _holder(run) is not None and time.monotonic() < deadline:
+    while lock_holder(run) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
-    if _holder(run) is not None:
+    if lock_holder(run) is not None:
         return f"run {info.name}: asked to stop (SIGINT to pid {pid}); still stopping"
     after = run_info(info.folder)
     return f"run {info.name}: stopped at step {after.step or 0} ({after.status})"

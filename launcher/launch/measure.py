@@ -75,14 +75,9 @@ def _fit(x1: float, y1: float, x2: float, y2: float, x: float) -> tuple[float, f
 def _one_run(
     overrides: list[str], layers: int, root: Path, steps: int, progress: Callable[[str], None]
 ) -> tuple[Point, str]:
-    from launcher.launch.local import (
-        RunFailed,
-        RunInterrupted,
-        RunPreempted,
-        launch,
-        prepare_run_dir,
-    )
+    from launcher.launch.local import launch, prepare_run_dir
     from launcher.launch.preflight import preflight
+    from launcher.launch.run_outcome import RunFailed, RunInterrupted, RunPreempted
     from launcher.plan.document import plan_to_json
 
     composed = compose_config(

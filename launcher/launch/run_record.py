@@ -98,6 +98,8 @@ def read_command(run_dir: Path) -> dict[str, Any] | None:
         return None
     when = document.get("time")
     return {
+        # the command word: `run` (what llmtrain records) or `submit` (a refused resume's own)
+        "command": "submit" if document.get("command") == "submit" else "run",
         "typed": typed,
         "overrides": overrides,
         "fresh": document.get("fresh") is True,
@@ -216,12 +218,15 @@ def overrides_text(record: dict[str, Any] | None) -> str:
 
 
 def resume_command(record: dict[str, Any] | None, folder: Path, cwd: str | None = None) -> str:
-    """The command that resumes the run in `folder`: its recorded command without --fresh (a
-    fresh run's folder is named by the command's run.name), preceded by ``cd DIR &&`` when it
-    was started elsewhere than `cwd`. Without a record: the advice to run the same command."""
+    """The command that resumes the run in `folder` (the one builder of it: `status`, `runs
+    --json`, a stopped `run` and a refused resume all print this): its recorded command without
+    --fresh (a fresh run's folder is named by the command's run.name), preceded by ``cd DIR &&``
+    when it was started elsewhere than `cwd`. Without a record: the advice to run the same
+    command."""
     if record is None:
         return "the same `llmtrain run` command (this run recorded no command)"
-    args = ["llmtrain", "run", *(["--detach"] if record["detach"] else []), *record["typed"]]
+    word = record.get("command", "run")
+    args = ["llmtrain", word, *(["--detach"] if record["detach"] else []), *record["typed"]]
     if record["fresh"]:
         args.append(f"run.name={folder.name}")
     text = shlex.join(args)

@@ -11,15 +11,12 @@ launch.sh, job.sbatch) and runs ``sbatch --parsable``, plus ``slurm.chain`` cont
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shlex
 import shutil
-import stat
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -377,57 +374,6 @@ def log_files(target: Target) -> list[Path]:
         # lines and the summary (launcher.launch.console copies it to a terminal for local runs).
         files.append(RunDir(target.run_dir).rank_log(0))
     return list(dict.fromkeys(files))
-
-
-def read_log(path: Path, run_dir: Path | None, offset: int = 0) -> bytes | None:
-    """A log's bytes from `offset` (None when it does not exist). A log inside the run directory
-    is never read through a symbolic link (UserError, exit 2): its content is not the run's."""
-    inside = run_dir is not None and Path(path).parent == RunDir(run_dir).logs
-    # O_NONBLOCK: a FIFO in a log's place is refused below instead of blocking the open.
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if inside else 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UserError(
-                f"{path} is a symbolic link inside the run directory; llmtrain does not read run "
-                "logs through links (remove it)"
-            ) from None
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UserError(f"{path} is not a regular file; remove it")
-    with os.fdopen(fd, "rb") as f:
-        os.set_blocking(f.fileno(), True)
-        f.seek(offset)
-        return f.read()
-
-
-def show_logs(
-    target: Target,
-    write: Callable[[str], None],
-    follow: bool = False,
-    poll_s: float = 0.5,
-) -> None:
-    """Print the jobs' stdout/stderr; with `follow`, keep printing until every job finished."""
-    offsets: dict[Path, int] = {}
-
-    def drain() -> None:
-        for path in log_files(target):
-            data = read_log(path, target.run_dir, offsets.get(path, 0))
-            if data:
-                offsets[path] = offsets.get(path, 0) + len(data)
-                write(data.decode("utf-8", "replace"))
-
-    drain()
-    while follow:
-        if all(job_state(j) in FINISHED | {None} for j in target.job_ids):
-            drain()
-            return
-        time.sleep(poll_s)
-        drain()
 
 
 def still_listed(job_ids: list[str]) -> list[str]:

@@ -119,7 +119,7 @@ def test_override_values_read_back_as_written(value: object) -> None:
 def test_the_refusal_never_prints_a_secret_given_on_the_command_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_environment: bool
 ) -> None:
-    from launcher.launch.local import _resume_refusal
+    from launcher.launch.resume_refusal import resume_refusal
     from launcher.rundir import RunDir
 
     secret = "supersecret-value-123"
@@ -129,7 +129,7 @@ def test_the_refusal_never_prints_a_secret_given_on_the_command_line(
         monkeypatch.delenv("WANDB_API_KEY", raising=False)
     recorded = compose_config(["train.steps=300"]).values
     now = compose_config([f"+cluster.env.WANDB_API_KEY={secret}", "train.seed=5"])
-    text = _resume_refusal(
+    text = resume_refusal(
         RunDir(tmp_path), recorded, now, config_changes(recorded, now.values), "local"
     )
     assert secret not in text
