@@ -318,6 +318,23 @@ class BackendConfig:
     # and tokenizer: --data-path, --tokenizer-type ...; without data arguments, --mock-data).
     megatron_path: str | None = None
     megatron_extra_args: list[str] = field(default_factory=list)
+    # --- Megatron-Core speed features, backend=megatron only (checked by launcher/backends/
+    # speed_features.py, priced by launcher/plan/speed_features.py, rendered by
+    # launcher/render/megatron_speed_flags.py). CUDA graphs (--cuda-graph-impl): none | local |
+    # transformer_engine; their scope (--cuda-graph-scope): attn | mlp | moe_router |
+    # moe_preprocess, [] for the whole layer.
+    cuda_graphs: str = "none"
+    cuda_graph_scope: list[str] = field(default_factory=list)
+    # --overlap-param-gather-with-optimizer-step (with --overlap-grad-reduce
+    # --overlap-param-gather): the first model chunk's all-gather runs beside the optimizer step.
+    overlap_param_gather_with_optimizer_step: bool = False
+    # fp8 scaling (--fp8-recipe): delayed | tensorwise (current) | mxfp8 | blockwise; None:
+    # Megatron-Core's default, delayed (precision.fp8_recipe is torchao's, for backend=torch).
+    fp8_scaling: str | None = None
+    # --moe-permute-fusion (token permute / unpermute in one kernel each) and --moe-router-fusion
+    # (top-k with its score function, and the aux-loss scores, in one kernel each).
+    moe_permute_fusion: bool = False
+    moe_router_fusion: bool = False
 
 
 @dataclass
@@ -459,6 +476,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cluster.gpu_request": ("gpus-per-node", "gres"),
     "backend.name": backend_names(),
     "backend.moe_dispatcher": MOE_DISPATCHERS,
+    "backend.cuda_graphs": ("none", "local", "transformer_engine"),
+    "backend.fp8_scaling": ("delayed", "tensorwise", "mxfp8", "blockwise"),
     "launcher.name": ("local", "slurm"),
     "finetune.name": ("full", "lora", "qlora"),
 }

@@ -8,6 +8,7 @@ from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
+from launcher.plan.megatron_fsdp import megatron_fsdp_buffers
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.model_states import bytes_per_param
 
@@ -64,7 +65,17 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
             )
             for i in range(m.num_layers)
         ) / max(1, layout.tp)
-        buffers += layer * (2 * bpp.weights + bpp.gradients)
+        if backend_of(cfg).megatron_fsdp:
+            # Megatron-FSDP: its own unsharded weight and gradient buckets, gathered further
+            # ahead and freed later (plan/megatron_fsdp.py), and no separate DDP bucket.
+            buffers = megatron_fsdp_buffers(
+                layer,
+                max(layout.stage_layers),
+                weight_bytes=bpp.weights,
+                grad_bytes=bpp.gradients,
+            )
+        else:
+            buffers += layer * (2 * bpp.weights + bpp.gradients)
     if layout.pp > 1:
         # Send and receive buffers for activations (forward) and their gradients (backward).
         sp = layout.tp if cfg.parallel.sequence_parallel else 1

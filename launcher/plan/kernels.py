@@ -58,6 +58,12 @@ from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
 from launcher.plan.layer_activations import uses_dropout
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.recompute import extra_forwards, recomputes_scores
+from launcher.plan.speed_features import (
+    fp8_cast_bytes,
+    launch_seconds_removed,
+    loss_bytes_per_logit,
+    router_score_passes,
+)
 
 
 @dataclass(frozen=True)
@@ -68,10 +74,13 @@ class ComputeParts:
     other_gemm_s: float  # router, output head
     attention_s: float
     bytes_s: float
+    # Kernel launch gaps removed by CUDA graphs and fused kernels (plan/speed_features.py).
+    launch_removed_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.linear_s + self.other_gemm_s + self.attention_s + self.bytes_s
+        total = self.linear_s + self.other_gemm_s + self.attention_s + self.bytes_s
+        return total - self.launch_removed_s
 
 
 def gemm_efficiency(min_dim: float, mamf: float, half_dim: float) -> float:
@@ -162,9 +171,14 @@ def attention_efficiency(
 # streaming device copy; device-to-device copies reach about 0.8-0.9 of the HBM datasheet bandwidth
 # (cudaMemcpy D2D / nvbandwidth on A100 and H100); the lower end, for the index reads.
 COPY_EFFICIENCY = 0.8
+# The unfused loss per logit, forward and backward: the logits in the compute dtype, their fp32
+# copy, the softmax and the loss (Megatron's vocab-parallel cross-entropy; ~30 bytes a logit).
+UNFUSED_LOSS_BYTES = 30.0
 
 
-def moe_routing_bytes(h: int, top_k: int, experts: int, act_bytes: int) -> float:
+def moe_routing_bytes(
+    h: int, top_k: int, experts: int, act_bytes: int, score_passes: float = 5.0
+) -> float:
     """HBM bytes per token and MoE layer, forward, of the router's non-GEMM work and the token
     permutation (Megatron-Core moe_utils permute / unpermute, Transformer Engine's fused
     moe_permute, torchtitan's MoE generate_permute_indices + index gather):
@@ -179,7 +193,7 @@ def moe_routing_bytes(h: int, top_k: int, experts: int, act_bytes: int) -> float
     = 2,560 + 102,400 + 32 = 104,992 bytes. The backward moves the same again twice (gradients
     unpermuted and permuted back; the caller's byte passes).
     """
-    router = 5.0 * 4.0 * experts
+    router = score_passes * 4.0 * experts
     permute = 2.0 * top_k * h * act_bytes
     unpermute = (top_k + 1.0) * h * act_bytes + 4.0 * top_k
     return router + permute + unpermute
@@ -245,6 +259,14 @@ class _Key:
     frozen: bool = False
     adapter_flops: float = 0.0
     adapter_rank: int = 0
+    # The speed features' byte counts (launcher/plan/speed_features.py): bytes per element of an
+    # fp8 cast, fp32 passes over the router's scores, bytes per logit of the loss.
+    fp8_cast: float = 3.0
+    router_passes: float = 5.0
+    loss_bytes: float = 30.0
+    # Seconds of launch gaps removed per dense / MoE layer and micro-batch.
+    launch_dense_s: float = 0.0
+    launch_moe_s: float = 0.0
 
 
 def stage_parts(
@@ -329,6 +351,11 @@ def stage_parts(
         if finetune.is_finetune(cfg)
         else 0.0,
         adapter_rank=cfg.finetune.rank,
+        fp8_cast=fp8_cast_bytes(cfg),
+        router_passes=router_score_passes(cfg),
+        loss_bytes=loss_bytes_per_logit(cfg, UNFUSED_LOSS_BYTES),
+        launch_dense_s=launch_seconds_removed(cfg, layout, dense_layers=1, moe_layers=0),
+        launch_moe_s=launch_seconds_removed(cfg, layout, dense_layers=0, moe_layers=1),
     )
     return _parts(key)
 
@@ -452,8 +479,8 @@ def _layer_bytes(k: _Key) -> _LayerBytes:
         moe_elem = (3.0 if k.gated else 2.0) * (k.imbalance * k.top_k * f_e + k.shared * f_e) / tp
     if k.fp8:
         # Cast of each linear GEMM's input to fp8: read 2 bytes, write 1 (QKV, O, FC1, FC2).
-        cast_dense = 3.0 * (2.0 * h + k.q_dim / tp + k.ffn / tp)
-        cast_moe = 3.0 * (2.0 * h + k.q_dim / tp + k.top_k * (h + k.moe_ffn / tp))
+        cast_dense = k.fp8_cast * (2.0 * h + k.q_dim / tp + k.ffn / tp)
+        cast_moe = k.fp8_cast * (2.0 * h + k.q_dim / tp + k.top_k * (h + k.moe_ffn / tp))
     else:
         cast_dense = cast_moe = 0.0
     return _LayerBytes(
@@ -502,8 +529,8 @@ def _parts(k: _Key) -> ComputeParts:
         )
     )
     if k.head:
-        # Logits (compute dtype) + fp32 copy + softmax + loss, forward and backward (~30 B/logit).
-        layer_bytes += 30.0 * (k.vocab / k.vocab_tp)
+        # The loss's bytes per logit (UNFUSED_LOSS_BYTES, or the fused kernel's).
+        layer_bytes += k.loss_bytes * (k.vocab / k.vocab_tp)
     bytes_s = t * layer_bytes * bytes_scale
     if k.experts > 1:
         # Routing and token (un)permutation: streaming copies at COPY_EFFICIENCY of HBM, not the
@@ -512,7 +539,7 @@ def _parts(k: _Key) -> ComputeParts:
             t
             * (3.0 + x_m.elementwise)
             * n_m
-            * moe_routing_bytes(k.h, k.top_k, k.experts, ab)
+            * moe_routing_bytes(k.h, k.top_k, k.experts, ab, k.router_passes)
             / (COPY_EFFICIENCY * k.hbm_gbps * 1e9)
         )
     return ComputeParts(
@@ -520,6 +547,7 @@ def _parts(k: _Key) -> ComputeParts:
         other_gemm_s=other_s / k.clock,
         attention_s=attention_s / k.clock,
         bytes_s=bytes_s,
+        launch_removed_s=n_d * k.launch_dense_s + n_m * k.launch_moe_s,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from launcher.backends.common import recompute_mode
 from launcher.backends.engine_choices import engine_choices
 from launcher.backends.moe_overlap import extra_warmup_microbatches
+from launcher.backends.speed_features import graphed
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
@@ -22,6 +23,7 @@ from launcher.plan.mcore_activations import applies as mcore_applies
 from launcher.plan.mcore_activations import layer_activations as mcore_layer_activations
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import chunk_microbatches_in_flight
+from launcher.plan.speed_features import cuda_graph_static_bytes
 from launcher.plan.transient_buffers import cp_ring_bytes, dispatcher_bytes, logits_bytes
 
 
@@ -191,6 +193,9 @@ def activation_parts(cfg: LLMTrainConfig, layout: Layout, stage: int) -> Activat
     """
     here = _stage_layers(cfg, layout, stage)
     kept, transient = _layers_kept_and_rebuilt(cfg, layout, here)
+    if graphed(cfg):
+        # CUDA graphs' static inputs, one per graphed layer-forward in flight (speed_features.py).
+        kept += cuda_graph_static_bytes(cfg, layout, here.held)
     # One layer's transient buffers: cp's K/V ring, the MoE dispatcher's.
     transient += cp_ring_bytes(cfg, layout)
     if here.moe:

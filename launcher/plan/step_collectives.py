@@ -233,10 +233,17 @@ BWD_SHARE_FULL_RECOMPUTE = 3.0 / 4.0
 
 
 def data_parallel_rows(
-    cfg: LLMTrainConfig, layout: Layout, params: float, t_compute_mb: float, add: Add
+    cfg: LLMTrainConfig,
+    layout: Layout,
+    params: float,
+    t_compute_mb: float,
+    add: Add,
+    *,
+    optimizer_s: float = 0.0,
 ) -> float:
     """Data parallel / ZeRO collectives of one step (plan/timing.py's module docstring); exposed
-    s."""
+    s. `optimizer_s`: the optimizer step's seconds, which the distributed optimizer's parameter
+    all-gather also runs beside with backend.overlap_param_gather_with_optimizer_step."""
     mb = layout.num_microbatches
     overlap = cfg.backend.overlap_comm
     bpp = bytes_per_param(cfg)
@@ -272,6 +279,14 @@ def data_parallel_rows(
             window=last_bwd,
             note="once per step",
         )[1]
+        if cfg.backend.overlap_param_gather_with_optimizer_step and first_fwd is not None:
+            # --overlap-param-gather-with-optimizer-step (Megatron-LM core_v0.16.1): the first
+            # model chunk gets its own optimizer (megatron/core/optimizer/__init__.py), and
+            # ChainedOptimizer.step_with_ready_grads (optimizer.py) starts that chunk's
+            # parameter all-gather as soon as it has stepped, beside the other vpp - 1 chunks'
+            # steps: their share of the optimizer step joins the first forward as the window.
+            vpp = max(1, layout.vpp)
+            first_fwd += optimizer_s * (vpp - 1) / vpp
         return dp_exposed + parameter_gather_after_step(dp, weights, first_fwd)
     window = t_compute_mb * mb if overlap else None
     if z >= 3:

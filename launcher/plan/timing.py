@@ -141,6 +141,7 @@ def stage_compute_parts(
             parts.other_gemm_s + mtp * extra.other_gemm_s,
             parts.attention_s + mtp * extra.attention_s,
             parts.bytes_s + mtp * extra.bytes_s,
+            parts.launch_removed_s + mtp * extra.launch_removed_s,
         )
     return parts
 
@@ -302,8 +303,10 @@ def estimate_time(
     # heaviest stage: config/pipeline_split.py bubble_scale; 1 for an even split).
     overhead = bubble_overhead(layout.pp, mb, layout.vpp) * bubble_scale(layout.stage_layers)
     bubble_s = t_mb * mb * overhead
-    dp_exposed = data_parallel_rows(cfg, layout, stages[stage].params, t_compute_mb, add)
     optimizer_s = _optimizer_s(cfg, hw, stages[stage])
+    dp_exposed = data_parallel_rows(
+        cfg, layout, stages[stage].params, t_compute_mb, add, optimizer_s=optimizer_s
+    )
 
     exposed = per_mb_exposed * mb + dp_exposed
     step_s = pipeline_s + bubble_s + dp_exposed + optimizer_s
