@@ -18,10 +18,12 @@ by whoever reads each source.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from launcher.config.schema import LLMTrainConfig
 
-SPEED_KEYS: dict[str, dict[str, str]] = {
+# Values of any backend key type (bool, str, list).
+SPEED_KEYS: dict[str, dict[str, Any]] = {
     "NB2": {"cuda_graphs": "local"},
     "NB3": {"cuda_graphs": "local"},
     "NB5": {"cuda_graphs": "local"},
