@@ -122,6 +122,9 @@ class Backend:
     fused_elementwise: bool = False
     # The interleaved pipeline schedule overlaps its point-to-point traffic with compute.
     overlaps_interleaved_p2p: bool = False
+    # zero.stage=3 is Megatron-FSDP, with its own gather-ahead and gradient queue
+    # (launcher/plan/megatron_fsdp.py) instead of the generic ZeRO-3 buffers.
+    megatron_fsdp: bool = False
     # ZeRO stages at which the optimizer steps one flat fp32 partition per parameter group
     # (DeepSpeed ZeRO-1/2) instead of each parameter tensor.
     flat_optimizer_stages: tuple[int, ...] = ()

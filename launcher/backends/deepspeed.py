@@ -21,6 +21,7 @@ from launcher.backends.common import Backend, Refusal
 from launcher.backends.engine_choices import chunked_loss_elsewhere
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.backends.moe_overlap import moe_overlap_not_run
+from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout, split_keys
 from launcher.config.pipeline_split import SPLIT_KEYS
 from launcher.config.schema import LLMTrainConfig
@@ -141,6 +142,7 @@ BACKEND = Backend(
         fp8_param_gather_not_run,
         moe_overlap_not_run,
         activation_modules_not_run,
+        speed_features_not_run,
         _virtual_stages_with_pipeline,
         _megatron_split_keys,
         _zero_2_or_3_with_pipeline,

@@ -25,6 +25,7 @@ from launcher.backends.activation_modules import megatron_activation_modules
 from launcher.backends.common import Backend, Refusal
 from launcher.backends.fp8_params import megatron_fp8_param_gather
 from launcher.backends.moe_overlap import megatron_moe_overlap
+from launcher.backends.speed_features import megatron_speed_features
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import even_split_ok, suggestion
 from launcher.config.schema import LLMTrainConfig
@@ -100,6 +101,7 @@ BACKEND = Backend(
         megatron_fp8_param_gather,
         megatron_moe_overlap,
         megatron_activation_modules,
+        megatron_speed_features,
     ),
     # Each rank runs Megatron-LM's own training script with the rendered arguments
     # (launcher/render/megatron_launch.py).
@@ -118,6 +120,8 @@ BACKEND = Backend(
     fused_elementwise=True,
     # overlap_p2p_comm, on by default with virtual pipeline stages.
     overlaps_interleaved_p2p=True,
+    # zero.stage=3 is Megatron-FSDP (plan/megatron_fsdp.py prices its buffers).
+    megatron_fsdp=True,
     # Vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py): in-place backward.
     eager_loss=False,
     # Transformer Engine's AttnFuncWithCPAndKVP2P: received K/V, received dK/dV, own dK/dV.

@@ -22,6 +22,7 @@ from launcher.backends.engine_choices import (
 )
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.backends.moe_overlap import moe_overlap_not_run
+from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 
@@ -280,6 +281,7 @@ BACKEND = Backend(
         fp8_param_gather_not_run,
         moe_overlap_not_run,
         activation_modules_not_run,
+        speed_features_not_run,
         _optimizer_offload_alone,
         _empty_pipeline_stage,
         _interleaved_rounds,

@@ -433,6 +433,28 @@ class BackendConfig:
     megatron_extra_args: list[str] = field(default_factory=list)
     """backend=megatron: arguments appended to the rendered ones (your data and tokenizer:
     --data-path, --tokenizer-type ...; without data arguments, --mock-data)."""
+    cuda_graphs: str = field(default="none", metadata=one_of("none", "local", "transformer_engine"))
+    """CUDA graphs, backend=megatron only (Megatron-Core's --cuda-graph-impl): none, local or
+    transformer_engine. Checked by launcher/backends/speed_features.py, priced by
+    launcher/plan/speed_features.py, rendered by launcher/render/megatron_speed_flags.py."""
+    cuda_graph_scope: list[str] = field(default_factory=list)
+    """What a CUDA graph captures (--cuda-graph-scope): attn, mlp, moe_router, moe_preprocess;
+    [] for the whole layer."""
+    overlap_param_gather_with_optimizer_step: bool = False
+    """--overlap-param-gather-with-optimizer-step (with --overlap-grad-reduce
+    --overlap-param-gather): the first model chunk's all-gather runs beside the optimizer step.
+    backend=megatron only."""
+    fp8_scaling: str | None = field(
+        default=None, metadata=one_of("delayed", "tensorwise", "mxfp8", "blockwise")
+    )
+    """fp8 scaling, backend=megatron (--fp8-recipe): delayed, tensorwise (current), mxfp8 or
+    blockwise. None: Megatron-Core's default, delayed (precision.fp8_recipe is torchao's, for
+    backend=torch)."""
+    moe_permute_fusion: bool = False
+    """--moe-permute-fusion: token permute and unpermute in one kernel each (backend=megatron)."""
+    moe_router_fusion: bool = False
+    """--moe-router-fusion: top-k with its score function, and the aux-loss scores, in one kernel
+    each (backend=megatron)."""
 
 
 @dataclass

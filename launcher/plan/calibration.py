@@ -612,7 +612,13 @@ def _memory_points() -> list[CalibrationPoint]:
 
 
 def points() -> list[CalibrationPoint]:
-    return _time_points() + _memory_points()
+    # --- planner34 (issue 34): each row with the speed keys it ran with
+    # (launcher/plan/calibration_speed_keys.py).
+    from launcher.plan.calibration_speed_keys import with_speed_keys
+
+    rows = _time_points() + _memory_points()
+    return [replace(p, config=with_speed_keys(p.id, p.config)) for p in rows]
+    # --- end planner34
 
 
 def predicted(point: CalibrationPoint) -> float:

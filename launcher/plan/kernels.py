@@ -53,9 +53,17 @@ from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
+from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.fitted import ATTN_HALF_SEQ, ComputeConstants, constants
+from launcher.plan.layer_activations import uses_dropout
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.recompute import extra_forwards, recomputes_scores
+from launcher.plan.speed_features import (
+    fp8_cast_bytes,
+    launch_seconds_removed,
+    loss_bytes_per_logit,
+    router_score_passes,
+)
 
 
 @dataclass(frozen=True)
@@ -66,10 +74,13 @@ class ComputeParts:
     other_gemm_s: float  # router, output head
     attention_s: float
     bytes_s: float
+    # Kernel launch gaps removed by CUDA graphs and fused kernels (plan/speed_features.py).
+    launch_removed_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.linear_s + self.other_gemm_s + self.attention_s + self.bytes_s
+        total = self.linear_s + self.other_gemm_s + self.attention_s + self.bytes_s
+        return total - self.launch_removed_s
 
 
 def gemm_efficiency(min_dim: float, mamf: float, half_dim: float) -> float:
@@ -160,9 +171,14 @@ def attention_efficiency(
 # streaming device copy; device-to-device copies reach about 0.8-0.9 of the HBM datasheet bandwidth
 # (cudaMemcpy D2D / nvbandwidth on A100 and H100); the lower end, for the index reads.
 COPY_EFFICIENCY = 0.8
+# The unfused loss per logit, forward and backward: the logits in the compute dtype, their fp32
+# copy, the softmax and the loss (Megatron's vocab-parallel cross-entropy; ~30 bytes a logit).
+UNFUSED_LOSS_BYTES = 30.0
 
 
-def moe_routing_bytes(h: int, top_k: int, experts: int, act_bytes: int) -> float:
+def moe_routing_bytes(
+    h: int, top_k: int, experts: int, act_bytes: int, score_passes: float = 5.0
+) -> float:
     """HBM bytes per token and MoE layer, forward, of the router's non-GEMM work and the token
     permutation (Megatron-Core moe_utils permute / unpermute, Transformer Engine's fused
     moe_permute, torchtitan's MoE generate_permute_indices + index gather):
@@ -177,7 +193,7 @@ def moe_routing_bytes(h: int, top_k: int, experts: int, act_bytes: int) -> float
     = 2,560 + 102,400 + 32 = 104,992 bytes. The backward moves the same again twice (gradients
     unpermuted and permuted back; the caller's byte passes).
     """
-    router = 5.0 * 4.0 * experts
+    router = score_passes * 4.0 * experts
     permute = 2.0 * top_k * h * act_bytes
     unpermute = (top_k + 1.0) * h * act_bytes + 4.0 * top_k
     return router + permute + unpermute
@@ -243,6 +259,14 @@ class _Key:
     frozen: bool = False
     adapter_flops: float = 0.0
     adapter_rank: int = 0
+    # The speed features' byte counts (launcher/plan/speed_features.py): bytes per element of an
+    # fp8 cast, fp32 passes over the router's scores, bytes per logit of the loss.
+    fp8_cast: float = 3.0
+    router_passes: float = 5.0
+    loss_bytes: float = 30.0
+    # Seconds of launch gaps removed per dense / MoE layer and micro-batch.
+    launch_dense_s: float = 0.0
+    launch_moe_s: float = 0.0
 
 
 def stage_parts(
@@ -254,6 +278,7 @@ def stage_parts(
     mamf: float,
     hbm_gbps: float,
     tdp_w: float | None,
+    *,
     dense_layers: int,
     moe_layers: int,
     head: bool,
@@ -275,7 +300,6 @@ def stage_parts(
         q_dim = m.num_attention_heads * shape.head_dim
         kv_dim = shape.kv_heads * shape.head_dim
         d_qk = d_v = shape.head_dim
-    from launcher.plan.memory import DTYPE_BYTES, uses_dropout
 
     key = _Key(
         arch=arch,
@@ -327,55 +351,71 @@ def stage_parts(
         if finetune.is_finetune(cfg)
         else 0.0,
         adapter_rank=cfg.finetune.rank,
+        fp8_cast=fp8_cast_bytes(cfg),
+        router_passes=router_score_passes(cfg),
+        loss_bytes=loss_bytes_per_logit(cfg, UNFUSED_LOSS_BYTES),
+        launch_dense_s=launch_seconds_removed(cfg, layout, dense_layers=1, moe_layers=0),
+        launch_moe_s=launch_seconds_removed(cfg, layout, dense_layers=0, moe_layers=1),
     )
     return _parts(key)
 
 
-@functools.lru_cache(maxsize=4096)
-def _parts(k: _Key) -> ComputeParts:
+def _gemm(
+    k: _Key,
+    flops_per_token: float,
+    m_dim: float,
+    n: float,
+    kk: float,
+    peak: float,
+    e: float,
+    *,
+    tokens_dim: bool = True,
+) -> float:
+    """Seconds of the micro-batch's GEMMs of `flops_per_token` (gemm_time at this stage's
+    constants); `e` is the fp8 efficiency ratio (1: not an fp8 GEMM)."""
     c = k.c
-    tp = k.tp
-    t = k.tokens
-    h = k.h
-    eff8 = c.fp8_gemm_ratio if k.fp8 else 1.0
+    if k.m_limit and tokens_dim:
+        m_dim = 1e15  # token dimensions (not the eager score GEMMs' fixed s x s)
+    return gemm_time(
+        k.tokens * flops_per_token,
+        m_dim,
+        n,
+        kk,
+        peak,
+        k.mamf * e * c.gemm_sustained,
+        c.gemm_half_dim,
+        k.hbm_gbps * 1e9,
+        1.0 if (k.fp8 and peak == k.matmul_peak and e != 1.0) else float(k.act_bytes),
+    )
+
+
+@dataclass(frozen=True)
+class _LayerGemms:
+    """Forward GEMM seconds of one layer (and the head), per class."""
+
+    attn_lin: float
+    dense_mlp: float
+    moe_mlp: float
+    router: float
+    head: float
+
+
+def _layer_gemms(k: _Key) -> _LayerGemms:
+    tp, t, h = k.tp, k.tokens, k.h
+    eff8 = k.c.fp8_gemm_ratio if k.fp8 else 1.0
     lin_peak = k.matmul_peak
-
-    hbm = k.hbm_gbps * 1e9
-
-    def gemm(
-        flops_per_token: float,
-        m_dim: float,
-        n: float,
-        kk: float,
-        peak: float,
-        e: float,
-        tokens_dim: bool = True,
-    ) -> float:
-        if k.m_limit and tokens_dim:
-            m_dim = 1e15  # token dimensions (not the eager score GEMMs' fixed s x s)
-        return gemm_time(
-            t * flops_per_token,
-            m_dim,
-            n,
-            kk,
-            peak,
-            k.mamf * e * c.gemm_sustained,
-            c.gemm_half_dim,
-            hbm,
-            1.0 if (k.fp8 and peak == lin_peak and e != 1.0) else float(k.act_bytes),
-        )
-
-    # Forward GEMM seconds per layer, per class.
     g = 2 if k.gated else 1
     if k.attn_params and k.q_dim and k.kv_dim == k.q_dim and k.head_dim_qk != k.head_dim_v:
         # MLA: its projections as one GEMM of the attention parameters, smallest dim the q width.
-        attn_lin = gemm(2.0 * k.attn_params / tp, t, h, k.heads * k.head_dim_v / tp, lin_peak, eff8)
+        attn_lin = _gemm(
+            k, 2.0 * k.attn_params / tp, t, h, k.heads * k.head_dim_v / tp, lin_peak, eff8
+        )
     else:
         qkv_n = (k.q_dim + 2 * k.kv_dim) / tp
-        attn_lin = gemm(2.0 * h * qkv_n, t, qkv_n, h, lin_peak, eff8) + gemm(
-            2.0 * k.q_dim / tp * h, t, h, k.q_dim / tp, lin_peak, eff8
+        attn_lin = _gemm(k, 2.0 * h * qkv_n, t, qkv_n, h, lin_peak, eff8) + _gemm(
+            k, 2.0 * k.q_dim / tp * h, t, h, k.q_dim / tp, lin_peak, eff8
         )
-    dense_mlp = gemm(2.0 * h * k.ffn * (g + 1) / tp, t, k.ffn / tp, h, lin_peak, eff8)
+    dense_mlp = _gemm(k, 2.0 * h * k.ffn * (g + 1) / tp, t, k.ffn / tp, h, lin_peak, eff8)
     moe_mlp = 0.0
     router = 0.0
     if k.experts > 1:
@@ -385,27 +425,42 @@ def _parts(k: _Key) -> ComputeParts:
         moe_mlp = (
             k.imbalance
             * k.top_k
-            * gemm(2.0 * h * f_e * (g + 1) / tp, per_expert_tokens, f_e / tp, h, lin_peak, eff8)
+            * _gemm(k, 2.0 * h * f_e * (g + 1) / tp, per_expert_tokens, f_e / tp, h, lin_peak, eff8)
         )
         if k.shared:
             f_s = f_e * k.shared
-            moe_mlp += gemm(2.0 * h * f_s * (g + 1) / tp, t, f_s / tp, h, lin_peak, eff8)
-        router = gemm(2.0 * h * k.experts, t, k.experts, h, k.peak, 1.0)
+            moe_mlp += _gemm(k, 2.0 * h * f_s * (g + 1) / tp, t, f_s / tp, h, lin_peak, eff8)
+        router = _gemm(k, 2.0 * h * k.experts, t, k.experts, h, k.peak, 1.0)
     v_local = k.vocab / k.vocab_tp
-    head = gemm(2.0 * h * v_local, t, v_local, h, k.peak, 1.0) if k.head else 0.0
+    head = _gemm(k, 2.0 * h * v_local, t, v_local, h, k.peak, 1.0) if k.head else 0.0
+    return _LayerGemms(attn_lin, dense_mlp, moe_mlp, router, head)
 
-    # Attention core, forward seconds per layer.
-    heads_here = k.heads / tp
+
+def _attention_core(k: _Key) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core."""
+    heads_here = k.heads / k.tp
     full_fwd = 2.0 * k.seq * heads_here * (k.head_dim_qk + k.head_dim_v)  # per token, full s x s
     if k.eager:
-        attn_fwd = gemm(full_fwd, k.seq, k.seq, k.head_dim_qk, k.peak, 1.0, tokens_dim=False)
-        attn_bwd = 2.0 * attn_fwd
-    else:
-        rate = k.peak * attention_efficiency(k.seq / k.cp, c, k.kernel, k.arch)
-        attn_fwd = t * 0.5 * full_fwd / rate
-        attn_bwd = 2.5 * attn_fwd
+        attn_fwd = _gemm(k, full_fwd, k.seq, k.seq, k.head_dim_qk, k.peak, 1.0, tokens_dim=False)
+        return attn_fwd, 2.0 * attn_fwd
+    rate = k.peak * attention_efficiency(k.seq / k.cp, k.c, k.kernel, k.arch)
+    attn_fwd = k.tokens * 0.5 * full_fwd / rate
+    return attn_fwd, 2.5 * attn_fwd
 
-    # Non-GEMM bytes per token per layer, forward (elements x dtype bytes).
+
+@dataclass(frozen=True)
+class _LayerBytes:
+    """Non-GEMM HBM bytes per token of one layer's forward; `scores`: eager attention's softmax
+    elements per token (recomputed with the core)."""
+
+    dense: float
+    moe: float
+    scores: float
+
+
+def _layer_bytes(k: _Key) -> _LayerBytes:
+    """Non-GEMM bytes per token per layer, forward (elements x dtype bytes)."""
+    tp, h = k.tp, k.h
     hs = h / tp if k.sp else h
     ab = k.act_bytes
     elem = 4.0 * hs + 6.0 * hs  # two norms (read + write h), two residual adds (2 reads + 1 write)
@@ -416,7 +471,7 @@ def _parts(k: _Key) -> ComputeParts:
     scores = 0.0
     if k.eager:
         # Fused scale-mask-softmax reads and writes every score; dropout reads, writes, masks it.
-        scores = (2.0 + (2.5 if k.dropout else 0.0)) * heads_here * k.seq
+        scores = (2.0 + (2.5 if k.dropout else 0.0)) * (k.heads / tp) * k.seq
     dense_elem = (3.0 if k.gated else 2.0) * k.ffn / tp
     moe_elem = 0.0
     if k.experts > 1:
@@ -424,18 +479,31 @@ def _parts(k: _Key) -> ComputeParts:
         moe_elem = (3.0 if k.gated else 2.0) * (k.imbalance * k.top_k * f_e + k.shared * f_e) / tp
     if k.fp8:
         # Cast of each linear GEMM's input to fp8: read 2 bytes, write 1 (QKV, O, FC1, FC2).
-        cast_dense = 3.0 * (2.0 * h + k.q_dim / tp + k.ffn / tp)
-        cast_moe = 3.0 * (2.0 * h + k.q_dim / tp + k.top_k * (h + k.moe_ffn / tp))
+        cast_dense = k.fp8_cast * (2.0 * h + k.q_dim / tp + k.ffn / tp)
+        cast_moe = k.fp8_cast * (2.0 * h + k.q_dim / tp + k.top_k * (h + k.moe_ffn / tp))
     else:
         cast_dense = cast_moe = 0.0
-    fwd_bytes_dense = (elem + dense_elem + scores) * ab + cast_dense
-    fwd_bytes_moe = (elem + moe_elem + scores) * ab + cast_moe
-    bytes_scale = c.bytes_factor * (c.compile_bytes if k.compile else 1.0) / (k.hbm_gbps * 1e9)
+    return _LayerBytes(
+        dense=(elem + dense_elem + scores) * ab + cast_dense,
+        moe=(elem + moe_elem + scores) * ab + cast_moe,
+        scores=scores,
+    )
 
-    # Passes: forward 1 + backward 2 (GEMMs, bytes); recompute adds forwards (plan.recompute),
-    # per layer kind (a backend may recompute dense and MoE layers differently).
-    lin_dense = attn_lin + dense_mlp
-    lin_moe = attn_lin + moe_mlp
+
+@functools.lru_cache(maxsize=4096)
+def _parts(k: _Key) -> ComputeParts:
+    """The classes' seconds: forward 1 + backward 2 passes (GEMMs, bytes), recompute's extra
+    forwards (plan.recompute) per layer kind (a backend may recompute dense and MoE layers
+    differently), divided by the power cap's clock where compute-bound."""
+    c = k.c
+    t = k.tokens
+    ab = k.act_bytes
+    g = _layer_gemms(k)
+    attn_fwd, attn_bwd = _attention_core(k)
+    lb = _layer_bytes(k)
+    bytes_scale = c.bytes_factor * (c.compile_bytes if k.compile else 1.0) / (k.hbm_gbps * 1e9)
+    lin_dense = g.attn_lin + g.dense_mlp
+    lin_moe = g.attn_lin + g.moe_mlp
     x_d = extra_forwards(k.recompute_dense, k.eager)
     x_m = extra_forwards(k.recompute_moe, k.eager)
     n_d, n_m = k.dense_layers, k.moe_layers
@@ -444,16 +512,16 @@ def _parts(k: _Key) -> ComputeParts:
     linear_s = (passes + x_d.gemm) * n_d * lin_dense + (passes + x_m.gemm) * n_m * lin_moe
     if k.adapter_flops:
         # The adapters' rank-r GEMMs: forward, input and weight gradients (3 passes).
-        adapters = gemm(k.adapter_flops, t, k.adapter_rank, h, lin_peak, 1.0)
+        adapters = _gemm(k, k.adapter_flops, t, k.adapter_rank, k.h, k.matmul_peak, 1.0)
         linear_s += (3.0 + x_d.gemm) * n_d * adapters
-    other_s = (passes + x_m.gemm) * n_m * router + passes * head
+    other_s = (passes + x_m.gemm) * n_m * g.router + passes * g.head
     attention_s = n_d * (attn_fwd + attn_bwd + x_d.attention * attn_fwd) + n_m * (
         attn_fwd + attn_bwd + x_m.attention * attn_fwd
     )
-    layer_bytes = (3.0 + x_d.elementwise) * n_d * fwd_bytes_dense
-    layer_bytes += (3.0 + x_m.elementwise) * n_m * fwd_bytes_moe
+    layer_bytes = (3.0 + x_d.elementwise) * n_d * lb.dense
+    layer_bytes += (3.0 + x_m.elementwise) * n_m * lb.moe
     layer_bytes += (
-        scores
+        lb.scores
         * ab
         * (
             n_d * recomputes_scores(k.recompute_dense, k.eager)
@@ -461,8 +529,8 @@ def _parts(k: _Key) -> ComputeParts:
         )
     )
     if k.head:
-        # Logits (compute dtype) + fp32 copy + softmax + loss, forward and backward (~30 B/logit).
-        layer_bytes += 30.0 * v_local
+        # The loss's bytes per logit (UNFUSED_LOSS_BYTES, or the fused kernel's).
+        layer_bytes += k.loss_bytes * (k.vocab / k.vocab_tp)
     bytes_s = t * layer_bytes * bytes_scale
     if k.experts > 1:
         # Routing and token (un)permutation: streaming copies at COPY_EFFICIENCY of HBM, not the
@@ -471,7 +539,7 @@ def _parts(k: _Key) -> ComputeParts:
             t
             * (3.0 + x_m.elementwise)
             * n_m
-            * moe_routing_bytes(h, k.top_k, k.experts, ab)
+            * moe_routing_bytes(k.h, k.top_k, k.experts, ab, k.router_passes)
             / (COPY_EFFICIENCY * k.hbm_gbps * 1e9)
         )
     return ComputeParts(
@@ -479,6 +547,7 @@ def _parts(k: _Key) -> ComputeParts:
         other_gemm_s=other_s / k.clock,
         attention_s=attention_s / k.clock,
         bytes_s=bytes_s,
+        launch_removed_s=n_d * k.launch_dense_s + n_m * k.launch_moe_s,
     )
 
 

@@ -37,39 +37,29 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from launcher.backends.common import (
-    backend_of,
-    expert_group_stride,
-    expert_tensor_parallel,
-    moe_dispatcher,
-)
-from launcher.backends.moe_overlap import moe_overlap_on
+from launcher.backends.common import moe_dispatcher
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import bubble_scale, mtp_stage
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.comm import (
-    Collective,
-    collective_time,
-    expert_alltoall_bus_gbps,
-    place_group,
-)
-from launcher.plan.fitted import constants
+from launcher.plan.comm import Collective
+from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
 from launcher.plan.measured import stage_parts as measured_parts
-from launcher.plan.memory import (
-    DTYPE_BYTES,
-    HardwareView,
-    StageMemory,
-    bytes_per_param,
-    pipelined_fsdp_accumulates,
-)
+from launcher.plan.memory import HardwareView, StageMemory
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.schedule import bubble_overhead, combined_1f1b_overlap_share
-
-# CPU Adam (DeepSpeed's AVX implementation) streams the fp32 states at host-memory speed.
-HOST_GBPS = 50.0
-PCIE_GBPS = 25.0
+from launcher.plan.model_states import bytes_per_param
+from launcher.plan.schedule import bubble_overhead
+from launcher.plan.step_collectives import (
+    MicrobatchWindows,
+    add_collective,
+    allgather_dispatcher_rows,
+    alltoall_row,
+    context_parallel_row,
+    data_parallel_rows,
+    pipeline_row,
+    tensor_parallel_row,
+)
 
 
 @dataclass(frozen=True)
@@ -130,9 +120,9 @@ def stage_compute_parts(
             hw.matmul_efficiency,
             hw.hbm_gbps,
             hw.tdp_watts,
-            n_dense,
-            n_moe,
-            with_head,
+            dense_layers=n_dense,
+            moe_layers=n_moe,
+            head=with_head,
             m_limit=not exact,
         )
         if hw.profile is None:
@@ -151,6 +141,7 @@ def stage_compute_parts(
             parts.other_gemm_s + mtp * extra.other_gemm_s,
             parts.attention_s + mtp * extra.attention_s,
             parts.bytes_s + mtp * extra.bytes_s,
+            parts.launch_removed_s + mtp * extra.launch_removed_s,
         )
     return parts
 
@@ -199,51 +190,6 @@ class MicrobatchTime:
     collectives: tuple[Collective, ...]  # per step (all micro-batches)
 
 
-def _add_collective(
-    colls: list[Collective],
-    hw: HardwareView,
-    name: str,
-    kind: str,
-    group: str,
-    size: int,
-    stride: int,
-    msg: float,
-    calls: int,
-    window: float | None,
-    note: str,
-    top_k: int = 0,
-    dispatcher: str = "flex",
-    hideable: float = 1.0,
-) -> tuple[float, float]:
-    """Time one collective per step, append its row, return (total, exposed) seconds.
-    top_k > 0: an expert dispatch / combine of top_k copies per token by `dispatcher` (alltoall
-    or flex, comm.py). hideable: the share of the calls that may run inside `window` (the rest
-    is exposed whatever the window)."""
-    # A group inside one NVLink domain (a node, or a GB200 NVL72 rack) gets NVLink bandwidth.
-    domain = max(hw.gpus_per_node, hw.scale_up_domain)
-    place = place_group(size, stride, domain, hw.intra_gbps, hw.inter_gbps)
-    bus = place.bus_gbps
-    if top_k > 0:
-        bus = expert_alltoall_bus_gbps(place, top_k, hw.intra_gbps, hw.inter_gbps, dispatcher)
-    total = collective_time(kind, msg, size, bus) * calls
-    # Measured on this machine for this kind and group size (one node only: inter-node links and
-    # other group sizes stay the catalog's).
-    measured = None
-    if hw.profile is not None and size <= hw.gpus_per_node:
-        measured = hw.profile.collective_s(kind, size, msg)
-    if measured is not None:
-        total = measured * calls
-    # Overlapped communication is not free: NCCL kernels take SMs and HBM bandwidth from the
-    # compute they run beside, which slows by overlap_cost x the hidden communication time.
-    if window is None:
-        exposed = total
-    else:
-        hidden = min(total * hideable, window)
-        exposed = total - hidden + constants(hw.arch).overlap_cost * hidden
-    colls.append(Collective(name, kind, group, size, msg, calls, bus, total, exposed, note))
-    return total, exposed
-
-
 def microbatch_time(
     cfg: LLMTrainConfig,
     layout: Layout,
@@ -259,140 +205,82 @@ def microbatch_time(
     """
     m = cfg.model
     shape = ModelShape(m)
-    act_bytes = DTYPE_BYTES[cfg.precision.compute_dtype]
-    tp, pp, cp, dp, ep, vpp = layout.tp, layout.pp, layout.cp, layout.dp, layout.ep, layout.vpp
     mb = layout.num_microbatches
-    tokens = layout.micro_batch_size * m.seq_length / max(1, cp)
-    sp_div = tp if cfg.parallel.sequence_parallel else 1
-
     parts, stage = _heaviest_stage(cfg, layout, hw, exact)
-    # Overlap windows from the exact compute: per token they only shrink with larger
-    # micro-batches, so the exposed time stays a lower bound when scaled by tokens.
-    exact_parts = parts if exact else _heaviest_stage(cfg, layout, hw, True)[0]
-    t_compute_mb = parts.total_s
-    attn_share = parts.attention_s / max(1e-30, t_compute_mb)
     layers = layout.stage_layers[stage]
-    # Megatron --tp-comm-overlap / torchtitan async TP hide TP collectives behind the linear GEMMs.
-    tp_window = exact_parts.linear_s * mb if cfg.backend.tp_comm_overlap else None
-    colls: list[Collective] = []
-    add = functools.partial(_add_collective, colls, hw)
-
-    # Per micro-batch collectives (on the critical path of every micro-batch).
-    per_mb_exposed = 0.0
     first_layer = sum(layout.stage_layers[:stage])
-    moe_layers = (
-        sum(1 for i in range(first_layer, first_layer + layers) if i >= m.moe_dense_layers)
+    w = MicrobatchWindows(
+        cfg=cfg,
+        layout=layout,
+        shape=shape,
+        stage=stage,
+        layers=layers,
+        moe_layers=sum(
+            1 for i in range(first_layer, first_layer + layers) if i >= m.moe_dense_layers
+        )
         if shape.is_moe
-        else 0
+        else 0,
+        tokens=layout.micro_batch_size * m.seq_length / max(1, layout.cp),
+        act_bytes=DTYPE_BYTES[cfg.precision.compute_dtype],
+        sp_div=layout.tp if cfg.parallel.sequence_parallel else 1,
+        dispatcher=moe_dispatcher(cfg) if shape.is_moe and layout.ep > 1 else "",
+        # Overlap windows from the exact compute: per token they only shrink with larger
+        # micro-batches, so the exposed time stays a lower bound when scaled by tokens.
+        exact=parts if exact else _heaviest_stage(cfg, layout, hw, True)[0],
     )
-    dispatcher = moe_dispatcher(cfg) if shape.is_moe and ep > 1 else ""
-    if tp > 1:
-        per_layer = 6 if cfg.train.recompute == "full" else 4
-        calls = layers * per_layer
-        note = "2 fwd + 2 bwd per layer" + (" + 2 recompute" if per_layer == 6 else "")
-        if dispatcher == "allgather":
-            # Megatron-core's allgather dispatcher gathers the MLP's input over tp x ep and
-            # reduce-scatters its output (moe/token_dispatcher.py, MoEAllGatherTokenDispatcher):
-            # an MoE layer's own tensor-parallel gather / reduce-scatter is that collective
-            # (priced below), so only its attention's half stays in this row.
-            calls -= moe_layers * per_layer // 2
-            note += "; MoE layers: attention only (the dispatcher gathers over tp x ep)"
-        kind = "all-reduce"
-        msg = tokens * m.hidden_size * act_bytes
-        _, e = add(
-            "tensor-parallel activations", kind, "tp", tp, 1, msg, calls * mb, tp_window, note
-        )
-        per_mb_exposed += e / mb
-    if cp > 1:
-        kv = (shape.kv_heads * shape.head_dim * 2) * tokens * act_bytes / tp
-        attn_time = exact_parts.attention_s
-        _, e = add(
-            "context-parallel K/V ring",
-            "p2p",
-            "cp",
-            cp,
-            tp,
-            kv,
-            layers * 3 * (cp - 1) * mb,
-            attn_time * mb,
-            "overlaps attention compute",
-        )
-        per_mb_exposed += e / mb
-    if ep > 1 and shape.is_moe:
-        if dispatcher == "allgather":
-            # Megatron-core's MoEAllGatherTokenDispatcher over the tp x ep group (contiguous
-            # ranks: its expert rank generator orders expert-tensor then expert parallel,
-            # megatron/core/parallel_state.py): every rank receives every token of the group,
-            # whatever the routing (so no load imbalance). With tp > 1 this replaces the MLP's
-            # own tensor-parallel collectives (the row above leaves them out).
-            group = expert_tensor_parallel(cfg, layout) * ep
-            msg = group * tokens * m.hidden_size * act_bytes / sp_div
-            for name, kind in (
-                ("expert all-gather", "all-gather"),
-                ("expert reduce-scatter", "reduce-scatter"),
-            ):
-                _, e = add(
-                    name,
-                    kind,
-                    "tp x ep",
-                    group,
-                    1,
-                    msg,
-                    2 * moe_layers * mb,
-                    None,
-                    "allgather dispatcher: dispatch fwd + combine bwd"
-                    if kind == "all-gather"
-                    else "allgather dispatcher: combine fwd + dispatch bwd",
-                )
-                per_mb_exposed += e / mb
+    colls: list[Collective] = []
+    add = functools.partial(add_collective, colls, hw)
+    # Per micro-batch collectives (on the critical path of every micro-batch).
+    exposed: list[float] = []
+    if layout.tp > 1:
+        exposed.append(tensor_parallel_row(w, add))
+    if layout.cp > 1:
+        exposed.append(context_parallel_row(w, add))
+    if layout.ep > 1 and shape.is_moe:
+        if w.dispatcher == "allgather":
+            exposed += allgather_dispatcher_rows(w, add)
         else:
-            # The busiest rank receives (and returns) moe_load_imbalance x the mean tokens.
-            msg = (m.moe_top_k or 1) * tokens * m.hidden_size * act_bytes / sp_div
-            msg *= max(1.0, float(m.moe_load_imbalance))
-            # backend.moe_comm_overlap (Megatron-Core's combined 1F1B): the dispatches and
-            # combines of paired forwards / backwards run beside the partner's compute; the
-            # warm-up forwards and cool-down backwards run alone (plan.schedule).
-            share, a2a_window = 1.0, None
-            note = f"{dispatcher} dispatcher: dispatch + combine, fwd + bwd"
-            if moe_overlap_on(cfg):
-                share = combined_1f1b_overlap_share(pp, mb, vpp, stage)
-                a2a_window = exact_parts.total_s * mb * share
-                note += f"; {share:.0%} beside another micro-batch's compute (combined 1F1B)"
-            _, e = add(
-                "expert all-to-all",
-                "all-to-all",
-                "ep",
-                ep,
-                expert_group_stride(cfg, layout),
-                msg,
-                4 * moe_layers * mb,
-                a2a_window,
-                note,
-                top_k=m.moe_top_k or 1,
-                dispatcher=dispatcher,
-                hideable=share,
-            )
-            per_mb_exposed += e / mb
-    if pp > 1:
-        msg = tokens * m.hidden_size * act_bytes / sp_div
-        _, e = add(
-            "pipeline p2p",
-            "p2p",
-            "pp",
-            2,
-            tp * cp * dp,
-            msg,
-            2 * vpp * mb,
-            # Megatron overlaps the p2p of the interleaved schedule with compute
-            # (overlap_p2p_comm, on by default with virtual pipeline stages).
-            exact_parts.total_s * mb
-            if (vpp > 1 and backend_of(cfg).overlaps_interleaved_p2p)
-            else None,
-            "activation forward, gradient backward",
-        )
+            exposed.append(alltoall_row(w, add))
+    if layout.pp > 1:
+        exposed.append(pipeline_row(w, add))
+    per_mb_exposed = 0.0
+    for e in exposed:
         per_mb_exposed += e / mb
+    attn_share = parts.attention_s / max(1e-30, parts.total_s)
+    return MicrobatchTime(parts.total_s, per_mb_exposed, stage, attn_share, tuple(colls))
 
-    return MicrobatchTime(t_compute_mb, per_mb_exposed, stage, attn_share, tuple(colls))
+
+# CPU offload's optimizer step: DeepSpeed's CPU Adam (AVX) streams the fp32 master, m and v
+# (read and written) at host-memory speed. Not fitted, an estimate: one GPU's share of a
+# dual-socket server's DDR bandwidth (8 GPUs on 2 x 8-12 DDR5 channels, ~300-600 GB/s in all,
+# less what the other GPUs' CPU Adam threads take) is of the order of 50 GB/s.
+HOST_GBPS = 50.0
+# Gradients down and updated weights up over each GPU's PCIe link: PCIe 4.0 x16 moves 32 GB/s
+# per direction (PCI-SIG), about 25 GB/s achieved in cudaMemcpy with pinned memory (nvbandwidth);
+# PCIe 5.0 hosts are faster, so this errs slow.
+PCIE_GBPS = 25.0
+# The compute-dtype weights copied back to the GPU after a CPU step are host_bytes / 6 for
+# mixed-precision Adam: the host holds 12 bytes per parameter (fp32 master, m, v; ZeRO paper)
+# and the GPU receives 2 (bf16 / fp16).
+HOST_BYTES_PER_UPLOADED_BYTE = 6.0
+
+
+def _optimizer_s(cfg: LLMTrainConfig, hw: HardwareView, st: StageMemory) -> float:
+    """Optimizer step (memory-bound): 2 x optimizer + gradients + weights over HBM, or the
+    measured step; with CPU offload the host's part and the PCIe transfers."""
+    bpp = bytes_per_param(cfg)
+    on_device = 2.0 * st.optimizer + st.gradients + st.weights
+    optimizer_s = on_device / (hw.hbm_gbps * 1e9)
+    if hw.profile is not None and bpp.optimizer > 0 and st.host_bytes == 0:
+        # Measured: the engine's optimizer step (clip, step, zero_grad) on this rank's shard.
+        measured = hw.profile.optimizer_s(st.optimizer / bpp.optimizer)
+        optimizer_s = optimizer_s if measured is None else measured
+    if st.host_bytes > 0:
+        optimizer_s += 2.0 * st.host_bytes / (HOST_GBPS * 1e9)
+        optimizer_s += (st.gradients + st.host_bytes / HOST_BYTES_PER_UPLOADED_BYTE) / (
+            PCIE_GBPS * 1e9
+        )
+    return optimizer_s
 
 
 def estimate_time(
@@ -403,133 +291,22 @@ def estimate_time(
     stages: tuple[StageMemory, ...],
 ) -> TimePlan:
     m = cfg.model
-    tp, pp, cp, dp, vpp = layout.tp, layout.pp, layout.cp, layout.dp, layout.vpp
     mb = layout.num_microbatches
-    overlap = cfg.backend.overlap_comm
     per_mb = microbatch_time(cfg, layout, hw, flops, exact=True)
     t_compute_mb, per_mb_exposed, stage = per_mb.compute_s, per_mb.exposed_s, per_mb.stage
     colls = list(per_mb.collectives)
-    add = functools.partial(_add_collective, colls, hw)
+    add = functools.partial(add_collective, colls, hw)
 
     t_mb = t_compute_mb + per_mb_exposed
     pipeline_s = t_mb * mb
     # The bubble of the actual split (an uneven one fills and drains faster than pp x the
     # heaviest stage: config/pipeline_split.py bubble_scale; 1 for an even split).
-    overhead = bubble_overhead(pp, mb, vpp) * bubble_scale(layout.stage_layers)
+    overhead = bubble_overhead(layout.pp, mb, layout.vpp) * bubble_scale(layout.stage_layers)
     bubble_s = t_mb * mb * overhead
-
-    # Data parallel / ZeRO.
-    bpp = bytes_per_param(cfg)
-    params = stages[stage].params
-    shard = dp * cp
-    z = cfg.zero.stage
-    dp_exposed = 0.0
-    bwd_share = 3.0 / 4.0 if cfg.train.recompute == "full" else 2.0 / 3.0
-    if shard > 1:
-        grads = params * bpp.gradients
-        weights = params * DTYPE_BYTES[cfg.precision.compute_dtype]
-        last_bwd = t_compute_mb * bwd_share if overlap else None
-        first_fwd = t_compute_mb * (1 - bwd_share) if overlap else None
-        if z == 0:
-            dp_exposed += add(
-                "gradient all-reduce",
-                "all-reduce",
-                "dp",
-                shard,
-                tp,
-                grads,
-                1,
-                last_bwd,
-                "once per step",
-            )[1]
-        elif z == 1:
-            dp_exposed += add(
-                "gradient reduce-scatter",
-                "reduce-scatter",
-                "dp",
-                shard,
-                tp,
-                grads,
-                1,
-                last_bwd,
-                "once per step",
-            )[1]
-            dp_exposed += add(
-                "parameter all-gather",
-                "all-gather",
-                "dp",
-                shard,
-                tp,
-                weights,
-                1,
-                first_fwd,
-                "after the optimizer step",
-            )[1]
-        else:
-            window = t_compute_mb * mb if overlap else None
-            if z >= 3:
-                dp_exposed += add(
-                    "parameter all-gather",
-                    "all-gather",
-                    "dp",
-                    shard,
-                    tp,
-                    weights,
-                    2 * mb,
-                    window,
-                    "forward and backward, per micro-batch",
-                )[1]
-                window = None if window is None else max(0.0, window - colls[-1].time_s)
-            if pipelined_fsdp_accumulates(cfg, layout):
-                # One reduce-scatter of the accumulated gradients after the schedule's last
-                # backward (torch.distributed.pipelining's REDUCE_GRAD action): nothing is left
-                # to hide it behind on the stage that finishes last.
-                reduce = cfg.precision.grad_dtype
-                if cfg.precision.compute_dtype == "fp32":
-                    reduce = "fp32"
-                rs_bytes, rs_calls, rs_window, rs_when = (
-                    params * DTYPE_BYTES[reduce],
-                    1,
-                    None,
-                    "once per step, after the last backward",
-                )
-            else:
-                rs_bytes, rs_calls, rs_window, rs_when = grads, mb, window, "per micro-batch"
-            dp_exposed += add(
-                "gradient reduce-scatter",
-                "reduce-scatter",
-                "dp",
-                shard,
-                tp,
-                rs_bytes,
-                rs_calls,
-                rs_window,
-                rs_when,
-            )[1]
-            if z == 2:
-                dp_exposed += add(
-                    "parameter all-gather",
-                    "all-gather",
-                    "dp",
-                    shard,
-                    tp,
-                    weights,
-                    1,
-                    first_fwd,
-                    "after the optimizer step",
-                )[1]
-
-    # Optimizer step (memory-bound).
-    st = stages[stage]
-    on_device = 2.0 * st.optimizer + st.gradients + st.weights
-    optimizer_s = on_device / (hw.hbm_gbps * 1e9)
-    if hw.profile is not None and bpp.optimizer > 0 and st.host_bytes == 0:
-        # Measured: the engine's optimizer step (clip, step, zero_grad) on this rank's shard.
-        measured = hw.profile.optimizer_s(st.optimizer / bpp.optimizer)
-        optimizer_s = optimizer_s if measured is None else measured
-    if st.host_bytes > 0:
-        optimizer_s += 2.0 * st.host_bytes / (HOST_GBPS * 1e9)
-        optimizer_s += (st.gradients + st.host_bytes / 6.0) / (PCIE_GBPS * 1e9)
+    optimizer_s = _optimizer_s(cfg, hw, stages[stage])
+    dp_exposed = data_parallel_rows(
+        cfg, layout, stages[stage].params, t_compute_mb, add, optimizer_s=optimizer_s
+    )
 
     exposed = per_mb_exposed * mb + dp_exposed
     step_s = pipeline_s + bubble_s + dp_exposed + optimizer_s

@@ -23,6 +23,7 @@ from launcher.backends.common import expert_tensor_parallel
 from launcher.config.layout import derive_layout, split_keys
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.sources import MegatronData
+from launcher.render.megatron_speed_flags import megatron_speed_flags
 
 
 class MegatronUnsupported(ValueError):
@@ -344,6 +345,7 @@ def _loss_fusion_and_offload_args(cfg: LLMTrainConfig) -> list[str]:
             "--fine-grained-activation-offloading",
             "--offload-modules", *cfg.backend.offload_modules,
         ]  # fmt: skip
+    args += megatron_speed_flags(cfg)  # launcher/render/megatron_speed_flags.py
     return args
 
 

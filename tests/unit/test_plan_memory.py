@@ -67,15 +67,15 @@ def act(
 ) -> float:
     return layer_activation_bytes(
         ModelShape(model),
-        False,
-        b,
-        model.seq_length,
-        tp,
-        cp,
-        sp,
-        recompute,
-        attention or model.attention,
-        model.norm == "layernorm",
+        micro_batch=b,
+        seq=model.seq_length,
+        tp=tp,
+        cp=cp,
+        recompute=recompute,
+        attention=attention or model.attention,
+        moe=False,
+        sequence_parallel=sp,
+        dropout=model.norm == "layernorm",
     )
 
 

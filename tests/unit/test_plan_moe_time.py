@@ -87,9 +87,9 @@ def test_routing_bytes_are_streaming_copies_in_the_step() -> None:
             hw.matmul_efficiency,
             hw.hbm_gbps,
             hw.tdp_watts,
-            0,
-            1,
-            False,
+            dense_layers=0,
+            moe_layers=1,
+            head=False,
         )
         bytes_s.append(parts.bytes_s)
     assert bytes_s[1] - bytes_s[0] == pytest.approx(expected, rel=1e-6)

@@ -62,18 +62,26 @@ def test_core_keeps_all_but_the_log_sum_exp() -> None:
     # 2 (q 4096 + k 1024 + v 1024 + o 4096) + lse 4 x 32 + SwiGLU 8f (8 x 14336)
     # = 20,480 + 128 + 114,688 = 135,296; core the same less the 128-byte log-sum-exp.
     shape = ModelShape(cfg("recipe=llama3-8b").model)
-    none = layer_activation_terms(shape, False, "none", "flash", False)
-    core = layer_activation_terms(shape, False, "core", "flash", False)
+    none = layer_activation_terms(
+        shape, recompute="none", attention="flash", moe=False, dropout=False
+    )
+    core = layer_activation_terms(
+        shape, recompute="core", attention="flash", moe=False, dropout=False
+    )
     assert (none.replicated, none.sharded) == (32_768, 135_296)
     assert (core.replicated, core.sharded) == (32_768, 135_296 - 128)
     # op keeps the layer input and half of the attention / MLP outputs: 4h replicated =
     # 16,384 and 2 o + lse + (2 (q + k + v) + 4f) / 2 = 8,192 + 128 + (12,288 + 57,344) / 2
     # = 43,136 sharded, a third of core.
-    op = layer_activation_terms(shape, False, "op", "flash", False)
+    op = layer_activation_terms(shape, recompute="op", attention="flash", moe=False, dropout=False)
     assert (op.replicated, op.sharded) == (16_384, 43_136)
     # Eager attention: core drops the scores (Korthikanti's selective), as "selective" did.
-    eager = layer_activation_terms(shape, False, "core", "eager", False)
-    assert eager == layer_activation_terms(shape, False, "selective", "eager", False)
+    eager = layer_activation_terms(
+        shape, recompute="core", attention="eager", moe=False, dropout=False
+    )
+    assert eager == layer_activation_terms(
+        shape, recompute="selective", attention="eager", moe=False, dropout=False
+    )
     assert eager.scores == 0.0
 
 
