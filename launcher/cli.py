@@ -621,7 +621,13 @@ def calibrate(
 
     start = time.monotonic()
     doc, written = run_calibration(
-        composed.config, list(overrides or []), out_file, not no_cache, progress, seconds, force
+        composed.config,
+        list(overrides or []),
+        out=out_file,
+        use_cache=not no_cache,
+        progress=progress,
+        budget_s=seconds,
+        force=force,
     )
     took = time.monotonic() - start
     counts = {k: len(doc.get(k, [])) for k in ("gemm", "attention", "elementwise", "loss")}

@@ -56,6 +56,7 @@ from launcher.plan.comm import (
 from launcher.plan.fitted import constants
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
+from launcher.plan.measured import overhead_row
 from launcher.plan.measured import stage_parts as measured_parts
 from launcher.plan.memory import (
     DTYPE_BYTES,
@@ -531,6 +532,10 @@ def estimate_time(
         optimizer_s += 2.0 * st.host_bytes / (HOST_GBPS * 1e9)
         optimizer_s += (st.gradients + st.host_bytes / 6.0) / (PCIE_GBPS * 1e9)
 
+    extra = overhead_row(cfg, layout, hw.profile, layout.stage_layers[stage] * mb)
+    if extra is not None:  # measured: what a step of this layout costs beyond the terms above
+        colls.append(extra)
+        dp_exposed += extra.exposed_s
     exposed = per_mb_exposed * mb + dp_exposed
     step_s = pipeline_s + bubble_s + dp_exposed + optimizer_s
     tokens_per_s = layout.global_batch_size * m.seq_length / step_s
