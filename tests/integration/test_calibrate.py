@@ -136,12 +136,20 @@ def test_calibrate_refuses_noise_unless_forced(
     out = tmp_path / "cpu.json"
     lines: list[str] = []
     with pytest.raises(UserError) as info:
-        calibrate(cfg, overrides, out, False, lines.append, budget_s=4.0)
+        calibrate(cfg, overrides, out=out, use_cache=False, progress=lines.append, budget_s=4.0)
     assert "are noise or not physical, so no profile was written" in str(info.value)
     assert "--force" in str(info.value) and "core(s)" in str(info.value)
     assert any("[NOISE:" in line for line in lines) and not out.exists()
 
-    doc, written = calibrate(cfg, overrides, out, False, lines.append, budget_s=4.0, force=True)
+    doc, written = calibrate(
+        cfg,
+        overrides,
+        out=out,
+        use_cache=False,
+        progress=lines.append,
+        budget_s=4.0,
+        force=True,
+    )
     assert written == [out] and doc["quality"]["forced"] and doc["quality"]["problems"]
     assert prof.read(out)["quality"]["forced"]
     import dataclasses
