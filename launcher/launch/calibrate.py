@@ -10,9 +10,9 @@ up, so a profile of a configuration prices that configuration exactly):
   size, a quarter of it and the sizes of COLLECTIVE_LADDER, so that the planner's latency +
   bytes / bandwidth line (``profile_rates.Rates.collective_s``) holds for every size between;
 - the per-step overhead of the layout (``launcher.launch.step_overhead``): a real run of the
-  engine with the configuration's layout, layers and micro-batches on a model shrunk to a few
-  channels, less the plan of that run priced from its own measured operators and these
-  collectives: the waits, small collectives and dispatch the planner's terms leave out.
+  engine with the configuration's layout, widths and micro-batches on the model cut to one layer
+  per pipeline chunk, less the plan of that run priced from the operators and collectives above:
+  the waits, small collectives and dispatch the planner's terms leave out.
 On the CPU, torch uses the threads one process of the run will have (cores / processes).
 
 The profile (format: ``launcher.plan.profile``) goes to the cache (keyed by cluster.gpu) and/or to
@@ -393,48 +393,31 @@ def time_collectives(s: Session, layout: Layout, budget_s: float) -> None:
 
 def time_overhead(s: Session, overrides: list[str]) -> None:
     """The layout's per-step overhead beyond the planner's terms (launch/step_overhead.py): a real
-    run of the shrunk model, less its plan priced from its own operators and the collectives
+    run of the model cut to one layer per pipeline chunk, less its plan priced from the figures
     measured above."""
     from launcher.launch import step_overhead
 
-    run = step_overhead.run_shrunk(s.cfg, overrides, s.progress)
+    run = step_overhead.run_cut(s.cfg, overrides, s.progress)
     if isinstance(run, str):
         s.doc["notes"].append(f"per-step overhead not measured: {run}")
         s.say(f"per-step overhead: not measured ({run})")
         return
-    # The shrunk model's operators, timed as the full model's were, in a profile of their own
-    # (their figures, of another model, are not kept); a short deadline: they are tiny.
-    small = Session(
-        cfg=run.config,
-        device=s.device,
-        timer=Timer(s.device, time.monotonic() + OVERHEAD_OPERATOR_S),
-        threads=s.threads,
-        progress=lambda _line: None,
-        started=s.started,
-        steps=0,
-        doc=new_document(s.doc["device"], s.doc["created"]),
-    )
-    time_operators(small, operators(run.config, run.layout))
-    small.doc["collectives"] = list(s.doc["collectives"])
-    planned = step_overhead.planned_step_s(run, small.doc)
+    planned = step_overhead.planned_step_s(run, s.doc)
     entry = step_overhead.overhead_entry(run, planned, s.threads)
     s.doc["overhead"].append(entry)
     found = []
     if noise.is_noise(run.spread):
         found.append(
-            f"per-step overhead: the shrunk run's steps spread {run.spread:.0%} of their median "
+            f"per-step overhead: the cut run's steps spread {run.spread:.0%} of their median "
             f"(limit {noise.SPREAD_LIMIT:.0%})"
         )
     s.problems.extend(found)
     s.say(
-        f"per-step overhead ({entry['layout']}): the shrunk run took {run.measured_s * 1e3:.1f} ms "
-        f"a step, its plan {planned * 1e3:.1f} ms: {entry['seconds'] * 1e3:.1f} ms"
+        f"per-step overhead ({entry['layout']}): a {run.config.model.num_layers}-layer run took "
+        f"{run.measured_s * 1e3:.1f} ms a step, its plan {planned * 1e3:.1f} ms: "
+        f"{entry['seconds'] * 1e3:.1f} ms"
         + (f"  [NOISE: {'; '.join(found)}]" if found else f"  (spread {run.spread:.0%})")
     )
-
-
-# Seconds the shrunk model's operators are timed in (each operator's repeats shrink to fit).
-OVERHEAD_OPERATOR_S = 4.0
 
 
 def new_document(device: dict[str, Any], created: str) -> dict[str, Any]:

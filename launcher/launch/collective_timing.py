@@ -2,9 +2,10 @@
 
 Two fresh Python processes rendezvous through a FileStore in a private temporary directory (no
 port) and time each (kind, bytes) asked for with the backend the engine uses on the device (gloo
-on the CPU, NCCL on GPUs): one warm-up call, then the median of repeats, each started after a
-barrier; the slowest rank's median is the collective's time. A kind the backend cannot run is
-returned with its error instead of a time.
+on the CPU, NCCL on GPUs): one warm-up call, then the median of the repeats that fit in REPEAT_S
+= 0.3 s (5 to 25: a median of a few is at the mercy of a busy machine's scheduler), each started
+after a barrier; the slowest rank's median is the collective's time. A kind the backend cannot
+run is returned with its error instead of a time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if backend == "nccl":
 store = dist.FileStore(store_path, world)
 dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 out = []
+REPEAT_S = 0.3
 def sync():
     if backend == "nccl":
         torch.cuda.synchronize()
@@ -56,9 +58,15 @@ for kind, nbytes in spec:
                     dist.recv(x, 0)
         else:
             continue
-        fn(); sync(); dist.barrier()
+        t = time.perf_counter(); fn(); sync()
+        # As many repeats as fit in REPEAT_S (from the warm-up call), 5 to 25; the same count on
+        # every rank (the slowest rank's), or the calls would not pair up.
+        first = torch.tensor([time.perf_counter() - t], dtype=torch.float64, device=device)
+        dist.all_reduce(first, op=dist.ReduceOp.MAX)
+        repeats = int(min(25, max(5, REPEAT_S / max(float(first), 1e-6))))
+        dist.barrier()
         times = []
-        for _ in range(5):
+        for _ in range(repeats):
             dist.barrier(); sync()
             t = time.perf_counter(); fn(); sync()
             times.append(time.perf_counter() - t)

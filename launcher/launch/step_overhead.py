@@ -1,22 +1,22 @@
 """The per-step overhead of a layout: what a real step of the engine costs beyond the planner's
 terms (compute, collectives, bubble, optimizer), measured for `llmtrain calibrate`.
 
-How: the configuration is shrunk to SHRUNK_HEAD_DIM channels per head and two heads per
-tensor-parallel rank (``shrunk_overrides``), keeping what the overhead depends on: the layout
-(dp, tp, pp, cp, ep, ZeRO stage, backend), the layers, the sequence, the micro-batches and the
-vocabulary. Then:
-1. a real ``llmtrain run`` of the shrunk model trains OVERHEAD_STEPS steps (the same compose ->
-   preflight -> torchrun -> engine path as ``plan --measure``, launch/measure.py); its step time is
-   the median after the first step;
-2. the shrunk model's own operators are timed (the caller's ``time_operators``) into a profile
-   that also holds the collectives measured for the full configuration, and the plan of the shrunk
-   model is priced from it;
-3. the overhead is the measured step less that plan (never below 0): the waits for the slower
-   rank, the engine's small per-step collectives (loss, gradient norm, the finite-loss check), the
-   DTensor / DDP / pipeline-schedule dispatch: the work that a width does not change.
+How: the configuration is cut to one layer per pipeline chunk (pp x vpp layers, as ``plan
+--measure``'s smaller run, launch/measure.py), keeping everything else: the layout (dp, tp, pp, cp,
+ep, ZeRO stage, backend), the widths, the sequence, the micro-batches, the vocabulary. Then:
+1. a real ``llmtrain run`` of the cut model trains OVERHEAD_STEPS steps (the same compose ->
+   preflight -> torchrun -> engine path as ``plan --measure``); its step time is the median after
+   the first step;
+2. the plan of the cut model is priced from the profile being written (its layers have the shapes
+   whose operators calibrate has just timed, and its collectives those measured);
+3. the overhead is the measured step less that plan (never below 0): the waits for the slower rank
+   at each synchronisation (each rank's compute between two collectives is its layer's, so the
+   waits are those of the full model's layers), the engine's small per-step collectives (loss,
+   gradient norm, the finite-loss check), the DTensor / DDP / pipeline-schedule dispatch.
 
 ``plan`` adds it to the step of a configuration of the same layout family, scaled by the heaviest
-stage's layers x micro-batches (``profile_rates.Rates.overhead_s``).
+stage's layers x micro-batches (``profile_rates.Rates.overhead_s``). The run measured is never the
+one predicted: the full model's layers and its own step time are not in it.
 """
 
 from __future__ import annotations
@@ -36,20 +36,15 @@ from launcher.errors import UserError
 from launcher.launch.measure import _one_run
 from launcher.plan.profile_rates import layout_family
 
-# Channels per attention head of the shrunk model: the smallest the engines' kernels take for
-# every precision (fp8 GEMMs need dimensions divisible by 16, torchao Float8Linear) and even
-# for rotary embeddings.
-SHRUNK_HEAD_DIM = 16
-# Steps of the shrunk run: the first (warm-up: allocation, autograd graph, gloo connections) is
+# Steps of the cut run: the first (warm-up: allocation, autograd graph, gloo connections) is
 # dropped; the median of the other five is robust to one step slowed by a neighbour's process.
 OVERHEAD_STEPS = 6
 
 
 @dataclass(frozen=True)
-class ShrunkRun:
-    """One measured shrunk run and its plan."""
+class CutRun:
+    """One measured run of the cut model."""
 
-    overrides: list[str]
     config: LLMTrainConfig
     layout: Layout
     measured_s: float
@@ -57,47 +52,29 @@ class ShrunkRun:
     steps: int
 
 
-def shrunk_overrides(cfg: LLMTrainConfig, overrides: list[str]) -> list[str] | None:
-    """`overrides` plus the keys that shrink the model's widths (module docstring); None for a
-    model the shrinking does not keep the shape of (multi-head latent attention)."""
-    m = cfg.model
-    if m.kv_lora_rank:
-        return None
-    heads = 2 * max(1, cfg.parallel.tp)
-    hidden = heads * SHRUNK_HEAD_DIM
-    out = [
-        *overrides,
-        f"model.hidden_size={hidden}",
-        f"model.num_attention_heads={heads}",
-        "model.num_kv_heads=null",
-        "model.head_dim=null",
-        f"model.ffn_hidden_size={2 * hidden}",
-    ]
-    if m.moe_ffn_hidden_size:
-        out.append(f"model.moe_ffn_hidden_size={hidden}")
-    return out
+def cut_layers(cfg: LLMTrainConfig) -> int:
+    """Layers of the cut model: one per pipeline chunk (the full model's when it has no more)."""
+    return min(cfg.model.num_layers, max(1, cfg.parallel.pp) * max(1, cfg.parallel.vpp))
 
 
-def run_shrunk(
+def run_cut(
     cfg: LLMTrainConfig, overrides: list[str], progress: Callable[[str], None]
-) -> ShrunkRun | str:
-    """The shrunk model trained for real (OVERHEAD_STEPS steps), or why it was not."""
-    shrunk = shrunk_overrides(cfg, overrides)
-    if shrunk is None:
-        return "multi-head latent attention is not shrunk"
+) -> CutRun | str:
+    """The cut model trained for real (OVERHEAD_STEPS steps), or why it was not."""
+    layers = cut_layers(cfg)
+    cut = [*overrides, f"model.num_layers={layers}", "parallel.pp_layers=null"]
     try:
-        small = compose_config(shrunk).config
+        small = compose_config(cut).config
     except UserError as exc:
-        return f"the shrunk model is not a valid configuration ({exc})"
+        return f"the cut model is not a valid configuration ({exc})"
     root = Path(tempfile.mkdtemp(prefix="llmtrain-overhead-"))
     try:
-        point, _ = _one_run(shrunk, cfg.model.num_layers, root, OVERHEAD_STEPS, progress)
+        point, _ = _one_run(overrides, layers, root, OVERHEAD_STEPS, progress)
     except UserError as exc:
         return str(exc)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return ShrunkRun(
-        overrides=shrunk,
+    return CutRun(
         config=small,
         layout=derive_layout(small),
         measured_s=point.step_s,
@@ -106,14 +83,15 @@ def run_shrunk(
     )
 
 
-def planned_step_s(run: ShrunkRun, doc: dict[str, Any]) -> float:
-    """The plan of the shrunk run priced from `doc` (a profile holding its operators)."""
+def planned_step_s(run: CutRun, doc: dict[str, Any]) -> float:
+    """The plan of the cut run priced from `doc` (the profile being written, without its
+    overhead entries)."""
     import dataclasses
 
     from launcher.plan import profile as prof
     from launcher.plan.planner import make_plan
 
-    doc = {**doc, "digest": ""}
+    doc = {**doc, "overhead": [], "digest": ""}
     doc["digest"] = prof.digest(doc)
     fd, tmp = tempfile.mkstemp(prefix="llmtrain-overhead-", suffix=".json")
     try:
@@ -126,8 +104,8 @@ def planned_step_s(run: ShrunkRun, doc: dict[str, Any]) -> float:
     return plan.time.step_s
 
 
-def overhead_entry(run: ShrunkRun, planned_s: float, threads: int) -> dict[str, Any]:
-    """The profile's "overhead" entry of a shrunk run measured and planned."""
+def overhead_entry(run: CutRun, planned_s: float, threads: int) -> dict[str, Any]:
+    """The profile's "overhead" entry of a cut run measured and planned."""
     layout = run.layout
     heaviest = max(layout.stage_layers)
     return {
@@ -144,10 +122,9 @@ def overhead_entry(run: ShrunkRun, planned_s: float, threads: int) -> dict[str, 
 
 __all__ = [
     "OVERHEAD_STEPS",
-    "SHRUNK_HEAD_DIM",
-    "ShrunkRun",
+    "CutRun",
+    "cut_layers",
     "overhead_entry",
     "planned_step_s",
-    "run_shrunk",
-    "shrunk_overrides",
+    "run_cut",
 ]
