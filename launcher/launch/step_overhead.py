@@ -14,9 +14,10 @@ ep, ZeRO stage, backend), the widths, the sequence, the micro-batches, the vocab
    waits are those of the full model's layers), the engine's small per-step collectives (loss,
    gradient norm, the finite-loss check), the DTensor / DDP / pipeline-schedule dispatch.
 
-``plan`` adds it to the step of a configuration of the same layout family, scaled by the heaviest
-stage's layers x micro-batches (``profile_rates.Rates.overhead_s``). The run measured is never the
-one predicted: the full model's layers and its own step time are not in it.
+``plan`` adds it to the step of a configuration of the same layout family, scaled by how often a
+step synchronises its ranks (``profile_rates.overhead_units``: per layer and micro-batch with
+tensor, context or expert parallelism, per micro-batch with pipeline stages, per step otherwise).
+The run measured is never the one predicted: the full model's layers are not in it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.launch.measure import _one_run
-from launcher.plan.profile_rates import layout_family
+from launcher.plan.profile_rates import layout_family, overhead_units
 
 # Steps of the cut run: the first (warm-up: allocation, autograd graph, gloo connections) is
 # dropped; the median of the other five is robust to one step slowed by a neighbour's process.
@@ -107,12 +108,11 @@ def planned_step_s(run: CutRun, doc: dict[str, Any]) -> float:
 def overhead_entry(run: CutRun, planned_s: float, threads: int) -> dict[str, Any]:
     """The profile's "overhead" entry of a cut run measured and planned."""
     layout = run.layout
-    heaviest = max(layout.stage_layers)
     return {
         "layout": layout_family(run.config, layout),
         "threads": threads,
         "ranks": layout.world_size,
-        "units": heaviest * layout.num_microbatches,
+        "units": overhead_units(layout, max(layout.stage_layers)),
         "seconds": max(0.0, run.measured_s - planned_s),
         "measured_s": run.measured_s,
         "planned_s": planned_s,

@@ -26,7 +26,7 @@ from launcher.plan.fitted import constants
 from launcher.plan.kernels import ComputeParts
 from launcher.plan.memory import DTYPE_BYTES
 from launcher.plan.operators import Gemm, Operators, elementwise_bytes, operators
-from launcher.plan.profile_rates import Rates, layout_family
+from launcher.plan.profile_rates import Rates, layout_family, overhead_units
 from launcher.plan.recompute import extra_forwards
 
 
@@ -108,13 +108,16 @@ def stage_parts(
 
 
 def overhead_row(
-    cfg: LLMTrainConfig, layout: Layout, rates: Rates | None, units: int
+    cfg: LLMTrainConfig, layout: Layout, rates: Rates | None, stage: int
 ) -> Collective | None:
     """The step's measured overhead beyond the planner's terms (launch/step_overhead.py: the waits
-    for the slower rank, the engine's small per-step collectives, the dispatch a width does not
-    change) as a row of the collective table, for `units` = the heaviest stage's layers x
-    micro-batches; None without a profile or a measured run of this layout family."""
-    seconds = None if rates is None else rates.overhead_s(layout_family(cfg, layout), units)
+    for the slower rank, the engine's small per-step collectives, the dispatch) as a row of the
+    collective table, for the synchronisations of `stage` (profile_rates.overhead_units); None
+    without a profile or a measured run of this layout family."""
+    if rates is None:
+        return None
+    units = overhead_units(layout, layout.stage_layers[stage])
+    seconds = rates.overhead_s(layout_family(cfg, layout), units)
     if seconds is None or seconds <= 0:
         return None
     note = "measured by llmtrain calibrate on a shrunk run of this layout"

@@ -27,11 +27,12 @@ A profile is one plain JSON file (no torch needed to read it):
 
 Times are seconds per call (the median of the repeats); an overhead entry is seconds per step of a
 layout family (``profile_rates.layout_family``) beyond the planner's terms, at `units` = the
-heaviest stage's layers x micro-batches (``launcher.launch.step_overhead``). A profile without an
-"overhead" section (written before it existed) is read as one that measured none. `threads` is
-the CPU threads per process the figure was measured with (torch.get_num_threads(); 0 on a GPU,
-where it does not matter): a CPU run with two processes on two cores gives each process one
-thread (launch/local.worker_env), so a figure measured with two threads does not price it.
+synchronisations of a step (``profile_rates.overhead_units``, ``launch/step_overhead.py``). A
+profile without an "overhead" section (written before it existed) is read as one that measured
+none. `threads` is the CPU threads per process the figure was measured with
+(torch.get_num_threads(); 0 on a GPU, where it does not matter): a CPU run with two processes on
+two cores gives each process one thread (launch/local.worker_env), so a figure measured with two
+threads does not price it.
 
 The digest catches a file edited by hand or cut short (it is no signature: anyone can recompute
 it). A profile is refused when its schema, version or digest is wrong or when it was measured on

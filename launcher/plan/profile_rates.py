@@ -30,6 +30,24 @@ def layout_family(cfg: LLMTrainConfig, layout: Layout) -> str:
 # --- looking measured figures up --------------------------------------------------------------
 
 
+def overhead_units(layout: Layout, stage_layers: int) -> int:
+    """How often a step of this layout synchronises its ranks, in the unit the measured overhead
+    scales by (``Rates.overhead_s``): with tensor, context or expert parallelism inside every
+    layer on every micro-batch (stage layers x micro-batches); with pipeline stages once per
+    micro-batch; with data parallelism (ZeRO included) and a single process once per step. Where
+    the ranks meet is where one waits for the other and where the engine's dispatch runs, so the
+    overhead measured on a cut run (launch/step_overhead.py) counts per such meeting.
+
+    e.g. tp=2, 4 layers, 2 micro-batches: 8; pp=2, 4 micro-batches: 4; dp=2: 1.
+    """
+    mb = max(1, layout.num_microbatches)
+    if layout.tp > 1 or layout.cp > 1 or layout.ep > 1:
+        return max(1, stage_layers) * mb
+    if layout.pp > 1:
+        return mb
+    return 1
+
+
 def _log_distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     return sum(
         abs(math.log(max(1.0, x)) - math.log(max(1.0, y))) for x, y in zip(a, b, strict=True)
@@ -160,12 +178,12 @@ class Rates:
         return _line(rows, nbytes)
 
     def overhead_s(self, family: str, units: int) -> float | None:
-        """Seconds a step of a layout of `family` costs beyond the planner's terms, measured on a
-        shrunk run with the nearest layers x micro-batches (`units`) and scaled by units (the
-        dispatch and the small collectives it holds run per layer and micro-batch); None when no
-        run of this family was measured.
+        """Seconds a step of a layout of `family` costs beyond the planner's terms: the figure
+        measured on a cut run at the nearest number of synchronisations (`units`,
+        ``overhead_units``), scaled by units; None when no run of this family was measured.
 
-        e.g. measured 6 ms at 2 layers x 4 micro-batches: 4 layers x 4 micro-batches, 12 ms.
+        e.g. measured 6 ms at 4 units (tp=2: 1 layer x 4 micro-batches): 4 layers x 4
+        micro-batches (16 units) are priced 24 ms.
         """
         rows = [(u, s) for f, u, s in self.overheads if f == family]
         if not rows:
@@ -257,4 +275,4 @@ def rates(doc: dict[str, Any], dtype: str, threads: int) -> Rates:
     )
 
 
-__all__ = ["Rates", "layout_family", "rates"]
+__all__ = ["Rates", "layout_family", "overhead_units", "rates"]

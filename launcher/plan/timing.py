@@ -532,7 +532,7 @@ def estimate_time(
         optimizer_s += 2.0 * st.host_bytes / (HOST_GBPS * 1e9)
         optimizer_s += (st.gradients + st.host_bytes / 6.0) / (PCIE_GBPS * 1e9)
 
-    extra = overhead_row(cfg, layout, hw.profile, layout.stage_layers[stage] * mb)
+    extra = overhead_row(cfg, layout, hw.profile, stage)
     if extra is not None:  # measured: what a step of this layout costs beyond the terms above
         colls.append(extra)
         dp_exposed += extra.exposed_s

@@ -157,3 +157,36 @@ def test_calibrate_refuses_noise_unless_forced(
     priced = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, profile=str(out)))
     note = make_plan(priced).profile_note
     assert note is not None and "calibrate --force" in note
+
+
+def test_calibrate_prices_two_processes_collectives_and_overhead(tmp_path: Path) -> None:
+    """dp=2 on the CPU: the gradient all-reduce is timed between 2 real gloo processes at its own
+    size, a quarter of it and the ladder (4 KiB, 1 MiB); the per-step overhead comes from a real
+    2-process run of the model cut to one layer; plan prices from both."""
+    from launcher.launch.calibrate import COLLECTIVE_LADDER
+
+    out = tmp_path / "dp2.json"
+    overrides = ["recipe=tiny", "cluster.gpus_per_node=2", "train.global_batch_size=16"]
+    done = llmtrain(
+        "calibrate", *overrides, "--out", str(out), "--no-cache", "--force", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "per-step overhead (torch dp2 tp1 pp1 cp1 ep1 zero0)" in done.stderr
+    doc = prof.read(out)
+    sizes = {e["bytes"] for e in doc["collectives"] if e["kind"] == "all-reduce"}
+    assert len(sizes) >= 4 and {int(b) // 4 * 4 for b in COLLECTIVE_LADDER} <= sizes
+    assert all(e["ranks"] == 2 and e["backend"] == "gloo" for e in doc["collectives"])
+    (entry,) = doc["overhead"]
+    assert entry["layout"] == "torch dp2 tp1 pp1 cp1 ep1 zero0" and entry["units"] == 1
+    assert entry["measured_s"] > 0 and entry["planned_s"] > 0
+    assert entry["seconds"] == pytest.approx(max(0.0, entry["measured_s"] - entry["planned_s"]))
+
+    planned = llmtrain("plan", *overrides, f"cluster.profile={out}", "--json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    time = json.loads(planned.stdout)["time"]
+    rows = {c["name"]: c for c in time["collectives"]}
+    assert rows["gradient all-reduce"]["group_size"] == 2
+    if entry["seconds"] > 0:  # dp=2 meets once per step, as the 1-layer run did: as measured
+        assert rows["per-step overhead"]["time_s"] == pytest.approx(entry["seconds"])
+    else:
+        assert "per-step overhead" not in rows

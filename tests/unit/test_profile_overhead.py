@@ -17,7 +17,7 @@ from launcher.config.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.plan import profile as prof
 from launcher.plan.planner import make_plan
-from launcher.plan.profile_rates import layout_family, rates
+from launcher.plan.profile_rates import layout_family, overhead_units, rates
 from tests.unit.test_plan_profile import TINY, tiny_profile
 
 pytestmark = pytest.mark.unit
@@ -26,7 +26,7 @@ DP2 = [*TINY, "cluster.gpus_per_node=2", "train.global_batch_size=16"]  # 2 rank
 FAMILY = "torch dp2 tp1 pp1 cp1 ep1 zero0"
 
 
-def dp2_profile(seconds: float = 6 * MS, units: int = 4) -> dict[str, Any]:
+def dp2_profile(seconds: float = 6 * MS, units: int = 1) -> dict[str, Any]:
     """tiny_profile's figures, measured with the threads of a 2-process run, plus an overhead."""
     doc = tiny_profile()
     threads = prof.cpu_threads(2)
@@ -52,9 +52,25 @@ def test_layout_family_names_backend_degrees_and_zero() -> None:
     assert layout_family(tp, derive_layout(tp)) == "torch dp1 tp2 pp1 cp1 ep1 zero0"
 
 
-def test_overhead_scales_with_layers_times_microbatches() -> None:
+@pytest.mark.parametrize(
+    ("layout", "units"),
+    [
+        (["train.global_batch_size=32"], 1),  # dp=2, 2 micro-batches: once per step
+        (["parallel.tp=2", "train.micro_batch_size=4", "train.global_batch_size=8"], 8),
+        (["parallel.pp=2", "model.tie_embeddings=false", "train.global_batch_size=32"], 4),
+        ([], 1),  # dp=2, 1 micro-batch
+    ],
+    ids=["dp2-2mb", "tp2-4layers-2mb", "pp2-4mb", "dp2"],
+)
+def test_overhead_units_count_where_the_ranks_meet(layout: list[str], units: int) -> None:
+    cfg = compose_config([*TINY, "cluster.gpus_per_node=2", *layout]).config
+    lay = derive_layout(cfg)
+    assert overhead_units(lay, max(lay.stage_layers)) == units
+
+
+def test_overhead_scales_with_synchronisations() -> None:
     r = rates(dp2_profile(6 * MS, units=4), "fp32", prof.cpu_threads(2))
-    # Measured 6 ms at 4 layers x 1 micro-batch: 4 layers x 4 micro-batches (16 units) is 24 ms.
+    # Measured 6 ms at 4 synchronisations: 16 are priced 24 ms.
     assert r.overhead_s(FAMILY, 4) == pytest.approx(6 * MS)
     assert r.overhead_s(FAMILY, 16) == pytest.approx(24 * MS)
     assert r.overhead_s("torch dp1 tp2 pp1 cp1 ep1 zero0", 4) is None  # not measured
@@ -63,11 +79,11 @@ def test_overhead_scales_with_layers_times_microbatches() -> None:
 
 def test_plan_adds_the_measured_overhead_as_a_row(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
-    path.write_text(json.dumps(dp2_profile(6 * MS, units=4)))
+    path.write_text(json.dumps(dp2_profile(6 * MS, units=1)))
     with_overhead = planned(DP2, path)
-    path.write_text(json.dumps(dp2_profile(0.0, units=4)))
+    path.write_text(json.dumps(dp2_profile(0.0, units=1)))
     without = planned(DP2, path)
-    # tiny: 4 layers, 1 micro-batch per rank: 4 units, the measured 6 ms exactly.
+    # dp=2 synchronises once per step: 1 unit, the measured 6 ms exactly.
     assert with_overhead.time.step_s == pytest.approx(without.time.step_s + 6 * MS, rel=1e-9)
     assert with_overhead.time.exposed_comm_s == pytest.approx(
         without.time.exposed_comm_s + 6 * MS, rel=1e-9
