@@ -62,6 +62,11 @@ def run_cut(
     cfg: LLMTrainConfig, overrides: list[str], progress: Callable[[str], None]
 ) -> CutRun | str:
     """The cut model trained for real (OVERHEAD_STEPS steps), or why it was not."""
+    if cfg.cluster.num_nodes > 1:
+        return (
+            f"the layout spans cluster.num_nodes={cfg.cluster.num_nodes} nodes and a cut run "
+            "trains on this one (the catalog prices what crosses nodes)"
+        )
     layers = cut_layers(cfg)
     cut = [*overrides, f"model.num_layers={layers}", "parallel.pp_layers=null"]
     try:

@@ -154,3 +154,11 @@ def test_the_cut_run_keeps_one_layer_per_pipeline_chunk(layout: list[str], layer
 
     cfg = compose_config([*TINY, "backend=torch", *layout]).config
     assert cut_layers(cfg) == layers
+
+
+def test_a_layout_over_several_nodes_is_not_cut_run_here() -> None:
+    from launcher.launch.step_overhead import run_cut
+
+    cfg = compose_config(["recipe=tiny", "cluster.num_nodes=2"]).config
+    said = run_cut(cfg, ["recipe=tiny", "cluster.num_nodes=2"], lambda _line: None)
+    assert isinstance(said, str) and "cluster.num_nodes=2" in said
