@@ -392,32 +392,33 @@ def time_collectives(s: Session, layout: Layout, budget_s: float) -> None:
 
 
 def time_overhead(s: Session, overrides: list[str]) -> None:
-    """The layout's per-step overhead beyond the planner's terms (launch/step_overhead.py): a real
-    run of the model cut to one layer per pipeline chunk, less its plan priced from the figures
-    measured above."""
+    """The layout's per-step overhead beyond the planner's terms (launch/step_overhead.py): real
+    runs of the model cut to one layer per pipeline chunk, with the configuration's micro-batches
+    and twice as many, each less its plan priced from the figures measured above."""
     from launcher.launch import step_overhead
 
-    run = step_overhead.run_cut(s.cfg, overrides, s.progress)
-    if isinstance(run, str):
-        s.doc["notes"].append(f"per-step overhead not measured: {run}")
-        s.say(f"per-step overhead: not measured ({run})")
-        return
-    planned = step_overhead.planned_step_s(run, s.doc)
-    entry = step_overhead.overhead_entry(run, planned, s.threads)
-    s.doc["overhead"].append(entry)
-    found = []
-    if noise.is_noise(run.spread):
-        found.append(
-            f"per-step overhead: the cut run's steps spread {run.spread:.0%} of their median "
-            f"(limit {noise.SPREAD_LIMIT:.0%})"
+    said = []
+    for variant in step_overhead.microbatch_variants(s.cfg, overrides):
+        run = step_overhead.run_cut(s.cfg, variant, s.progress)
+        if isinstance(run, str):
+            s.doc["notes"].append(f"per-step overhead not measured: {run}")
+            said.append(f"not measured ({run})")
+            break
+        planned = step_overhead.planned_step_s(run, s.doc)
+        entry = step_overhead.overhead_entry(run, planned, s.threads)
+        s.doc["overhead"].append(entry)
+        if noise.is_noise(run.spread):
+            s.problems.append(
+                f"per-step overhead: the cut run's steps spread {run.spread:.0%} of their median "
+                f"(limit {noise.SPREAD_LIMIT:.0%})"
+            )
+        said.append(
+            f"{run.layout.num_microbatches} micro-batch(es): {run.measured_s * 1e3:.1f} ms a step, "
+            f"its plan {planned * 1e3:.1f} ms, {entry['seconds'] * 1e3:.1f} ms at "
+            f"{entry['units']} synchronisation(s) (spread {run.spread:.0%})"
         )
-    s.problems.extend(found)
-    s.say(
-        f"per-step overhead ({entry['layout']}): a {run.config.model.num_layers}-layer run took "
-        f"{run.measured_s * 1e3:.1f} ms a step, its plan {planned * 1e3:.1f} ms: "
-        f"{entry['seconds'] * 1e3:.1f} ms"
-        + (f"  [NOISE: {'; '.join(found)}]" if found else f"  (spread {run.spread:.0%})")
-    )
+    family = s.doc["overhead"][-1]["layout"] if s.doc["overhead"] else "layout"
+    s.say(f"per-step overhead ({family}, 1 layer per pipeline chunk): " + "; ".join(said))
 
 
 def new_document(device: dict[str, Any], created: str) -> dict[str, Any]:

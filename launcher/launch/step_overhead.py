@@ -3,7 +3,8 @@ terms (compute, collectives, bubble, optimizer), measured for `llmtrain calibrat
 
 How: the configuration is cut to one layer per pipeline chunk (pp x vpp layers, as ``plan
 --measure``'s smaller run, launch/measure.py), keeping everything else: the layout (dp, tp, pp, cp,
-ep, ZeRO stage, backend), the widths, the sequence, the micro-batches, the vocabulary. Then:
+ep, ZeRO stage, backend), the widths, the sequence, the micro-batch, the vocabulary. Then, with the
+configuration's micro-batches and with twice as many (``microbatch_variants``):
 1. a real ``llmtrain run`` of the cut model trains OVERHEAD_STEPS steps (the same compose ->
    preflight -> torchrun -> engine path as ``plan --measure``); its step time is the median after
    the first step;
@@ -14,9 +15,10 @@ ep, ZeRO stage, backend), the widths, the sequence, the micro-batches, the vocab
    waits are those of the full model's layers), the engine's small per-step collectives (loss,
    gradient norm, the finite-loss check), the DTensor / DDP / pipeline-schedule dispatch.
 
-``plan`` adds it to the step of a configuration of the same layout family, scaled by how often a
-step synchronises its ranks (``profile_rates.overhead_units``: per layer and micro-batch with
-tensor, context or expert parallelism, per micro-batch with pipeline stages, per step otherwise).
+``plan`` adds it to the step of a configuration of the same layout family: the line (a fixed part
+per step + a part per synchronisation) through the two runs at the configuration's number of
+synchronisations (``profile_rates.overhead_units``: per layer and micro-batch with tensor, context
+or expert parallelism, per micro-batch with pipeline stages, once per step otherwise).
 The run measured is never the one predicted: the full model's layers are not in it.
 """
 
@@ -58,10 +60,18 @@ def cut_layers(cfg: LLMTrainConfig) -> int:
     return min(cfg.model.num_layers, max(1, cfg.parallel.pp) * max(1, cfg.parallel.vpp))
 
 
+def microbatch_variants(cfg: LLMTrainConfig, overrides: list[str]) -> list[list[str]]:
+    """The overrides of the two cut runs: the configuration's micro-batches and twice as many
+    (global batch doubled), so that the overhead's part per synchronisation and its fixed part
+    per step are told apart (``Rates.overhead_s`` fits the line through them)."""
+    doubled = 2 * derive_layout(cfg).global_batch_size
+    return [list(overrides), [*overrides, f"train.global_batch_size={doubled}"]]
+
+
 def run_cut(
     cfg: LLMTrainConfig, overrides: list[str], progress: Callable[[str], None]
 ) -> CutRun | str:
-    """The cut model trained for real (OVERHEAD_STEPS steps), or why it was not."""
+    """The cut model of `overrides` trained for real (OVERHEAD_STEPS steps), or why it was not."""
     if cfg.cluster.num_nodes > 1:
         return (
             f"the layout spans cluster.num_nodes={cfg.cluster.num_nodes} nodes and a cut run "
@@ -129,6 +139,7 @@ __all__ = [
     "OVERHEAD_STEPS",
     "CutRun",
     "cut_layers",
+    "microbatch_variants",
     "overhead_entry",
     "planned_step_s",
     "run_cut",

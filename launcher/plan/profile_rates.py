@@ -178,18 +178,21 @@ class Rates:
         return _line(rows, nbytes)
 
     def overhead_s(self, family: str, units: int) -> float | None:
-        """Seconds a step of a layout of `family` costs beyond the planner's terms: the figure
-        measured on a cut run at the nearest number of synchronisations (`units`,
-        ``overhead_units``), scaled by units; None when no run of this family was measured.
+        """Seconds a step of a layout of `family` costs beyond the planner's terms at `units`
+        synchronisations (``overhead_units``): the line (fixed part + part per synchronisation,
+        least squares, both >= 0) through the cut runs measured (launch/step_overhead.py); runs
+        at one number of synchronisations only: their mean, whatever `units`; None when no run
+        of this family was measured.
 
-        e.g. measured 6 ms at 4 units (tp=2: 1 layer x 4 micro-batches): 4 layers x 4
-        micro-batches (16 units) are priced 24 ms.
+        e.g. measured 6 ms at 4 units and 10 ms at 8 (tp=2: 1 layer x 4 and 8 micro-batches):
+        2 ms + 1 ms per unit, so 16 units are priced 18 ms.
         """
-        rows = [(u, s) for f, u, s in self.overheads if f == family]
+        rows = [(float(u), s) for f, u, s in self.overheads if f == family]
         if not rows:
             return None
-        near = min(rows, key=lambda r: abs(math.log(r[0] / max(1, units))))
-        return near[1] * max(1, units) / near[0]
+        if len({u for u, _ in rows}) == 1:
+            return sum(s for _, s in rows) / len(rows)
+        return _line(rows, float(units))
 
 
 def _line(rows: list[tuple[float, float]], x: float) -> float:

@@ -68,13 +68,23 @@ def test_overhead_units_count_where_the_ranks_meet(layout: list[str], units: int
     assert overhead_units(lay, max(lay.stage_layers)) == units
 
 
-def test_overhead_scales_with_synchronisations() -> None:
-    r = rates(dp2_profile(6 * MS, units=4), "fp32", prof.cpu_threads(2))
-    # Measured 6 ms at 4 synchronisations: 16 are priced 24 ms.
+def test_overhead_is_the_line_through_the_cut_runs() -> None:
+    doc = dp2_profile(6 * MS, units=4)
+    doc["overhead"].append({**doc["overhead"][0], "units": 8, "seconds": 10 * MS})
+    r = rates(doc, "fp32", prof.cpu_threads(2))
+    # 6 ms at 4 synchronisations, 10 ms at 8: 2 ms + 1 ms each, so 16 are priced 18 ms.
     assert r.overhead_s(FAMILY, 4) == pytest.approx(6 * MS)
-    assert r.overhead_s(FAMILY, 16) == pytest.approx(24 * MS)
+    assert r.overhead_s(FAMILY, 16) == pytest.approx(18 * MS)
     assert r.overhead_s("torch dp1 tp2 pp1 cp1 ep1 zero0", 4) is None  # not measured
-    assert rates(dp2_profile(), "fp32", 99).overhead_s(FAMILY, 4) is None  # other threads
+    assert rates(doc, "fp32", 99).overhead_s(FAMILY, 4) is None  # other threads
+    # Runs at one number of synchronisations only (dp: once per step): their mean, at any count.
+    flat = dp2_profile(6 * MS, units=1)
+    flat["overhead"].append({**flat["overhead"][0], "seconds": 8 * MS})
+    assert rates(flat, "fp32", prof.cpu_threads(2)).overhead_s(FAMILY, 1) == pytest.approx(7 * MS)
+    # A line never goes below 0 nor falls with more synchronisations.
+    down = dp2_profile(10 * MS, units=4)
+    down["overhead"].append({**down["overhead"][0], "units": 8, "seconds": 6 * MS})
+    assert rates(down, "fp32", prof.cpu_threads(2)).overhead_s(FAMILY, 16) == pytest.approx(8 * MS)
 
 
 def test_plan_adds_the_measured_overhead_as_a_row(tmp_path: Path) -> None:
