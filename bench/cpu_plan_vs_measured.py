@@ -8,8 +8,8 @@ For each configuration of MATRIX (tiny and small GPT shapes, 1 and 2 processes, 
 --repeats times:
 1. `llmtrain calibrate cluster=cpu OVERRIDES --out BEFORE --no-cache` measures, on this machine,
    the operators of that configuration, its collectives (2 processes, gloo, at a size ladder) and
-   the per-step overhead of its layout (a real run of a shrunk model of the same layout, less its
-   plan: launch/step_overhead.py) into a fresh profile;
+   the per-step overhead of its layout (real runs of the model cut to one layer per pipeline
+   chunk, less their plans: launch/step_overhead.py) into a fresh profile;
 2. `llmtrain run --fresh OVERRIDES` trains it for --steps steps; the measured step time is the
    median of metrics.jsonl's step_time_s after --warmup steps;
 3. unless --no-after, `llmtrain calibrate ... --out AFTER` measures again right after the run;
@@ -24,7 +24,7 @@ exits 1 when that median exceeds --max-median (25%) or a run fails, 0 otherwise.
 
 Held out: no constant of the planner or of the profile pricing (launcher/plan/measured.py) was
 fitted to this matrix or to its results; the profile's figures are measurements of operators,
-collectives and a shrunk run's overhead (never of the run being predicted), and the only fitted
+collectives and cut runs' overhead (never of the run being predicted), and the only fitted
 constants (launcher/plan/fitted.py) come from bench/plan_fit.py on the published reference runs
 (bench/data/calibration.csv). Each calibrate runs right before its run because a shared CPU's
 speed moves with the load of other processes; that load is the main source of error here.
