@@ -392,14 +392,14 @@ def time_collectives(s: Session, layout: Layout, budget_s: float) -> None:
 
 
 def time_overhead(s: Session, overrides: list[str]) -> None:
-    """The layout's per-step overhead beyond the planner's terms (launch/step_overhead.py): real
-    runs of the model cut to one layer per pipeline chunk, with the configuration's micro-batches
-    and twice as many, each less its plan priced from the figures measured above."""
+    """The layout's per-step overhead beyond the planner's terms (launch/step_overhead.py): two
+    real runs of the model cut to a layer or two per pipeline chunk (step_overhead.cut_variants),
+    each less its plan priced from the figures measured above."""
     from launcher.launch import step_overhead
 
     said = []
-    for variant in step_overhead.microbatch_variants(s.cfg, overrides):
-        run = step_overhead.run_cut(s.cfg, variant, s.progress)
+    for variant, layers in step_overhead.cut_variants(s.cfg, overrides):
+        run = step_overhead.run_cut(s.cfg, variant, layers, s.progress)
         if isinstance(run, str):
             s.doc["notes"].append(f"per-step overhead not measured: {run}")
             said.append(f"not measured ({run})")
@@ -413,12 +413,13 @@ def time_overhead(s: Session, overrides: list[str]) -> None:
                 f"(limit {noise.SPREAD_LIMIT:.0%})"
             )
         said.append(
-            f"{run.layout.num_microbatches} micro-batch(es): {run.measured_s * 1e3:.1f} ms a step, "
+            f"{run.config.model.num_layers} layer(s) x {run.layout.num_microbatches} "
+            f"micro-batch(es): {run.measured_s * 1e3:.1f} ms a step, "
             f"its plan {planned * 1e3:.1f} ms, {entry['seconds'] * 1e3:.1f} ms at "
             f"{entry['units']} synchronisation(s) (spread {run.spread:.0%})"
         )
     family = s.doc["overhead"][-1]["layout"] if s.doc["overhead"] else "layout"
-    s.say(f"per-step overhead ({family}, 1 layer per pipeline chunk): " + "; ".join(said))
+    s.say(f"per-step overhead ({family}, cut runs): " + "; ".join(said))
 
 
 def new_document(device: dict[str, Any], created: str) -> dict[str, Any]:

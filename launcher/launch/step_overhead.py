@@ -3,8 +3,10 @@ terms (compute, collectives, bubble, optimizer), measured for `llmtrain calibrat
 
 How: the configuration is cut to one layer per pipeline chunk (pp x vpp layers, as ``plan
 --measure``'s smaller run, launch/measure.py), keeping everything else: the layout (dp, tp, pp, cp,
-ep, ZeRO stage, backend), the widths, the sequence, the micro-batch, the vocabulary. Then, with the
-configuration's micro-batches and with twice as many (``microbatch_variants``):
+ep, ZeRO stage, backend), the widths, the sequence, the micro-batch, the vocabulary. Then, for two
+such runs that differ in how often their ranks meet (``cut_variants``: 1 and 2 layers per chunk
+with tensor, context or expert parallelism; else the configuration's micro-batches and twice as
+many):
 1. a real ``llmtrain run`` of the cut model trains OVERHEAD_STEPS steps (the same compose ->
    preflight -> torchrun -> engine path as ``plan --measure``); its step time is the median after
    the first step;
@@ -60,24 +62,32 @@ def cut_layers(cfg: LLMTrainConfig) -> int:
     return min(cfg.model.num_layers, max(1, cfg.parallel.pp) * max(1, cfg.parallel.vpp))
 
 
-def microbatch_variants(cfg: LLMTrainConfig, overrides: list[str]) -> list[list[str]]:
-    """The overrides of the two cut runs: the configuration's micro-batches and twice as many
-    (global batch doubled), so that the overhead's part per synchronisation and its fixed part
-    per step are told apart (``Rates.overhead_s`` fits the line through them)."""
-    doubled = 2 * derive_layout(cfg).global_batch_size
-    return [list(overrides), [*overrides, f"train.global_batch_size={doubled}"]]
+def cut_variants(cfg: LLMTrainConfig, overrides: list[str]) -> list[tuple[list[str], int]]:
+    """(overrides, layers) of the two cut runs, which differ in what the layout's synchronisations
+    count (``profile_rates.overhead_units``), so that the overhead's part per synchronisation and
+    its fixed part are told apart (``Rates.overhead_s`` fits the line through them): with tensor,
+    context or expert parallelism one and two layers per pipeline chunk (the ranks meet in every
+    layer); otherwise, or when two layers per chunk would be the whole model, one layer per chunk
+    with the configuration's micro-batches and with twice as many (global batch doubled)."""
+    layout = derive_layout(cfg)
+    chunk = cut_layers(cfg)
+    per_layer = layout.tp > 1 or layout.cp > 1 or layout.ep > 1
+    if per_layer and 2 * chunk < cfg.model.num_layers:
+        return [(list(overrides), chunk), (list(overrides), 2 * chunk)]
+    doubled = [*overrides, f"train.global_batch_size={2 * layout.global_batch_size}"]
+    return [(list(overrides), chunk), (doubled, chunk)]
 
 
 def run_cut(
-    cfg: LLMTrainConfig, overrides: list[str], progress: Callable[[str], None]
+    cfg: LLMTrainConfig, overrides: list[str], layers: int, progress: Callable[[str], None]
 ) -> CutRun | str:
-    """The cut model of `overrides` trained for real (OVERHEAD_STEPS steps), or why it was not."""
+    """The model of `overrides` cut to `layers` layers, trained for real (OVERHEAD_STEPS steps),
+    or why it was not."""
     if cfg.cluster.num_nodes > 1:
         return (
             f"the layout spans cluster.num_nodes={cfg.cluster.num_nodes} nodes and a cut run "
             "trains on this one (the catalog prices what crosses nodes)"
         )
-    layers = cut_layers(cfg)
     cut = [*overrides, f"model.num_layers={layers}", "parallel.pp_layers=null"]
     try:
         small = compose_config(cut).config
@@ -139,7 +149,7 @@ __all__ = [
     "OVERHEAD_STEPS",
     "CutRun",
     "cut_layers",
-    "microbatch_variants",
+    "cut_variants",
     "overhead_entry",
     "planned_step_s",
     "run_cut",

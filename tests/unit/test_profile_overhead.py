@@ -166,9 +166,39 @@ def test_the_cut_run_keeps_one_layer_per_pipeline_chunk(layout: list[str], layer
     assert cut_layers(cfg) == layers
 
 
+@pytest.mark.parametrize(
+    ("layout", "runs"),
+    [
+        # tp: the ranks meet in every layer: 1 and 2 layers, the configuration's batch.
+        (["parallel.tp=2"], [(1, None), (2, None)]),
+        # tp with only 2 layers: 2 per chunk would be the whole model: micro-batches instead.
+        (["parallel.tp=2", "model.num_layers=2"], [(1, None), (1, 16)]),
+        # dp: once per step; pp: once per micro-batch: the micro-batches double.
+        (["train.global_batch_size=16"], [(1, None), (1, 32)]),
+        (
+            ["parallel.pp=2", "model.tie_embeddings=false", "train.global_batch_size=16"],
+            [(2, None), (2, 32)],
+        ),
+    ],
+    ids=["tp2", "tp2-2layers", "dp2", "pp2"],
+)
+def test_the_two_cut_runs_differ_in_what_the_layout_synchronises(
+    layout: list[str], runs: list[tuple[int, int | None]]
+) -> None:
+    from launcher.launch.step_overhead import cut_variants
+
+    overrides = [*TINY, "cluster.gpus_per_node=2", *layout]
+    got = cut_variants(compose_config(overrides).config, overrides)
+    want = [
+        (overrides + ([f"train.global_batch_size={gbs}"] if gbs else []), layers)
+        for layers, gbs in runs
+    ]
+    assert got == want
+
+
 def test_a_layout_over_several_nodes_is_not_cut_run_here() -> None:
     from launcher.launch.step_overhead import run_cut
 
     cfg = compose_config(["recipe=tiny", "cluster.num_nodes=2"]).config
-    said = run_cut(cfg, ["recipe=tiny", "cluster.num_nodes=2"], lambda _line: None)
+    said = run_cut(cfg, ["recipe=tiny", "cluster.num_nodes=2"], 1, lambda _line: None)
     assert isinstance(said, str) and "cluster.num_nodes=2" in said
