@@ -171,7 +171,7 @@ def test_calibrate_prices_two_processes_collectives_and_overhead(tmp_path: Path)
         "calibrate", *overrides, "--out", str(out), "--no-cache", "--force", cwd=tmp_path
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "per-step overhead (torch dp2 tp1 pp1 cp1 ep1 zero0)" in done.stderr
+    assert "per-step overhead (torch dp2 tp1 pp1 cp1 ep1 zero0, cut runs)" in done.stderr
     doc = prof.read(out)
     sizes = {e["bytes"] for e in doc["collectives"] if e["kind"] == "all-reduce"}
     assert len(sizes) >= 4 and {int(b) // 4 * 4 for b in COLLECTIVE_LADDER} <= sizes
