@@ -1,4 +1,6 @@
-"""Fit the planner's constants (launcher/plan/fitted.py) on calibration.csv, reproducibly.
+"""Fit the planner's constants (launcher/plan/fitted.py) on the published reference runs,
+reproducibly: the runs of launcher/plan/reference_runs.py, their figures checked against the
+reference data in this repository, bench/data/calibration.csv (bench/reference_data.py).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/plan_fit.py   (prints the constants to paste)
 
@@ -21,12 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.reference_data import checked_points
 from launcher.config.layout import Layout, derive_layout
 from launcher.plan import fitted
-from launcher.plan.calibration import CalibrationPoint, points
 from launcher.plan.flops import FlopsPerToken, config_flops
 from launcher.plan.memory import HardwareView, estimate_memory
 from launcher.plan.planner import hardware_view
+from launcher.plan.reference_runs import ReferenceRun
 from launcher.plan.timing import estimate_time
 
 FAMILIES = ("ampere", "hopper", "blackwell")
@@ -68,7 +71,7 @@ BOUNDS = {
 
 @dataclass
 class Prepared:
-    point: CalibrationPoint
+    point: ReferenceRun
     layout: Layout
     hw: HardwareView
     flops: FlopsPerToken
@@ -86,7 +89,7 @@ class Prepared:
         return h.allocated if self.point.metric == "allocated_bytes" else h.reserved_observed
 
 
-def prepare(rows: list[CalibrationPoint]) -> list[Prepared]:
+def prepare(rows: list[ReferenceRun]) -> list[Prepared]:
     out = []
     for p in rows:
         cfg = p.config
@@ -204,7 +207,7 @@ def fit(rows: list[Prepared], rounds: int = 8) -> tuple[dict[str, float], Family
 
 
 def main() -> int:
-    rows = prepare(points())
+    rows = prepare(checked_points())
     shared, fam = fit(rows)
     print("DEFAULT = ComputeConstants(")
     for k, v in shared.items():

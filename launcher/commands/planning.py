@@ -256,7 +256,13 @@ def calibrate(
 
     start = time.monotonic()
     doc, written = run_calibration(
-        composed.config, list(overrides or []), out_file, not no_cache, _progress, seconds, force
+        composed.config,
+        list(overrides or []),
+        out=out_file,
+        use_cache=not no_cache,
+        progress=_progress,
+        budget_s=seconds,
+        force=force,
     )
     took = time.monotonic() - start
     if as_json:

@@ -1,5 +1,5 @@
 """The speed keys (launcher/backends/speed_features.py) each calibration row ran with, kept apart
-from launcher/plan/calibration.py so that the rows' layouts and their speed features are typed
+from launcher/plan/reference_runs.py so that the rows' layouts and their speed features are typed
 by whoever reads each source.
 
 - NB (NeMo 25.02 on DGX-B200): NVIDIA/NeMo scripts/performance/recommended_model_configs/

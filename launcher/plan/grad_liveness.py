@@ -110,6 +110,6 @@ def reserved_reuses_activations(cfg: LLMTrainConfig) -> bool:
     output that ``foreach_reduce`` allocates under ``torch.cuda.stream(reduce_scatter_stream)``:
     another stream's pool, which the default stream's cached activation blocks never serve, so the
     reserved memory holds both, as the buckets' sum counts them. (Consistent with torchtitan's
-    FSDP2 llama3-8B and -70B rows of plan/calibration.py: their measured reserved memory is within
+    FSDP2 llama3-8B and -70B runs of plan/reference_runs.py: their measured reserved memory is in
     3% (median) of the sum x fragmentation and 10% above the allocated timeline x fragmentation.)"""
     return cfg.zero.stage < 2

@@ -21,11 +21,12 @@ from launcher.backends.common import recompute_mode
 from launcher.backends.engine_choices import compile_in_force
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan.comm import Collective
 from launcher.plan.fitted import constants
 from launcher.plan.kernels import ComputeParts
 from launcher.plan.memory import DTYPE_BYTES
 from launcher.plan.operators import Gemm, Operators, elementwise_bytes, operators
-from launcher.plan.profile import Rates
+from launcher.plan.profile_rates import Rates, layout_family, overhead_units
 from launcher.plan.recompute import extra_forwards
 
 
@@ -106,6 +107,26 @@ def stage_parts(
     return ComputeParts(linear_s, other_s, attention_s, bytes_s)
 
 
+def overhead_row(
+    cfg: LLMTrainConfig, layout: Layout, rates: Rates | None, stage: int
+) -> Collective | None:
+    """The step's measured overhead beyond the planner's terms (launch/step_overhead.py: the waits
+    for the slower rank, the engine's small per-step collectives, the dispatch) as a row of the
+    collective table, for the synchronisations of `stage` (profile_rates.overhead_units); None
+    without a profile or a measured run of this layout family."""
+    if rates is None:
+        return None
+    units = overhead_units(layout, layout.stage_layers[stage])
+    seconds = rates.overhead_s(layout_family(cfg, layout), units)
+    if seconds is None or seconds <= 0:
+        return None
+    note = "measured by llmtrain calibrate on a shrunk run of this layout"
+    group = layout.world_size
+    return Collective(
+        "per-step overhead", "overhead", "all", group, 0, 1, 0, seconds, seconds, note
+    )
+
+
 def coverage(cfg: LLMTrainConfig, layout: Layout, rates: Rates) -> dict[str, str]:
     """Where each part of the step time comes from: "profile" (measured shapes), "profile
     (scaled)" (nearest measured shape at its rate), or "catalog (...)" with the reason."""
@@ -149,4 +170,4 @@ def coverage(cfg: LLMTrainConfig, layout: Layout, rates: Rates) -> dict[str, str
     return out
 
 
-__all__ = ["coverage", "stage_parts"]
+__all__ = ["coverage", "overhead_row", "stage_parts"]

@@ -84,8 +84,8 @@ GIB = 1024**3
 
 # torch's caching allocator reserves more than it allocates (block rounding, fragmentation across
 # differently sized tensors): reserved = allocated x fragmentation, one fitted constant per GPU
-# family (launcher.plan.fitted; fitted on the reserved-memory rows of calibration.csv). When the
-# allocator reaches the device's capacity it frees its cache and retries, so what torch reports
+# family (plan/fitted.py, fitted on the reserved-memory rows of bench/data/calibration.csv). When
+# the allocator reaches the device's capacity it frees its cache and retries, so what torch reports
 # as reserved never exceeds the capacity left after the CUDA context (`reserved_observed`).
 FRAGMENTATION = constants("hopper").fragmentation
 

@@ -1,4 +1,9 @@
-"""Operator profiles: what ``llmtrain calibrate`` measured on a machine, read back by ``plan``.
+"""The profile format: what ``llmtrain calibrate`` measured on a machine, read back by ``plan``.
+
+This module is the format's one home: its layout, reading and checking a file, merging new
+figures into an existing profile (``merge``), and choosing the profile a plan prices from
+(``choose``). The figures' lookups are ``launcher.plan.profile_rates``; the measuring is
+``launcher.launch.calibrate``.
 
 A profile is one plain JSON file (no torch needed to read it):
 
@@ -15,12 +20,19 @@ A profile is one plain JSON file (no torch needed to read it):
      "loss": [{"dtype", "threads", "tokens", "vocab", "fwd_s", "bwd_s"}],
      "optimizer": [{"threads", "params", "tensors", "seconds"}],
      "collectives": [{"kind", "ranks", "bytes", "seconds", "backend", "threads"}],
+     "overhead": [{"layout", "threads", "ranks", "units", "seconds", "measured_s", "planned_s"}],
+     "notes": ["what was not measured, and why"],
+     "quality": {"load1", "cores", "busy", "spread_limit", "problems": [...], "forced": false},
      "digest": "sha256:<hex of the canonical JSON of everything else>"}
 
-Times are seconds per call (the median of the repeats). `threads` is the CPU threads per process the
-figure was measured with (torch.get_num_threads(); 0 on a GPU, where it does not matter): a CPU
-run with two processes on two cores gives each process one thread (launch/local.worker_env), so a
-figure measured with two threads does not price it.
+Times are seconds per call (the median of the repeats); an overhead entry is seconds per step of a
+layout family (``profile_rates.layout_family``) beyond the planner's terms, at `units` = the
+synchronisations of a step (``profile_rates.overhead_units``, ``launch/step_overhead.py``). A
+profile without an "overhead" section (written before it existed) is read as one that measured
+none. `threads` is the CPU threads per process the figure was measured with
+(torch.get_num_threads(); 0 on a GPU, where it does not matter): a CPU run with two processes on
+two cores gives each process one thread (launch/local.worker_env), so a figure measured with two
+threads does not price it.
 
 The digest catches a file edited by hand or cut short (it is no signature: anyone can recompute
 it). A profile is refused when its schema, version or digest is wrong or when it was measured on
@@ -44,7 +56,6 @@ escaped excerpt (``launcher.excerpt``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -57,10 +68,11 @@ from typing import Any, TypeGuard
 from launcher import bounded_read
 from launcher.excerpt import excerpt
 from launcher.excerpt import name as shown
+from launcher.plan.profile_rates import Rates, rates
 
 SCHEMA = "llmtrain-profile"
 VERSION = 1
-SECTIONS = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives")
+SECTIONS = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives", "overhead")
 MAX_BYTES = 16 << 20
 MAX_DEPTH = 8
 # Slowest single call a profile may hold: calibrate times each operator in well under a minute.
@@ -103,6 +115,11 @@ def canonical(doc: dict[str, Any]) -> bytes:
 
 def digest(doc: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical(doc)).hexdigest()
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """The file's text: indented JSON, keys sorted, one final newline."""
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
 def host_cpu_name() -> str:
@@ -181,6 +198,37 @@ def _check_entries(doc: dict[str, Any]) -> None:
             for key in _STRINGS:
                 if key in e and not (isinstance(e[key], str) and 0 < len(e[key]) <= 64):
                     raise ProfileError(f"{section}[{i}].{key} = {excerpt(e[key])}: not a name")
+
+
+def _check_overhead(doc: dict[str, Any]) -> None:
+    """The "overhead" entries (launch/step_overhead.py): a layout family's name, a thread count,
+    its ranks and units (whole numbers), and seconds per step between 0 and MAX_SECONDS (0: the
+    planner's terms already cover the shrunk run)."""
+    entries = doc.get("overhead", [])
+    if not isinstance(entries, list):
+        raise ProfileError("'overhead' is not a list")
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ProfileError(f"overhead[{i}] is not an object")
+        layout = e.get("layout")
+        if not (isinstance(layout, str) and 0 < len(layout) <= 64 and layout.isprintable()):
+            raise ProfileError(f"overhead[{i}].layout = {excerpt(layout)}: not a name")
+        for key in ("units", "ranks"):
+            value = e.get(key)
+            if not _positive(value) or float(value) != int(value) or value >= 2**53:
+                raise ProfileError(f"overhead[{i}].{key} = {excerpt(value)}: not a count")
+        seconds, threads = e.get("seconds"), e.get("threads", 0)
+        if not (_positive(seconds) or seconds == 0) or isinstance(seconds, bool):
+            raise ProfileError(f"overhead[{i}].seconds = {excerpt(seconds)}: not a time")
+        if seconds > MAX_SECONDS:
+            raise ProfileError(
+                f"overhead[{i}].seconds = {excerpt(seconds)} s: longer than any step calibrate "
+                f"times ({MAX_SECONDS:.0f} s)"
+            )
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise ProfileError(f"overhead[{i}].threads = {excerpt(threads)}: not a thread count")
+        if not 0 <= threads <= MAX_THREADS:
+            raise ProfileError(f"overhead[{i}].threads = {excerpt(threads)}: not a thread count")
 
 
 def _ceilings(cluster_gpu: str, threads: int) -> tuple[float, float]:
@@ -268,6 +316,7 @@ def validate(doc: Any) -> dict[str, Any]:
         ):
             raise ProfileError(f"device.{key} = {excerpt(value)}: not a short line of text")
     _check_entries(doc)
+    _check_overhead(doc)
     _check_physics(doc)
     return doc
 
@@ -287,211 +336,39 @@ def read(path: Path) -> dict[str, Any]:
     return validate(doc)
 
 
-# --- looking measured figures up --------------------------------------------------------------
+# The key of an entry in each section: calibrate's new figures replace the old ones of the same
+# key when it merges into an existing profile of the same device (``merge``).
+KEYS: dict[str, tuple[str, ...]] = {
+    "gemm": ("dtype", "threads", "m", "n", "k"),
+    "attention": ("dtype", "threads", "kind", "batch", "heads", "kv_heads", "seq", "head_dim"),
+    "elementwise": ("dtype", "threads", "tokens", "hidden", "ffn", "bytes"),
+    "loss": ("dtype", "threads", "tokens", "vocab"),
+    "optimizer": ("threads", "params"),
+    "collectives": ("threads", "kind", "ranks", "bytes", "backend"),
+    "overhead": ("threads", "layout", "units"),
+}
 
 
-def _log_distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
-    return sum(
-        abs(math.log(max(1.0, x)) - math.log(max(1.0, y))) for x, y in zip(a, b, strict=True)
-    )
-
-
-@dataclass(frozen=True)
-class Rates:
-    """A profile's figures for one dtype and thread count, in hashable form (the planner's
-    memoisation keys hold it). Every lookup returns None when nothing of its class was measured."""
-
-    dtype: str
-    threads: int
-    gemms: tuple[tuple[int, int, int, float, float], ...]  # m, n, k, fwd_s, bwd_s
-    attention: tuple[tuple[str, int, int, int, int, int, float, float], ...]
-    elementwise: tuple[tuple[int, float, float, float], ...]  # tokens, bytes, fwd_s, bwd_s
-    loss: tuple[tuple[float, float, float], ...]  # tokens x vocab, fwd_s, bwd_s
-    optimizer: tuple[tuple[float, float], ...]  # params, seconds
-    collectives: tuple[tuple[str, int, float, float], ...]  # kind, ranks, bytes, seconds
-    # True: every compute lookup at the fastest rate measured in its class (``optimistic``).
-    bound: bool = False
-
-    def optimistic(self) -> Rates:
-        """These figures with every compute lookup (GEMM, attention, element-wise, loss) at the
-        fastest rate measured in its class, whatever the shape: never slower than the exact
-        lookups, and proportional to the work, so a step priced from it at one sequence per
-        micro-batch and scaled bounds every larger micro-batch (the layout search's bound,
-        search/layouts.py).
-
-        e.g. GEMMs measured at 100 and 400 GFLOP/s forward: every forward GEMM is priced at 400.
-        """
-        return dataclasses.replace(self, bound=True)
-
-    def gemm(self, m: float, n: float, k: float) -> tuple[float, float, bool] | None:
-        """(forward, backward seconds, measured exactly) of one m x n x k GEMM: the measured
-        figure for that shape, else the nearest measured shape's (log distance over m, n, k) at
-        its FLOP rate.
-
-        e.g. measured 2048 x 128 x 128 in 1.0 ms forward: 2048 x 128 x 256 (twice the FLOPs,
-        not measured) is priced 2.0 ms.
-        """
-        if not self.gemms:
-            return None
-        if self.bound:
-            work = m * n * k
-            return (
-                work * min(g[3] / (g[0] * g[1] * g[2]) for g in self.gemms),
-                work * min(g[4] / (g[0] * g[1] * g[2]) for g in self.gemms),
-                False,
-            )
-        for gm, gn, gk, f, b in self.gemms:
-            if (gm, gn, gk) == (round(m), round(n), round(k)):
-                return f, b, True
-        near = min(self.gemms, key=lambda g: _log_distance((g[0], g[1], g[2]), (m, n, k)))
-        scale = (m * n * k) / (near[0] * near[1] * near[2])
-        return near[3] * scale, near[4] * scale, False
-
-    def attention_s(
-        self, kind: str, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int
-    ) -> tuple[float, float, bool] | None:
-        """(forward, backward, exact) of the attention core; other shapes scale by the FLOPs of
-        the nearest measured one (batch x heads x seq^2 x head_dim)."""
-        same = [a for a in self.attention if a[0] == kind] or list(self.attention)
-        if not same:
-            return None
-        if self.bound:
-            work = batch * heads * seq * seq * head_dim
-            per = [a[1] * a[2] * a[4] ** 2 * a[5] for a in same]
-            return (
-                work * min(a[6] / w for a, w in zip(same, per, strict=True)),
-                work * min(a[7] / w for a, w in zip(same, per, strict=True)),
-                False,
-            )
-        for a in same:
-            if a[1:6] == (batch, heads, kv_heads, seq, head_dim) and a[0] == kind:
-                return a[6], a[7], True
-        near = min(same, key=lambda a: _log_distance((a[4], a[5], a[2]), (seq, head_dim, heads)))
-        scale = (batch * heads * seq * seq * head_dim) / (
-            near[1] * near[2] * near[4] ** 2 * near[5]
+def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """`new` with the entries of `old` (a profile of the same device) it did not re-measure."""
+    if old is None:
+        return new
+    out = dict(new)
+    for section, keys in KEYS.items():
+        fresh = {tuple(e.get(k) for k in keys) for e in new.get(section, [])}
+        kept = [e for e in old.get(section, []) if tuple(e.get(k) for k in keys) not in fresh]
+        out[section] = kept + list(new.get(section, []))
+    out["calibrated"] = list(old.get("calibrated", [])) + list(new.get("calibrated", []))
+    if isinstance(old.get("quality"), dict) and old["quality"].get("forced"):
+        # Figures written with --force earlier may still be in it: it stays marked forced.
+        quality = dict(new.get("quality") or {})
+        quality["forced"] = True
+        quality["problems"] = list(old["quality"].get("problems", [])) + list(
+            quality.get("problems", [])
         )
-        return near[6] * scale, near[7] * scale, False
-
-    def elementwise_per_byte(self, nbytes: float) -> tuple[float, float] | None:
-        """(forward, backward) seconds per forward byte of element-wise work, from the measured
-        layer nearest in size."""
-        if not self.elementwise:
-            return None
-        if self.bound:
-            return (
-                min(e[2] / e[1] for e in self.elementwise),
-                min(e[3] / e[1] for e in self.elementwise),
-            )
-        near = min(self.elementwise, key=lambda e: abs(math.log(e[1] / max(1.0, nbytes))))
-        return near[2] / near[1], near[3] / near[1]
-
-    def loss_s(self, tokens: float, vocab: float) -> tuple[float, float] | None:
-        """(forward, backward) of the loss (and embedding lookup), scaled by tokens x vocab."""
-        if not self.loss:
-            return None
-        size = tokens * vocab
-        if self.bound:
-            return size * min(e[1] / e[0] for e in self.loss), size * min(
-                e[2] / e[0] for e in self.loss
-            )
-        near = min(self.loss, key=lambda e: abs(math.log(e[0] / max(1.0, size))))
-        return near[1] * size / near[0], near[2] * size / near[0]
-
-    def optimizer_s(self, params: float) -> float | None:
-        """Seconds of one optimizer step (with gradient clipping and zero_grad) on `params`
-        parameters: the line (fixed cost + cost per parameter, least squares) through the sizes
-        measured; with one size only, its seconds per parameter.
-
-        e.g. measured 10 ms on 1e9 and 4 ms on 2.5e8 parameters: 2 ms fixed + 8 ms per 1e9, so
-        2e9 parameters are priced 18 ms (proportional scaling from 2.5e8 would say 32 ms).
-        """
-        if not self.optimizer or params <= 0:
-            return None
-        return _line(list(self.optimizer), params)
-
-    def collective_s(self, kind: str, ranks: int, nbytes: float) -> float | None:
-        """Seconds of one collective: latency + bytes / bandwidth fitted (least squares) to the
-        sizes measured for this kind and group size; None when none was."""
-        rows = [(b, s) for k, r, b, s in self.collectives if k == kind and r == ranks]
-        if not rows:
-            return None
-        return _line(rows, nbytes)
-
-
-def _line(rows: list[tuple[float, float]], x: float) -> float:
-    """y at x of the least-squares line (intercept >= 0, slope >= 0) through (x, y) rows; one
-    row: y proportional to x."""
-    if len(rows) == 1:
-        return rows[0][1] * x / rows[0][0]
-    n = len(rows)
-    mx = sum(b for b, _ in rows) / n
-    my = sum(s for _, s in rows) / n
-    var = sum((b - mx) ** 2 for b, _ in rows)
-    slope = sum((b - mx) * (s - my) for b, s in rows) / var if var > 0 else 0.0
-    slope = max(0.0, slope)
-    alpha = max(0.0, my - slope * mx)
-    return alpha + slope * x
-
-
-def rates(doc: dict[str, Any], dtype: str, threads: int) -> Rates:
-    def ok(e: dict[str, Any], with_dtype: bool = True) -> bool:
-        return (not with_dtype or e.get("dtype") == dtype) and int(e.get("threads", 0)) == threads
-
-    return Rates(
-        dtype=dtype,
-        threads=threads,
-        gemms=tuple(
-            sorted(
-                (int(e["m"]), int(e["n"]), int(e["k"]), float(e["fwd_s"]), float(e["bwd_s"]))
-                for e in doc.get("gemm", [])
-                if ok(e)
-            )
-        ),
-        attention=tuple(
-            sorted(
-                (
-                    str(e.get("kind", "flash")),
-                    int(e["batch"]),
-                    int(e["heads"]),
-                    int(e.get("kv_heads", e["heads"])),
-                    int(e["seq"]),
-                    int(e["head_dim"]),
-                    float(e["fwd_s"]),
-                    float(e["bwd_s"]),
-                )
-                for e in doc.get("attention", [])
-                if ok(e)
-            )
-        ),
-        elementwise=tuple(
-            sorted(
-                (int(e["tokens"]), float(e["bytes"]), float(e["fwd_s"]), float(e["bwd_s"]))
-                for e in doc.get("elementwise", [])
-                if ok(e)
-            )
-        ),
-        loss=tuple(
-            sorted(
-                (float(e["tokens"]) * float(e["vocab"]), float(e["fwd_s"]), float(e["bwd_s"]))
-                for e in doc.get("loss", [])
-                if ok(e)
-            )
-        ),
-        optimizer=tuple(
-            sorted(
-                (float(e["params"]), float(e["seconds"]))
-                for e in doc.get("optimizer", [])
-                if ok(e, with_dtype=False)
-            )
-        ),
-        collectives=tuple(
-            sorted(
-                (str(e["kind"]), int(e["ranks"]), float(e["bytes"]), float(e["seconds"]))
-                for e in doc.get("collectives", [])
-                if ok(e, with_dtype=False)
-            )
-        ),
-    )
+        out["quality"] = quality
+    out["digest"] = digest(out)
+    return out
 
 
 # --- choosing the profile a plan uses ---------------------------------------------------------
@@ -615,6 +492,7 @@ def quality_note(doc: dict[str, Any]) -> tuple[str, bool] | None:
 
 
 __all__ = [
+    "KEYS",
     "SCHEMA",
     "VERSION",
     "ProfileChoice",
@@ -625,8 +503,10 @@ __all__ = [
     "choose",
     "cpu_threads",
     "digest",
+    "dumps",
     "host_cpu_name",
     "load",
+    "merge",
     "rates",
     "read",
     "validate",

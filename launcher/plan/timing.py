@@ -45,6 +45,7 @@ from launcher.plan.comm import Collective
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.kernels import ComputeParts, stage_parts
+from launcher.plan.measured import overhead_row
 from launcher.plan.measured import stage_parts as measured_parts
 from launcher.plan.memory import HardwareView, StageMemory
 from launcher.plan.model_shape import ModelShape
@@ -308,6 +309,10 @@ def estimate_time(
         cfg, layout, stages[stage].params, t_compute_mb, add, optimizer_s=optimizer_s
     )
 
+    extra = overhead_row(cfg, layout, hw.profile, stage)
+    if extra is not None:  # measured: what a step of this layout costs beyond the terms above
+        colls.append(extra)
+        dp_exposed += extra.exposed_s
     exposed = per_mb_exposed * mb + dp_exposed
     step_s = pipeline_s + bubble_s + dp_exposed + optimizer_s
     tokens_per_s = layout.global_batch_size * m.seq_length / step_s

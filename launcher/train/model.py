@@ -94,7 +94,8 @@ def _call(module: nn.Module, *args: Any) -> torch.Tensor:
     return cast(torch.Tensor, module(*args))
 
 
-def _norm(kind: str, dim: int, eps: float | None = None) -> nn.Module:
+def norm_layer(kind: str, dim: int, eps: float | None = None) -> nn.Module:
+    """The norm module of model.norm (also what `llmtrain calibrate` times, train/op_timing.py)."""
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=1e-5 if eps is None else eps, bias=True)
     if kind == "rmsnorm":
@@ -320,7 +321,8 @@ class MLAttention(_CoreMixin, nn.Module):
 
 
 # --- MLP and mixture of experts -------------------------------------------------------------------
-def _activate(kind: str, a: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+def activate(kind: str, a: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+    """The MLP's activation of model.activation (swiglu: silu(a) x up; else tanh GELU)."""
     if kind == "swiglu":
         assert up is not None
         return F.silu(a) * up
@@ -348,10 +350,10 @@ class MLP(nn.Module):
         if self.recompute_act and torch.is_grad_enabled():
             hidden = cast(
                 torch.Tensor,
-                checkpoint(_activate, self.activation, a, up, use_reentrant=False),
+                checkpoint(activate, self.activation, a, up, use_reentrant=False),
             )
         else:
-            hidden = _activate(self.activation, a, up)
+            hidden = activate(self.activation, a, up)
         return _call(self.w2, hidden)
 
 
@@ -451,9 +453,9 @@ class TransformerBlock(nn.Module):
         self.recompute_full = False
         # train.recompute=selective on a dense block: op-level selective checkpointing.
         self.recompute_selective = False
-        self.attention_norm = _norm(cfg.norm, cfg.hidden_size, cfg.norm_eps)
+        self.attention_norm = norm_layer(cfg.norm, cfg.hidden_size, cfg.norm_eps)
         self.attention: nn.Module = MLAttention(cfg) if shape.is_mla else Attention(cfg)
-        self.ffn_norm = _norm(cfg.norm, cfg.hidden_size, cfg.norm_eps)
+        self.ffn_norm = norm_layer(cfg.norm, cfg.hidden_size, cfg.norm_eps)
         self.residual_dropout = nn.Dropout(cfg.hidden_dropout)
         self.feed_forward: MLP | None = None
         self.moe: MoE | None = None
@@ -514,7 +516,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(cfg, i) for i in range(cfg.num_layers)}
         )
-        self.norm: nn.Module | None = _norm(cfg.norm, h, cfg.norm_eps)
+        self.norm: nn.Module | None = norm_layer(cfg.norm, h, cfg.norm_eps)
         self.output: nn.Linear | None = (
             None if cfg.tie_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
         )

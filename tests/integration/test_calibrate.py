@@ -136,12 +136,20 @@ def test_calibrate_refuses_noise_unless_forced(
     out = tmp_path / "cpu.json"
     lines: list[str] = []
     with pytest.raises(UserError) as info:
-        calibrate(cfg, overrides, out, False, lines.append, budget_s=4.0)
+        calibrate(cfg, overrides, out=out, use_cache=False, progress=lines.append, budget_s=4.0)
     assert "are noise or not physical, so no profile was written" in str(info.value)
     assert "--force" in str(info.value) and "core(s)" in str(info.value)
     assert any("[NOISE:" in line for line in lines) and not out.exists()
 
-    doc, written = calibrate(cfg, overrides, out, False, lines.append, budget_s=4.0, force=True)
+    doc, written = calibrate(
+        cfg,
+        overrides,
+        out=out,
+        use_cache=False,
+        progress=lines.append,
+        budget_s=4.0,
+        force=True,
+    )
     assert written == [out] and doc["quality"]["forced"] and doc["quality"]["problems"]
     assert prof.read(out)["quality"]["forced"]
     import dataclasses
@@ -149,3 +157,39 @@ def test_calibrate_refuses_noise_unless_forced(
     priced = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, profile=str(out)))
     note = make_plan(priced).profile_note
     assert note is not None and "calibrate --force" in note
+
+
+def test_calibrate_prices_two_processes_collectives_and_overhead(tmp_path: Path) -> None:
+    """dp=2 on the CPU: the gradient all-reduce is timed between 2 real gloo processes at its own
+    size, a quarter of it and the ladder (4 KiB, 1 MiB); the per-step overhead comes from real
+    2-process runs of the model cut to one layer; plan prices from both."""
+    from launcher.launch.calibrate import COLLECTIVE_LADDER
+
+    out = tmp_path / "dp2.json"
+    overrides = ["recipe=tiny", "cluster.gpus_per_node=2", "train.global_batch_size=16"]
+    done = llmtrain(
+        "calibrate", *overrides, "--out", str(out), "--no-cache", "--force", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "per-step overhead (torch dp2 tp1 pp1 cp1 ep1 zero0, cut runs)" in done.stderr
+    doc = prof.read(out)
+    sizes = {e["bytes"] for e in doc["collectives"] if e["kind"] == "all-reduce"}
+    assert len(sizes) >= 4 and {int(b) // 4 * 4 for b in COLLECTIVE_LADDER} <= sizes
+    assert all(e["ranks"] == 2 and e["backend"] == "gloo" for e in doc["collectives"])
+    # Two cut runs (1 layer): the configuration's 1 micro-batch and 2; dp meets once per step.
+    assert [e["layout"] for e in doc["overhead"]] == ["torch dp2 tp1 pp1 cp1 ep1 zero0"] * 2
+    assert [e["units"] for e in doc["overhead"]] == [1, 1]
+    for e in doc["overhead"]:
+        assert e["measured_s"] > 0 and e["planned_s"] > 0
+        assert e["seconds"] == pytest.approx(max(0.0, e["measured_s"] - e["planned_s"]))
+    mean = sum(e["seconds"] for e in doc["overhead"]) / 2
+
+    planned = llmtrain("plan", *overrides, f"cluster.profile={out}", "--json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    time = json.loads(planned.stdout)["time"]
+    rows = {c["name"]: c for c in time["collectives"]}
+    assert rows["gradient all-reduce"]["group_size"] == 2
+    if mean > 0:  # runs at one number of synchronisations: their mean
+        assert rows["per-step overhead"]["time_s"] == pytest.approx(mean)
+    else:
+        assert "per-step overhead" not in rows

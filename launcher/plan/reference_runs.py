@@ -1,5 +1,11 @@
-"""The published measurements the planner is held to (../shared/reference/calibration.csv), as
-configurations plus the measured value in the planner's own units.
+"""The published reference runs the planner's constants are fitted on and held to: each a
+configuration plus the value measured, in the planner's own units.
+
+The published figures come from bench/data/calibration.csv (its README says where that file came
+from); each run names its row (`row`) and the figure as the source prints it (`published`:
+TFLOP/s or tokens/s per GPU, seconds per step, GiB), and bench/reference_data.py checks that every
+one of them is in that row of the file. bench/plan_fit.py fits the constants (fitted.py) on these
+runs and bench/plan_calibration.py cross-validates them.
 
 Each row's `source` is the table or paper it comes from (the leave-one-source-out unit of
 ``bench/plan_calibration.py``): N (Narayanan et al. 2021), T (torchtitan benchmarks), P482
@@ -37,26 +43,31 @@ Choices made where a source is silent (each also stated in the CSV's last column
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from launcher.config.presets import model_preset
-from launcher.config.schema import (
-    BackendConfig,
-    ClusterConfig,
-    LLMTrainConfig,
-    ModelConfig,
-    ParallelConfig,
-    PrecisionConfig,
-    TrainConfig,
-    ZeroConfig,
-)
+from launcher.config.schema import LLMTrainConfig, ModelConfig, PrecisionConfig
 from launcher.plan.flops import narayanan_flops_per_iteration
-
-GIB = 1024**3
+from launcher.plan.reference_layouts import (
+    GIB,
+    H100_SXM,
+    NEMO_FP8,
+    gpt,
+    llama,
+    mpt,
+    nemo_llama_step,
+    nemotron,
+    p482_config,
+    run_config,
+    step_from_tps,
+    torchtitan_70b,
+    torchtitan_long_context,
+)
 
 
 @dataclass(frozen=True)
-class CalibrationPoint:
+class ReferenceRun:
     id: str
     metric: str  # "step_s" | "tokens_per_s_per_gpu" | "allocated_bytes" | "reserved_bytes"
     measured: float
@@ -64,208 +75,34 @@ class CalibrationPoint:
     note: str
     source: str = ""
     scored: bool = True  # False: shown, not fitted nor counted (a missing input, stated)
+    published: float = 0.0  # the figure as the source prints it (bench/data/calibration.csv)
+
+    @property
+    def csv_row(self) -> str:
+        """The id of the csv row the figure is in: the run's id up to its first lower-case
+        letter or dash (T1c, T1f: the T1 row's notes; T2cp4: T2's; P482-tp2: P482's)."""
+        found = re.match(r"[A-Z]+[0-9]*", self.id)
+        return found.group(0) if found else self.id
 
 
-def _gpt(
-    layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048, **kw: object
-) -> ModelConfig:
-    return ModelConfig(
-        **{  # type: ignore[arg-type]
-            "name": f"gpt-{layers}x{hidden}",
-            "num_layers": layers,
-            "hidden_size": hidden,
-            "ffn_hidden_size": 4 * hidden,
-            "num_attention_heads": heads,
-            "vocab_size": vocab,
-            "seq_length": seq,
-            "activation": "gelu",
-            "norm": "layernorm",
-            "position": "learned",
-            "tie_embeddings": True,
-            "attention": "eager",
-            "linear_bias": True,
-            # Megatron-LM's defaults (--attention-dropout / --hidden-dropout 0.1).
-            "attention_dropout": 0.1,
-            "hidden_dropout": 0.1,
-            **kw,
-        }
-    )
+def _tps(rid: str, src: str, cfg: LLMTrainConfig, gpus: int, tps: float) -> ReferenceRun:
+    step = step_from_tps(cfg, tps, gpus)
+    return ReferenceRun(rid, "step_s", step, cfg, f"{tps:g} tok/s/GPU", src, published=tps)
 
 
-def _llama(
-    layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int, **kw: object
-) -> ModelConfig:
-    return ModelConfig(
-        **{  # type: ignore[arg-type]
-            "name": f"llama-{layers}x{hidden}",
-            "num_layers": layers,
-            "hidden_size": hidden,
-            "ffn_hidden_size": ffn,
-            "num_attention_heads": heads,
-            "num_kv_heads": kv,
-            "vocab_size": vocab,
-            "seq_length": seq,
-            "activation": "swiglu",
-            "norm": "rmsnorm",
-            "position": "rope",
-            "tie_embeddings": False,
-            "attention": "flash",
-            "linear_bias": False,
-            **kw,
-        }
-    )
-
-
-def _nemotron(layers: int, hidden: int, heads: int, kv: int, ffn: int, seq: int) -> ModelConfig:
-    # Squared-ReLU MLP (two matrices, like GELU), no dropout, RoPE, untied, 256k vocabulary.
-    return _llama(
-        layers,
-        hidden,
-        heads,
-        kv,
-        ffn,
-        256000,
-        seq,
-        activation="gelu",
-        norm="layernorm",
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-    )
-
-
-def _mpt(layers: int, hidden: int, heads: int, seq: int) -> ModelConfig:
-    return _gpt(
-        layers,
-        hidden,
-        heads,
-        50368,
-        seq,
-        attention="flash",
-        linear_bias=False,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-    )
-
-
-def _cfg(
-    rid: str,
-    model: ModelConfig,
-    gpu: str,
-    gpus: int,
-    *,
-    tp: int = 1,
-    pp: int = 1,
-    cp: int = 1,
-    ep: int = 1,
-    vpp: int = 1,
-    mbs: int = 1,
-    gbs: int,
-    recompute: str = "none",
-    precision: str = "bf16",
-    backend: str = "megatron",
-    zero: int = 1,
-    grad: str = "fp32",
-    overlap: bool = True,
-    tp_overlap: bool = False,
-    compile: bool = False,
-    gpn: int = 8,
-    kernel: str | None = None,
-    dispatcher: str | None = None,
-) -> LLMTrainConfig:
-    if precision == "fp16":
-        prec = PrecisionConfig(
-            name="fp16", compute_dtype="fp16", grad_dtype="fp16", loss_scaling="dynamic"
-        )
-    else:
-        prec = PrecisionConfig(
-            name=precision, compute_dtype="bf16", grad_dtype=grad, fp8=precision == "fp8"
-        )
-    sched = "interleaved" if vpp > 1 else "1f1b"
-    return LLMTrainConfig(
-        recipe=f"calibration-{rid}",
-        model=model,
-        parallel=ParallelConfig(
-            tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, sequence_parallel=tp > 1, pp_schedule=sched
-        ),
-        zero=ZeroConfig(stage=zero),
-        precision=prec,
-        # Published runs materialize the full logits (llmtrain's chunked loss is its own).
-        train=TrainConfig(
-            micro_batch_size=mbs,
-            global_batch_size=gbs,
-            steps=1,
-            recompute=recompute,
-            chunked_loss=False,
-        ),
-        cluster=ClusterConfig(name=gpu, gpu=gpu, num_nodes=max(1, gpus // gpn), gpus_per_node=gpn),
-        backend=BackendConfig(
-            name=backend,
-            overlap_comm=overlap,
-            tp_comm_overlap=tp_overlap,
-            compile=compile,
-            attention_kernel=kernel,
-            moe_dispatcher=dispatcher,
-        ),
-    )
-
-
-def _torchtitan_70b(rid: str, l70: ModelConfig, tp_overlap: bool) -> LLMTrainConfig:
-    """T4 rows: torchtitan Llama 3 70B on 256 H100 96GB, FSDP + tp8, full AC, fp8, compile,
-    with or without async TP."""
-    return _cfg(
-        rid,
-        l70,
-        "h100-96gb",
-        256,
-        tp=8,
-        mbs=16,
-        gbs=512,
-        recompute="full",
-        precision="fp8",
-        backend="torch",
-        zero=3,
-        compile=True,
-        tp_overlap=tp_overlap,
-    )
-
-
-def _torchtitan_long_context(rid: str, l8: ModelConfig, seq: int, cp: int) -> LLMTrainConfig:
-    """T2 rows: torchtitan Llama 3.1 8B on 8 H100 96GB, FSDP + cp, full AC, fp8, compile, one
-    global batch of 8 sequences' worth of tokens at every length."""
-    return _cfg(
-        rid,
-        replace(l8, seq_length=seq),
-        "h100-96gb",
-        8,
-        cp=cp,
-        gbs=8 // cp,
-        recompute="full",
-        precision="fp8",
-        backend="torch",
-        zero=3,
-        compile=True,
-    )
-
-
-def _step_from_tps(cfg: LLMTrainConfig, tps: float, gpus: int) -> float:
-    gbs = cfg.train.global_batch_size or 1
-    return gbs * cfg.model.seq_length / (tps * gpus)
-
-
-def _tps(
-    rid: str, src: str, cfg: LLMTrainConfig, gpus: int, tps: float, note: str = ""
-) -> CalibrationPoint:
-    return CalibrationPoint(
-        rid, "step_s", _step_from_tps(cfg, tps, gpus), cfg, note or f"{tps:g} tok/s/GPU", src
-    )
+def _gib(
+    rid: str, metric: str, gib: float, cfg: LLMTrainConfig, note: str, src: str
+) -> ReferenceRun:
+    """A memory run: `gib` GiB (as published) of `metric`."""
+    return ReferenceRun(rid, metric, gib * GIB, cfg, note, src, published=gib)
 
 
 def _narayanan(
     rid: str, layers: int, hidden: int, heads: int, gpus: int, tp: int, pp: int, gbs: int, tf: float
-) -> CalibrationPoint:
-    cfg = _cfg(
+) -> ReferenceRun:
+    cfg = run_config(
         rid,
-        _gpt(layers, hidden, heads),
+        gpt(layers, hidden, heads),
         "a100-80gb",
         gpus,
         tp=tp,
@@ -278,61 +115,32 @@ def _narayanan(
     )
     cfg = replace(cfg, parallel=replace(cfg.parallel, sequence_parallel=False))
     flops = narayanan_flops_per_iteration(gbs, 2048, layers, hidden, 51200)
-    return CalibrationPoint(
-        rid, "step_s", flops / (tf * 1e12 * gpus), cfg, f"{tf:g} TFLOP/s/GPU on {gpus} A100", "N"
-    )
+    step = flops / (tf * 1e12 * gpus)
+    note = f"{tf:g} TFLOP/s/GPU on {gpus} A100"
+    return ReferenceRun(rid, "step_s", step, cfg, note, "N", published=tf)
 
 
-def _nemo_llama_step(cfg: LLMTrainConfig, tf: float, gpus: int) -> float:
-    """NeMo's llama FLOP formula per iteration (full s^2 attention) over TFLOP/s x GPUs."""
-    m = cfg.model
-    gbs = cfg.train.global_batch_size or 1
-    s, h, layers = m.seq_length, m.hidden_size, m.num_layers
-    kv = m.num_kv_heads or m.num_attention_heads
-    per = (
-        12.0
-        + 12.0 * kv / m.num_attention_heads
-        + 18.0 * m.ffn_hidden_size / h
-        + 12.0 * s / h
-        + 6.0 * m.vocab_size / (layers * h)
-    )
-    return gbs * s * layers * h * h * per / (tf * 1e12 * gpus)
-
-
-def _p482(tp: int, pp: int, mbs: int, gbs: int) -> LLMTrainConfig:
-    model = model_preset("llama2-7b", seq_length=2048, attention="flash")
-    cfg = _cfg("p482", model, "h800", 8, tp=tp, pp=pp, mbs=mbs, gbs=gbs)
-    return replace(
-        cfg,
-        parallel=replace(cfg.parallel, sequence_parallel=False),
-        # Measured in 2023-09/10 (NVIDIA/Megatron-LM PR #482, opened 2023-09-01, results posted
-        # 2023-10-07): before Megatron-core's fused SwiGLU (fused_bias_swiglu.py added
-        # 2023-11-15, its --no-bias-swiglu-fusion switch 2024-01-09): swiglu_fusion=False.
-        backend=replace(
-            cfg.backend,
-            reduce_bucket_size=40_000_000,
-            allgather_bucket_size=40_000_000,
-            swiglu_fusion=False,
-        ),
-    )
-
-
-def _time_points() -> list[CalibrationPoint]:
-    out = [
+def _narayanan_runs() -> list[ReferenceRun]:
+    """N1-N5: Narayanan et al. 2021, Megatron-LM on A100 80GB."""
+    return [
         _narayanan("N1", 24, 2304, 24, 32, 1, 1, 512, 137),
         _narayanan("N2", 30, 3072, 32, 64, 2, 1, 512, 138),
         _narayanan("N3", 36, 4096, 32, 128, 4, 1, 512, 142),
         _narayanan("N4", 40, 6144, 48, 256, 8, 1, 1024, 135),
         _narayanan("N5", 48, 8192, 64, 512, 8, 2, 1536, 138),
     ]
+
+
+def _torchtitan_runs(l8: ModelConfig, l70: ModelConfig) -> list[ReferenceRun]:
+    """T1, T2, T4: torchtitan benchmarks on H100 96GB."""
+    out: list[ReferenceRun] = []
     # torchtitan (H100 96GB HBM2e, 500 W).
-    l8 = model_preset("llama3-8b", attention="flash")
-    t1 = _cfg(
+    t1 = run_config(
         "T1", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3
     )
     out.append(_tps("T1", "T", t1, 8, 5762))
     out.append(_tps("T1c", "T", replace(t1, backend=replace(t1.backend, compile=True)), 8, 6667))
-    t1f = _cfg(
+    t1f = run_config(
         "T1f",
         l8,
         "h100-96gb",
@@ -352,34 +160,37 @@ def _time_points() -> list[CalibrationPoint]:
         ("T2cp4", 131072, 4, 1071),
         ("T2cp8", 262144, 8, 548),
     ):
-        cfg = _torchtitan_long_context(rid, l8, seq, cp)
+        cfg = torchtitan_long_context(rid, l8, seq, cp)
         out.append(_tps(rid, "T", cfg, 8, tps))
-    l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
     for rid, tpo, tps in (("T4", False, 829), ("T4a", True, 876)):
-        cfg = _torchtitan_70b(rid, l70, tpo)
+        cfg = torchtitan_70b(rid, l70, tpo)
         out.append(_tps(rid, "T", cfg, 256, tps))
-    # NeMo 24.07, DGX-H100, fp8.
-    h = "h100-sxm"
-    nemo = {"precision": "fp8", "tp_overlap": True, "grad": "bf16"}
+    return out
+
+
+def _nemo_h100_runs(l8: ModelConfig, l70: ModelConfig) -> list[ReferenceRun]:
+    """NP1-NP12: NeMo 24.07 performance summary, DGX-H100, fp8."""
+    out: list[ReferenceRun] = []
+    h, nemo = H100_SXM, NEMO_FP8
     np_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
         (
             "NP1",
-            _gpt(24, 4096, 32, seq=2048, attention="flash"),
+            gpt(24, 4096, 32, seq=2048, attention="flash"),
             64,
             {"mbs": 4, "gbs": 2048},
             23406,
         ),
-        ("NP2", _gpt(44, 6144, 48, attention="flash"), 64, {"tp": 2, "mbs": 2, "gbs": 256}, 5851),
+        ("NP2", gpt(44, 6144, 48, attention="flash"), 64, {"tp": 2, "mbs": 2, "gbs": 256}, 5851),
         (
             "NP3",
-            _gpt(96, 12288, 96, attention="flash"),
+            gpt(96, 12288, 96, attention="flash"),
             128,
             {"tp": 4, "pp": 8, "vpp": 6, "gbs": 256},
             716,
         ),
         (
             "NP4",
-            _gpt(96, 12288, 96, attention="flash"),
+            gpt(96, 12288, 96, attention="flash"),
             512,
             {"tp": 4, "pp": 8, "vpp": 6, "mbs": 2, "gbs": 2048},
             825,
@@ -387,35 +198,35 @@ def _time_points() -> list[CalibrationPoint]:
         ("NP5", model_preset("llama2-7b", seq_length=4096), 8, {"gbs": 128}, 16934),
         (
             "NP6",
-            _llama(40, 5120, 40, 40, 13824, 32000, 4096),
+            llama(40, 5120, 40, 40, 13824, 32000, 4096),
             16,
             {"pp": 4, "vpp": 10, "gbs": 128},
             8715,
         ),
         (
             "NP7",
-            _llama(80, 8192, 64, 8, 28672, 32000, 4096),
+            llama(80, 8192, 64, 8, 28672, 32000, 4096),
             64,
             {"tp": 4, "pp": 4, "vpp": 20, "gbs": 128},
             1728,
         ),
         (
             "NP8",
-            _nemotron(32, 4096, 32, 32, 16384, 4096),
+            nemotron(32, 4096, 32, 32, 16384, 4096),
             64,
             {"tp": 2, "mbs": 4, "gbs": 256},
             12507,
         ),
         (
             "NP9",
-            _nemotron(40, 6144, 48, 48, 24576, 4096),
+            nemotron(40, 6144, 48, 48, 24576, 4096),
             64,
             {"tp": 2, "pp": 4, "vpp": 10, "mbs": 2, "gbs": 256},
             4312,
         ),
         (
             "NP10",
-            _nemotron(96, 18432, 96, 8, 73728, 4096),
+            nemotron(96, 18432, 96, 8, 73728, 4096),
             128,
             {"tp": 8, "pp": 8, "vpp": 12, "gbs": 32},
             326,
@@ -424,8 +235,15 @@ def _time_points() -> list[CalibrationPoint]:
         ("NP12", l70, 64, {"tp": 4, "pp": 4, "cp": 2, "vpp": 5, "gbs": 128}, 1524),
     ]
     for rid, model, gpus, np_lay, np_tps in np_rows:
-        cfg = _cfg(rid, model, h, gpus, **np_lay, **nemo)  # type: ignore[arg-type]
+        cfg = run_config(rid, model, h, gpus, **np_lay, **nemo)  # type: ignore[arg-type]
         out.append(_tps(rid, "NP", cfg, gpus, np_tps))
+    return out
+
+
+def _nemo_long_context_runs() -> list[ReferenceRun]:
+    """NL1-NL7: NeMo long-context Llama 2 7B with context parallelism, H100."""
+    out: list[ReferenceRun] = []
+    h, nemo = H100_SXM, NEMO_FP8
     # NeMo long context (Llama2-7B fp8, CP), TFLOP/s with NeMo's llama formula.
     l2 = model_preset("llama2-7b")
     for rid, seq, gpus, tp, cp, gbs, tf in (
@@ -437,22 +255,33 @@ def _time_points() -> list[CalibrationPoint]:
         ("NL6", 524288, 512, 8, 16, 8, 549),
         ("NL7", 1048576, 1024, 8, 32, 4, 536),
     ):
-        cfg = _cfg(rid, replace(l2, seq_length=seq), h, gpus, tp=tp, cp=cp, gbs=gbs, **nemo)  # type: ignore[arg-type]
+        cfg = run_config(rid, replace(l2, seq_length=seq), h, gpus, tp=tp, cp=cp, gbs=gbs, **nemo)  # type: ignore[arg-type]
         out.append(
-            CalibrationPoint(
-                rid, "step_s", _nemo_llama_step(cfg, tf, gpus), cfg, f"{tf:g} TFLOP/s/GPU", "NL"
+            ReferenceRun(
+                rid,
+                "step_s",
+                nemo_llama_step(cfg, tf, gpus),
+                cfg,
+                f"{tf:g} TFLOP/s/GPU",
+                "NL",
+                published=tf,
             )
         )
+    return out
+
+
+def _nemo_b200_runs(l8: ModelConfig, l70: ModelConfig) -> list[ReferenceRun]:
+    """NB1-NB8: NeMo 25.02, DGX-B200, fp8."""
+    out: list[ReferenceRun] = []
     # NeMo 25.02, DGX-B200, fp8, bf16 gradients.
-    b = "b200"
-    nb = {"precision": "fp8", "tp_overlap": True, "grad": "bf16"}
-    mixtral22 = _llama(
+    b, nb = "b200", NEMO_FP8
+    mixtral22 = llama(
         56, 6144, 48, 8, 16384, 32000, 65536, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=16384
     )
     nb_rows: list[tuple[str, ModelConfig, int, dict[str, int], float]] = [
         (
             "NB1",
-            _gpt(96, 12288, 96, attention="flash", attention_dropout=0.0, hidden_dropout=0.0),
+            gpt(96, 12288, 96, attention="flash", attention_dropout=0.0, hidden_dropout=0.0),
             512,
             {"tp": 4, "pp": 4, "vpp": 6, "mbs": 2, "gbs": 2048},
             1600,
@@ -466,10 +295,10 @@ def _time_points() -> list[CalibrationPoint]:
             {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "gbs": 64},
             625,
         ),
-        ("NB5", _nemotron(32, 6144, 48, 8, 24576, 4096), 64, {"mbs": 2, "gbs": 256}, 14760),
+        ("NB5", nemotron(32, 6144, 48, 8, 24576, 4096), 64, {"mbs": 2, "gbs": 256}, 14760),
         (
             "NB6",
-            _nemotron(96, 18432, 96, 8, 73728, 4096),
+            nemotron(96, 18432, 96, 8, 73728, 4096),
             128,
             {"tp": 8, "pp": 4, "vpp": 12, "gbs": 32},
             602,
@@ -488,10 +317,17 @@ def _time_points() -> list[CalibrationPoint]:
         # performance scripts build on, sets moe_token_dispatcher_type "alltoall"
         # (nemo/collections/llm/gpt/model/mixtral.py). The dense rows have none.
         moe = {"dispatcher": "alltoall"} if model.num_experts else {}
-        cfg = _cfg(rid, model, b, gpus, **nb_lay, **nb, **moe)  # type: ignore[arg-type]
+        cfg = run_config(rid, model, b, gpus, **nb_lay, **nb, **moe)  # type: ignore[arg-type]
         out.append(_tps(rid, "NB", cfg, gpus, nb_tps))
+    return out
+
+
+def _automodel_runs(l70: ModelConfig) -> list[ReferenceRun]:
+    """AM1-AM4: NeMo AutoModel, FSDP2 on DGX-H100."""
+    out: list[ReferenceRun] = []
+    h = H100_SXM
     # NeMo AutoModel, FSDP2 on DGX-H100, bf16, full activation checkpointing.
-    qwen = _llama(
+    qwen = llama(
         48,
         2048,
         32,
@@ -516,8 +352,17 @@ def _time_points() -> list[CalibrationPoint]:
         ("AM4", l70, 64, {"cp": 2, "gbs": 128, "compile": True}, 18.9),
     ]
     for rid, model, gpus, am_lay, step in am_rows:
-        cfg = _cfg(rid, model, h, gpus, **am_lay, **am)  # type: ignore[arg-type]
-        out.append(CalibrationPoint(rid, "step_s", step, cfg, f"{step:g} s per step", "AM"))
+        cfg = run_config(rid, model, h, gpus, **am_lay, **am)  # type: ignore[arg-type]
+        out.append(
+            ReferenceRun(rid, "step_s", step, cfg, f"{step:g} s per step", "AM", published=step)
+        )
+    return out
+
+
+def _mpt_runs() -> list[ReferenceRun]:
+    """MP1-MP18: llm-foundry MPT benchmarks (Composer FSDP)."""
+    out: list[ReferenceRun] = []
+    h = H100_SXM
     # llm-foundry MPT (Composer FSDP FULL_SHARD).
     mp_rows = [
         ("MP1", 80, 8192, 64, 2048, h, 64, 8, 2048, "full", "bf16", 1039),
@@ -540,9 +385,9 @@ def _time_points() -> list[CalibrationPoint]:
         ("MP18", 32, 4096, 32, 2048, "a100-40gb", 128, 18, 2304, "full", "bf16", 3623),
     ]
     for rid, layers, hid, heads, seq, gpu, gpus, mbs, gbs, rec, prec, tps in mp_rows:
-        cfg = _cfg(
+        cfg = run_config(
             rid,
-            _mpt(layers, hid, heads, seq),
+            mpt(layers, hid, heads, seq),
             str(gpu),
             gpus,
             mbs=mbs,
@@ -553,75 +398,91 @@ def _time_points() -> list[CalibrationPoint]:
             zero=3,
         )
         out.append(_tps(str(rid), "MP", cfg, gpus, float(tps)))
-    ao = _cfg(
+    return out
+
+
+def _torchao_runs(l8: ModelConfig) -> list[ReferenceRun]:
+    """AO1: torchao / torchtitan mxfp8 on B200 (time not scored)."""
+    out: list[ReferenceRun] = []
+    ao = run_config(
         "AO1", l8, "b200", 8, gbs=8, recompute="selective", backend="torch", zero=3, compile=True
     )
     out.append(
-        CalibrationPoint(
+        ReferenceRun(
             "AO1",
             "step_s",
-            _step_from_tps(ao, 8307.5, 8),
+            step_from_tps(ao, 8307.5, 8),
             ao,
             "8307.5 tok/s/GPU, power limit not stated: not scored",
             "AO",
             scored=False,
+            published=8307.5,
         )
     )
     return out
 
 
-def _memory_points() -> list[CalibrationPoint]:
+def _time_points() -> list[ReferenceRun]:
     l8 = model_preset("llama3-8b", attention="flash")
     l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
-    out: list[CalibrationPoint] = []
-    t1 = _cfg(
+    return [
+        *_narayanan_runs(),
+        *_torchtitan_runs(l8, l70),
+        *_nemo_h100_runs(l8, l70),
+        *_nemo_long_context_runs(),
+        *_nemo_b200_runs(l8, l70),
+        *_automodel_runs(l70),
+        *_mpt_runs(),
+        *_torchao_runs(l8),
+    ]
+
+
+def _memory_points() -> list[ReferenceRun]:
+    l8 = model_preset("llama3-8b", attention="flash")
+    l70 = model_preset("llama3-70b", attention="flash", seq_length=8192)
+    out: list[ReferenceRun] = []
+    t1 = run_config(
         "T1", l8, "h100-96gb", 8, mbs=2, gbs=16, recompute="selective", backend="torch", zero=3
     )
-    out.append(CalibrationPoint("T1", "reserved_bytes", 82.4 * GIB, t1, "peak reserved", "T"))
+    out.append(_gib("T1", "reserved_bytes", 82.4, t1, "peak reserved", "T"))
     t1c = replace(t1, backend=replace(t1.backend, compile=True))
-    out.append(CalibrationPoint("T1c", "reserved_bytes", 77.0 * GIB, t1c, "+compile", "T"))
+    out.append(_gib("T1c", "reserved_bytes", 77.0, t1c, "+compile", "T"))
     t1f = replace(t1c, precision=PrecisionConfig(name="fp8", grad_dtype="fp32", fp8=True))
-    out.append(CalibrationPoint("T1f", "reserved_bytes", 76.8 * GIB, t1f, "+compile+fp8", "T"))
+    out.append(_gib("T1f", "reserved_bytes", 76.8, t1f, "+compile+fp8", "T"))
     for rid, seq, cp, gib in (
         ("T2", 32768, 1, 83.9),
         ("T2cp2", 65536, 2, 84.2),
         ("T2cp4", 131072, 4, 84.0),
         ("T2cp8", 262144, 8, 84.5),
     ):
-        cfg = _torchtitan_long_context(rid, l8, seq, cp)
-        out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
+        cfg = torchtitan_long_context(rid, l8, seq, cp)
+        out.append(_gib(rid, "reserved_bytes", gib, cfg, "peak reserved", "T"))
     for rid, tpo, gib in (("T4", False, 71.9), ("T4a", True, 67.6)):
-        cfg = _torchtitan_70b(rid, l70, tpo)
-        out.append(CalibrationPoint(rid, "reserved_bytes", gib * GIB, cfg, "peak reserved", "T"))
+        cfg = torchtitan_70b(rid, l70, tpo)
+        out.append(_gib(rid, "reserved_bytes", gib, cfg, "peak reserved", "T"))
     for rid, tp, pp, mbs, gbs, gib, note in (
         ("P482", 1, 1, 2, 2048, 69.1, "DP8 MBS2"),
         ("P482-tp2", 2, 1, 4, 512, 55.7, "TP2 DP4 MBS4"),
         ("P482-pp2", 1, 2, 2, 2048, 49.8, "PP2 DP4 MBS2"),
         ("P482-tp8", 8, 1, 4, 128, 28.8, "TP8 DP1 MBS4"),
     ):
-        out.append(
-            CalibrationPoint(
-                rid, "allocated_bytes", gib * GIB, _p482(tp, pp, mbs, gbs), note, "P482"
-            )
-        )
-    ao = _cfg(
+        out.append(_gib(rid, "allocated_bytes", gib, p482_config(tp, pp, mbs, gbs), note, "P482"))
+    ao = run_config(
         "AO1", l8, "b200", 8, gbs=8, recompute="selective", backend="torch", zero=3, compile=True
     )
-    out.append(CalibrationPoint("AO1", "reserved_bytes", 33.71 * GIB, ao, "peak memory", "AO"))
+    out.append(_gib("AO1", "reserved_bytes", 33.71, ao, "peak memory", "AO"))
     return out
 
 
-def points() -> list[CalibrationPoint]:
-    # --- planner34 (issue 34): each row with the speed keys it ran with
-    # (launcher/plan/calibration_speed_keys.py).
+def points() -> list[ReferenceRun]:
+    # Each row with the speed keys it ran with (launcher/plan/calibration_speed_keys.py).
     from launcher.plan.calibration_speed_keys import with_speed_keys
 
     rows = _time_points() + _memory_points()
     return [replace(p, config=with_speed_keys(p.id, p.config)) for p in rows]
-    # --- end planner34
 
 
-def predicted(point: CalibrationPoint) -> float:
+def predicted(point: ReferenceRun) -> float:
     from launcher.plan.planner import make_plan
 
     plan = make_plan(point.config)
@@ -635,4 +496,4 @@ def predicted(point: CalibrationPoint) -> float:
     return heaviest.reserved_observed
 
 
-__all__ = ["CalibrationPoint", "points", "predicted", "replace"]
+__all__ = ["ReferenceRun", "points", "predicted", "replace"]

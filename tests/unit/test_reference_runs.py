@@ -1,8 +1,9 @@
-"""Every scored row of ../shared/reference/calibration.csv against the committed constants
+"""Every scored published reference run (bench/data/calibration.csv) against the committed constants
 (launcher/plan/fitted.py): its error lies within the cross-validated band `plan` prints for its
 regime (launcher/plan/error_bands.py, written by bench/plan_calibration.py --write), and no
 layout that really ran is called "does not fit". The configurations and the choices made for each
-source are in launcher/plan/calibration.py.
+source are in launcher/plan/reference_runs.py; every figure they use is in its row of the csv
+(bench/reference_data.py).
 """
 
 from __future__ import annotations
@@ -21,16 +22,31 @@ from launcher.config.schema import (
     ZeroConfig,
 )
 from launcher.plan.bands import error_band
-from launcher.plan.calibration import CalibrationPoint, points, predicted
 from launcher.plan.planner import hardware_view, make_plan
+from launcher.plan.reference_runs import ReferenceRun, points, predicted
 
 pytestmark = pytest.mark.unit
 
 SCORED = [p for p in points() if p.scored]
 
 
+def test_every_published_figure_is_in_its_csv_row() -> None:
+    from bench.reference_data import CSV, problems, rows
+
+    table = rows()
+    assert CSV.is_file() and len(table) == 60  # the reference data ships with the repository
+    runs = points()
+    assert problems(runs, table) == []
+    # A figure typed wrong, or a row missing, is named.
+    wrong = [dataclasses.replace(runs[0], published=runs[0].published + 1), runs[1]]
+    assert problems(wrong, table) == [f"N1: 138 is not in row N1 of {CSV.name}"]
+    gone = {k: v for k, v in table.items() if k != "T1"}
+    t1c = next(r for r in runs if r.id == "T1c")
+    assert t1c.csv_row == "T1" and problems([t1c], gone) == [f"T1c: no row 'T1' in {CSV.name}"]
+
+
 @pytest.mark.parametrize("point", SCORED, ids=lambda p: f"{p.id}-{p.metric}")
-def test_calibration_row_within_its_cross_validated_band(point: CalibrationPoint) -> None:
+def test_calibration_row_within_its_cross_validated_band(point: ReferenceRun) -> None:
     value = predicted(point)
     error = value / point.measured - 1.0
     metric = "time" if point.metric == "step_s" else "memory"
@@ -42,7 +58,7 @@ def test_calibration_row_within_its_cross_validated_band(point: CalibrationPoint
 
 
 @pytest.mark.parametrize("point", SCORED, ids=lambda p: f"{p.id}-{p.metric}")
-def test_published_layouts_are_not_refused(point: CalibrationPoint) -> None:
+def test_published_layouts_are_not_refused(point: ReferenceRun) -> None:
     assert make_plan(point.config).memory.verdict != "does_not_fit"
 
 
