@@ -73,6 +73,7 @@ from launcher.config.layout_rules import (
     tp_splits,
     virtual_stages_scheduled,
 )
+from launcher.config.overrides import override_key
 from launcher.config.pipeline_split import (
     EMBEDDING,
     FIRST,
@@ -156,7 +157,7 @@ def fixed_keys(overrides: Iterable[str]) -> set[str]:
     """The dotted keys set by command-line overrides (`+`, `++` and `~` forms included)."""
     keys: set[str] = set()
     for line in overrides:
-        key = line.split("=", 1)[0].lstrip("+~").split("@", 1)[0].strip()
+        key = override_key(line).split("@", 1)[0].strip()
         keys.update(_GROUP_KEYS.get(key, (key,)))
     return keys
 
