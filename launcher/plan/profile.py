@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from launcher import bounded_read
+from launcher.cache_dir import cache_root
 from launcher.excerpt import excerpt
 from launcher.excerpt import name as shown
 
@@ -82,13 +83,11 @@ class ProfileError(Exception):
 
 
 def cache_dir() -> Path:
-    """$LLMTRAIN_PROFILE_DIR, else $XDG_CACHE_HOME/llmtrain/profiles, else
-    ~/.cache/llmtrain/profiles."""
+    """$LLMTRAIN_PROFILE_DIR, else profiles/ in llmtrain's cache (launcher.cache_dir)."""
     explicit = os.environ.get("LLMTRAIN_PROFILE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llmtrain" / "profiles"
+    return cache_root() / "profiles"
 
 
 def cache_path(cluster_gpu: str) -> Path:
