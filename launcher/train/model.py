@@ -26,7 +26,7 @@ Choices worth knowing:
 - RoPE: rotate-half form (GPT-NeoX / Llama), base ``model.rope_theta`` (10000; Llama 3: 500000),
   tables computed per forward (no buffers, so a model built on the meta device needs nothing
   re-initialised after ``to_empty``). Norm epsilon: ``model.norm_eps`` (None: LayerNorm 1e-5,
-  RMSNorm 1e-6).
+  RMSNorm 1e-6; ``launcher.config.norms``).
 - Dropout (``model.attention_dropout`` on the attention probabilities, ``model.hidden_dropout`` on
   each residual branch) is active in training mode only. Its masks come from torch's global
   generator, which the trainer reseeds every step from (seed, step, rank) (``seed_step``), so a
@@ -74,6 +74,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from launcher.config.norms import RMSNORM_EPS, norm_epsilon
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
 from launcher.train.chunked_loss import chunked_cross_entropy
@@ -96,9 +97,9 @@ def _call(module: nn.Module, *args: Any) -> torch.Tensor:
 
 def _norm(kind: str, dim: int, eps: float | None = None) -> nn.Module:
     if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=1e-5 if eps is None else eps, bias=True)
+        return nn.LayerNorm(dim, eps=norm_epsilon(kind, eps), bias=True)
     if kind == "rmsnorm":
-        return nn.RMSNorm(dim, eps=1e-6 if eps is None else eps)
+        return nn.RMSNorm(dim, eps=norm_epsilon(kind, eps))
     raise ValueError(f"model.norm={kind!r}: expected layernorm or rmsnorm")
 
 
@@ -285,12 +286,12 @@ class MLAttention(_CoreMixin, nn.Module):
         self.wq_b: nn.Linear | None = None
         if cfg.q_lora_rank:
             self.wq_a = nn.Linear(h, cfg.q_lora_rank, bias=False)
-            self.q_norm = nn.RMSNorm(cfg.q_lora_rank, eps=1e-6)
+            self.q_norm = nn.RMSNorm(cfg.q_lora_rank, eps=RMSNORM_EPS)
             self.wq_b = nn.Linear(cfg.q_lora_rank, n * (d + r), bias=False)
         else:
             self.wq = nn.Linear(h, n * (d + r), bias=False)
         self.wkv_a = nn.Linear(h, kv_rank + r, bias=False)
-        self.kv_norm = nn.RMSNorm(kv_rank, eps=1e-6)
+        self.kv_norm = nn.RMSNorm(kv_rank, eps=RMSNORM_EPS)
         self.wkv_b = nn.Linear(kv_rank, n * (d + v), bias=False)
         self.wo = nn.Linear(n * v, h, bias=cfg.linear_bias)
 
