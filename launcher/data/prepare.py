@@ -27,7 +27,6 @@ Nothing here imports torch, and nothing is ever downloaded: a BPE is trained loc
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -42,7 +41,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from launcher import fsio, outputs
+from launcher import file_lock, fsio, outputs
 from launcher.data.documents import find_inputs, is_saved_dataset, iter_documents, looks_binary
 from launcher.data.hf_tokenizer import HFTokenizerFile
 from launcher.data.megatron_indexed import optimal_dtype
@@ -734,7 +733,8 @@ def prepared_once(
     if (target / INDEX_FILE).is_file():
         return target
     cache_root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_root / f"{name}.lock", timeout_s):
+    busy = "another process is preparing that dataset (delete the lock file if none is)"
+    with file_lock.waiting(cache_root / f"{name}.lock", timeout_s, busy=busy):
         if not (target / INDEX_FILE).is_file():
             make(target)
     return target
@@ -759,35 +759,3 @@ def builtin_corpus_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
         prepare(files, target, tokenizer="byte", overwrite=True, source=source)
 
     return prepared_once(cache_root, BUILTIN_CORPUS, make, timeout_s)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path, timeout_s: float) -> Iterator[None]:
-    import fcntl
-
-    deadline = time.monotonic() + timeout_s
-    with open(path, "a+") as f:
-        while True:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"waited {timeout_s:.0f} s for {path}; another process is preparing "
-                        "that dataset (delete the lock file if none is)"
-                    ) from None
-                time.sleep(0.1)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def default_cache_root() -> Path:
-    """$LLMTRAIN_CACHE, else $XDG_CACHE_HOME/llmtrain, else ~/.cache/llmtrain."""
-    env = os.environ.get("LLMTRAIN_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "llmtrain"
