@@ -7,7 +7,7 @@ default for an unset XDG_CACHE_HOME). Under it:
     compose/            composed configurations (launcher.config.compose_cache)
     profiles/           measured GPU profiles (launcher.plan.profile; $LLMTRAIN_PROFILE_DIR moves
                         only this folder)
-    corpus-stdlib-v1/   the built-in datasets, prepared on first use (launcher.data.prepare,
+    corpus-stdlib-v1/   the built-in datasets, prepared on first use (launcher.data.builtin_corpus,
     chat-tiny-v1/       launcher.data.builtin_chat)
 """
 

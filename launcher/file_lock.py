@@ -1,6 +1,6 @@
 """flock(2) on a lock file: the one implementation behind the run directory's lock
 (``launcher.launch.runlock``, which refuses at once) and the built-in datasets' (``prepared_once``
-in ``launcher.data.prepare``, which waits for the process preparing them).
+in ``launcher.data.builtin_corpus``, which waits for the process preparing them).
 
 An exclusive flock belongs to the open file: the kernel releases it when the last descriptor of
 that file is closed, whatever way the holder died (kill -9 included), so a lock never outlives its

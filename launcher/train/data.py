@@ -12,14 +12,10 @@ import numpy as np
 from launcher.cache_dir import cache_root
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.blend import BlendedTokens, BlendEntry, WindowedDataset, Windows
+from launcher.data.builtin_corpus import builtin_corpus_dir
 from launcher.data.chat_checks import open_chat_rows
-from launcher.data.prepare import (
-    INDEX_FILE,
-    PreparedIndex,
-    builtin_corpus_dir,
-    check_vocab,
-)
 from launcher.data.sources import SourceInfo, data_spec, describe, validation_sources
+from launcher.data.token_index import INDEX_FILE, PreparedIndex, check_vocab
 from launcher.errors import UserError
 from launcher.fsio import sha256_file
 

@@ -55,7 +55,7 @@ def _data_folder(cfg: Any) -> Path | None:
 
 
 def _tokenizer(folder: Path | None) -> Any:
-    from launcher.data.prepare import ByteTokenizer, load_tokenizer
+    from launcher.data.tokenizer import ByteTokenizer, load_tokenizer
 
     if folder is None:
         return ByteTokenizer()
