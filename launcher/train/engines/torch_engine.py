@@ -103,6 +103,7 @@ from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, ru
 from launcher.train.engines.torch_state import load_state, save_state
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.init_from import copy_into
+from launcher.train.init_weights import init_weights
 from launcher.train.masked_loss import (
     LossFn,
     is_chat_rows,
@@ -115,7 +116,6 @@ from launcher.train.model import (
     apply_expert_parallel,
     apply_recompute,
     build_model,
-    init_weights,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
