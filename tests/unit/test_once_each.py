@@ -120,8 +120,9 @@ def test_a_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     (tmp_path / "data.lock").symlink_to(target)
     with pytest.raises(UserError, match="is a symbolic link"):
         file_lock.open_lock_file(tmp_path / "data.lock")
-    with pytest.raises(UserError, match="is a symbolic link"), file_lock.waiting(
-        tmp_path / "data.lock", 1, busy=""
+    with (
+        pytest.raises(UserError, match="is a symbolic link"),
+        file_lock.waiting(tmp_path / "data.lock", 1, busy=""),
     ):
         pass
     assert not target.exists()
