@@ -77,7 +77,7 @@ def make_corpus(path: Path, megabytes: float, seed: int = 0) -> int:
 
 
 def train_tokenizer(corpus: Path, out: Path, sample_bytes: int = 8_000_000) -> None:
-    from launcher.data.prepare import BPETokenizer
+    from launcher.data.tokenizer import BPETokenizer
 
     texts = []
     seen = 0

@@ -43,8 +43,9 @@ def llmtrain_rate(steps: int) -> float:
 
 BARE = r"""
 import os, sys, time, torch
+from launcher.cache_dir import cache_root
 from launcher.config.compose import compose_config
-from launcher.train.data import TokenShards, builtin_corpus_dir, default_cache_root
+from launcher.train.data import TokenShards, builtin_corpus_dir
 from launcher.train.model import build_model, loss_fn
 from launcher.train.sampler import ShardedSampler
 steps, warmup = int(sys.argv[1]), int(sys.argv[2])
@@ -52,7 +53,7 @@ cfg = compose_config([]).config
 torch.manual_seed(cfg.train.seed)
 model = build_model(cfg.model, seed=cfg.train.seed)
 opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
-shards = TokenShards(builtin_corpus_dir(default_cache_root()))
+shards = TokenShards(builtin_corpus_dir(cache_root()))
 seq, batch = cfg.model.seq_length, cfg.train.micro_batch_size
 sampler = ShardedSampler(shards.num_sequences(seq), 0, 1, batch, cfg.train.seed)
 stamps = []

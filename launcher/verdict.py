@@ -21,6 +21,7 @@ from typing import Any
 
 from launcher.backends import all_backends, launch_refusal, planning_preset_needs, runnable_by
 from launcher.config.compose import Composed, compose_config
+from launcher.config.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import ConfigError
 from launcher.plan.planner import Plan, make_plan
@@ -53,10 +54,6 @@ class Verdict:
         return 0
 
 
-def _override_key(text: str) -> str:
-    return text.split("=", 1)[0].lstrip("+~").strip()
-
-
 def _problem_key(problem: str) -> str:
     """The key a composition problem names first ('parallel.tp=abc: expected ...')."""
     return problem.split(":", 1)[0].split("=", 1)[0].split(" ", 1)[0].strip()
@@ -85,11 +82,11 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
             culprits = [
                 o
                 for o in remaining
-                if any(_override_key(o) == k or _override_key(o).startswith(f"{k}.") for k in keys)
+                if any(override_key(o) == k or override_key(o).startswith(f"{k}.") for k in keys)
             ]
             if not culprits:
                 return None, found
-            complete = complete and all("." in _override_key(o) for o in culprits)
+            complete = complete and all("." in override_key(o) for o in culprits)
             remaining = [o for o in remaining if o not in culprits]
             continue
         if not complete:
@@ -97,8 +94,8 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
             # the user asked for. The value ranges of the keys given still stand, and so do the
             # layout rules' errors on keys given whose keys the bad choice does not set (cp=3 is
             # reported beside cluster=h100, not once that is fixed).
-            given = {_override_key(o) for o in remaining}
-            failed = {_override_key(o) for o in overrides if o not in remaining}
+            given = {override_key(o) for o in remaining}
+            failed = {override_key(o) for o in overrides if o not in remaining}
             bad_groups = {k for k in failed if "." not in k}
             if "recipe" in bad_groups:  # any key may come from the recipe: ranges only
                 judged = value_range_problems(composed.config)

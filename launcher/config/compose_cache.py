@@ -13,7 +13,8 @@ cached; errors always go through Hydra again, and so does a composition holding 
 environment (``${oc.env:...}`` in an override, a --config file or a recipe given by path) is never
 cached either: a resolved environment value (a token, a password) is never written to disk,
 whatever its name. Set LLMTRAIN_NO_CACHE=1 to bypass the cache.
-Location: $XDG_CACHE_HOME/llmtrain/compose (default ~/.cache/llmtrain/compose), a folder of mode
+Location: compose/ under llmtrain's cache folder (launcher.cache_dir: $LLMTRAIN_CACHE, else
+$XDG_CACHE_HOME/llmtrain, else ~/.cache/llmtrain), a folder of mode
 0700 (with its llmtrain parent) holding files of mode 0600; a folder there that is a symlink or
 another user's is not used.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import __version__, bounded_read, fsio, resources
+from launcher.cache_dir import cache_root
 from launcher.config import schema
 from launcher.config.secrets import has_secret_values
 
@@ -38,8 +40,7 @@ _MAX_ENTRY_BYTES = 8 << 20
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llmtrain" / "compose"
+    return cache_root() / "compose"
 
 
 def enabled() -> bool:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import bounded_read
+from launcher.config.overrides import override_key
 from launcher.config.schema_keys import (
     BUDGET_PARTNER,
     groups,
@@ -195,10 +196,6 @@ def render_value(value: Any) -> str:
     return "'" + escaped.replace("'", "\\'") + "'"
 
 
-def _override_key(text: str) -> str:
-    return text.split("=", 1)[0].lstrip("+~").strip()
-
-
 def expand(config: str | None, overrides: list[str]) -> list[str]:
     """The overrides `--config FILE` stands for, followed by `overrides` (which win)."""
     if not config:
@@ -221,7 +218,7 @@ def expand(config: str | None, overrides: list[str]) -> list[str]:
     problems = [f"{p} (in {path})" for p in unknown_key_problems(_nest(flat))]
     if problems:
         raise ConfigError(problems)
-    given = {_override_key(o) for o in overrides}
+    given = {override_key(o) for o in overrides}
     given |= {BUDGET_PARTNER[k] for k in given if k in BUDGET_PARTNER}
     out: list[str] = []
     for key, option in choices:
@@ -237,7 +234,7 @@ def expand(config: str | None, overrides: list[str]) -> list[str]:
 
 def annotate(problems: list[str], overrides: tuple[str, ...]) -> list[str]:
     """Add '(from FILE)' to problems that name a key a config file set."""
-    by_key = {_override_key(o): ORIGINS[o] for o in overrides if o in ORIGINS}
+    by_key = {override_key(o): ORIGINS[o] for o in overrides if o in ORIGINS}
     out = []
     for problem in problems:
         key = problem.split(":", 1)[0].split("=", 1)[0].strip()

@@ -40,6 +40,7 @@ from typing import Any
 
 from launcher import bounded_read
 from launcher.config import config_file
+from launcher.config.norms import LAYERNORM_EPS, RMSNORM_EPS
 from launcher.errors import ConfigError
 from launcher.excerpt import excerpt
 
@@ -104,7 +105,7 @@ def model_keys(config: dict[str, Any], where: str, name: str) -> dict[str, Any]:
             "seq_length": _count(config, "n_positions", where),
             "activation": "gelu",
             "norm": "layernorm",
-            "norm_eps": float(_num(config, "layer_norm_epsilon", where, 1e-5)),
+            "norm_eps": float(_num(config, "layer_norm_epsilon", where, LAYERNORM_EPS)),
             "position": "learned",
             "tie_embeddings": True,
             "qk_norm": False,
@@ -136,7 +137,7 @@ def model_keys(config: dict[str, Any], where: str, name: str) -> dict[str, Any]:
         "vocab_size": _count(config, "vocab_size", where),
         "activation": "swiglu",
         "norm": "rmsnorm",
-        "norm_eps": float(_num(config, "rms_norm_eps", where, 1e-6)),
+        "norm_eps": float(_num(config, "rms_norm_eps", where, RMSNORM_EPS)),
         "position": "rope",
         "rope_theta": float(_num(config, "rope_theta", where, 10000.0)),
         "tie_embeddings": bool(config.get("tie_word_embeddings", kind == "qwen2")),

@@ -12,6 +12,7 @@ from typing import Any
 from launcher import resources
 from launcher.config import config_file
 from launcher.config.compose import RECIPE_SCALE_KEYS, Composed
+from launcher.config.overrides import is_group_choice, override_key
 from launcher.config.schema_keys import BUDGET_PARTNER
 
 
@@ -45,23 +46,17 @@ def _yaml_values(path: Any) -> dict[str, Any]:
     return flatten(data)
 
 
-def _override_key(text: str) -> tuple[str, bool]:
-    """('parallel.tp', False) for 'parallel.tp=8'; ('model', True) for 'model=llama3-8b'."""
-    key = text.split("=", 1)[0].lstrip("+~")
-    return key, "." not in key and "=" in text
-
-
 def value_sources(composed: Composed) -> dict[str, str]:
     recipe = composed.choices.get("recipe", "none")
     cli_keys: set[str] = set()
     cli_groups: set[str] = set()
     for text in composed.overrides:
-        key, is_group = _override_key(text)
+        key, is_group = override_key(text), is_group_choice(text)
         (cli_groups if is_group and key in composed.choices else cli_keys).add(key)
     files: dict[str, str] = {}  # dotted key or group -> the --config file that set it
     for text in composed.overrides:
         if text in config_file.ORIGINS:
-            key, is_group = _override_key(text)
+            key, is_group = override_key(text), is_group_choice(text)
             (cli_groups if is_group and key in composed.choices else cli_keys).discard(key)
             files[key] = config_file.ORIGINS[text]
     recipe_path = config_file.recipe_file(recipe) or resources.recipes_dir() / f"{recipe}.yaml"

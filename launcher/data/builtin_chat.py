@@ -121,7 +121,8 @@ def _byte_of(char: str) -> int:
 
 def builtin_chat_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
     """The prepared built-in chat dataset under `cache_root` (made once, under a file lock)."""
-    from launcher.data.prepare import prepare, prepared_once
+    from launcher.data.builtin_corpus import prepared_once
+    from launcher.data.prepare import prepare
 
     def make(target: Path) -> None:
         source = Path(cache_root) / f"{BUILTIN_CHAT}.source"

@@ -18,7 +18,7 @@ def packing_reports(folder: Path, seq_length: int | None) -> dict[str, Any]:
     split under data.train_on=assistant and every packing / over-long combination."""
     from launcher.data.megatron_indexed import IndexedDataset
     from launcher.data.packing import ChatRows
-    from launcher.data.prepare import PreparedIndex
+    from launcher.data.token_index import PreparedIndex
 
     length = seq_length or DEFAULT_SEQ_LENGTH
     if length < 1:

@@ -78,7 +78,7 @@ def describe(spec: str, key: str) -> SourceInfo:
     """What `spec` (a prepared folder or a Megatron prefix) holds; UserError naming `key`."""
     path = Path(spec).expanduser()
     if (path / INDEX_FILE).is_file():
-        from launcher.data.prepare import PreparedIndex
+        from launcher.data.token_index import PreparedIndex
 
         try:
             index = PreparedIndex.load(path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from launcher.config.norms import norm_epsilon
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
 
@@ -73,7 +74,7 @@ def hf_config(m: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]:
             "n_head": m.num_attention_heads,
             "n_inner": m.ffn_hidden_size,
             "activation_function": "gelu_new",
-            "layer_norm_epsilon": 1e-5 if m.norm_eps is None else m.norm_eps,
+            "layer_norm_epsilon": norm_epsilon("layernorm", m.norm_eps),
             "resid_pdrop": m.hidden_dropout,
             "embd_pdrop": 0.0,
             "attn_pdrop": m.attention_dropout,
@@ -94,7 +95,7 @@ def hf_config(m: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]:
         "head_dim": shape.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": m.seq_length,
-        "rms_norm_eps": 1e-6 if m.norm_eps is None else m.norm_eps,
+        "rms_norm_eps": norm_epsilon("rmsnorm", m.norm_eps),
         "rope_theta": m.rope_theta,
         "attention_dropout": m.attention_dropout,
         "tie_word_embeddings": m.tie_embeddings,

@@ -42,8 +42,6 @@ from launcher.launch.run_record import (
 )
 from launcher.rundir import RunDir
 
-STATUSES = ("running", "queued", "done", "failed", "interrupted", "unreadable")
-
 
 @dataclass(frozen=True)
 class RunInfo:

@@ -30,8 +30,6 @@ with that error before writing anything more.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import re
@@ -44,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import bounded_read, fsio, runfiles
+from launcher import bounded_read, file_lock, fsio, runfiles
 from launcher.errors import UserError
 from launcher.rundir import RunDir
 
@@ -234,8 +232,7 @@ class RunLock:
             self.proof_fd = None
         with contextlib.suppress(OSError):
             os.ftruncate(self.fd, 0)
-        with contextlib.suppress(OSError):
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        file_lock.unlock(self.fd)
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -243,18 +240,8 @@ class RunLock:
 def acquire(run_dir: Path) -> RunLock:
     """Take the run directory's lock or raise RunDirLocked naming its holder (never waits)."""
     path = RunDir(Path(run_dir)).lock
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UserError(
-                f"{path} is a symbolic link; remove it (llmtrain never follows it)"
-            ) from None
-        raise UserError(f"cannot open the run directory's lock {path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    fd = file_lock.open_lock_file(path, "the run directory's lock")
+    if not file_lock.try_lock(fd):
         holder = _read_holder(fd)
         os.close(fd)
         command = holder.get("command")

@@ -170,14 +170,6 @@ class ModelShape:
         moe_layers = self.num_moe_layers + (self.model.mtp_layers if self.mtp_is_moe else 0)
         return self.total_params() - moe_layers * idle * self.expert_params()
 
-    def non_embedding_params(self) -> int:
-        m = self.model
-        return (
-            self.total_params()
-            - self.embedding_params()
-            - (0 if m.tie_embeddings else m.vocab_size * m.hidden_size)
-        )
-
 
 def human_count(n: float) -> str:
     """12_345_678_901 -> '12.3B'."""

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from launcher import bounded_read
+from launcher.cache_dir import cache_root
 from launcher.excerpt import excerpt
 from launcher.excerpt import name as shown
 from launcher.plan.profile_rates import Rates, rates
@@ -94,13 +95,11 @@ class ProfileError(Exception):
 
 
 def cache_dir() -> Path:
-    """$LLMTRAIN_PROFILE_DIR, else $XDG_CACHE_HOME/llmtrain/profiles, else
-    ~/.cache/llmtrain/profiles."""
+    """$LLMTRAIN_PROFILE_DIR, else profiles/ in llmtrain's cache (launcher.cache_dir)."""
     explicit = os.environ.get("LLMTRAIN_PROFILE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llmtrain" / "profiles"
+    return cache_root() / "profiles"
 
 
 def cache_path(cluster_gpu: str) -> Path:

@@ -21,6 +21,7 @@ import shlex
 from launcher.backends import raw_refusals
 from launcher.backends.common import expert_tensor_parallel
 from launcher.config.layout import derive_layout, split_keys
+from launcher.config.norms import norm_epsilon
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.sources import MegatronData
 from launcher.render.megatron_speed_flags import megatron_speed_flags
@@ -178,10 +179,9 @@ def _layer_args(cfg: LLMTrainConfig) -> list[str]:
     args += ["--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"]
     if m.position == "rope":
         args += ["--rotary-base", f"{m.rope_theta:g}"]
-    norm_eps = m.norm_eps if m.norm_eps is not None else (1e-6 if m.norm == "rmsnorm" else 1e-5)
     # Megatron-LM's own defaults are 0.1 dropout and 1e-5 epsilon: always say what llmtrain means.
     args += [
-        "--norm-epsilon", repr(norm_eps),
+        "--norm-epsilon", repr(norm_epsilon(m.norm, m.norm_eps)),
         "--attention-dropout", repr(m.attention_dropout),
         "--hidden-dropout", repr(m.hidden_dropout),
     ]  # fmt: skip

@@ -25,8 +25,6 @@ from launcher.render.megatron_args import megatron_args
 
 ENV_VAR = "MEGATRON_LM_PATH"
 ENTRY = MEGATRON.entry  # pretrain_gpt.py
-# Megatron-LM writes the iteration of its newest checkpoint here (in the --save folder).
-MEGATRON_TRACKER = MEGATRON.checkpoint_tracker
 # The Megatron-LM release whose argument names megatron_args.py follows (megatron-core 0.16.1).
 RELEASE = "core_v0.16.1"
 # Arguments that say where the data comes from; without any of them the run uses --mock-data.

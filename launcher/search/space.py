@@ -20,6 +20,7 @@ from launcher.backends import all_backends, raw_refusals
 from launcher.backends.common import Backend
 from launcher.config.layout import auto_split, derive_layout, split_keys
 from launcher.config.layout_rules import microbatches
+from launcher.config.overrides import override_key
 from launcher.config.pipeline_split import (
     EMBEDDING,
     FIRST,
@@ -94,7 +95,7 @@ def fixed_keys(overrides: Iterable[str]) -> set[str]:
     """The dotted keys set by command-line overrides (`+`, `++` and `~` forms included)."""
     keys: set[str] = set()
     for line in overrides:
-        key = line.split("=", 1)[0].lstrip("+~").split("@", 1)[0].strip()
+        key = override_key(line).split("@", 1)[0].strip()
         keys.update(_GROUP_KEYS.get(key, (key,)))
     return keys
 

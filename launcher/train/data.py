@@ -9,17 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from launcher.cache_dir import cache_root
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.blend import BlendedTokens, BlendEntry, WindowedDataset, Windows
+from launcher.data.builtin_corpus import builtin_corpus_dir
 from launcher.data.chat_checks import open_chat_rows
-from launcher.data.prepare import (
-    INDEX_FILE,
-    PreparedIndex,
-    builtin_corpus_dir,
-    check_vocab,
-    default_cache_root,
-)
 from launcher.data.sources import SourceInfo, data_spec, describe, validation_sources
+from launcher.data.token_index import INDEX_FILE, PreparedIndex, check_vocab
 from launcher.errors import UserError
 from launcher.fsio import sha256_file
 
@@ -27,7 +23,6 @@ __all__ = [
     "TokenShards",
     "builtin_corpus_dir",
     "check_vocab",
-    "default_cache_root",
     "training_data",
     "validation_data",
 ]
@@ -162,10 +157,10 @@ def training_data(cfg: LLMTrainConfig) -> CheckedTokens:
     if described is None and cfg.data.builtin == "chat":
         from launcher.data.builtin_chat import builtin_chat_dir
 
-        info = describe(str(builtin_chat_dir(default_cache_root())), "data.builtin=chat")
+        info = describe(str(builtin_chat_dir(cache_root())), "data.builtin=chat")
         return CheckedTokens(open_chat_rows(info, "train", cfg), vocab, "data.builtin=chat")
     if described is None:
-        shards = TokenShards(builtin_corpus_dir(default_cache_root()))
+        shards = TokenShards(builtin_corpus_dir(cache_root()))
         check_vocab(shards.index, vocab)
         return CheckedTokens(shards, vocab, "the built-in corpus")
     entries, infos = described
@@ -213,7 +208,7 @@ def validation_data(cfg: LLMTrainConfig, samples: int) -> CheckedTokens | None:
     if described is None and cfg.data.valid_path is None and cfg.data.builtin == "chat":
         from launcher.data.builtin_chat import builtin_chat_dir
 
-        info = describe(str(builtin_chat_dir(default_cache_root())), "data.builtin=chat")
+        info = describe(str(builtin_chat_dir(cache_root())), "data.builtin=chat")
         rows = open_chat_rows(info, "valid", cfg)
         return CheckedTokens(_CycledRows(rows), vocab, "data.builtin=chat (valid)")
     if described is None and cfg.data.valid_path is None:

@@ -40,7 +40,7 @@ from launcher.rundir import RunDir, step_dir_name
 
 GENERATION_CONFIG = "generation_config.json"
 # The byte tokenizer's end-of-document token: id 256, one past the bytes, as `llmtrain data
-# prepare` appends it (launcher.data.prepare.ByteTokenizer), named as the BPE's EOD_TOKEN.
+# prepare` appends it (launcher.data.tokenizer.ByteTokenizer), named as the BPE's EOD_TOKEN.
 BYTE_EOD_ID = 256
 EOD_TOKEN = "<|endoftext|>"
 COMMAND = "llmtrain export"  # names the outputs marker's writer (launcher.outputs)

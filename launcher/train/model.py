@@ -26,7 +26,7 @@ Choices worth knowing:
 - RoPE: rotate-half form (GPT-NeoX / Llama), base ``model.rope_theta`` (10000; Llama 3: 500000),
   tables computed per forward (no buffers, so a model built on the meta device needs nothing
   re-initialised after ``to_empty``). Norm epsilon: ``model.norm_eps`` (None: LayerNorm 1e-5,
-  RMSNorm 1e-6).
+  RMSNorm 1e-6; ``launcher.config.norms``).
 - Dropout (``model.attention_dropout`` on the attention probabilities, ``model.hidden_dropout`` on
   each residual branch) is active in training mode only. Its masks come from torch's global
   generator, which the trainer reseeds every step from (seed, step, rank) (``seed_step``), so a
@@ -44,49 +44,42 @@ Choices worth knowing:
 - Context parallel (``apply_context_parallel``): positions and attention follow the rank's
   load-balanced chunks; attention is ring attention (``launcher.train.ring_attention``).
 - Recompute (``apply_recompute``): full checkpoints each block (only its input kept); selective
-  checkpoints a dense block with op-level selective checkpointing (``selective_context``, the
-  policy torchtitan calls "op": every other matrix product's output and the attention kernel's
-  output are kept, the rest is recomputed in the backward); an MoE block checkpoints only its
+  checkpoints a dense block with op-level selective checkpointing
+  (``launcher.train.selective_checkpoint``, the policy torchtitan calls "op": every other matrix
+  product's output and the attention kernel's output are kept, the rest is recomputed in the
+  backward); an MoE block checkpoints only its
   attention core and the shared experts' activation function (the dispatch's collectives and
   their Python-side counts stay out of any replay). plan prices each
   (launcher/backends/common.py selective_recompute).
-- Init (``init_weights``): normal(0, 0.02) for linears and embeddings, the residual projections (wo,
-  w2) at 0.02/sqrt(2L) (GPT-2), biases zero, norms one/zero. Each parameter draws from its own CPU
-  generator seeded by (seed, parameter name), so a pipeline stage that holds only some layers gets
-  exactly the weights those layers have in the whole model, on any device.
+- Init (``launcher.train.init_weights``): GPT-2's normal(0, 0.02), the residual projections at
+  0.02/sqrt(2L), each parameter from a generator seeded by its name, so a pipeline stage gets
+  exactly the weights its layers have in the whole model.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
+from torch.utils.checkpoint import checkpoint
 
+from launcher.config.norms import RMSNORM_EPS, norm_epsilon
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
 from launcher.train.chunked_loss import chunked_cross_entropy
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.experts import compute_dtype, routed, stack
+from launcher.train.init_weights import init_weights, skip_default_init
 from launcher.train.masked_loss import masked_loss
 from launcher.train.ring_attention import ContextParallel
+from launcher.train.selective_checkpoint import selective_context
 
 ROPE_THETA = 10_000.0
 RECOMPUTE_MODES = ("none", "selective", "full")
-INIT_STD = 0.02
-# Linear layers whose output is added to the residual stream: scaled by 1/sqrt(2L) at init.
-RESIDUAL_PROJECTIONS = ("wo", "w2")
 
 
 def _call(module: nn.Module, *args: Any) -> torch.Tensor:
@@ -97,9 +90,9 @@ def _call(module: nn.Module, *args: Any) -> torch.Tensor:
 def norm_layer(kind: str, dim: int, eps: float | None = None) -> nn.Module:
     """The norm module of model.norm (also what `llmtrain calibrate` times, train/op_timing.py)."""
     if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=1e-5 if eps is None else eps, bias=True)
+        return nn.LayerNorm(dim, eps=norm_epsilon(kind, eps), bias=True)
     if kind == "rmsnorm":
-        return nn.RMSNorm(dim, eps=1e-6 if eps is None else eps)
+        return nn.RMSNorm(dim, eps=norm_epsilon(kind, eps))
     raise ValueError(f"model.norm={kind!r}: expected layernorm or rmsnorm")
 
 
@@ -286,12 +279,12 @@ class MLAttention(_CoreMixin, nn.Module):
         self.wq_b: nn.Linear | None = None
         if cfg.q_lora_rank:
             self.wq_a = nn.Linear(h, cfg.q_lora_rank, bias=False)
-            self.q_norm = nn.RMSNorm(cfg.q_lora_rank, eps=1e-6)
+            self.q_norm = nn.RMSNorm(cfg.q_lora_rank, eps=RMSNORM_EPS)
             self.wq_b = nn.Linear(cfg.q_lora_rank, n * (d + r), bias=False)
         else:
             self.wq = nn.Linear(h, n * (d + r), bias=False)
         self.wkv_a = nn.Linear(h, kv_rank + r, bias=False)
-        self.kv_norm = nn.RMSNorm(kv_rank, eps=1e-6)
+        self.kv_norm = nn.RMSNorm(kv_rank, eps=RMSNORM_EPS)
         self.wkv_b = nn.Linear(kv_rank, n * (d + v), bias=False)
         self.wo = nn.Linear(n * v, h, bias=cfg.linear_bias)
 
@@ -389,57 +382,6 @@ class MoE(nn.Module):
         for shared in self.shared_experts:
             out = out + _call(shared, flat)
         return out.view_as(x)
-
-
-# --- op-level selective checkpointing -------------------------------------------------------------
-def _aten_ops(*names: str) -> frozenset[Any]:
-    """The default overloads of the named aten ops this build has."""
-    aten = torch.ops.aten
-    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
-
-
-# Matrix products of the linear layers (with and without bias, torchao's fp8 one).
-SAC_MATMULS = _aten_ops("mm", "addmm", "_scaled_mm")
-# Attention kernels and collectives whose outputs are kept rather than recomputed: the kernels
-# are the expensive part of a layer, and a reduce-scatter replayed in the backward would cost a
-# second round of communication (torchtitan's list has the same families).
-SAC_KEPT = _aten_ops(
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_flash_attention_for_cpu",
-) | frozenset(
-    op.default
-    for op in (getattr(torch.ops._c10d_functional, "reduce_scatter_tensor", None),)
-    if op is not None
-)
-
-
-def selective_policy() -> Callable[..., CheckpointPolicy]:
-    """The op-level policy of one checkpointed call: the attention kernel outputs (SAC_KEPT) and
-    every other linear-layer product (the 1st, 3rd, ... of the block's forward) are saved;
-    everything else (norms, activation functions, rotary, the other products) is recomputed in the
-    backward. Products are counted separately in the forward and in the recomputation, so both
-    pick the same ones."""
-    seen = {"forward": 0, "recompute": 0}
-
-    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if func in SAC_MATMULS:
-            phase = "recompute" if ctx.is_recompute else "forward"
-            seen[phase] += 1
-            keep = seen[phase] % 2 == 1
-        else:
-            keep = func in SAC_KEPT
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return policy
-
-
-def selective_context() -> tuple[Any, Any]:
-    """Context pair for ``checkpoint(..., context_fn=selective_context)``: a fresh
-    ``selective_policy`` per checkpointed call."""
-    contexts = create_selective_checkpoint_contexts(selective_policy())  # type: ignore[no-untyped-call]
-    return cast(tuple[Any, Any], contexts)
 
 
 # --- blocks and the model ------------------------------------------------------------------------
@@ -580,69 +522,6 @@ class Transformer(nn.Module):
         return logits if targets is None else masked_loss(logits, targets, loss_divisor)
 
 
-def _param_seed(seed: int, name: str) -> int:
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
-
-
-@torch.no_grad()
-def init_weights(model: Transformer, seed: int | None = None) -> None:
-    """Initialise every parameter (see the module docstring). seed None: ``torch.initial_seed()``.
-
-    Call after ``to_empty`` when the model was built on the meta device.
-    """
-    seed = torch.initial_seed() if seed is None else seed
-    residual_std = INIT_STD / math.sqrt(2 * model.config.num_layers)
-    for module_name, module in model.named_modules():
-        leaf = module_name.rsplit(".", 1)[-1]
-        if isinstance(module, nn.Linear | nn.Embedding):
-            std = residual_std if leaf in RESIDUAL_PROJECTIONS else INIT_STD
-            _normal_(module.weight, std, _param_seed(seed, f"{module_name}.weight"))
-            bias = getattr(module, "bias", None)
-            if bias is not None:
-                nn.init.zeros_(bias)
-        elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
-            if module.weight is not None:
-                nn.init.ones_(module.weight)
-            bias = getattr(module, "bias", None)
-            if bias is not None:
-                nn.init.zeros_(bias)
-
-
-def _normal_(param: torch.Tensor, std: float, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    if param.device.type == "cpu":
-        nn.init.normal_(param, 0.0, std, generator=generator)
-    else:
-        values = torch.empty(param.shape, dtype=param.dtype)
-        nn.init.normal_(values, 0.0, std, generator=generator)
-        param.copy_(values)
-
-
-# Parameter-holding module types; init_weights initialises every one of them.
-_INIT_CLASSES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
-_INIT_LOCK = threading.Lock()
-
-
-def _no_reset(self: nn.Module) -> None:
-    pass
-
-
-@contextlib.contextmanager
-def _skip_default_init() -> Iterator[None]:
-    """Construct modules without torch's default init (init_weights replaces it anyway).
-
-    Building DeepSeek-V3 (45k linears) on the meta device takes ~3 s this way instead of ~9 s."""
-    with _INIT_LOCK:
-        saved = {cls: cls.__dict__["reset_parameters"] for cls in _INIT_CLASSES}
-        try:
-            for cls in _INIT_CLASSES:
-                setattr(cls, "reset_parameters", _no_reset)  # noqa: B010
-            yield
-        finally:
-            for cls, method in saved.items():
-                setattr(cls, "reset_parameters", method)  # noqa: B010
-
-
 def build_model(
     cfg: ModelConfig, device: str | torch.device = "cpu", seed: int | None = None
 ) -> Transformer:
@@ -650,7 +529,7 @@ def build_model(
     (materialise with ``model.to_empty(device=...)`` then ``init_weights(model, seed)``).
     Elsewhere the weights are initialised from `seed` (None: ``torch.initial_seed()``)."""
     device = torch.device(device)
-    with device, _skip_default_init():
+    with device, skip_default_init():
         model = Transformer(cfg)
     if device.type != "meta":
         init_weights(model, seed)

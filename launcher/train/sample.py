@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.cache_dir import cache_root
 from launcher.errors import UserError
 
 MAX_NEW_TOKENS = 512
@@ -48,14 +49,13 @@ def _data_folder(cfg: Any) -> Path | None:
         return Path(cfg.data.path).expanduser()
     if cfg.data.builtin == "chat":
         from launcher.data.builtin_chat import builtin_chat_dir
-        from launcher.data.prepare import default_cache_root
 
-        return builtin_chat_dir(default_cache_root())
+        return builtin_chat_dir(cache_root())
     return None
 
 
 def _tokenizer(folder: Path | None) -> Any:
-    from launcher.data.prepare import ByteTokenizer, load_tokenizer
+    from launcher.data.tokenizer import ByteTokenizer, load_tokenizer
 
     if folder is None:
         return ByteTokenizer()

@@ -2,8 +2,9 @@
 (one optimizer step, metrics, checkpoint when the policy says so), ``close`` (final checkpoint and
 summary). ``launcher.train.loop`` drives it.
 
-Rank 0 reports metrics; every rank logs to ``logs/rank{R}.log``; a failing rank writes
-``logs/rank{R}.error.json`` (with the time it failed: the launcher names the earliest).
+Rank 0 reports metrics; every rank logs to ``logs/rank{R}.log`` (``launcher.train.rank_log``); a
+failing rank writes ``logs/rank{R}.error.json`` (with the time it failed: the launcher names the
+earliest).
 All run-directory writes go through ``launcher.fsio`` (no symlinks followed).
 """
 
@@ -49,6 +50,7 @@ from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, pea
 from launcher.train.model import seed_step
 from launcher.train.optim import learning_rate
 from launcher.train.policy import CheckpointPolicy
+from launcher.train.rank_log import rank_logger
 from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
 from launcher.train.sampler import ShardedSampler
 from launcher.train.summary import format_summary, summarize
@@ -87,32 +89,6 @@ def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None
         cfg, seed=cfg.train.seed, init_state=init_state
     )
     return engine
-
-
-class Log:
-    """This rank's log file, ``logs/rank{R}.log``: one ``HH:MM:SS rank{R} message`` line per
-    message. No rank writes to the terminal: ``llmtrain run`` (and ``llmtrain logs``) show rank
-    0's log as it grows (``launcher.launch.console``), so a closed terminal or pipe can never stop
-    training, and what the screen showed is in the file. An ``ERROR:`` line is left off the
-    screen: the launcher reports the failure itself, from the rank's error file."""
-
-    def __init__(self, run: RunDir, rank: int):
-        fsio.check_inside(run.logs, run.root)
-        run.logs.mkdir(exist_ok=True)
-        self.rank = rank
-        self.path = run.rank_log(rank)
-        self.file = fsio.open_append(self.path, root=run.root)
-        if rank != 0:
-            # Everything else this rank prints (libraries included) goes to its log, not the screen.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(self.file.fileno(), 1)
-            os.dup2(self.file.fileno(), 2)
-
-    def __call__(self, message: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} rank{self.rank} {message}"
-        self.file.write(line + "\n")
-        self.file.flush()
 
 
 class Interrupt:
@@ -243,7 +219,8 @@ class Trainer:
         self.layout: Layout = derive_layout(cfg)
         init_process_group_from_env()
         self.rank = dist.get_rank()
-        self.log = Log(run, self.rank)
+        self.logger = rank_logger(run, self.rank)
+        self.log = self.logger.info
         notes = [f"defaults for {', '.join(stored.missing)}"] if stored.missing else []
         notes += [f"dropped (harmless) {', '.join(stored.harmless)}"] if stored.harmless else []
         if notes:

@@ -52,7 +52,7 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 
 def make_corpus(tmp_path: Path, documents: int) -> tuple[Path, Path]:
     """corpus.jsonl of word-salad documents and a byte-level BPE tokenizer.json trained on it."""
-    from launcher.data.prepare import BPETokenizer
+    from launcher.data.tokenizer import BPETokenizer
 
     rng = random.Random(0)
     texts = [

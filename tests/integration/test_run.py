@@ -305,7 +305,7 @@ def test_run_json_prints_one_document_and_progress_on_stderr(tmp_path: Path) -> 
 
 def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None:
     """Bring your own data and tokenizer: JSON Lines records + a Hugging Face tokenizer.json."""
-    from launcher.data.prepare import BPETokenizer
+    from launcher.data.tokenizer import BPETokenizer
 
     records = [
         {"id": i, "text": f"record {i}: the quick brown fox jumps over the lazy dog {i % 7}."}
@@ -333,7 +333,7 @@ def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None
     assert index["tokenizer"] == "hf" and index["eod_id"] == 0
     assert index["source"]["documents"] == 2500 and index["valid_documents"] == 25
     from launcher.data.megatron_indexed import IndexedDataset
-    from launcher.data.prepare import load_tokenizer
+    from launcher.data.tokenizer import load_tokenizer
 
     stream = IndexedDataset.open(tmp_path / "data" / "train_text_document").tokens
     valid = IndexedDataset.open(tmp_path / "data" / "valid_text_document").tokens

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from launcher.data.prepare import default_cache_root
-
 pytestmark = pytest.mark.integration
 
 KEY, TOKEN = "s3cr3t-VALUE-123", "tok-VALUE-456"
@@ -67,10 +65,11 @@ def test_secrets_reach_the_ranks_and_are_never_written_or_printed(tmp_path: Path
         "SECRET_PROBE_DIR": str(probe_out),
         "SECRET_PROBE_SHA_MY_API_KEY": sha(KEY),
         "SECRET_PROBE_SHA_HF_TOKEN": sha(TOKEN),
-        # The compose cache lands here (checked too); the prepared corpus stays where it is.
-        "LLMTRAIN_CACHE": str(default_cache_root()),
+        # Every cache lands here and is checked too: the compose cache and the built-in corpus
+        # (prepared here, a second or two).
         "XDG_CACHE_HOME": str(xdg),
     }
+    env.pop("LLMTRAIN_CACHE", None)
     env.pop("HF_TOKEN", None)
     env.pop("LLMTRAIN_NO_CACHE", None)
 

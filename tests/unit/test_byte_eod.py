@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.config.compose import compose_config
-from launcher.data.prepare import PreparedIndex, load_tokenizer, prepare
+from launcher.data.prepare import prepare
+from launcher.data.token_index import PreparedIndex
+from launcher.data.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.unit
 

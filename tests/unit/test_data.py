@@ -9,15 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.data import prepare as data
-from launcher.data.prepare import (
-    ByteTokenizer,
-    PreparedIndex,
-    builtin_corpus_dir,
-    check_vocab,
-    load_tokenizer,
-    prepare,
-)
+from launcher.data import builtin_corpus, token_index, tokenizer
+from launcher.data.builtin_corpus import builtin_corpus_dir
+from launcher.data.prepare import prepare
+from launcher.data.token_index import PreparedIndex, check_vocab
+from launcher.data.tokenizer import ByteTokenizer, load_tokenizer
 from launcher.errors import UserError
 from launcher.train.data import TokenShards
 from launcher.train.sampler import ShardedSampler
@@ -60,7 +56,9 @@ def test_prepare_byte_round_trip(text_dir: Path, tmp_path: Path) -> None:
     assert all(s.tokens == 1000 for s in index.shards[:-1])
     # index.json on disk says the same, and reloads equal.
     on_disk = json.loads((out / "index.json").read_text())
-    assert on_disk["total_tokens"] == len(expected) and on_disk["format"] == data.INDEX_FORMAT
+    assert (
+        on_disk["total_tokens"] == len(expected) and on_disk["format"] == token_index.INDEX_FORMAT
+    )
     assert PreparedIndex.load(out) == index
     # Shards hold the bytes, concatenated across shard boundaries; nothing left behind.
     shards = TokenShards(out, verify=True)
@@ -110,10 +108,10 @@ def test_prepare_bpe(text_dir: Path, tmp_path: Path) -> None:
 
 
 def test_dtype_by_vocab() -> None:
-    assert data.token_dtype(256) == "uint8"
-    assert data.token_dtype(257) == "uint16"
-    assert data.token_dtype(65536) == "uint16"
-    assert data.token_dtype(128256) == "uint32"
+    assert tokenizer.token_dtype(256) == "uint8"
+    assert tokenizer.token_dtype(257) == "uint16"
+    assert tokenizer.token_dtype(65536) == "uint16"
+    assert tokenizer.token_dtype(128256) == "uint32"
 
 
 def test_overwrite_refused_then_allowed(text_dir: Path, tmp_path: Path) -> None:
@@ -207,19 +205,19 @@ def test_byte_tokenizer() -> None:
 # --- the built-in corpus -------------------------------------------------------------------------
 @pytest.fixture
 def small_stdlib(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data, "_STDLIB_MAX_BYTES", 64_000)
+    monkeypatch.setattr(builtin_corpus, "_STDLIB_MAX_BYTES", 64_000)
 
 
 def test_stdlib_selection_is_deterministic_and_capped(small_stdlib: None) -> None:
-    files = data.stdlib_source_files()
-    assert files and files == data.stdlib_source_files()
+    files = builtin_corpus.stdlib_source_files()
+    assert files and files == builtin_corpus.stdlib_source_files()
     assert sum(f.stat().st_size for f in files) <= 64_000
     assert all(f.suffix == ".py" and "site-packages" not in f.parts for f in files)
 
 
 def test_builtin_corpus_prepared_once(small_stdlib: None, tmp_path: Path) -> None:
     path = builtin_corpus_dir(tmp_path)
-    assert path == tmp_path / data.BUILTIN_CORPUS
+    assert path == tmp_path / builtin_corpus.BUILTIN_CORPUS
     index = PreparedIndex.load(path)
     assert index.tokenizer == "byte" and index.source["kind"] == "python-stdlib"
     mtime = (path / "index.json").stat().st_mtime_ns
@@ -228,7 +226,7 @@ def test_builtin_corpus_prepared_once(small_stdlib: None, tmp_path: Path) -> Non
 
 
 def _corpus_worker(root: str, cap: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    data._STDLIB_MAX_BYTES = cap
+    builtin_corpus._STDLIB_MAX_BYTES = cap
     path = builtin_corpus_dir(Path(root))
     queue.put(PreparedIndex.load(path).shards[0].sha256)
 
@@ -247,8 +245,8 @@ def test_builtin_corpus_concurrent_first_use(tmp_path: Path) -> None:
     digests = {queue.get(timeout=5) for _ in procs}
     assert len(digests) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        data.BUILTIN_CORPUS,
-        f"{data.BUILTIN_CORPUS}.lock",
+        builtin_corpus.BUILTIN_CORPUS,
+        f"{builtin_corpus.BUILTIN_CORPUS}.lock",
     ]
 
 

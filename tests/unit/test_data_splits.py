@@ -12,8 +12,10 @@ import pytest
 
 from launcher.config.compose import compose_config
 from launcher.data.megatron_indexed import IndexedDataset, IndexedDatasetWriter
-from launcher.data.prepare import PreparedIndex, is_valid_document, prepare
+from launcher.data.prepare import prepare
 from launcher.data.sources import describe, megatron_data
+from launcher.data.token_index import PreparedIndex
+from launcher.data.token_writer import is_valid_document
 from launcher.errors import UserError
 from launcher.launch.preflight import data_problems
 from launcher.render.megatron_args import megatron_args

@@ -169,7 +169,8 @@ def test_converted_model_rounds_through_fp8() -> None:
     import torch
 
     from launcher.train import fp8
-    from launcher.train.model import build_model, init_weights
+    from launcher.train.init_weights import init_weights
+    from launcher.train.model import build_model
 
     model = build_model(cfg_of(EMULATE, "model.num_layers=2").model, "cpu")
     init_weights(model, 0)

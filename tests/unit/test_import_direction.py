@@ -106,7 +106,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # launcher/__init__.py holds only the version: `from launcher import X` runs nothing above.
     ("__init__", "bounded_read", "errors", "excerpt"),
     ("health", "orphans", "runfiles"),
-    ("fsio", "resources", "rundir"),
+    ("cache_dir", "file_lock", "fsio", "resources", "rundir"),
     ("output_marker",),
     ("outputs",),
     ("config",),

@@ -13,7 +13,8 @@ from launcher.config.compose import compose_config
 from launcher.config.schema import ModelConfig, OptimConfig
 from launcher.render.ds_config import ds_config, runtime_ds_config
 from launcher.render.megatron_args import megatron_args
-from launcher.train.model import Transformer, init_weights, rope_tables, seed_step
+from launcher.train.init_weights import init_weights
+from launcher.train.model import Transformer, rope_tables, seed_step
 from launcher.train.optim import learning_rate
 from launcher.validate.rules import check
 

@@ -78,7 +78,7 @@ def test_prepare_never_replaces_a_folder_created_while_it_runs(
     text_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "data"
-    real = prepare_module._write_splits
+    real = prepare_module.write_splits
 
     def write_then_someone_creates_the_output(*args: object, **kwargs: object) -> object:
         result = real(*args, **kwargs)  # type: ignore[arg-type]
@@ -86,7 +86,7 @@ def test_prepare_never_replaces_a_folder_created_while_it_runs(
         (out / "precious.txt").write_text("made meanwhile")
         return result
 
-    monkeypatch.setattr(prepare_module, "_write_splits", write_then_someone_creates_the_output)
+    monkeypatch.setattr(prepare_module, "write_splits", write_then_someone_creates_the_output)
     with pytest.raises(UserError, match="appeared while this command ran"):
         prepare([text_dir], out)
     assert snapshot(out) == {"precious.txt": b"made meanwhile"}
@@ -97,14 +97,14 @@ def test_prepare_never_replaces_an_empty_folder_created_while_it_runs(
     text_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "data"
-    real = prepare_module._write_splits
+    real = prepare_module.write_splits
 
     def write_then_mkdir(*args: object, **kwargs: object) -> object:
         result = real(*args, **kwargs)  # type: ignore[arg-type]
         out.mkdir()
         return result
 
-    monkeypatch.setattr(prepare_module, "_write_splits", write_then_mkdir)
+    monkeypatch.setattr(prepare_module, "write_splits", write_then_mkdir)
     with pytest.raises(UserError, match="appeared while this command ran"):
         prepare([text_dir], out)
     assert out.is_dir() and not any(out.iterdir())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.data.builtin_chat import SPECIALS, write_tokenizer
-from launcher.data.prepare import ByteTokenizer
+from launcher.data.tokenizer import ByteTokenizer
 from launcher.train.sample import _chat_template, _prompt_ids
 
 pytestmark = pytest.mark.unit

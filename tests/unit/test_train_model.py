@@ -13,6 +13,7 @@ from launcher import resources
 from launcher.config.compose import compose_config
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.train.init_weights import init_weights
 from launcher.train.model import (
     Attention,
     MLAttention,
@@ -20,7 +21,6 @@ from launcher.train.model import (
     Transformer,
     apply_recompute,
     build_model,
-    init_weights,
     loss_fn,
     num_params,
 )
@@ -294,7 +294,7 @@ def test_selective_saves_every_other_product_and_the_attention_kernel() -> None:
     # and recomputes the rest (the gradients equal: test_recompute_matches_no_recompute).
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    from launcher.train.model import SAC_KEPT, SAC_MATMULS, selective_policy
+    from launcher.train.selective_checkpoint import SAC_KEPT, SAC_MATMULS, selective_policy
 
     block = build_model(TINY_LLAMA, seed=5).layers["0"]
     decisions: dict[bool, list[tuple[str, bool]]] = {False: [], True: []}

@@ -161,6 +161,30 @@ def pipeline_layers(model: Transformer) -> list[nn.Module]:
     return [PipelineEmbedding(model), *model.layers.values(), PipelineHead(model)]
 
 
+def _refuse_unsupported(cfg: LLMTrainConfig) -> None:
+    """What this engine runs is declared in launcher/backends/deepspeed.py: a ValueError listing
+    every reason it cannot run `cfg`."""
+    problems = [r.message for r in raw_refusals("deepspeed", cfg)]
+    problems += finetune_rules.engine_refusals(cfg)
+    if problems:
+        raise ValueError(
+            "backend=deepspeed cannot run this configuration:\n- " + "\n- ".join(problems)
+        )
+
+
+def _engine_ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
+    """The run's ds_config (launcher.render.ds_config) plus what this process needs of it."""
+    config: dict[str, Any] = runtime_ds_config(cfg)
+    if cfg.zero.offload_optimizer != "none":
+        # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.
+        config["zero_force_ds_cpu_optimizer"] = False
+    if cfg.zero.stage > 0 and cfg.optim.name not in ("adam", "adamw"):
+        # ZeRO partitions any element-wise optimizer correctly (SGD's and Lion's updates are
+        # per element), but DeepSpeed asks for this flag for classes outside its own list.
+        config["zero_allow_untested_optimizer"] = True
+    return config
+
+
 class DeepSpeedEngine(Engine):
     def __init__(
         self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
@@ -172,13 +196,7 @@ class DeepSpeedEngine(Engine):
         # inference_all_reduce uses that op, training never does: marked unavailable, it is not
         # built. (deepspeed.ops keeps this dict for the process; on GPUs the op does not apply.)
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        # What this engine runs is declared in launcher/backends/deepspeed.py.
-        problems = [r.message for r in raw_refusals("deepspeed", cfg)]
-        problems += finetune_rules.engine_refusals(cfg)
-        if problems:
-            raise ValueError(
-                "backend=deepspeed cannot run this configuration:\n- " + "\n- ".join(problems)
-            )
+        _refuse_unsupported(cfg)
         layout = derive_layout(cfg)
         self.micro_batch_size = layout.micro_batch_size
         self.grad_accum = layout.grad_accum
@@ -190,56 +208,15 @@ class DeepSpeedEngine(Engine):
             dp_rank=rank,
             dp_size=world,
         )
-        model = build_model(cfg.model, device=engine_device(), seed=seed)
-        if init_state is not None:  # train.init_from, before DeepSpeed partitions anything
-            copy_into(model, init_state)
-        # finetune=lora|qlora (launcher.train.lora): the base's digest (each rank hashes its
-        # share of the tensors), then the base frozen and the adapters added; the optimizer and
-        # checkpoints hold the adapters alone (save_checkpoint(exclude_frozen_parameters)).
         self.cfg = cfg
-        self.base_digest: str | None = None
-        if cfg.finetune.name != "full":
-            named = sorted(model.named_parameters())
-            mine = {n: p for i, (n, p) in enumerate(named) if i % world == rank}
-            self.base_digest = lora.gathered_digest(lora.base_digest(mine))
-            lora.apply_lora(model, cfg.model, cfg.finetune, seed, torch.float32)
-        apply_recompute(model, cfg.train.recompute)
+        self.base_digest: str | None = None  # of the frozen base, under finetune=lora|qlora
+        model = self._build_model(cfg, seed, init_state)
         self.pipeline = layout.pp > 1
         # The pipeline's loss function is fixed at build time: its divisor is set per step.
         self.pipeline_loss = LossFn()
-        module: nn.Module = model
-        if self.pipeline:
-            from deepspeed.pipe import PipelineModule
-
-            # PipelineModule builds its process groups through deepspeed.comm, which wraps the
-            # torch process group already initialised (deepspeed.initialize would do it later).
-            deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
-            module = PipelineModule(
-                layers=pipeline_layers(model),
-                num_stages=layout.pp,
-                loss_fn=self.pipeline_loss,
-                partition_method="type:TransformerBlock",
-            )
-            # DeepSpeed's gradient norm sums over the pipe x tensor "model parallel" group but
-            # counts a parameter only on model-parallel rank 0 unless it is marked model-parallel:
-            # unmarked, the stages after the first drop out of the norm and clipping differs
-            # from one process (measured: 1.8e-3 loss drift in 6 steps). Every stage holds its
-            # own parameters, so all are marked.
-            for param in module.parameters():
-                param.model_parallel = True  # type: ignore[attr-defined]
-        mpu = None
+        module = self._pipeline_module(model, layout.pp) if self.pipeline else model
         self.dp_group: Any = None  # the default group (all ranks) unless tensor parallel
-        if layout.tp > 1:
-            # AutoTP (ds_config "tensor_parallel", launcher/render/ds_config.py) shards the
-            # projections inside deepspeed.initialize. Its (dp, tp) groups are made first and
-            # passed as the mpu: without one, DeepSpeedConfig counts every rank as data parallel
-            # and asserts train_batch_size == micro x grad_accum x world_size (tp ranks included).
-            from deepspeed.utils import groups
-
-            deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
-            groups._init_tp_mesh_device(tensor_model_parallel_size=layout.tp)
-            mpu = groups
-            self.dp_group = groups.get_data_parallel_group()
+        mpu = self._tensor_parallel_groups(layout.tp) if layout.tp > 1 else None
         # ZeRO-1/2 hand the client optimizer one flat fp32 partition per parameter group
         # (deepspeed/runtime/zero/stage_1_and_2.py: param_groups[i]["params"] =
         # [single_partition_of_fp32_groups[i]]): the fused Adam kernel updates it in one pass
@@ -247,16 +224,12 @@ class DeepSpeedEngine(Engine):
         # so CPU runs keep their numerics (fused and foreach round differently).
         trainable = [p for p in module.parameters() if p.requires_grad]
         optimizer = build_optimizer(trainable, cfg.optim, fused=fused_on(engine_device()))
-        config: dict[str, Any] = runtime_ds_config(cfg)
-        if cfg.zero.offload_optimizer != "none":
-            # Keep the torch AdamW: DeepSpeedCPUAdam would JIT-compile (~1 min) on first use.
-            config["zero_force_ds_cpu_optimizer"] = False
-        if cfg.zero.stage > 0 and cfg.optim.name not in ("adam", "adamw"):
-            # ZeRO partitions any element-wise optimizer correctly (SGD's and Lion's updates are
-            # per element), but DeepSpeed asks for this flag for classes outside its own list.
-            config["zero_allow_untested_optimizer"] = True
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=config, mpu=mpu, dist_init_required=False
+            model=module,
+            optimizer=optimizer,
+            config=_engine_ds_config(cfg),
+            mpu=mpu,
+            dist_init_required=False,
         )
         self.dynamic_scaling = cfg.precision.loss_scaling == "dynamic"
         # DeepSpeed's optimizer wrappers (ZeRO 1-3, bf16, fp16) skip an update whose gradient
@@ -267,27 +240,91 @@ class DeepSpeedEngine(Engine):
             if self.engine.optimizer is optimizer
             else None
         )
-        if layout.tp > 1:
+        self.info = self._parallel_info(tensor_parallel=layout.tp > 1)
+
+    def _build_model(
+        self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None
+    ) -> Transformer:
+        """This rank's whole model: built, initialised from train.init_from, with adapters and
+        recomputation applied, before DeepSpeed partitions anything."""
+        model = build_model(cfg.model, device=engine_device(), seed=seed)
+        if init_state is not None:  # train.init_from, before DeepSpeed partitions anything
+            copy_into(model, init_state)
+        # finetune=lora|qlora (launcher.train.lora): the base's digest (each rank hashes its
+        # share of the tensors), then the base frozen and the adapters added; the optimizer and
+        # checkpoints hold the adapters alone (save_checkpoint(exclude_frozen_parameters)).
+        if cfg.finetune.name != "full":
+            rank, world = self.info.rank, self.info.world_size
+            named = sorted(model.named_parameters())
+            mine = {n: p for i, (n, p) in enumerate(named) if i % world == rank}
+            self.base_digest = lora.gathered_digest(lora.base_digest(mine))
+            lora.apply_lora(model, cfg.model, cfg.finetune, seed, torch.float32)
+        apply_recompute(model, cfg.train.recompute)
+        return model
+
+    def _pipeline_module(self, model: Transformer, stages: int) -> nn.Module:
+        """`model` as DeepSpeed's PipelineModule of `stages` stages."""
+        import deepspeed
+        from deepspeed.pipe import PipelineModule
+
+        # PipelineModule builds its process groups through deepspeed.comm, which wraps the
+        # torch process group already initialised (deepspeed.initialize would do it later).
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        module: nn.Module = PipelineModule(
+            layers=pipeline_layers(model),
+            num_stages=stages,
+            loss_fn=self.pipeline_loss,
+            partition_method="type:TransformerBlock",
+        )
+        # DeepSpeed's gradient norm sums over the pipe x tensor "model parallel" group but
+        # counts a parameter only on model-parallel rank 0 unless it is marked model-parallel:
+        # unmarked, the stages after the first drop out of the norm and clipping differs
+        # from one process (measured: 1.8e-3 loss drift in 6 steps). Every stage holds its
+        # own parameters, so all are marked.
+        for param in module.parameters():
+            param.model_parallel = True  # type: ignore[attr-defined]
+        return module
+
+    def _tensor_parallel_groups(self, tp: int) -> Any:
+        """The (dp, tp) groups of AutoTP, as the mpu deepspeed.initialize takes."""
+        import deepspeed
+        from deepspeed.utils import groups
+
+        # AutoTP (ds_config "tensor_parallel", launcher/render/ds_config.py) shards the
+        # projections inside deepspeed.initialize. Its (dp, tp) groups are made first and
+        # passed as the mpu: without one, DeepSpeedConfig counts every rank as data parallel
+        # and asserts train_batch_size == micro x grad_accum x world_size (tp ranks included).
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+        self.dp_group = groups.get_data_parallel_group()
+        return groups
+
+    def _parallel_info(self, *, tensor_parallel: bool) -> RankInfo:
+        """This rank's place once DeepSpeed made its groups (data-parallel rank and size under
+        tensor or pipeline parallelism)."""
+        info = self.info
+        if tensor_parallel:
             from deepspeed.utils import groups
 
-            self.info = RankInfo(
-                rank=rank,
-                world_size=world,
-                local_rank=self.info.local_rank,
+            info = RankInfo(
+                rank=info.rank,
+                world_size=info.world_size,
+                local_rank=info.local_rank,
                 dp_rank=groups.get_data_parallel_rank(),
                 dp_size=groups.get_data_parallel_world_size(),
                 tp_rank=groups.get_tensor_model_parallel_rank(),
             )
         if self.pipeline:
             grid = self.engine.grid
-            self.info = RankInfo(
-                rank=rank,
-                world_size=world,
-                local_rank=self.info.local_rank,
+            info = RankInfo(
+                rank=info.rank,
+                world_size=info.world_size,
+                local_rank=info.local_rank,
                 dp_rank=grid.data_parallel_id,
                 dp_size=grid.data_parallel_size,
                 pp_rank=grid.get_stage_id(),
             )
+        return info
 
     def step(self, rows: torch.Tensor, lr: float) -> StepResult:
         for group in self.optimizer.param_groups:

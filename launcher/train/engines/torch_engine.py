@@ -1,11 +1,8 @@
 """The PyTorch-native engine (``backend=torch``): DDP, FSDP2, DTensor tensor/sequence parallel and
 ``torch.distributed.pipelining`` on one DeviceMesh.
 
-Mesh and rank order: dims ("pp", "dp", "cp", "tp"), tp innermost and pp outermost, so global
-rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, the order ``plan`` and
-``launcher.validate.rules`` assume. Expert parallel (with dp and tp; pp = cp = 1) splits the dp
-ranks of each tp rank into groups of ep consecutive dp ranks: a second mesh ("pp", "edp", "ep",
-"cp", "tp") over the same ranks, the expert groups drawn from dp x cp (``backends.expert_span``).
+The mesh (``torch_mesh``): dims ("pp", "dp", "cp", "tp"), tp innermost and pp outermost; expert
+parallel adds a second mesh ("pp", "edp", "ep", "cp", "tp") over the same ranks.
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
 1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
@@ -17,23 +14,8 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    ``launcher.train.lora.LoRALinear`` (NF4 base weights for qlora); under tp their adapters are
    sharded like the weight they adapt (``torch_parallelize.adapter_plan``), the optimizer and
    checkpoints hold the adapters alone (``torch_state.TRAINABLE_OPTIONS``).
-2. Tensor parallel (tp > 1), the torchtitan plan: Colwise wq/wk/wv/w1/w3, Rowwise wo/w2, the token
-   embedding Rowwise (vocab-sharded), the head Colwise with its output gathered; everything else
-   (norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
-   of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
-   (the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
-   MoE layers (Megatron-LM's default expert tensor parallel = tp): the router replicated, each
-   routed and shared expert Colwise w1/w3, Rowwise w2 (output all-reduced); the tp ranks hold
-   identical tokens (all-gathered under sequence parallel), so their replicated routers pick the
-   same top-k and every expert runs the same tokens on all tp ranks. The planner counts expert
-   weights / (ep x tp), as this does. Replicating the experts instead would need no collective
-   per expert but tp times their memory.
-   Multi-head latent attention: the down-projections wq_a, wkv_a and their RMSNorms replicated
-   (their outputs, a low-rank latent and the rope key shared by all heads, are needed whole by
-   every head; replicas cost kv_lora_rank + r + q_lora_rank columns, small next to h), the
-   per-head up-projections wq or wq_b and wkv_b Colwise (whole heads per rank), wo Rowwise. The
-   latent's gradient is summed over tp by wkv_b's Colwise input; the rope key bypasses it, so its
-   gradient is summed by ``MLAttention.shared_key_grad`` (identity forward, Partial gradient).
+2. Tensor parallel (tp > 1), the torchtitan plan (``torch_parallelize``: which projections are
+   Colwise, Rowwise or replicated in dense, MoE and multi-head latent attention blocks).
    Expert parallel (ep > 1): each rank keeps E/ep routed experts of every MoE layer (deleted on
    the meta device, before materialising) and exchanges tokens by all-to-all over "ep"
    (``launcher.train.expert_parallel``).
@@ -74,9 +56,10 @@ weights and embeddings), none on biases and norm weights. Gradient clipping is o
 ``clip_grad_norm_`` (DTensor- and FSDP-aware) and, with pipeline parallel, the squared norms of all
 stages all-reduced over the "pp" group.
 
-Where the code lives: steps 2 and 5 (the tensor-parallel plan, FSDP2/DDP) in
-``torch_parallelize``, the checkpoint state (DCP, ZeRO-1 shards, the loss scaler) in
-``torch_state``; this module builds the parts in order and runs the steps.
+Where the code lives: the meshes in ``torch_mesh``, steps 2 and 5 (the tensor-parallel plan,
+FSDP2/DDP) in ``torch_parallelize``, the pipeline chunks and schedules in ``torch_pipeline``, the
+gradients' averaging and clipping in ``torch_grads``, the checkpoint state (DCP, ZeRO-1 shards, the
+loss scaler) in ``torch_state``; this module builds the parts in order and runs the steps.
 """
 
 from __future__ import annotations
@@ -84,7 +67,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -92,22 +74,14 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 from torch.distributed.tensor import (
     DTensor,
 )
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
-    loss_parallel,
 )
 from torch.nn.parallel import DistributedDataParallel
 
@@ -118,17 +92,22 @@ from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
 from launcher.train import fp8, lora
-from launcher.train.engines.base import Engine, RankInfo, StepResult
+from launcher.train.engines import torch_grads
+from launcher.train.engines.base import Engine, StepResult
 from launcher.train.engines.dist import engine_device
+from launcher.train.engines.torch_grads import full
+from launcher.train.engines.torch_loss import full_logits_loss, loss_context, vocab_parallel_loss
+from launcher.train.engines.torch_mesh import build_meshes
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
+from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
 from launcher.train.expert_parallel import ExpertParallel
 from launcher.train.init_from import copy_into
+from launcher.train.init_weights import init_weights
 from launcher.train.masked_loss import (
     LossFn,
     is_chat_rows,
     loss_divisor,
-    masked_loss,
     trained_tokens,
     unpack,
 )
@@ -137,7 +116,6 @@ from launcher.train.model import (
     apply_expert_parallel,
     apply_recompute,
     build_model,
-    init_weights,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.ring_attention import ContextParallel, shard_sequence
@@ -145,29 +123,6 @@ from launcher.train.safe_load import CheckpointFiles, read_json
 from launcher.validate import finetune_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def _loss(
-    output: torch.Tensor, targets: torch.Tensor, divisor: float | None = None
-) -> torch.Tensor:
-    """The model's fp32 cross-entropy, on full logits (a tied head under tp returns a DTensor);
-    with `divisor`, over trained targets only (launcher.train.masked_loss)."""
-    return masked_loss(_full(output), targets, divisor)
-
-
-def _vocab_parallel_loss(
-    output: torch.Tensor, targets: torch.Tensor, divisor: float | None = None
-) -> torch.Tensor:
-    """The same cross-entropy on logits left split over the vocabulary across tp (a DTensor):
-    torch's loss_parallel computes the log-softmax from per-shard maxima and sums, so no rank
-    gathers the full logits (torchtitan's default under tp). Runs, with its backward, inside
-    ``loss_parallel()``; returns this rank's copy of the replicated loss."""
-    loss = masked_loss(output, targets, divisor)
-    return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 class TorchEngine(Engine):
@@ -185,33 +140,47 @@ class TorchEngine(Engine):
         self.cfg = cfg
         self.layout: Layout = derive_layout(cfg)
         lay = self.layout
-        world = dist.get_world_size()
-        ranks = lay.pp * lay.dp * lay.cp * lay.tp
-        if ranks != world:
-            raise TorchEngineError(
-                f"pp={lay.pp} x dp={lay.dp} x cp={lay.cp} x tp={lay.tp} = {ranks} ranks, "
-                f"but the process group has {world}"
-            )
         self.device = engine_device()
-        self.mesh = init_device_mesh(
-            self.device.type,
-            (lay.pp, lay.dp, lay.cp, lay.tp),
-            mesh_dim_names=("pp", "dp", "cp", "tp"),
+        meshes = build_meshes(lay, self.device)
+        self.mesh, self.dp_mesh, self.ep_mesh = meshes.mesh, meshes.dp_mesh, meshes.ep_mesh
+        self.info = meshes.info
+        self.cp_rank, self.pp_rank = self.info.cp_rank, self.info.pp_rank
+        self._set_precision(cfg)
+        self.zero = cfg.zero.stage
+        self.fsdp = self.zero in (2, 3)
+        # zero 0 with tp or pp: the engine all-reduces the gradients over dp itself, after the
+        # last micro-batch (DDP would turn DTensor parameters into local tensors, and its reducer
+        # does not follow the pipeline schedules' interleaved forwards and backwards).
+        # With expert parallel too: each rank holds other experts, so DDP's all-reduce of every
+        # parameter over dp does not apply; expert gradients are reduced over "edp" instead.
+        self.manual_dp_sync = (
+            not self.fsdp and lay.dp * lay.cp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
         )
-        # Gradients are averaged over dp and cp together (cp ranks see different tokens).
-        self.dp_mesh = self.mesh["dp"] if lay.cp == 1 else self.mesh["dp", "cp"]._flatten("dp_cp")
-        self.cp_rank = self.mesh.get_local_rank("cp")
-        self.pp_rank = self.mesh.get_local_rank("pp")
-        self.info = RankInfo(
-            rank=dist.get_rank(),
-            world_size=world,
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            dp_rank=self.mesh.get_local_rank("dp"),
-            dp_size=lay.dp,
-            tp_rank=self.mesh.get_local_rank("tp"),
-            pp_rank=self.pp_rank,
-            cp_rank=self.cp_rank,
-        )
+        self._set_loss(cfg)
+        self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
+        self.init_state = init_state  # train.init_from: copied in before any sharding
+        # finetune=lora|qlora: base frozen, adapters trained (launcher.train.lora); the base
+        # weights' digest is computed before sharding, from this rank's share of them.
+        self.finetune = cfg.finetune.name != "full"
+        self.base_digests: dict[str, str] = {}
+        self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
+        self.init_state = None
+        self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
+        self.optimizer = self._build_optimizer()
+        self.schedule: Any = None
+        if lay.pp > 1:
+            self.schedule = build_schedule(
+                self.parts,
+                self.chunk_ids,
+                lay,
+                self.device,
+                group=self.mesh["pp"].get_group(),
+                kind=cfg.parallel.pp_schedule,
+                loss_fn=self.pipeline_loss,
+            )
+
+    def _set_precision(self, cfg: LLMTrainConfig) -> None:
+        """Compute and gradient dtypes, fp8 (its device checked) and the loss scaler."""
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         # precision=fp8: the block projections become torchao Float8Linear (launcher.train.fp8).
         self.fp8 = precision_of(cfg) == "fp8"
@@ -226,55 +195,26 @@ class TorchEngine(Engine):
             else (ColwiseParallel, RowwiseParallel)
         )
         self.grad_dtype = DTYPES[cfg.precision.grad_dtype]
-        self.zero = cfg.zero.stage
-        self.fsdp = self.zero in (2, 3)
         self.scaler: torch.amp.GradScaler | None = None
         if cfg.precision.loss_scaling == "dynamic":
             # Shard-aware (FSDP2, DTensor, expert shards): inf/NaN found on any rank is
             # all-reduced over the world, so every rank skips the same steps.
             self.scaler = ShardedGradScaler(self.device.type)
-        # zero 0 with tp or pp: the engine all-reduces the gradients over dp itself, after the
-        # last micro-batch (DDP would turn DTensor parameters into local tensors, and its reducer
-        # does not follow the pipeline schedules' interleaved forwards and backwards).
-        # With expert parallel too: each rank holds other experts, so DDP's all-reduce of every
-        # parameter over dp does not apply; expert gradients are reduced over "edp" instead.
-        self.manual_dp_sync = (
-            not self.fsdp and lay.dp * lay.cp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
-        )
-        self.ep_mesh: DeviceMesh | None = None
-        if lay.ep > 1:
-            # The dp dim split in two, ep consecutive dp ranks per expert group; the other dims
-            # (and so each rank's place) as in the main mesh.
-            grid = torch.arange(world).view(lay.pp, lay.dp // lay.ep, lay.ep, lay.cp, lay.tp)
-            self.ep_mesh = DeviceMesh(
-                self.device.type, grid, mesh_dim_names=("pp", "edp", "ep", "cp", "tp")
-            )
 
+    def _set_loss(self, cfg: LLMTrainConfig) -> None:
+        """How the loss is computed (launcher.backends.engine_choices)."""
         # The loss over chunks of tokens, never the full logits (launcher.train.chunked_loss),
         # where the whole head is on this rank inside the model's forward: not under tp (the
         # head is column-parallel with its logits gathered) nor pp (the schedule computes the
         # loss from the last stage's output); train.chunked_loss=false turns it off.
         self.choices = engine_choices(cfg)  # compile, fp8 layers, loss (launcher.backends)
         self.chunked_loss = self.choices.chunked_loss
-        # tp > 1: the loss over vocabulary-split logits (_vocab_parallel_loss), forward and
-        # backward inside torch's loss_parallel() context (_loss_context).
+        # tp > 1: the loss over vocabulary-split logits (torch_loss.vocab_parallel_loss),
+        # forward and backward inside torch's loss_parallel() context (_loss_context).
         self.vocab_parallel = self.choices.vocab_parallel_loss
-        self._loss_of = _vocab_parallel_loss if self.vocab_parallel else _loss
+        self._loss_of = vocab_parallel_loss if self.vocab_parallel else full_logits_loss
         # The pipeline schedules take a loss function at build time: its divisor is set per step.
         self.pipeline_loss = LossFn(self._loss_of)
-        self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
-        self.init_state = init_state  # train.init_from: copied in before any sharding
-        # finetune=lora|qlora: base frozen, adapters trained (launcher.train.lora); the base
-        # weights' digest is computed before sharding, from this rank's share of them.
-        self.finetune = cfg.finetune.name != "full"
-        self.base_digests: dict[str, str] = {}
-        self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
-        self.init_state = None
-        self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
-        self.optimizer = self._build_optimizer()
-        self.schedule: Any = None
-        if lay.pp > 1:
-            self.schedule = self._build_schedule()
 
     # --- model construction ---------------------------------------------------------------------
     def _build_part(self, chunk: int, seed: int) -> nn.Module:
@@ -285,19 +225,8 @@ class TorchEngine(Engine):
                 self.ep_mesh["ep"].get_group(), lay.ep, self.ep_mesh.get_local_rank("ep")
             )
             apply_expert_parallel(model, ep)
-        first, last = chunk == 0, chunk == lay.pp * lay.vpp - 1
         if lay.pp > 1:
-            start = sum(lay.chunk_layers[:chunk])
-            keep = {str(i) for i in range(start, start + lay.chunk_layers[chunk])}
-            for name in list(model.layers.keys()):
-                if name not in keep:
-                    del model.layers[name]
-            if not first:
-                model.tok_embeddings = None
-                model.pos_embeddings = None
-            if not last:
-                model.norm = None
-                model.output = None
+            keep_chunk(model, lay, chunk)
         model.to_empty(device=self.device)
         init_weights(model, seed)
         if self.init_state is not None:
@@ -316,7 +245,7 @@ class TorchEngine(Engine):
             cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
             apply_context_parallel(model, cp)
         if lay.tp > 1:
-            apply_tp(model, self.mesh["tp"], cfg, self.tp_styles, first_chunk=first)
+            apply_tp(model, self.mesh["tp"], cfg, self.tp_styles, first_chunk=chunk == 0)
         apply_recompute(model, cfg.train.recompute)
         model.chunked_loss = self.chunked_loss
         if self.choices.compile:
@@ -361,22 +290,6 @@ class TorchEngine(Engine):
             )
         return build_optimizer(params, self.cfg.optim, fused=fused)
 
-    def _build_schedule(self) -> Any:
-        lay = self.layout
-        chunks = lay.pp * lay.vpp
-        group = self.mesh["pp"].get_group()
-        stages = [
-            PipelineStage(part, chunk, chunks, self.device, group=group)
-            for part, chunk in zip(self.parts, self.chunk_ids, strict=True)
-        ]
-        n = lay.grad_accum
-        if self.cfg.parallel.pp_schedule == "interleaved":
-            return ScheduleInterleaved1F1B(
-                cast(Any, stages), n_microbatches=n, loss_fn=self.pipeline_loss
-            )
-        cls = ScheduleGPipe if self.cfg.parallel.pp_schedule == "gpipe" else Schedule1F1B
-        return cls(stages[0], n_microbatches=n, loss_fn=self.pipeline_loss)
-
     # --- training -------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.fsdp or self.compute_dtype == torch.float32:
@@ -410,68 +323,32 @@ class TorchEngine(Engine):
 
     def _allreduce_grads_over_dp(self) -> None:
         experts = {id(p) for p in self._expert_params()}
-
-        def local_grads(expert: bool) -> list[torch.Tensor]:
-            return [
-                p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                for p in self._params()
-                if p.grad is not None and (id(p) in experts) == expert
-            ]
-
+        params, ranks = list(self._params()), self.layout.dp * self.layout.cp
         # Over dp x cp together with context parallel (the "dp_cp" mesh), as DDP does.
-        self._average(local_grads(False), self.dp_mesh.get_group())
+        grads = torch_grads.local_grads(params, chosen=experts, inside=False)
+        torch_grads.average(grads, self.dp_mesh.get_group(), ranks)
         if experts:
             # An expert's gradient already sums its ep group's tokens (the all-to-all's
-            # backward); add the other ep groups' (edp) and divide by dp for the batch mean.
+            # backward); add the other ep groups' (edp) and divide by dp for the batch mean
+            # (expert parallel runs with cp = 1).
             assert self.ep_mesh is not None
             edp = self.ep_mesh["edp"]
-            self._average(local_grads(True), edp.get_group() if edp.size() > 1 else None)
-
-    def _average(self, grads: list[torch.Tensor], group: Any) -> None:
-        """Sum `grads` over `group` (None: this rank alone) and divide by dp x cp (the ranks
-        whose losses the global-batch mean averages; expert parallel runs with cp = 1)."""
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
-        for same in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in same])
-            if group is not None:
-                dist.all_reduce(flat, group=group)
-            flat /= self.layout.dp * self.layout.cp
-            offset = 0
-            for g in same:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            grads = torch_grads.local_grads(params, chosen=experts, inside=True)
+            torch_grads.average(grads, edp.get_group() if edp.size() > 1 else None, ranks)
 
     def _clip(self) -> float:
         max_norm = self.cfg.optim.grad_clip
         params = [p for p in self._params() if p.grad is not None]
         if self.ep_mesh is not None:
-            # Replicated parameters count once, each rank's own experts once: their squared
-            # norms are summed over the ep group.
             experts = {id(p) for p in self._expert_params()}
-            shared = [cast(torch.Tensor, p.grad) for p in params if id(p) not in experts]
-            mine = [cast(torch.Tensor, p.grad) for p in params if id(p) in experts]
-            # Under tp the norms of sharded gradients are summed over tp first (_full).
-            expert_sq = _full(torch.nn.utils.get_total_norm(mine, 2.0)).float() ** 2
-            dist.all_reduce(expert_sq, group=self.ep_mesh["ep"].get_group())
-            shared_sq = _full(torch.nn.utils.get_total_norm(shared, 2.0)).float() ** 2
-            total = (shared_sq + expert_sq).sqrt()
-            if max_norm > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-            return float(total)
+            ep_group = self.ep_mesh["ep"].get_group()
+            return torch_grads.clip_with_experts(params, experts, max_norm, ep_group)
         if self.layout.pp == 1:
             total = torch.nn.utils.clip_grad_norm_(
                 params, max_norm if max_norm > 0 else float("inf")
             )
-            return float(_full(total))
-        grads = [cast(torch.Tensor, p.grad) for p in params]
-        local = _full(torch.nn.utils.get_total_norm(grads, 2.0)).float() ** 2
-        dist.all_reduce(local, group=self.mesh["pp"].get_group())
-        total = local.sqrt()
-        if max_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return float(total)
+            return float(full(total))
+        return torch_grads.clip_over_stages(params, max_norm, self.mesh["pp"].get_group())
 
     def step(self, rows: torch.Tensor, lr: float) -> StepResult:
         lay = self.layout
@@ -493,7 +370,8 @@ class TorchEngine(Engine):
             if segments is not None:  # the later stages would attend across examples
                 raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
             self.pipeline_loss.divisor = divisor
-            loss = self._pipeline_forward_backward(inputs, targets)
+            with self._autocast(), self._loss_context():
+                loss = self._pipeline(inputs, targets, train=True)
         else:
             loss = self._forward_backward(inputs, targets, segments, divisor)
         if self.manual_dp_sync:
@@ -561,14 +439,7 @@ class TorchEngine(Engine):
         try:
             with torch.no_grad(), self._autocast(), self._loss_context():
                 if lay.pp > 1:
-                    losses: list[torch.Tensor] = []
-                    if self.pp_rank == lay.pp - 1:
-                        args = (inputs,) if self.pp_rank == 0 else ()
-                        self.schedule.eval(*args, target=targets, losses=losses)
-                        loss = torch.stack([x.float() for x in losses]).mean()
-                    else:
-                        self.schedule.eval(*((inputs,) if self.pp_rank == 0 else ()))
-                        loss = torch.zeros((), device=self.device)
+                    loss = self._pipeline(inputs, targets, train=False)
                 else:
                     mbs = lay.micro_batch_size
                     parts = [
@@ -610,8 +481,7 @@ class TorchEngine(Engine):
         return self._loss_of(output, targets, divisor)
 
     def _loss_context(self) -> contextlib.AbstractContextManager[None]:
-        """torch's loss_parallel() where the loss is vocabulary-parallel, else nothing."""
-        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
+        return loss_context(self.vocab_parallel)
 
     def _forward_backward(
         self,
@@ -637,21 +507,13 @@ class TorchEngine(Engine):
             loss_sum += loss.detach()
         return loss_sum / accum
 
-    def _pipeline_forward_backward(
-        self, inputs: torch.Tensor, targets: torch.Tensor
+    def _pipeline(
+        self, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool
     ) -> torch.Tensor:
-        lay = self.layout
-        first, last = self.pp_rank == 0, self.pp_rank == lay.pp - 1
-        losses: list[torch.Tensor] = []
-        args = (inputs,) if first else ()
-        with self._autocast(), self._loss_context():
-            if last:
-                self.schedule.step(*args, target=targets, losses=losses)
-            else:
-                self.schedule.step(*args)
-        if last:
-            return torch.stack([x.detach().float() for x in losses]).mean()
-        return torch.zeros((), device=self.device)
+        first, last = self.pp_rank == 0, self.pp_rank == self.layout.pp - 1
+        return run_schedule(
+            self.schedule, inputs, targets, first=first, last=last, train=train, device=self.device
+        )
 
     # --- checkpoints (launcher.train.engines.torch_state) -----------------------------------------
     def save(self, directory: Path) -> list[Path]:

@@ -1,7 +1,26 @@
 """Model parallelization for the torch engine: the tensor-parallel plan (dense, MLA and MoE
 blocks) and the data-parallel wrapping (FSDP2 or DDP), each a function of the model and the
 mesh, as torchtitan's ``parallelize`` (``launcher.train.engines.torch_engine``'s docstring says
-what each step does and in which order the engine applies them)."""
+what each step does and in which order the engine applies them).
+
+The tensor-parallel plan (tp > 1), torchtitan's: Colwise wq/wk/wv/w1/w3, Rowwise wo/w2, the token
+embedding Rowwise (vocab-sharded), the head Colwise with its output gathered; everything else
+(norms, learned positions) replicated as DTensors so that clipping and checkpoints see one kind
+of parameter. With parallel.sequence_parallel the norms run SequenceParallel on sequence shards
+(the residual stream is sharded on the sequence between blocks) and wo/w2 reduce-scatter.
+MoE layers (Megatron-LM's default expert tensor parallel = tp): the router replicated, each
+routed and shared expert Colwise w1/w3, Rowwise w2 (output all-reduced); the tp ranks hold
+identical tokens (all-gathered under sequence parallel), so their replicated routers pick the
+same top-k and every expert runs the same tokens on all tp ranks. The planner counts expert
+weights / (ep x tp), as this does. Replicating the experts instead would need no collective
+per expert but tp times their memory.
+Multi-head latent attention: the down-projections wq_a, wkv_a and their RMSNorms replicated
+(their outputs, a low-rank latent and the rope key shared by all heads, are needed whole by
+every head; replicas cost kv_lora_rank + r + q_lora_rank columns, small next to h), the
+per-head up-projections wq or wq_b and wkv_b Colwise (whole heads per rank), wo Rowwise. The
+latent's gradient is summed over tp by wkv_b's Colwise input; the rope key bypasses it, so its
+gradient is summed by ``MLAttention.shared_key_grad`` (identity forward, Partial gradient).
+"""
 
 from __future__ import annotations
 
