@@ -216,6 +216,14 @@ Budget = Annotated[
     float | None,
     typer.Option("--budget", help="Seconds to spend (default 60 on the CPU, 120 on a GPU)."),
 ]
+NoOverhead = Annotated[
+    bool,
+    typer.Option(
+        "--no-overhead",
+        help="Skip the two short cut runs that measure the layout's per-step overhead "
+        "(waits, small collectives, dispatch); plan then prices from the operators alone.",
+    ),
+]
 ForceProfile = Annotated[
     bool,
     typer.Option(
@@ -233,6 +241,7 @@ def calibrate(
     no_cache: NoCache = False,
     budget: Budget = None,
     force: ForceProfile = False,
+    no_overhead: NoOverhead = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Time, on this machine, the operators the planner prices for this configuration (GEMMs,
@@ -263,6 +272,7 @@ def calibrate(
         progress=_progress,
         budget_s=seconds,
         force=force,
+        overhead=not no_overhead,
     )
     took = time.monotonic() - start
     if as_json:

@@ -494,10 +494,13 @@ def calibrate(
     progress: Progress,
     budget_s: float,
     force: bool = False,
+    overhead: bool = True,
 ) -> tuple[dict[str, Any], list[Path]]:
     """Measure, write, return (the profile written, the paths written). A figure whose repeats
     spread too wide, or that no kernel could give (measurement_noise), makes it write nothing
-    (UserError naming each) unless `force`; the profile then says it was forced."""
+    (UserError naming each) unless `force`; the profile then says it was forced. `overhead`
+    False leaves out the two cut runs of the per-step overhead (the profile then has none, and
+    plan prices the step from the operators and collectives alone)."""
     started = time.monotonic()
     load = noise.Load(os.getloadavg()[0], os.cpu_count() or 1)
     device = _device(cfg)
@@ -526,11 +529,12 @@ def calibrate(
         + (f", {threads} thread(s) per process" if threads else "")
         + f"): {len(gemms)} GEMM shapes, attention, element-wise, loss, optimizer"
         + (", collectives" if layout.world_size > 1 else "")
-        + ", per-step overhead"
+        + (", per-step overhead" if overhead else "")
     )
     time_operators(s, ops)
     time_collectives(s, layout, budget_s)
-    time_overhead(s, overrides)
+    if overhead:
+        time_overhead(s, overrides)
     _finish(s, overrides, load, force=force)
     written: list[Path] = []
     final = s.doc

@@ -37,12 +37,23 @@ def test_calibrate_writes_a_profile_that_plan_prices_from(tmp_path: Path) -> Non
     out = tmp_path / "cpu.json"
     # --force: on a busy machine (tests run beside others) figures may be noise; what this test
     # checks is the profile's shape (test_calibrate_refuses_noise_unless_forced the refusal).
+    # --no-overhead: the cut runs of the per-step overhead are
+    # test_calibrate_prices_two_processes_collectives_and_overhead's; here they are left out.
     done = llmtrain(
-        "calibrate", "cluster=cpu", "--out", str(out), "--no-cache", "--force", cwd=tmp_path
+        "calibrate",
+        "cluster=cpu",
+        "--out",
+        str(out),
+        "--no-cache",
+        "--force",
+        "--no-overhead",
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[ 1/" in done.stderr and f"profile written: {out}" in done.stdout  # progress shown
+    assert "per-step overhead" not in done.stderr
     doc = prof.read(out)  # schema, version, digest, positive finite figures
+    assert not doc.get("overhead")
     assert doc["device"]["cluster_gpu"] == "cpu" and doc["device"]["kind"] == "cpu"
     assert doc["software"]["torch"] and doc["created"].endswith("Z")
     cfg = compose_config(["cluster=cpu"]).config
@@ -70,6 +81,7 @@ def test_calibrate_writes_a_profile_that_plan_prices_from(tmp_path: Path) -> Non
         str(out),
         "--no-cache",
         "--force",
+        "--no-overhead",
         cwd=tmp_path,
     )
     assert again.returncode == 0, again.stderr
@@ -136,7 +148,15 @@ def test_calibrate_refuses_noise_unless_forced(
     out = tmp_path / "cpu.json"
     lines: list[str] = []
     with pytest.raises(UserError) as info:
-        calibrate(cfg, overrides, out=out, use_cache=False, progress=lines.append, budget_s=4.0)
+        calibrate(
+            cfg,
+            overrides,
+            out=out,
+            use_cache=False,
+            progress=lines.append,
+            budget_s=4.0,
+            overhead=False,
+        )
     assert "are noise or not physical, so no profile was written" in str(info.value)
     assert "--force" in str(info.value) and "core(s)" in str(info.value)
     assert any("[NOISE:" in line for line in lines) and not out.exists()
@@ -149,6 +169,7 @@ def test_calibrate_refuses_noise_unless_forced(
         progress=lines.append,
         budget_s=4.0,
         force=True,
+        overhead=False,
     )
     assert written == [out] and doc["quality"]["forced"] and doc["quality"]["problems"]
     assert prof.read(out)["quality"]["forced"]
