@@ -13,7 +13,6 @@ not (measured: <= 6e-7 apart for logits of magnitude ~0.8; the bar is 1e-4).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +117,6 @@ def test_docs_commands_that_need_a_trained_run(single: Path) -> None:
         fabricate_run,
         needs_trained_run,
     )
-    from tests.unit.test_docs_commands import llmtrain as shown_command
 
     where = single.parent
     # A second, newer tiny run that holds no checkpoint (as the docs' DeepSpeed example leaves
@@ -131,7 +129,7 @@ def test_docs_commands_that_need_a_trained_run(single: Path) -> None:
         shutil.rmtree(where / "exported", ignore_errors=True)
         for shown in commands:
             try:
-                check(shown, shown_command(where, as_executed(shown), dict(os.environ)))
+                check(shown, invoke(*as_executed(shown), cwd=where))
             except AssertionError as exc:
                 failures.append(str(exc))
     shutil.rmtree(where / "runs" / "tiny-00000000")
