@@ -41,7 +41,7 @@ from launcher.config.schema import CHOICES
 from launcher.errors import UserError
 from launcher.validate import rules
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 COMMANDS = ("validate", "plan", "show", "run")
 # Out-of-range values compose fine: only the commands that validate reject them.
@@ -744,6 +744,7 @@ def test_bad_config_files(file_env: FuzzEnv, case: Case, command: str, via: str)
     _property(file_env)(case, command, via)
 
 
+@pytest.mark.integration
 @settings(FUZZ, max_examples=6)
 @given(case=st.one_of(FAST, wrong_type(), malformed()), command=COMMAND)
 def test_real_entry_point_in_a_child_process(env: FuzzEnv, case: Case, command: str) -> None:

@@ -21,7 +21,7 @@ import pytest
 from launcher.rundir import RunDir
 from tests.cli import invoke, said
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 
 # Every command here must end within seconds; one that blocks (on a FIFO, say) is stopped after
@@ -102,6 +102,7 @@ def _stranger(lock: Path, how: str) -> subprocess.Popen[str]:
     return process
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["script", "flock"])
 @pytest.mark.parametrize("record", ["stale", "forged"])
 def test_cancel_never_signals_a_stranger_holding_the_lock(
@@ -147,6 +148,7 @@ def test_cancel_never_signals_a_stranger_holding_the_lock(
         stranger.wait()
 
 
+@pytest.mark.integration
 def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
     # A real launcher: a process that takes the run's lock through runlock.acquire and waits for
     # SIGINT (as `llmtrain run` does); cancel proves it and stops it.
@@ -382,6 +384,7 @@ def _can_mount() -> bool:
     return os.geteuid() == 0 and shutil.which("mount") is not None
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not _can_mount(), reason="mounting a small tmpfs needs root")
 def test_data_prepare_onto_a_full_disk_says_disk_full(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -143,7 +143,8 @@ _IN_CLOSE_NOWRITE = 0x10
 
 
 def _inotify() -> tuple[int, Callable[[str], int]]:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # dlopen(NULL): libc is already loaded (ctypes.util.find_library would run `ldconfig -p`).
+    libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(os.O_CLOEXEC)
     if fd < 0:
         pytest.skip("inotify is not available here")
