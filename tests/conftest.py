@@ -53,6 +53,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return make_scheduler(config, log)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test has its tier: a test under tests/unit/ with no marker of its own is a unit test
     (no processes, enforced below); one there that starts a small process (a shell script, a
