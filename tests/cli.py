@@ -3,11 +3,12 @@
 `invoke` runs the console entry point (`launcher.cli.entry`, what `llmtrain` and `python -m
 launcher` run) in the test's own process: the exit code, stdout and stderr come back as a user
 sees them (a user error: exit 2 and one message; an escaping exception: exit 1 and its traceback
-on stderr), with sys.argv, the working directory and the environment restored afterwards. Unit
-tests use it: no interpreter start, no process.
+on stderr), with sys.argv, the working directory and the environment restored afterwards: no
+interpreter start, no process, so unit tests can use it (integration tests too, for the commands
+around a run: export, sample, status, logs).
 
 `llmtrain` runs `python -m launcher` in a child process, for what needs one: torchrun and the
-ranks, signals, a terminal, a check of what a fresh interpreter imports. Integration tests use it.
+ranks, signals, a terminal, a check of what a fresh interpreter imports.
 
 Both return a `subprocess.CompletedProcess[str]` (args, returncode, stdout, stderr).
 """
@@ -103,8 +104,8 @@ def invoke(
 ) -> subprocess.CompletedProcess[str]:
     """The console entry point with ARGS in this process (see the module docstring); `env`
     changes the environment for the call only (None removes a key). With `timeout`, a command
-    still running after that many seconds is stopped: exit 124, its traceback on stderr (a
-    subprocess.TimeoutExpired from `llmtrain`)."""
+    still running after that many seconds is stopped: exit 124, its traceback on stderr (where
+    `llmtrain` raises subprocess.TimeoutExpired)."""
     from typer.testing import CliRunner
 
     from launcher import cli
