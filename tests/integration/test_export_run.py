@@ -53,7 +53,9 @@ def train_and_export(where: Path, *overrides: str) -> Path:
     where.mkdir()
     done = llmtrain("run", *SHORT, *overrides, cwd=where)
     assert done.returncode == 0, done.stderr[-3000:]
-    exported = invoke("export", str(only_run_dir(where)), "--out", "hf", "--json", cwd=where)
+    # In a child process: a DeepSpeed checkpoint's export imports deepspeed, which must not
+    # leave its state (accelerator, loggers) in the test process.
+    exported = llmtrain("export", str(only_run_dir(where)), "--out", "hf", "--json", cwd=where)
     assert exported.returncode == 0, exported.stderr[-3000:]
     document = json.loads(exported.stdout)
     assert document["step"] == 3 and document["architecture"] == "LlamaForCausalLM"

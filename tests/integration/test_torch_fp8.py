@@ -180,7 +180,7 @@ def test_run_and_export_give_plain_weights(tmp_path: Path) -> None:
     import numpy as np
 
     from launcher.export.hf_files import read_hf_folder
-    from tests.cli import invoke, llmtrain
+    from tests.cli import llmtrain
     from tests.unit.test_export_hf import reference_llama
 
     overrides = [*SHARED, *FP8, "zero.stage=3", "cluster.gpus_per_node=2", "train.steps=3"]
@@ -190,7 +190,7 @@ def test_run_and_export_give_plain_weights(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "runs").iterdir()
     logs = "".join(p.read_text() for p in (run_dir / "logs").iterdir() if p.is_file())
     assert "Failed to load" not in logs + done.stdout + done.stderr
-    exported = invoke("export", str(run_dir), "--out", "hf", cwd=tmp_path)
+    exported = llmtrain("export", str(run_dir), "--out", "hf", cwd=tmp_path)  # a DeepSpeed run
     assert exported.returncode == 0, exported.stderr[-3000:]
     tensors, config = read_hf_folder(tmp_path / "hf")
     assert {str(t.dtype) for t in tensors.values()} == {"torch.float32"}
