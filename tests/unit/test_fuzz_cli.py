@@ -661,6 +661,10 @@ def fuzz_environment(tmp: Path, data_copy: bool) -> Iterator[FuzzEnv]:
             mp.setattr(resources, "data_root", lambda: copied)
         mp.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
         mp.delenv("LLMTRAIN_NO_CACHE", raising=False)
+        # launch/slurm.py binds prepare_run_dir when first imported: imported here first, it keeps
+        # the real one for the tests that run `submit` in this process after these.
+        import launcher.launch.slurm  # noqa: F401
+
         mp.setattr("launcher.launch.local.prepare_run_dir", _refuse)
         mp.setattr("launcher.launch.local.launch", _refuse)
         mp.chdir(cwd)
