@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import hashlib
 import os
@@ -190,9 +189,9 @@ def rename_noreplace(src: Path, dst: Path) -> None:
     folder): renameat2(RENAME_NOREPLACE) on Linux (glibc >= 2.28); elsewhere `dst` is claimed
     with mkdir first (atomic) and the rename then replaces only that empty claim (it fails if
     anything was put in meanwhile)."""
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name, use_errno=True) if libc_name else None
-    renameat2 = getattr(libc, "renameat2", None)
+    # dlopen(NULL): the symbols this process already loaded, libc's among them (no child
+    # process, unlike ctypes.util.find_library, which runs `ldconfig -p` on every call).
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is not None:
         result = renameat2(
             _AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE

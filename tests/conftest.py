@@ -2,19 +2,29 @@
 
 With pytest-xdist (`-n 2`, the README's test command) each file of tests that start processes is
 one unit of work (its module- and session-scoped reference launches run once, its tests in order
-on one worker), handed out largest first; the unit tests, one unit each, fill the workers after.
+on one worker) and each other test one unit; units go out costliest first, by a measured table
+(tests/schedule.py). Each test has one tier marker, and a unit test cannot start a process
+(tests/process_guard.py).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import platform
 import shutil
 import tempfile
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 
+from tests.process_guard import no_processes
+from tests.schedule import PROCESS_DIRS, make_scheduler, register_recorder
+
+# CPython's platform.processor() runs `uname -p` once per interpreter and keeps the answer;
+# deepspeed asks when imported. Asked here, before any unit test runs under the process guard.
+platform.processor()
 os.environ.setdefault("COLUMNS", "200")
 os.environ.setdefault("TERMINAL_WIDTH", "200")
 # plan prices from a cached operator profile (llmtrain calibrate) when one exists: tests read and
@@ -26,39 +36,67 @@ os.environ["LLMTRAIN_OUTPUT_KEY_FILE"] = os.path.join(os.environ["LLMTRAIN_PROFI
 
 
 # Tests that start processes: torchrun ranks, DeepSpeed, a SLURM cluster on fixed ports (one
-# file), reference launches shared by a file's tests. Under pytest-xdist a file runs on one worker,
-# in order; two files may run at once (they rendezvous on localhost:0 and work in tmp_path).
-# Measured on this 2-core box (2026-11-27): the process files take 1,139 s and the unit tests
-# 314 s; one worker for all process files finished after 1,152 s with the other idle from 336 s.
-PROCESS_DIRS = ("tests/integration/", "tests/slurm/", "tests/gpu/")
+# file), reference launches shared by a file's tests. Under pytest-xdist a file there is one unit
+# of work (tests/schedule.py); two files may run at once (they rendezvous on localhost:0 and work
+# in tmp_path).
 PROCESS_MARKERS = ("integration", "slurm", "gpu")
+UNIT_DIR = "tests/unit/"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_recorder(config)
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: only called when it is installed
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's load-scope scheduler with one scope per file under PROCESS_DIRS and one per unit
-    test (whatever --dist says). Scopes go out largest first (most tests), so the process files
-    start at once on every worker and the one-test unit scopes fill in at the end."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ProcessFilesWhole(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::", 1)[0] if nodeid.startswith(PROCESS_DIRS) else nodeid
-
-    return ProcessFilesWhole(config, log)
+    """Whole process files and single unit tests, costliest first (tests/schedule.py)."""
+    return make_scheduler(config, log)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that starts processes must live under PROCESS_DIRS, or xdist would run it beside
-    another one."""
-    misplaced = [
-        item.nodeid
-        for item in items
-        if any(item.get_closest_marker(name) for name in PROCESS_MARKERS)
-        and not item.nodeid.startswith(PROCESS_DIRS)
-    ]
-    if misplaced:
-        raise pytest.UsageError(
-            f"tests marked {'/'.join(PROCESS_MARKERS)} belong under {', '.join(PROCESS_DIRS)}: "
-            + ", ".join(misplaced)
-        )
+    """Every test has its tier: a test under tests/unit/ with no marker of its own is a unit test
+    (no processes, enforced below); one there that starts a small process (a shell script, a
+    fresh interpreter, a stub sbatch) is marked integration instead and runs alone like a unit
+    test. Heavy ones (torchrun, DeepSpeed, SLURM, GPU) live under PROCESS_DIRS, or xdist would
+    split their file's shared launches over both workers."""
+    problems = []
+    for item in items:
+        tiers = [name for name in ("unit", *PROCESS_MARKERS) if item.get_closest_marker(name)]
+        if not tiers and item.nodeid.startswith(UNIT_DIR):
+            item.add_marker(pytest.mark.unit)
+        elif "unit" in tiers and len(tiers) > 1:
+            problems.append(f"{item.nodeid} is marked both {' and '.join(tiers)}")
+        elif {"slurm", "gpu"} & set(tiers) and not item.nodeid.startswith(PROCESS_DIRS):
+            problems.append(f"{item.nodeid} belongs under {', '.join(PROCESS_DIRS)}")
+        elif tiers and not item.nodeid.startswith((*PROCESS_DIRS, UNIT_DIR)):
+            problems.append(f"{item.nodeid} is outside {', '.join((*PROCESS_DIRS, UNIT_DIR))}")
+    if problems:
+        raise pytest.UsageError("test markers: " + "; ".join(problems))
+
+
+def _no_processes_in_unit_tests(item: pytest.Item) -> Generator[None, object, object]:
+    """A unit test that starts a process fails (tests/process_guard.py): the marker says what
+    the test does."""
+    if not item.get_closest_marker("unit"):
+        return (yield)
+    with no_processes(item.nodeid) as attempts:
+        result = yield
+    if attempts:
+        pytest.fail(f"{item.nodeid} is marked unit but started a process ({', '.join(attempts)})")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _no_processes_in_unit_tests(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _no_processes_in_unit_tests(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _no_processes_in_unit_tests(item))

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from launcher.rundir import RunDir
+from tests.cli import llmtrain
 
 # A short 2-process run that checkpoints every 2 steps, in runs/trial of its folder.
 TRIAL_STEPS = 12
@@ -35,13 +36,8 @@ TRIAL_ARGS = [
 def llmtrain_run(
     cwd: Path, args: list[str], timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", "run", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`llmtrain run ARGS` in a child process in `cwd` (tests/cli.py)."""
+    return llmtrain("run", *args, cwd=cwd, timeout=timeout)
 
 
 def weights_digest(cwd: Path) -> str | None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,21 +14,9 @@ from launcher.config.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.plan import profile as prof
 from launcher.plan.operators import operators
+from tests.cli import invoke, llmtrain
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
-
-
-def llmtrain(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
 
 
 def test_calibrate_writes_a_profile_that_plan_prices_from(tmp_path: Path) -> None:
@@ -66,7 +52,7 @@ def test_calibrate_writes_a_profile_that_plan_prices_from(tmp_path: Path) -> Non
     assert len(sizes) == 2 and 0 < sizes[0] < sizes[1] and sizes[1] // 4 - sizes[0] <= 64
     assert not list(Path(os.environ["LLMTRAIN_PROFILE_DIR"]).glob("*.json"))  # --no-cache
 
-    planned = llmtrain("plan", "cluster=cpu", f"cluster.profile={out}", "--json", cwd=tmp_path)
+    planned = invoke("plan", "cluster=cpu", f"cluster.profile={out}", "--json", cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
     pricing = json.loads(planned.stdout)["time"]["pricing"]
     assert pricing["source"] == "profile" and pricing["profile"]["path"] == str(out)
@@ -113,7 +99,7 @@ def test_calibrate_refuses_bad_input_and_leaves_files_alone(tmp_path: Path) -> N
 
 
 def test_plan_measure_trains_shrunk_runs_and_extrapolates(tmp_path: Path) -> None:
-    done = llmtrain("plan", "--measure", "recipe=tiny", "--json", cwd=tmp_path, timeout=600)
+    done = invoke("plan", "--measure", "recipe=tiny", "--json", cwd=tmp_path, timeout=600)
     if done.returncode == 2 and "is not a fit any real step has" in done.stdout + done.stderr:
         # The refusal of a noisy fit (tests/unit/test_measurement_noise.py): a busy machine.
         pytest.skip("this machine was too busy for two short runs to differ by a layer")

@@ -6,7 +6,6 @@ and resumes bit for bit."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.cli import invoke, llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -32,17 +33,6 @@ SMALL = [
 ]
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "cats",
          "sit", "on", "warm", "mats", "by", "the", "river"]  # fmt: skip
-
-
-def llmtrain(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
 
 
 def metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -66,19 +56,35 @@ def make_corpus(tmp_path: Path, documents: int) -> tuple[Path, Path]:
 
 def test_jsonl_and_tokenizer_json_to_training_with_falling_val_loss(tmp_path: Path) -> None:
     corpus, tokenizer = make_corpus(tmp_path, 2000)
-    prepared = llmtrain(
-        tmp_path, "data", "prepare", "--input", str(corpus), "--output", "data",
-        "--tokenizer", str(tokenizer), "--valid-fraction", "0.05", "--json",
-    )  # fmt: skip
+    prepared = invoke(
+        "data",
+        "prepare",
+        "--input",
+        str(corpus),
+        "--output",
+        "data",
+        "--tokenizer",
+        str(tokenizer),
+        "--valid-fraction",
+        "0.05",
+        "--json",
+        cwd=tmp_path,
+    )
     assert prepared.returncode == 0, prepared.stderr
     index = json.loads(prepared.stdout)
     assert index["layout"] == "megatron" and index["valid_documents"] == 100
     assert index["eod_id"] == 0 and (tmp_path / "data" / "tokenizer.json").is_file()
     done = llmtrain(
-        tmp_path, "run", *SMALL, "train.steps=80", "train.log_every=40",
-        f"data.path={tmp_path / 'data'}", f"model.vocab_size={index['vocab_size']}",
-        "train.eval_every=20", "train.eval_steps=2",
-    )  # fmt: skip
+        "run",
+        *SMALL,
+        "train.steps=80",
+        "train.log_every=40",
+        f"data.path={tmp_path / 'data'}",
+        f"model.vocab_size={index['vocab_size']}",
+        "train.eval_every=20",
+        "train.eval_steps=2",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     evals = [m for m in metrics(run_dir) if "val_loss" in m]
@@ -90,7 +96,9 @@ def test_jsonl_and_tokenizer_json_to_training_with_falling_val_loss(tmp_path: Pa
     assert summary["last_val_loss"] == val[-1]
     assert "val_loss" in done.stdout and "last val_loss" in done.stdout
     # ... and out to a Hugging Face folder carrying the user's own tokenizer, byte for byte.
-    exported = llmtrain(tmp_path, "export", str(run_dir), "--format", "hf", "--out", "hf", "--json")
+    exported = invoke(
+        "export", str(run_dir), "--format", "hf", "--out", "hf", "--json", cwd=tmp_path
+    )
     assert exported.returncode == 0, exported.stderr[-3000:]
     hf = tmp_path / "hf"
     config = json.loads((hf / "config.json").read_text())
@@ -155,10 +163,19 @@ def test_blend_of_prepared_folder_and_megatron_prefix_resumes_bitwise(tmp_path: 
 
     corpus, _ = make_corpus(tmp_path, 600)
     # Dataset A: llmtrain's own shard format, byte tokens, with a validation split.
-    prepared = llmtrain(
-        tmp_path, "data", "prepare", "--input", str(corpus), "--output", "a",
-        "--format", "shards", "--valid-fraction", "0.05",
-    )  # fmt: skip
+    prepared = invoke(
+        "data",
+        "prepare",
+        "--input",
+        str(corpus),
+        "--output",
+        "a",
+        "--format",
+        "shards",
+        "--valid-fraction",
+        "0.05",
+        cwd=tmp_path,
+    )
     assert prepared.returncode == 0, prepared.stderr
     # Dataset B: a Megatron-LM prefix as its own tools/preprocess_data.py writes one.
     (tmp_path / "b").mkdir()
@@ -172,7 +189,7 @@ def test_blend_of_prepared_folder_and_megatron_prefix_resumes_bitwise(tmp_path: 
         f"data.blend=[0.6,{tmp_path / 'a'},0.4,{tmp_path / 'b' / 'code_text_document'}]",
         "train.eval_every=4", "train.eval_steps=2", "model.hidden_dropout=0.1",
     ]  # fmt: skip
-    full = llmtrain(tmp_path, *args)
+    full = llmtrain(*args, cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     uninterrupted = metrics(run_dir)
@@ -182,7 +199,7 @@ def test_blend_of_prepared_folder_and_megatron_prefix_resumes_bitwise(tmp_path: 
     (run_dir / "summary.json").unlink()
     kept = (run_dir / "metrics.jsonl").read_text().splitlines()[:8]
     (run_dir / "metrics.jsonl").write_text("\n".join(kept) + "\n")
-    resumed = llmtrain(tmp_path, *args)
+    resumed = llmtrain(*args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "(step 8)" in resumed.stdout
     again = metrics(run_dir)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import invoke, llmtrain
 from tests.elastic import run_ranks
 from tests.integration.test_data_eval import make_corpus
-from tests.integration.test_run import llmtrain, only_run_dir
+from tests.integration.test_run import only_run_dir
 
 pytestmark = pytest.mark.integration
 
@@ -96,13 +97,21 @@ def test_the_issue_s_expert_parallel_run_trains_past_routing_changes_checkpoints
     checkpoints written. Training reads the built-in corpus as the reviewer's run did (the same
     routing); the validation batches come from a small prepared folder."""
     corpus, _ = make_corpus(tmp_path, 200)
-    prepared = llmtrain(
-        tmp_path, "data", "prepare", "--input", str(corpus), "--output", "valid",
-        "--format", "shards", "--valid-fraction", "0.5",
-    )  # fmt: skip
+    prepared = invoke(
+        "data",
+        "prepare",
+        "--input",
+        str(corpus),
+        "--output",
+        "valid",
+        "--format",
+        "shards",
+        "--valid-fraction",
+        "0.5",
+        cwd=tmp_path,
+    )
     assert prepared.returncode == 0, prepared.stderr
     done = llmtrain(
-        tmp_path,
         "run",
         "cluster.gpus_per_node=2",
         "backend=torch",
@@ -114,8 +123,9 @@ def test_the_issue_s_expert_parallel_run_trains_past_routing_changes_checkpoints
         "checkpoint.every_steps=10",
         "train.eval_every=10",
         "train.eval_steps=2",
-        "model.vocab_size=257",  # the prepared byte data ends documents with id 256
+        "model.vocab_size=257",
         f"data.valid_path={tmp_path / 'valid'}",
+        cwd=tmp_path,
         timeout=900,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -13,14 +13,14 @@ not (measured: <= 6e-7 apart for logits of magnitude ~0.8; the bar is 1e-4).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from launcher.export.hf_files import read_hf_folder
-from tests.integration.test_run import llmtrain, only_run_dir
+from tests.cli import invoke, llmtrain
+from tests.integration.test_run import only_run_dir
 from tests.unit.test_export_hf import reference_gpt2, reference_llama
 
 pytestmark = pytest.mark.integration
@@ -51,9 +51,11 @@ TOKENS = np.random.default_rng(0).integers(0, 256, (32,))
 
 def train_and_export(where: Path, *overrides: str) -> Path:
     where.mkdir()
-    done = llmtrain(where, "run", *SHORT, *overrides)
+    done = llmtrain("run", *SHORT, *overrides, cwd=where)
     assert done.returncode == 0, done.stderr[-3000:]
-    exported = llmtrain(where, "export", str(only_run_dir(where)), "--out", "hf", "--json")
+    # In a child process: a DeepSpeed checkpoint's export imports deepspeed, which must not
+    # leave its state (accelerator, loggers) in the test process.
+    exported = llmtrain("export", str(only_run_dir(where)), "--out", "hf", "--json", cwd=where)
     assert exported.returncode == 0, exported.stderr[-3000:]
     document = json.loads(exported.stdout)
     assert document["step"] == 3 and document["architecture"] == "LlamaForCausalLM"
@@ -117,7 +119,6 @@ def test_docs_commands_that_need_a_trained_run(single: Path) -> None:
         fabricate_run,
         needs_trained_run,
     )
-    from tests.unit.test_docs_commands import llmtrain as shown_command
 
     where = single.parent
     # A second, newer tiny run that holds no checkpoint (as the docs' DeepSpeed example leaves
@@ -130,7 +131,7 @@ def test_docs_commands_that_need_a_trained_run(single: Path) -> None:
         shutil.rmtree(where / "exported", ignore_errors=True)
         for shown in commands:
             try:
-                check(shown, shown_command(where, as_executed(shown), dict(os.environ)))
+                check(shown, invoke(*as_executed(shown), cwd=where))
             except AssertionError as exc:
                 failures.append(str(exc))
     shutil.rmtree(where / "runs" / "tiny-00000000")
@@ -140,42 +141,42 @@ def test_docs_commands_that_need_a_trained_run(single: Path) -> None:
 def test_default_recipe_exports_as_gpt2_and_bad_requests_are_refused(tmp_path: Path) -> None:
     overrides = [o for o in SHORT if not o.startswith("checkpoint.")]
     done = llmtrain(
-        tmp_path, "run", *overrides, "checkpoint.keep_last=2", "checkpoint.every_steps=2"
+        "run", *overrides, "checkpoint.keep_last=2", "checkpoint.every_steps=2", cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = str(only_run_dir(tmp_path))
-    exported = llmtrain(tmp_path, "export", run_dir, "--out", "hf")
+    exported = invoke("export", run_dir, "--out", "hf", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert "GPT2LMHeadModel" in exported.stdout
     assert np.isfinite(logits(tmp_path / "hf")).all()
 
-    again = llmtrain(tmp_path, "export", run_dir, "--out", "hf")
+    again = invoke("export", run_dir, "--out", "hf", cwd=tmp_path)
     assert again.returncode == 2 and "--overwrite" in again.stderr
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
-    linked = llmtrain(tmp_path, "export", run_dir, "--out", "link", "--overwrite")
+    linked = invoke("export", run_dir, "--out", "link", "--overwrite", cwd=tmp_path)
     assert linked.returncode == 2 and "symbolic link" in linked.stderr
     assert not (tmp_path / "elsewhere").exists()
 
-    older = llmtrain(tmp_path, "export", run_dir, "--out", "hf", "--step", "2", "--overwrite")
+    older = invoke("export", run_dir, "--out", "hf", "--step", "2", "--overwrite", cwd=tmp_path)
     assert older.returncode == 0, older.stderr[-3000:]
     assert "step 2" in older.stdout
     step2 = Path(run_dir) / "checkpoints" / "step_00000002"
-    unsigned = llmtrain(
-        tmp_path,
+    unsigned = invoke(
         "export",
         run_dir,
         "--out",
         "x",
         "--step",
         "2",
+        cwd=tmp_path,
         env={"LLMTRAIN_CHECKPOINT_KEY": "k"},
     )
     assert unsigned.returncode == 2 and "not signed" in unsigned.stderr
     (step2 / "trainer_state.json").write_text("{}")
-    damaged = llmtrain(tmp_path, "export", run_dir, "--out", "x", "--step", "2")
+    damaged = invoke("export", run_dir, "--out", "x", "--step", "2", cwd=tmp_path)
     assert damaged.returncode == 2 and "refused" in damaged.stderr
     assert not (tmp_path / "x").exists()
-    missing = llmtrain(tmp_path, "export", run_dir, "--out", "x", "--step", "7")
+    missing = invoke("export", run_dir, "--out", "x", "--step", "7", cwd=tmp_path)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr
 
 
@@ -188,7 +189,7 @@ def logged_losses(run_dir: Path) -> list[float]:
 def first_losses(
     where: Path, *overrides: str, model: tuple[str, ...] = tuple(LLAMA)
 ) -> tuple[list[float], str]:
-    done = llmtrain(where, "run", *SHORT, *model, *overrides)
+    done = llmtrain("run", *SHORT, *model, *overrides, cwd=where)
     assert done.returncode == 0, done.stderr[-3000:]
     return logged_losses(where / "runs" / "b"), done.stdout + done.stderr
 
@@ -252,14 +253,14 @@ def test_init_from_an_export_or_a_run_starts_from_those_weights(
 
     # The same run again, longer: it resumes from its own checkpoint, init_from is ignored.
     more = llmtrain(
-        tmp_path / "hf",
         "run",
-        *SHORT[1:],  # all but train.steps
+        *SHORT[1:],
         *LLAMA,
         "train.steps=4",
-        "--allow-config-change",  # a longer run: another schedule, accepted
+        "--allow-config-change",
         f"train.init_from={single}",
         "run.name=b",
+        cwd=tmp_path / "hf",
     )
     assert more.returncode == 0, more.stderr[-3000:]
     assert "ignored: resuming" in more.stdout + more.stderr
@@ -274,10 +275,10 @@ def test_init_from_with_another_shape_is_refused_before_any_process(
     single: Path, tmp_path: Path
 ) -> None:
     done = llmtrain(
-        tmp_path, "run", *SHORT, *LLAMA, "model.hidden_size=64", f"train.init_from={single}"
+        "run", *SHORT, *LLAMA, "model.hidden_size=64", f"train.init_from={single}", cwd=tmp_path
     )
     assert done.returncode == 2
     assert "layers.0.attention.wq.weight: weights [128, 128], model [64, 64]" in done.stderr
     assert not (tmp_path / "runs").exists()
-    missing = llmtrain(tmp_path, "run", *SHORT, *LLAMA, f"train.init_from={tmp_path}/nowhere")
+    missing = llmtrain("run", *SHORT, *LLAMA, f"train.init_from={tmp_path}/nowhere", cwd=tmp_path)
     assert missing.returncode == 2 and "no such folder" in missing.stderr

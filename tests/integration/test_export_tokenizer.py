@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import invoke, llmtrain
 from tests.integration.test_data_eval import SMALL, generate_without_warnings, make_corpus
-from tests.integration.test_run import llmtrain, only_run_dir
+from tests.integration.test_run import only_run_dir
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +24,11 @@ STEPS = ["train.steps=2", "train.log_every=1"]
 
 
 def train_and_export(where: Path, *overrides: str) -> Path:
-    done = llmtrain(where, "run", *SMALL, *STEPS, *overrides, env={"LLMTRAIN_CACHE": str(where)})
+    done = llmtrain(
+        "run", *SMALL, *STEPS, *overrides, cwd=where, env={"LLMTRAIN_CACHE": str(where)}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    exported = llmtrain(where, "export", str(only_run_dir(where)), "--out", "hf", "--json")
+    exported = invoke("export", str(only_run_dir(where)), "--out", "hf", "--json", cwd=where)
     assert exported.returncode == 0, exported.stderr[-3000:]
     return where / "hf"
 
@@ -34,8 +37,8 @@ def test_byte_data_with_eod_exports_a_tokenizer_that_knows_it(tmp_path: Path) ->
     from transformers import AutoTokenizer, GenerationConfig
 
     corpus, _ = make_corpus(tmp_path, 200)
-    prepared = llmtrain(
-        tmp_path, "data", "prepare", "--input", str(corpus), "--output", "data", "--json"
+    prepared = invoke(
+        "data", "prepare", "--input", str(corpus), "--output", "data", "--json", cwd=tmp_path
     )
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     index = json.loads(prepared.stdout)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from launcher.train.checkpoint import verify
+from tests.cli import llmtrain
 from tests.faults import children, rank_pids, steps_done
-from tests.integration.test_run import llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ def test_sigterm_or_kill_9_of_llmtrain_leaves_no_rank_and_the_run_resumes(tmp_pa
     second.communicate(timeout=60)
     wait_until(lambda: not alive(processes), 10, f"survivors: {alive(processes)}")
 
-    done = llmtrain(tmp_path, "run", *args, timeout=600)
+    done = llmtrain("run", *args, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{stopped:08d}'}" in done.stdout
     assert steps_done(run_dir) == 60
@@ -150,7 +150,7 @@ def test_deepspeed_zero3_disk_full_names_the_file_keeps_the_last_checkpoint_and_
             f"run.root_dir={root}",
             "run.name=z3",
         ]
-        full = llmtrain(tmp_path, *args, timeout=600)
+        full = llmtrain(*args, cwd=tmp_path, timeout=600)
         assert full.returncode == 1, full.stderr[-3000:]
         said = " ".join(full.stderr.split())
         ckpts = root / "z3" / "checkpoints"
@@ -160,7 +160,7 @@ def test_deepspeed_zero3_disk_full_names_the_file_keeps_the_last_checkpoint_and_
         assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002"]
         assert verify(ckpts / "step_00000002") is None
         subprocess.run(["mount", "-o", "remount,size=64m", str(root)], check=True)
-        resumed = llmtrain(tmp_path, *args, timeout=600)
+        resumed = llmtrain(*args, cwd=tmp_path, timeout=600)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"resumed from {ckpts / 'step_00000002'} (step 2)" in resumed.stdout
         assert verify(ckpts / "step_00000006") is None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import invoke, llmtrain
 from tests.faults import steps_done
-from tests.integration.test_run import llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ ARGS = ["model.seq_length=32", "train.micro_batch_size=4", "train.steps=100000",
 
 
 def _runs(cwd: Path) -> list[dict[str, object]]:
-    listed = llmtrain(cwd, "runs", "--json", timeout=60)
+    listed = invoke("runs", "--json", cwd=cwd, timeout=60)
     assert listed.returncode == 0, listed.stderr
     return list(json.loads(listed.stdout)["runs"])
 
@@ -47,12 +47,12 @@ def test_list_status_logs_and_cancel_a_local_run(tmp_path: Path) -> None:
         assert listed["pid"] == process.pid  # the kernel's lock table names the launcher
         assert isinstance(listed["step"], int) and listed["step"] >= 2
         assert listed["total_steps"] == 100000
-        status = llmtrain(tmp_path, "status", "mine", timeout=60)
+        status = invoke("status", "mine", cwd=tmp_path, timeout=60)
         assert status.returncode == 0 and "mine (tiny): running" in status.stdout, status
-        logs = llmtrain(tmp_path, "logs", "mi", timeout=60)  # a unique prefix of the name
+        logs = invoke("logs", "mi", cwd=tmp_path, timeout=60)  # a unique prefix of the name
         assert logs.returncode == 0 and "rank0 training tiny" in logs.stdout, logs
 
-        cancelled = llmtrain(tmp_path, "cancel", "mine", timeout=180)
+        cancelled = llmtrain("cancel", "mine", cwd=tmp_path, timeout=180)
         assert cancelled.returncode == 0, cancelled.stderr
         assert "stopped at step" in cancelled.stdout and "(interrupted)" in cancelled.stdout
         _, stderr = process.communicate(timeout=60)
@@ -65,7 +65,7 @@ def test_list_status_logs_and_cancel_a_local_run(tmp_path: Path) -> None:
     assert (run_dir / "checkpoints" / f"step_{step:08d}" / "manifest.json").is_file()
     (listed,) = _runs(tmp_path)
     assert listed["status"] == "interrupted" and listed["pid"] is None
-    again = llmtrain(tmp_path, "cancel", "mine", timeout=60)
+    again = llmtrain("cancel", "mine", cwd=tmp_path, timeout=60)
     assert again.returncode == 2 and "is not running (interrupted)" in again.stderr
     # A local stop's own wording, on screen and in rank 0's log: no SLURM requeue talk.
     rank0 = (run_dir / "logs" / "rank0.log").read_text()
@@ -85,7 +85,7 @@ def test_a_forged_lock_record_never_gets_a_process_signalled(tmp_path: Path) -> 
         (run_dir / ".llmtrain.lock").write_text(json.dumps(record))
         (listed,) = _runs(tmp_path)
         assert listed["status"] == "interrupted" and listed["pid"] is None
-        refused = llmtrain(tmp_path, "cancel", "forged", timeout=60)
+        refused = llmtrain("cancel", "forged", cwd=tmp_path, timeout=60)
         assert refused.returncode == 2 and "not running" in refused.stderr
         assert victim.poll() is None
     finally:

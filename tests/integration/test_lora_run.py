@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_run import llmtrain
+from tests.cli import invoke, llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -18,9 +18,9 @@ SHORT = ["model.seq_length=32", "train.micro_batch_size=2", "train.global_batch_
 
 
 def test_tiny_lora_flow(tmp_path: Path) -> None:
-    base = llmtrain(tmp_path, "run", "recipe=tiny-llama", "train.steps=3", *SHORT)
+    base = llmtrain("run", "recipe=tiny-llama", "train.steps=3", *SHORT, cwd=tmp_path)
     assert base.returncode == 0, base.stderr[-3000:]
-    tuned = llmtrain(tmp_path, "run", "recipe=tiny-sft-lora", "train.steps=3", *SHORT)
+    tuned = llmtrain("run", "recipe=tiny-sft-lora", "train.steps=3", *SHORT, cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     run = tmp_path / "runs" / "tiny-sft-lora"
     log = (run / "logs" / "rank0.log").read_text() if (run / "logs").is_dir() else tuned.stdout
@@ -30,26 +30,31 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
 
     # Resume: the base comes from train.init_from again, the adapters from the checkpoint.
     again = llmtrain(
-        tmp_path, "run", "recipe=tiny-sft-lora", "train.steps=5", *SHORT, "--allow-config-change"
+        "run",
+        "recipe=tiny-sft-lora",
+        "train.steps=5",
+        *SHORT,
+        "--allow-config-change",
+        cwd=tmp_path,
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout + again.stderr, again.stdout[-2000:]
 
     # The run's data (data=chat) carries a ChatML template: the prompt is a user turn in it.
-    sample = llmtrain(
-        tmp_path, "sample", "tiny-sft-lora", "What is 2 + 3?", "--max-new-tokens", "5", "--json"
+    sample = invoke(
+        "sample", "tiny-sft-lora", "What is 2 + 3?", "--max-new-tokens", "5", "--json", cwd=tmp_path
     )
     assert sample.returncode == 0, sample.stderr[-3000:]
     document = json.loads(sample.stdout)
     assert document["step"] == 5 and 0 <= document["tokens"] <= 5
     assert document["chat_template"] is not None
-    raw = llmtrain(tmp_path, "sample", "tiny-sft-lora", "def ", "--raw", "--json")
+    raw = invoke("sample", "tiny-sft-lora", "def ", "--raw", "--json", cwd=tmp_path)
     assert raw.returncode == 0 and json.loads(raw.stdout)["chat_template"] is None
 
-    merged = llmtrain(tmp_path, "export", "tiny-sft-lora", "--out", "merged", "--json")
+    merged = invoke("export", "tiny-sft-lora", "--out", "merged", "--json", cwd=tmp_path)
     assert merged.returncode == 0, merged.stderr[-3000:]
     assert json.loads(merged.stdout)["architecture"] == "LlamaForCausalLM"
-    adapter = llmtrain(tmp_path, "export", "tiny-sft-lora", "--out", "adapter", "--adapter")
+    adapter = invoke("export", "tiny-sft-lora", "--out", "adapter", "--adapter", cwd=tmp_path)
     assert adapter.returncode == 0, adapter.stderr[-3000:]
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["peft_type"] == "LORA"
@@ -62,22 +67,22 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
         "up_proj",
         "down_proj",
     }
-    full = llmtrain(tmp_path, "export", "tiny-llama", "--out", "x", "--adapter")
+    full = invoke("export", "tiny-llama", "--out", "x", "--adapter", cwd=tmp_path)
     assert full.returncode == 2 and "finetune=full" in full.stderr, full.stderr[-2000:]
 
     # Another base under the same adapters: the checkpoint is refused, naming train.init_from.
     other = llmtrain(
-        tmp_path, "run", "recipe=tiny-llama", "run.name=other", "train.seed=7", "train.steps=2"
+        "run", "recipe=tiny-llama", "run.name=other", "train.seed=7", "train.steps=2", cwd=tmp_path
     )
     assert other.returncode == 0, other.stderr[-3000:]
     moved = llmtrain(
-        tmp_path,
         "run",
         "recipe=tiny-sft-lora",
         "train.init_from=runs/other",
         "train.steps=6",
         *SHORT,
-        "--allow-config-change",  # past the resume check: the checkpoint's base digest refuses
+        "--allow-config-change",
+        cwd=tmp_path,
     )
     assert moved.returncode != 0
     assert "trained on base weights" in moved.stdout + moved.stderr, moved.stderr[-3000:]

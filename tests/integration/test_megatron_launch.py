@@ -26,7 +26,8 @@ import pytest
 
 from launcher.config.compose import compose_config
 from launcher.render.megatron_launch import megatron_run_args
-from tests.integration.test_run import llmtrain, only_run_dir
+from tests.cli import llmtrain
+from tests.integration.test_run import only_run_dir
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +103,7 @@ def test_run_launches_pretrain_gpt_under_torchrun(tmp_path: Path, megatron_dir: 
     # A PYTHONPATH of its own (megatron-core installed with pip --target) stays after the checkout.
     site = tmp_path / "site"
     done = llmtrain(
-        work, "run", *overrides, env={**FAKE_GPUS, "PYTHONPATH": str(site)}, timeout=300
+        "run", *overrides, cwd=work, env={**FAKE_GPUS, "PYTHONPATH": str(site)}, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = only_run_dir(work)
@@ -140,7 +141,7 @@ def test_a_failing_rank_is_reported_like_other_rank_failures(
     overrides = [*OVERRIDES, "parallel.tp=1", "train.global_batch_size=8"]
     overrides.append(f"backend.megatron_path={megatron_dir}")
     env = {**FAKE_GPUS, "STAND_IN_FAIL_RANK": "1"}
-    done = llmtrain(tmp_path, "run", *overrides, env=env, timeout=300)
+    done = llmtrain("run", *overrides, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "rank 1 failed first: exited with code 3" in done.stderr
     run_dir = only_run_dir(tmp_path)
@@ -154,7 +155,7 @@ def test_a_failing_rank_is_reported_like_other_rank_failures(
 
 def test_without_megatron_lm_run_refuses_and_writes_nothing(tmp_path: Path) -> None:
     env = {**FAKE_GPUS, "MEGATRON_LM_PATH": ""}
-    done = llmtrain(tmp_path, "run", *OVERRIDES, env=env, timeout=300)
+    done = llmtrain("run", *OVERRIDES, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     message = " ".join(done.stderr.split())
     assert "no Megatron-LM checkout is named" in message

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_run import SHORT, llmtrain, losses, only_run_dir
+from tests.cli import llmtrain
+from tests.integration.test_run import SHORT, losses, only_run_dir
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.integration
     ],
 )
 def test_optimizer_trains(tmp_path: Path, optimizer: str, extra: list[str]) -> None:
-    done = llmtrain(tmp_path, "run", *SHORT, "train.log_every=1", f"optim.name={optimizer}", *extra)
+    done = llmtrain(
+        "run", *SHORT, "train.log_every=1", f"optim.name={optimizer}", *extra, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = losses(only_run_dir(tmp_path))
     assert len(seen) == 12

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_run import llmtrain
+from tests.cli import llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +46,13 @@ def history(run_dir: Path) -> list[dict[str, object]]:
 def test_a_resume_that_changes_the_training_is_refused_with_the_command_that_resumes_it(
     tmp_path: Path,
 ) -> None:
-    first = llmtrain(tmp_path, "run", "run.name=d", *SHORT, "train.steps=3", timeout=300)
+    first = llmtrain("run", "run.name=d", *SHORT, "train.steps=3", cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "d"
     before = snapshot(run_dir)
 
     # The reviewer's second command: train.steps not repeated (the recipe says 200).
-    refused = llmtrain(tmp_path, "run", "run.name=d", *SHORT, timeout=300)
+    refused = llmtrain("run", "run.name=d", *SHORT, cwd=tmp_path, timeout=300)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "Traceback" not in refused.stderr
     text = refused.stderr
@@ -65,14 +65,14 @@ def test_a_resume_that_changes_the_training_is_refused_with_the_command_that_res
     line = next(x for x in text.splitlines() if "to resume it as it was started:" in x)
     command = shlex.split(line.split("started:", 1)[1])
     assert command[:2] == ["llmtrain", "run"] and "train.steps=3" in command
-    again = llmtrain(tmp_path, *command[1:], timeout=300)
+    again = llmtrain(*command[1:], cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["steps"] == 3
     assert history(run_dir) == []  # nothing changed
 
     # A change that does not alter the trajectory is accepted and recorded.
     every = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["log_every"]
-    logged = llmtrain(tmp_path, *command[1:], f"train.log_every={every + 1}", timeout=300)
+    logged = llmtrain(*command[1:], f"train.log_every={every + 1}", cwd=tmp_path, timeout=300)
     assert logged.returncode == 0, logged.stderr[-3000:]
     (entry,) = history(run_dir)
     assert entry["trajectory_keys"] == []
@@ -82,8 +82,8 @@ def test_a_resume_that_changes_the_training_is_refused_with_the_command_that_res
 
     # A trajectory change is refused alone, accepted with the flag, and recorded as such.
     longer = [*command[1:], "train.steps=5"]
-    assert llmtrain(tmp_path, *longer, timeout=300).returncode == 2
-    accepted = llmtrain(tmp_path, *longer, "--allow-config-change", timeout=300)
+    assert llmtrain(*longer, cwd=tmp_path, timeout=300).returncode == 2
+    accepted = llmtrain(*longer, "--allow-config-change", cwd=tmp_path, timeout=300)
     assert accepted.returncode == 0, accepted.stderr[-3000:]
     assert steps_logged(run_dir) == [1, 2, 3, 4, 5]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["steps"] == 5

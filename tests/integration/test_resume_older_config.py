@@ -22,7 +22,8 @@ import yaml
 
 from launcher.launch.local import config_digest
 from launcher.render.torchrun import torchrun_command
-from tests.integration.test_run import llmtrain, only_run_dir
+from tests.cli import llmtrain
+from tests.integration.test_run import only_run_dir
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def steps_logged(run_dir: Path) -> list[int]:
 def test_a_run_from_an_older_llmtrain_resumes_or_names_what_it_cannot_keep(
     tmp_path: Path,
 ) -> None:
-    done = llmtrain(tmp_path, "run", *SHORT, "train.steps=2", timeout=300)
+    done = llmtrain("run", *SHORT, "train.steps=2", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     new_dir = only_run_dir(tmp_path)
 
@@ -56,7 +57,7 @@ def test_a_run_from_an_older_llmtrain_resumes_or_names_what_it_cannot_keep(
     before = config.read_text()
 
     # The same command finds the older folder but will not drop train.foo silently.
-    refused = llmtrain(tmp_path, "run", *SHORT, "train.steps=4", timeout=300)
+    refused = llmtrain("run", *SHORT, "train.steps=4", cwd=tmp_path, timeout=300)
     assert refused.returncode == 2, refused.stderr
     message = " ".join(refused.stderr.split())
     assert "train.foo=3" in message and str(config) in message
@@ -87,7 +88,7 @@ def test_a_run_from_an_older_llmtrain_resumes_or_names_what_it_cannot_keep(
 
     # And `llmtrain run` resumes it too (its folder name still hashes the older keys).
     resumed = llmtrain(
-        tmp_path, "run", *SHORT, "train.steps=4", "--allow-config-change", timeout=300
+        "run", *SHORT, "train.steps=4", "--allow-config-change", cwd=tmp_path, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert steps_logged(old_dir) == [1, 2, 3, 4]

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.cli import invoke, llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -29,17 +29,6 @@ SHORT = [
 ]
 
 
-def llmtrain(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 600):
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def only_run_dir(cwd: Path) -> Path:
     (run_dir,) = (cwd / "runs").iterdir()
     return run_dir
@@ -52,7 +41,7 @@ def losses(run_dir: Path) -> list[float]:
 
 def assert_dry_run_wrote_the_same(cwd: Path, run_dir: Path, *args: str) -> None:
     """`run --dry-run` shows, byte for byte, the files the real `run` wrote (same folder)."""
-    dry = llmtrain(cwd, "run", "--dry-run", "--json", *args, timeout=120)
+    dry = llmtrain("run", "--dry-run", "--json", *args, cwd=cwd, timeout=120)
     assert dry.returncode == 0, dry.stderr[-3000:]
     document = json.loads(dry.stdout)
     assert document["run_dir"] == str(run_dir)
@@ -63,7 +52,7 @@ def assert_dry_run_wrote_the_same(cwd: Path, run_dir: Path, *args: str) -> None:
 
 
 def test_default_recipe_trains_and_fills_the_run_directory(tmp_path: Path) -> None:
-    done = llmtrain(tmp_path, "run", *SHORT)
+    done = llmtrain("run", *SHORT, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     for name in ("config.yaml", "plan.json", "launch.sh", "metrics.jsonl", "summary.json"):
@@ -77,7 +66,7 @@ def test_default_recipe_trains_and_fills_the_run_directory(tmp_path: Path) -> No
     assert summary["predicted_step_s"] > 0 and summary["measured_step_s"] > 0
     assert "done: 12 steps" in done.stdout
     # Running the same command again finds the finished run and does nothing.
-    again = llmtrain(tmp_path, "run", *SHORT)
+    again = llmtrain("run", *SHORT, cwd=tmp_path)
     assert again.returncode == 0 and "run already complete: 12/12" in again.stdout
     assert_dry_run_wrote_the_same(tmp_path, run_dir, *SHORT)
 
@@ -86,14 +75,14 @@ def resume_matches(tmp_path: Path, overrides: list[str]) -> Path:
     """Train 12 steps checkpointing every 4; then cut the run back to its step-8 checkpoint and
     resume: steps 9-12 must reproduce the uninterrupted losses exactly (CPU is deterministic)."""
     args = ["run", *SHORT, "checkpoint.every_steps=4", "checkpoint.keep_last=5", *overrides]
-    full = llmtrain(tmp_path, *args)
+    full = llmtrain(*args, cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     uninterrupted = losses(run_dir)
     shutil.rmtree(run_dir / "checkpoints" / "step_00000012")
     metrics = (run_dir / "metrics.jsonl").read_text().splitlines()
     (run_dir / "metrics.jsonl").write_text("\n".join(metrics[:8]) + "\n")
-    resumed = llmtrain(tmp_path, *args)
+    resumed = llmtrain(*args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "(step 8)" in resumed.stdout
     assert losses(run_dir) == uninterrupted
@@ -138,12 +127,12 @@ def assert_deepspeed_trained(run_dir: Path, stage: int) -> None:
 @pytest.mark.parametrize("stage", [0, 1, 3])
 def test_deepspeed_zero_stages_train_on_two_processes(tmp_path: Path, stage: int) -> None:
     done = llmtrain(
-        tmp_path,
         "run",
         *SHORT,
         "backend=deepspeed",
         f"zero.stage={stage}",
         "cluster.gpus_per_node=2",
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert_deepspeed_trained(only_run_dir(tmp_path), stage)
@@ -154,13 +143,13 @@ def test_deepspeed_zero_stages_train_on_two_processes(tmp_path: Path, stage: int
 
 def test_deepspeed_optimizer_offload(tmp_path: Path) -> None:
     done = llmtrain(
-        tmp_path,
         "run",
         *SHORT,
         "backend=deepspeed",
         "zero.stage=2",
         "zero.offload_optimizer=cpu",
         "cluster.gpus_per_node=2",
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = losses(only_run_dir(tmp_path))
@@ -195,12 +184,12 @@ def _plant(run_dir: Path, marker: Path) -> None:
 @pytest.mark.parametrize("backend", ["deepspeed", "torch"])
 def test_a_malicious_pickle_in_a_checkpoint_is_refused(tmp_path: Path, backend: str) -> None:
     args = ["run", *SHORT, f"backend={backend}", "zero.stage=2", "cluster.gpus_per_node=2"]
-    first = llmtrain(tmp_path, *args, "train.steps=4")
+    first = llmtrain(*args, "train.steps=4", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     marker = tmp_path / "pwned"
     _plant(run_dir, marker)
-    resumed = llmtrain(tmp_path, *args, "train.steps=8", "--allow-config-change")
+    resumed = llmtrain(*args, "train.steps=8", "--allow-config-change", cwd=tmp_path)
     assert resumed.returncode == 1, resumed.stderr[-3000:]
     assert "refused" in resumed.stderr.lower() or "not allowed" in resumed.stderr.lower()
     assert not marker.exists(), "the pickled payload ran"
@@ -208,10 +197,10 @@ def test_a_malicious_pickle_in_a_checkpoint_is_refused(tmp_path: Path, backend: 
 
 def test_a_crashing_rank_tears_the_run_down(tmp_path: Path) -> None:
     done = llmtrain(
-        tmp_path,
         "run",
         *SHORT,
         "cluster.gpus_per_node=2",
+        cwd=tmp_path,
         env={"LLMTRAIN_FAIL_AT_STEP": "3", "LLMTRAIN_FAIL_RANK": "1"},
         timeout=300,
     )
@@ -229,11 +218,11 @@ def test_a_hung_rank_is_detected_and_the_run_stopped(tmp_path: Path) -> None:
     # Rank 1 stops making progress before step 3; rank 0 waits in the next collective. Both
     # watchdogs fire after 8 s of no progress; torchrun stops the run.
     done = llmtrain(
-        tmp_path,
         "run",
         *SHORT,
         "cluster.gpus_per_node=2",
         "train.hang_timeout_s=8",
+        cwd=tmp_path,
         env={"LLMTRAIN_FAIL_AT_STEP": "3", "LLMTRAIN_FAIL_RANK": "1", "LLMTRAIN_FAIL_MODE": "hang"},
         timeout=300,
     )
@@ -259,7 +248,7 @@ def test_a_hung_rank_is_detected_and_the_run_stopped(tmp_path: Path) -> None:
 def test_bad_configs_are_refused_before_any_process(
     tmp_path: Path, overrides: list[str], message: str
 ) -> None:
-    done = llmtrain(tmp_path, "run", *overrides, timeout=120)
+    done = llmtrain("run", *overrides, cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr
     assert "Traceback" not in done.stderr
@@ -271,17 +260,17 @@ def test_data_prepare_then_train_on_it(tmp_path: Path) -> None:
     corpus.mkdir()
     text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(3000))
     (corpus / "a.txt").write_text(text)
-    prepared = llmtrain(tmp_path, "data", "prepare", "--input", str(corpus), "--output", "data")
+    prepared = invoke("data", "prepare", "--input", str(corpus), "--output", "data", cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr
     assert (tmp_path / "data" / "index.json").is_file()
-    done = llmtrain(tmp_path, "run", *SHORT, f"data.path={tmp_path / 'data'}")
+    done = llmtrain("run", *SHORT, f"data.path={tmp_path / 'data'}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = losses(only_run_dir(tmp_path))
     assert seen[-1] < seen[0] - 1.0
 
 
 def test_run_json_prints_one_document_and_progress_on_stderr(tmp_path: Path) -> None:
-    done = llmtrain(tmp_path, "run", *SHORT, "--json", timeout=300)
+    done = llmtrain("run", *SHORT, "--json", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)  # stdout holds the document and nothing else
     assert doc["exit_code"] == 0 and Path(doc["run_dir"]) == only_run_dir(tmp_path).resolve()
@@ -290,11 +279,11 @@ def test_run_json_prints_one_document_and_progress_on_stderr(tmp_path: Path) -> 
     )
     assert "step" in done.stderr  # rank 0's progress went to stderr
     failed = llmtrain(
-        tmp_path,
         "run",
         *SHORT,
         "--fresh",
         "--json",
+        cwd=tmp_path,
         env={"LLMTRAIN_FAIL_AT_STEP": "2", "LLMTRAIN_FAIL_RANK": "0"},
         timeout=300,
     )
@@ -316,8 +305,7 @@ def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None
     # The user's tokenizer, made elsewhere (here: a small byte-level BPE with Llama 3's EOD name).
     texts = [r["text"] for r in records]
     BPETokenizer.train(texts, 320, eod_token="<|end_of_text|>").save(tmp_path / "tokenizer.json")
-    prepared = llmtrain(
-        tmp_path,
+    prepared = invoke(
         "data",
         "prepare",
         "--input",
@@ -327,6 +315,7 @@ def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None
         "--tokenizer",
         str(tmp_path / "tokenizer.json"),
         "--json",
+        cwd=tmp_path,
     )
     assert prepared.returncode == 0, prepared.stderr
     index = json.loads(prepared.stdout)
@@ -343,7 +332,7 @@ def test_jsonl_corpus_with_a_users_tokenizer_json_trains(tmp_path: Path) -> None
     assert first == records[0]["text"]  # the text field only: no braces, no "id"
     vocab = index["vocab_size"]
     done = llmtrain(
-        tmp_path, "run", *SHORT, f"data.path={tmp_path / 'data'}", f"model.vocab_size={vocab}"
+        "run", *SHORT, f"data.path={tmp_path / 'data'}", f"model.vocab_size={vocab}", cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = losses(only_run_dir(tmp_path))

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import invoke, llmtrain
 from tests.faults import steps_done
-from tests.integration.test_run import llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,7 @@ def test_ctrl_c_on_a_terminal_shows_every_interval_then_a_clean_stop(tmp_path: P
     assert (run_dir / "checkpoints" / f"step_{step:08d}" / "manifest.json").is_file()
     _no_traceback(run_dir, text)
     # `logs` (what --follow prints while it runs) has the loss history.
-    logs = llmtrain(tmp_path, "logs", "screen", timeout=60)
+    logs = invoke("logs", "screen", cwd=tmp_path, timeout=60)
     assert (
         logs.returncode == 0
         and len(_intervals(re.sub(r"^\S+ rank0 ", "", logs.stdout, flags=re.M))) >= 2
@@ -186,7 +186,7 @@ def test_a_closed_terminal_checkpoints_and_stops_like_ctrl_c(tmp_path: Path) -> 
     assert (marker["signal"], marker["step"]) == ("SIGHUP", step)
     assert (run_dir / "checkpoints" / f"step_{step:08d}" / "manifest.json").is_file()
     _no_traceback(run_dir)
-    status = llmtrain(tmp_path, "status", "hangup", env={"COLUMNS": "300"}, timeout=60)
+    status = invoke("status", "hangup", cwd=tmp_path, env={"COLUMNS": "300"}, timeout=60)
     assert status.returncode == 0 and "hangup (tiny): interrupted" in status.stdout, status
     assert "llmtrain run " + " ".join(args) in status.stdout, status.stdout
 
@@ -238,13 +238,13 @@ def test_detach_survives_the_terminal_and_cancel_stops_it(tmp_path: Path) -> Non
     while steps_done(run_dir) < max(before + 1, 4):  # still training after the hang-up
         assert time.monotonic() < deadline, "the detached run stopped with its terminal"
         time.sleep(0.2)
-    listed = json.loads(llmtrain(tmp_path, "runs", "--json", timeout=60).stdout)["runs"]
+    listed = json.loads(invoke("runs", "--json", cwd=tmp_path, timeout=60).stdout)["runs"]
     assert [(r["name"], r["status"]) for r in listed] == [("away", "running")]
-    cancelled = llmtrain(tmp_path, "cancel", "away", timeout=180)
+    cancelled = llmtrain("cancel", "away", cwd=tmp_path, timeout=180)
     assert cancelled.returncode == 0 and "(interrupted)" in cancelled.stdout, cancelled
     step = steps_done(run_dir)
     assert (run_dir / "checkpoints" / f"step_{step:08d}" / "manifest.json").is_file()
-    followed = llmtrain(tmp_path, "logs", "away", "--follow", timeout=60)  # returns: stopped
+    followed = invoke("logs", "away", "--follow", cwd=tmp_path, timeout=60)  # returns: stopped
     assert followed.returncode == 0
     assert len(_intervals(_unprefixed(followed.stdout))) >= 2
     assert f"interrupted (SIGINT): checkpoint at step {step} written" in followed.stdout

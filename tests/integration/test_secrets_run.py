@@ -11,12 +11,12 @@ ok/mismatch/missing to a probe folder outside the run directory. No test hook in
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import invoke, llmtrain
 
 pytestmark = pytest.mark.integration
 
@@ -58,36 +58,35 @@ def test_secrets_reach_the_ranks_and_are_never_written_or_printed(tmp_path: Path
     for folder in (probe_code, probe_out, work):
         folder.mkdir()
     (probe_code / "sitecustomize.py").write_text(PROBE)
-    env = {
-        **os.environ,
+    env: dict[str, str | None] = {
         "MY_API_KEY": KEY,
+        # Every cache lands here and is checked too: the compose cache and the built-in corpus
+        # (prepared here, a second or two).
+        "LLMTRAIN_CACHE": None,
+        "XDG_CACHE_HOME": str(xdg),
+        "HF_TOKEN": None,
+        "LLMTRAIN_NO_CACHE": None,
+    }
+    # The ranks' probe (sitecustomize.py) records what reached them.
+    probe = {
         "PYTHONPATH": str(probe_code),
         "SECRET_PROBE_DIR": str(probe_out),
         "SECRET_PROBE_SHA_MY_API_KEY": sha(KEY),
         "SECRET_PROBE_SHA_HF_TOKEN": sha(TOKEN),
-        # Every cache lands here and is checked too: the compose cache and the built-in corpus
-        # (prepared here, a second or two).
-        "XDG_CACHE_HOME": str(xdg),
     }
-    env.pop("LLMTRAIN_CACHE", None)
-    env.pop("HF_TOKEN", None)
-    env.pop("LLMTRAIN_NO_CACHE", None)
 
-    def llmtrain(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "launcher", *args],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, (args, done.stderr[-3000:])
-        printed = done.stdout + done.stderr
-        assert KEY not in printed and TOKEN not in printed, (args, printed)
-        return printed
+    def printed(done: subprocess.CompletedProcess[str]) -> str:
+        assert done.returncode == 0, (done.args, done.stderr[-3000:])
+        said = done.stdout + done.stderr
+        assert KEY not in said and TOKEN not in said, (done.args, said)
+        return said
 
-    ran = llmtrain("run", *SHORT, "cluster.gpus_per_node=2", *SECRETS)
+    def llmtrain_in_process(*args: str) -> str:
+        return printed(invoke(*args, cwd=work, env=env))
+
+    ran = printed(
+        llmtrain("run", *SHORT, "cluster.gpus_per_node=2", *SECRETS, cwd=work, env={**env, **probe})
+    )
     assert "secret env: MY_API_KEY, HF_TOKEN set" in ran
     assert sorted(p.name for p in probe_out.iterdir()) == ["rank0", "rank1"]
     for probe in probe_out.iterdir():
@@ -97,14 +96,14 @@ def test_secrets_reach_the_ranks_and_are_never_written_or_printed(tmp_path: Path
     assert "HF_TOKEN: '***'" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "summary.json").is_file()
 
-    assert "***" in llmtrain("show", *SECRETS)
-    assert "***" in llmtrain("show", "--sources", *SECRETS)
-    assert "***" in llmtrain("show", "--json", *SECRETS)
-    llmtrain("validate", *SECRETS)
-    llmtrain("validate", "--json", *SECRETS)
-    llmtrain("plan", *SECRETS)
-    llmtrain("plan", "--json", *SECRETS)
-    llmtrain("render", "cluster.num_nodes=2", *SHORT, *SECRETS, "--out", "rendered")
+    assert "***" in llmtrain_in_process("show", *SECRETS)
+    assert "***" in llmtrain_in_process("show", "--sources", *SECRETS)
+    assert "***" in llmtrain_in_process("show", "--json", *SECRETS)
+    llmtrain_in_process("validate", *SECRETS)
+    llmtrain_in_process("validate", "--json", *SECRETS)
+    llmtrain_in_process("plan", *SECRETS)
+    llmtrain_in_process("plan", "--json", *SECRETS)
+    llmtrain_in_process("render", "cluster.num_nodes=2", *SHORT, *SECRETS, "--out", "rendered")
     sbatch = (work / "rendered" / "job.sbatch").read_text()
     assert "for name in MY_API_KEY HF_TOKEN; do" in sbatch
 

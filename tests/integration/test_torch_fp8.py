@@ -177,30 +177,20 @@ def test_run_and_export_give_plain_weights(tmp_path: Path) -> None:
     """`llmtrain run` of an fp8 FSDP2 run (fp8 all-gather) then `llmtrain export`: the exported
     Hugging Face folder holds plain fp32 weights under the usual names, and the rank logs carry
     none of torchao's import noise."""
-    import subprocess
-    import sys
-
     import numpy as np
 
     from launcher.export.hf_files import read_hf_folder
+    from tests.cli import llmtrain
     from tests.unit.test_export_hf import reference_llama
 
-    def llmtrain(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "launcher", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
     overrides = [*SHARED, *FP8, "zero.stage=3", "cluster.gpus_per_node=2", "train.steps=3"]
-    done = llmtrain("run", *overrides, "model.tie_embeddings=false", "checkpoint.keep_last=1")
+    args = [*overrides, "model.tie_embeddings=false", "checkpoint.keep_last=1"]
+    done = llmtrain("run", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     logs = "".join(p.read_text() for p in (run_dir / "logs").iterdir() if p.is_file())
     assert "Failed to load" not in logs + done.stdout + done.stderr
-    exported = llmtrain("export", str(run_dir), "--out", "hf")
+    exported = llmtrain("export", str(run_dir), "--out", "hf", cwd=tmp_path)  # a DeepSpeed run
     assert exported.returncode == 0, exported.stderr[-3000:]
     tensors, config = read_hf_folder(tmp_path / "hf")
     assert {str(t.dtype) for t in tensors.values()} == {"torch.float32"}

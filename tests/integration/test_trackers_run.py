@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_run import llmtrain
+from tests.cli import llmtrain
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -83,16 +83,16 @@ def test_wandb_offline_and_mlflow_follow_a_run_across_a_resume(
     uri = f"file://{tmp_path}/mlruns"
     env = {"MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_SILENT": "true"}
     first = llmtrain(
-        tmp_path, "run", *BASE, "train.steps=4", f"logging.mlflow_tracking_uri={uri}", env=env
+        "run", *BASE, "train.steps=4", f"logging.mlflow_tracking_uri={uri}", cwd=tmp_path, env=env
     )
     assert first.returncode == 0, first.stderr[-3000:]
     second = llmtrain(
-        tmp_path,
         "run",
         *BASE,
         "train.steps=6",
-        "--allow-config-change",  # a longer run: another schedule, accepted
+        "--allow-config-change",
         f"logging.mlflow_tracking_uri={uri}",
+        cwd=tmp_path,
         env=env,
     )
     assert second.returncode == 0, second.stderr[-3000:]

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import llmtrain
+
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,21 +80,8 @@ def cluster() -> Iterator[dict[str, str]]:
         subprocess.run([str(SCRIPTS / "stop-cluster.sh")], capture_output=True, timeout=120)
 
 
-def llmtrain(
-    env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def submit(env: dict[str, str], cwd: Path, *overrides: str) -> tuple[str, Path]:
-    done = llmtrain(env, cwd, "submit", *JOB, *overrides)
+    done = llmtrain("submit", *JOB, *overrides, cwd=cwd, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     job = done.stdout.split("submitted job ")[1].split()[0]
     run_dir = Path(done.stdout.split("run directory ")[1].split("\n")[0].strip())
@@ -182,9 +171,9 @@ def test_two_nodes_train_with_falling_loss(cluster: dict[str, str], tmp_path: Pa
     assert len(losses) == 40 and losses[-1] < losses[0] - 0.5, losses
     assert (run_dir / "hostfile").read_text() == "n1 slots=1\nn2 slots=1\n"
     assert "rendezvous 127.0.0.1:" in slurm_output(run_dir, job)
-    status = llmtrain(cluster, tmp_path, "status", job)
+    status = llmtrain("status", job, cwd=tmp_path, env=cluster)
     assert status.returncode == 0 and "COMPLETED" in status.stdout and "step 40" in status.stdout
-    logs = llmtrain(cluster, tmp_path, "logs", str(run_dir))
+    logs = llmtrain("logs", str(run_dir), cwd=tmp_path, env=cluster)
     assert "done: 40 steps" in logs.stdout
 
 
@@ -221,7 +210,7 @@ def test_cancel_stops_every_process(cluster: dict[str, str], tmp_path: Path) -> 
     wait_for_state(cluster, job, {"RUNNING"}, timeout=120)
     wait_for_steps(run_dir, 5, timeout=180)
     assert len(trainer_processes(run_dir)) >= 4  # 2 torchrun agents + 2 trainers
-    done = llmtrain(cluster, tmp_path, "cancel", str(run_dir))
+    done = llmtrain("cancel", str(run_dir), cwd=tmp_path, env=cluster)
     assert done.returncode == 0, done.stderr
     assert f"job {job}: CANCELLED" in done.stdout
     assert job_fields(cluster, job)["JobState"] == "CANCELLED"
@@ -239,14 +228,14 @@ def test_chained_jobs_continue_past_a_time_limit(cluster: dict[str, str], tmp_pa
     # step's checkpoint and ends at once.
     total = 300
     done = llmtrain(
-        cluster,
-        tmp_path,
         "submit",
         *JOB,
         f"train.steps={total}",
         "checkpoint.every_steps=100",
         "slurm.requeue=false",
         "slurm.chain=2",
+        cwd=tmp_path,
+        env=cluster,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = Path(done.stdout.split("run directory ")[1].split("\n")[0].strip())
@@ -295,7 +284,7 @@ def test_one_writer_per_run_directory_across_jobs_and_local_runs(
     job, run_dir = submit(cluster, tmp_path, "train.steps=100000", held, *shared)
     jobs = [job]
     try:
-        refused = llmtrain(cluster, tmp_path, "run", *local, "train.steps=3")
+        refused = llmtrain("run", *local, "train.steps=3", cwd=tmp_path, env=cluster)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert f"belongs to SLURM job(s) {job}, queued or running" in refused.stderr
         subprocess.run(["scontrol", "release", job], env=cluster, check=True, timeout=30)
@@ -309,7 +298,7 @@ def test_one_writer_per_run_directory_across_jobs_and_local_runs(
         assert record["slurm_job"] == job and record["command"] == "job.sbatch"
 
         # Running: the job's lock refuses a local run, naming the job.
-        refused = llmtrain(cluster, tmp_path, "run", *local, "train.steps=3")
+        refused = llmtrain("run", *local, "train.steps=3", cwd=tmp_path, env=cluster)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert f"in use by another llmtrain run: SLURM job {job} (batch script" in refused.stderr
 
@@ -336,7 +325,7 @@ def test_one_writer_per_run_directory_across_jobs_and_local_runs(
         assert "is in use by another llmtrain run or job" in output
         assert f'"slurm_job": "{job}"' in output and "stops without writing anything" in output
 
-        done = llmtrain(cluster, tmp_path, "cancel", str(run_dir))
+        done = llmtrain("cancel", str(run_dir), cwd=tmp_path, env=cluster)
         assert done.returncode == 0 and f"job {job}: CANCELLED" in done.stdout, done.stderr
 
         # A local run holds the lock now (the record's jobs are finished, so `run` goes ahead; it
@@ -384,11 +373,11 @@ def test_submit_refuses_to_resume_a_local_run_on_another_layout(
     # the same run as a two-node job would continue its checkpoint on another layout. Refused
     # (exit 2) naming the difference, before anything is written or queued.
     local = [k for k in JOB if k not in ("launcher=slurm", "cluster.num_nodes=2")]
-    first = llmtrain(cluster, tmp_path, "run", *local, "train.steps=2", "run.name=mixed")
+    first = llmtrain("run", *local, "train.steps=2", "run.name=mixed", cwd=tmp_path, env=cluster)
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = tmp_path / "runs" / "mixed"
     config = (run_dir / "config.yaml").read_bytes()
-    refused = llmtrain(cluster, tmp_path, "submit", *JOB, "train.steps=2", "run.name=mixed")
+    refused = llmtrain("submit", *JOB, "train.steps=2", "run.name=mixed", cwd=tmp_path, env=cluster)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     message = " ".join(refused.stderr.split())
     assert "cluster.num_nodes: 1 -> 2" in message, message

@@ -18,7 +18,7 @@ from launcher.plan.memory import bytes_per_param, fp8_weight_copy_bytes
 from launcher.render.run_files import BACKEND_FILES
 from launcher.validate.rules import check
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 
 def reasons(*overrides: str, gpus: int = 2) -> list[str]:
@@ -26,6 +26,7 @@ def reasons(*overrides: str, gpus: int = 2) -> list[str]:
     return [r.message for r in refusals(cfg)]
 
 
+@pytest.mark.integration
 def test_module_does_not_import_torch() -> None:
     code = (
         "import sys; import launcher.backends; launcher.backends.all_backends(); "

@@ -4,12 +4,12 @@ report, and configuration errors that name their key (exit 2)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from launcher.data.packing import SEGMENT, TOKENS, TRAINED, ChatRows
+from tests.cli import invoke
 
 pytestmark = pytest.mark.unit
 
@@ -74,11 +74,7 @@ def test_overlong_truncate_or_drop() -> None:
 
 
 def _validate(*overrides: str) -> subprocess.CompletedProcess[str]:
-    code = "from launcher.cli import entry; entry()"
-    return subprocess.run(
-        [sys.executable, "-c", code, "validate", "recipe=tiny-sft", *overrides],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    return invoke("validate", "recipe=tiny-sft", *overrides)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from launcher.data.chat_prepare import load_chat_tokenizer
 from launcher.data.chat_records import Conversation
 from tests.chat_fixtures import FAMILIES, build_tokenizer, hf_tokenizer
+from tests.cli import invoke
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.unit
@@ -84,19 +84,11 @@ def test_mask_equals_transformers_generation_mask(tmp_path: Path) -> None:
         assert (example.roles > 0).astype(int).tolist() == list(out["assistant_masks"])
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The console script as a user meets it (user errors: exit 2, one message)."""
-    code = "from launcher.cli import entry; entry()"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def _prepare(tmp_path: Path, lines: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
     tok = build_tokenizer("qwen2.5", tmp_path / "tok")
     data = tmp_path / "data.jsonl"
     data.write_text("".join(line + "\n" for line in lines))
-    return _cli(
+    return invoke(
         "data", "prepare", "--input", str(data), "--tokenizer", str(tok),
         "--output", str(tmp_path / "out"), *extra,
     )  # fmt: skip
@@ -132,7 +124,7 @@ def test_no_template_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
     data = tmp_path / "data.jsonl"
     data.write_text(GOOD + "\n")
-    result = _cli(
+    result = invoke(
         "data", "prepare", "--input", str(data), "--tokenizer", str(tok),
         "--output", str(tmp_path / "out"),
     )  # fmt: skip

@@ -22,7 +22,7 @@ from launcher.train.checkpoint import (
     verify,
 )
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 
 def engine_writer(payload: bytes):
@@ -102,6 +102,7 @@ def _can_mount() -> bool:
     return os.geteuid() == 0 and shutil.which("mount") is not None
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not _can_mount(), reason="mounting a small tmpfs needs root")
 def test_disk_full_on_a_real_small_tmpfs(tmp_path: Path) -> None:
     """A real 1 MiB tmpfs: the second checkpoint cannot fit; it fails cleanly, the first stays."""

@@ -15,7 +15,7 @@ import pytest
 
 from tests.payloads import _Reduce, pickle_payloads, torch_save_payloads
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 torch = pytest.importorskip("torch")
 
@@ -28,6 +28,7 @@ def _live(load: object, data: bytes, marker: Path) -> None:
     marker.unlink()
 
 
+@pytest.mark.integration
 def test_metadata_payloads_are_refused(tmp_path: Path) -> None:
     from launcher.train.safe_load import UnsafeCheckpointError, load_metadata
 
@@ -69,6 +70,7 @@ def test_metadata_file_payload_refused_by_the_reader(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.integration
 def test_bytes_entry_payload_is_never_torch_loaded(tmp_path: Path) -> None:
     """A legitimate .metadata whose entry for a tensor we load is a bytes entry pointing at a
     torch.save payload in the .distcp: DCP's own planner would torch.load(weights_only=False)."""
@@ -121,6 +123,7 @@ def test_non_tensor_state_round_trips_through_json(tmp_path: Path) -> None:
     assert read_non_tensor_state(tmp_path) == others
 
 
+@pytest.mark.integration
 def test_deepspeed_file_payloads_are_refused(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
     from launcher.train.safe_load import (

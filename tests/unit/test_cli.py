@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
+from tests.cli import invoke as llmtrain
 
 pytestmark = pytest.mark.unit
 runner = CliRunner()
-
-
-def llmtrain(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real console entry point in a child process (exit codes and stderr as users see them)."""
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_help_lists_commands() -> None:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import typer
 
@@ -13,6 +9,7 @@ from launcher.cli import app
 from launcher.cli_hints import complete_override, override_typed_as_option
 from launcher.config.compose import compose_config
 from launcher.errors import ConfigError
+from tests.cli import invoke
 
 pytestmark = pytest.mark.unit
 
@@ -46,13 +43,7 @@ def test_declared_options_pass() -> None:
 
 
 def test_the_real_command_exits_2_with_the_override_form() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", "--recipe", "gpt-7b"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        timeout=60,
-    )
+    proc = invoke("run", "--recipe", "gpt-7b", env={"COLUMNS": "200"})
     assert proc.returncode == 2
     assert "recipe=gpt-7b" in proc.stderr and "Traceback" not in proc.stderr
     assert "--force" not in proc.stderr

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # each test starts processes
 
 PROBE = """
 import sys

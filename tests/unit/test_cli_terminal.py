@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # each test starts processes
 
 LONG_ERROR = ["show", "gpt-7b"]  # an error of ~190 characters
 

@@ -20,7 +20,7 @@ import pytest
 
 from launcher.rundir import RunDir
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # each test starts processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from launcher.config import compose_cache
 from launcher.config.compose import compose_config
 from launcher.config.config_file import expand, render_value
 from launcher.errors import ConfigError, UserError
+from tests.cli import invoke as llmtrain
 
 pytestmark = pytest.mark.unit
 runner = CliRunner()
@@ -182,12 +181,7 @@ def test_hostile_files_are_refused_with_exit_2(
 
 
 def test_the_console_command_exits_2_without_a_traceback(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", "--config", str(tmp_path / "none.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = llmtrain("run", "--config", str(tmp_path / "none.yaml"))
     assert done.returncode == 2
     assert "--config=" in done.stderr and "no such file" in done.stderr
     assert "Traceback" not in done.stderr

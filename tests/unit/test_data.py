@@ -18,7 +18,7 @@ from launcher.errors import UserError
 from launcher.train.data import TokenShards
 from launcher.train.sampler import ShardedSampler
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 TEXTS = {
     "a.txt": "The quick brown fox jumps over the lazy dog.\n" * 20,
@@ -231,6 +231,7 @@ def _corpus_worker(root: str, cap: int, queue: multiprocessing.Queue) -> None:  
     queue.put(PreparedIndex.load(path).shards[0].sha256)
 
 
+@pytest.mark.integration
 def test_builtin_corpus_concurrent_first_use(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()

@@ -4,8 +4,8 @@ What is executed: each `llmtrain ...` line of a fenced ```bash block (a trailing
 dropped, `\\` continuations are joined, `a && b` / `a; b` are separate commands) and each
 `$ llmtrain ...` line of a plain fenced block (a transcript: the lines shown under it must be in
 its output, `...` standing for what is left out). Commands run one page at a time, in the order
-shown, in a fresh folder holding what a reader of that page has (see `prepare`), as a child
-process (`python -m launcher`), so exit codes and stderr are what a user sees:
+shown, in a fresh folder holding what a reader of that page has (see `prepare`), through the
+console entry point (tests/cli.py `invoke`), so exit codes and stderr are what a user sees:
 - `run` and `submit` (they would train or call sbatch) run as their `--dry-run --json` form: no
   configuration error, and the only refusals allowed are the machine's own
   (no CUDA GPUs here, one node, no SLURM client, no Megatron-LM checkout);
@@ -36,7 +36,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+from tests.cli import invoke
+
+# Unit tests (tests/conftest.py marks them); the pages that start processes are marked integration.
+# A command of a page that takes longer than this fails instead of hanging the suite.
+TIMEOUT_S = 300
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -163,17 +167,6 @@ def as_executed(shown: Shown) -> list[str]:
     if args[:1] == ["logs"]:
         args = [a for a in args if a not in ("--follow", "-f")]
     return args
-
-
-def llmtrain(cwd: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def check(shown: Shown, done: subprocess.CompletedProcess[str]) -> None:
@@ -318,9 +311,17 @@ def default_run_name() -> str:
     return run_dir_for(compose_config([])).name
 
 
+def starts_processes(page: Page) -> bool:
+    """Whether running the page starts processes (see `prepare`): a stand-in run holding its
+    lock (`cancel tiny`), stub SLURM clients (`status`/`cancel` of a SLURM run)."""
+    names = {a for c in page.commands for a in c.args[1:2]}
+    return bool(names & {"tiny", "llama3-70b"})
+
+
 def prepare(page: Page, where: Path) -> tuple[dict[str, str], list[subprocess.Popen[str]]]:
-    """The page's folder as its reader has it; returns the environment and started processes."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "200"}
+    """The page's folder as its reader has it; returns the changes to the environment and the
+    started processes."""
+    env = {"NO_COLOR": "1", "COLUMNS": "200"}
     for name, text in page.files.items():
         (where / name).write_text(text)
     (where / "Llama-3.1-8B").mkdir()
@@ -335,7 +336,7 @@ def prepare(page: Page, where: Path) -> tuple[dict[str, str], list[subprocess.Po
         job = "4242"
         run = fabricate_run(where, "llama3-70b-0123abcd", "llama3-70b", slurm_job=job)
         fake_slurm(where / "slurm-bin", run, job)
-        env["PATH"] = f"{where / 'slurm-bin'}:{env['PATH']}"
+        env["PATH"] = f"{where / 'slurm-bin'}:{os.environ['PATH']}"
     return env, started
 
 
@@ -369,7 +370,7 @@ def run_page(page: Page, where: Path, only: list[Shown]) -> list[str]:
                 target = where / "models" / "llama3" / "tokenizer.json"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes((where / "data" / "bpe" / "tokenizer.json").read_bytes())
-            done = llmtrain(where, as_executed(shown), env)
+            done = invoke(*as_executed(shown), cwd=where, env=env, timeout=TIMEOUT_S)
             try:
                 check(shown, done)
             except AssertionError as exc:
@@ -387,7 +388,13 @@ def run_page(page: Page, where: Path, only: list[Shown]) -> list[str]:
 RUN_HERE = [p for p in ALL if any(not needs_trained_run(c) for c in p.commands)]
 
 
-@pytest.mark.parametrize("page", RUN_HERE, ids=[p.name for p in RUN_HERE])
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(p, id=p.name, marks=[pytest.mark.integration] if starts_processes(p) else [])
+        for p in RUN_HERE
+    ],
+)
 def test_every_command_of_the_page_runs(page: Page, tmp_path: Path) -> None:
     here = [c for c in page.commands if not needs_trained_run(c)]
     failures = run_page(page, tmp_path, here)

@@ -14,7 +14,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.launch.preflight import fp8_problems
 from launcher.validate.rules import check
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 FP8 = ("recipe=tiny", "precision=fp8", "backend=torch")
 EMULATE = "precision.fp8_emulate=true"
@@ -138,6 +138,7 @@ def test_moe_refused_with_fp8() -> None:
     assert "empty token batch" in found and "precision=bf16" in found, found
 
 
+@pytest.mark.integration
 def test_torchao_import_noise_is_filtered() -> None:
     pytest.importorskip("torchao")
     noisy = subprocess.run(

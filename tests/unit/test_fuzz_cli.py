@@ -42,7 +42,7 @@ from launcher.config.schema_keys import field_type
 from launcher.errors import UserError
 from launcher.validate import rules
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 COMMANDS = ("validate", "plan", "show", "run")
 # Out-of-range values compose fine: only the commands that validate reject them.
@@ -683,6 +683,10 @@ def fuzz_environment(tmp: Path, data_copy: bool) -> Iterator[FuzzEnv]:
             mp.setattr(resources, "data_root", lambda: copied)
         mp.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
         mp.delenv("LLMTRAIN_NO_CACHE", raising=False)
+        # launch/slurm.py binds prepare_run_dir when first imported: imported here first, it keeps
+        # the real one for the tests that run `submit` in this process after these.
+        import launcher.launch.slurm  # noqa: F401
+
         mp.setattr("launcher.launch.local.prepare_run_dir", _refuse)
         mp.setattr("launcher.launch.local.launch", _refuse)
         mp.chdir(cwd)
@@ -766,6 +770,7 @@ def test_bad_config_files(file_env: FuzzEnv, case: Case, command: str, via: str)
     _property(file_env)(case, command, via)
 
 
+@pytest.mark.integration
 @settings(FUZZ, max_examples=6)
 @given(case=st.one_of(FAST, wrong_type(), malformed()), command=COMMAND)
 def test_real_entry_point_in_a_child_process(env: FuzzEnv, case: Case, command: str) -> None:

@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import traceback
@@ -35,8 +34,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher import cli
+from tests.cli import llmtrain
 
-pytestmark = pytest.mark.unit
+# unit tests (no marker: tests/conftest.py); the one in a child process is marked integration
 
 LIMIT_S = 8
 KINDS = ("regular", "fifo", "zero-link", "folder", "sparse")
@@ -321,17 +321,13 @@ def test_data_prepare_inputs(content: bytes, kind: str, suffix: str) -> None:
                 shutil.rmtree(out)
 
 
+@pytest.mark.integration
 def test_a_fifo_run_file_in_a_child_process(tmp_path: Path) -> None:
     """The real entry point: `runs` and `status` with a FIFO slurm.json end at once."""
     _run_dir(tmp_path, "good")
     bad = _run_dir(tmp_path, "x")
     os.mkfifo(bad / "slurm.json")
     for args in (["runs"], ["status", "x"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "launcher", *args, "--root", str(tmp_path / "runs")],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = llmtrain(*args, "--root", str(tmp_path / "runs"), timeout=30)
         assert done.returncode == 0, done.stderr
         assert "unreadable" in done.stdout and "Traceback" not in done.stderr, done.stdout

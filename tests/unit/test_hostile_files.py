@@ -8,70 +8,25 @@ in with ${oc.env:...}. The forged output marker of item 1 is in tests/unit/test_
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from launcher import cli
 from launcher.rundir import RunDir
+from tests.cli import invoke, said
 
-pytestmark = pytest.mark.unit
-
-
-class Hung(BaseException):
-    """A command blocked past its deadline (a BaseException: no `except OSError` swallows it)."""
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 
-@contextlib.contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging the suite) when the block takes longer than `seconds`: SIGALRM
-    interrupts a blocked open() or read() and its handler's exception propagates (PEP 475)."""
-
-    def expired(signum: int, frame: object) -> None:
-        raise Hung(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def llmtrain(capsys: pytest.CaptureFixture[str], *args: str, limit: int = 10) -> tuple[int, str]:
-    """(exit code, stdout + stderr) of the console entry point in this process, within `limit`
-    seconds; an exception that escapes comes back as exit 1 with its traceback."""
-    import traceback
-
-    argv = sys.argv
-    sys.argv = ["llmtrain", *args]
-    code: int
-    try:
-        with deadline(limit):
-            cli.entry()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    except Exception:
-        traceback.print_exc()
-        code = 1
-    except Hung:
-        traceback.print_exc()
-        code = 124
-    finally:
-        sys.argv = argv
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+# Every command here must end within seconds; one that blocks (on a FIFO, say) is stopped after
+# this long and fails its test (exit 124) instead of hanging the suite.
+TIMEOUT_S = 10
 
 
 def make_run(root: Path, name: str, steps: int = 3) -> Path:
@@ -101,17 +56,17 @@ def test_a_fifo_run_file_hangs_no_run_command(
     target.unlink(missing_ok=True)
     os.mkfifo(target)
     for command in (["status", "x"], ["logs", "x"], ["cancel", "x"], ["status", "x", "--json"]):
-        code, output = llmtrain(capsys, *command, "--root", str(root))
+        code, output = said(invoke(*command, "--root", str(root), timeout=TIMEOUT_S))
         assert code in (0, 2), (command, output)
         assert "Traceback" not in output, output
-    code, output = llmtrain(capsys, "runs", "--root", str(root), "--json")
+    code, output = said(invoke("runs", "--root", str(root), "--json", timeout=TIMEOUT_S))
     assert code == 0, output
     listed = {r["name"]: r for r in json.loads(output)["runs"]}
     assert listed["good"]["status"] == "done" and listed["good"]["step"] == 3
     if name in ("slurm.json", "metrics.jsonl"):
         assert listed["x"]["status"] == "unreadable", listed["x"]
         assert any(name in p and "FIFO" in p for p in listed["x"]["problems"]), listed["x"]
-        code, output = llmtrain(capsys, "status", "x", "--root", str(root))
+        code, output = said(invoke("status", "x", "--root", str(root), timeout=TIMEOUT_S))
         assert code == 0 and "unreadable" in output and "FIFO" in output, output
 
 
@@ -123,7 +78,7 @@ def test_a_fifo_rank_log_is_refused_by_logs(
     (run / "logs" / "rank0.log").unlink()
     os.mkfifo(run / "logs" / "rank0.log")
     for extra in ([], ["--json"]):
-        code, output = llmtrain(capsys, "logs", "x", "--root", str(root), *extra)
+        code, output = said(invoke("logs", "x", "--root", str(root), *extra, timeout=TIMEOUT_S))
         assert code == 2 and "not a regular file" in output and "Traceback" not in output, output
 
 
@@ -147,6 +102,7 @@ def _stranger(lock: Path, how: str) -> subprocess.Popen[str]:
     return process
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["script", "flock"])
 @pytest.mark.parametrize("record", ["stale", "forged"])
 def test_cancel_never_signals_a_stranger_holding_the_lock(
@@ -180,7 +136,7 @@ def test_cancel_never_signals_a_stranger_holding_the_lock(
             }
             lock.write_text(json.dumps(forged))
         started = time.monotonic()
-        code, output = llmtrain(capsys, "cancel", "x", "--root", str(root), limit=20)
+        code, output = said(invoke("cancel", "x", "--root", str(root), timeout=20))
         took = time.monotonic() - started
         assert code == 2, output
         assert "nothing was signalled" in output and "Traceback" not in output, output
@@ -192,6 +148,7 @@ def test_cancel_never_signals_a_stranger_holding_the_lock(
         stranger.wait()
 
 
+@pytest.mark.integration
 def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
     # A real launcher: a process that takes the run's lock through runlock.acquire and waits for
     # SIGINT (as `llmtrain run` does); cancel proves it and stops it.
@@ -241,7 +198,9 @@ def _profile(tmp_path: Path, **changes: object) -> Path:
 
 def _plan(capsys: pytest.CaptureFixture[str], profile: str) -> tuple[int, str, float]:
     started = time.monotonic()
-    code, output = llmtrain(capsys, "plan", "recipe=tiny", f"cluster.profile={profile}")
+    code, output = said(
+        invoke("plan", "recipe=tiny", f"cluster.profile={profile}", timeout=TIMEOUT_S)
+    )
     return code, output, time.monotonic() - started
 
 
@@ -360,7 +319,7 @@ def test_from_hf_errors_never_quote_the_file_at_length(
 ) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**LLAMA, "n_positions": 128, **change}))
-    code, output = llmtrain(capsys, "show", f"model.from_hf={path}")
+    code, output = said(invoke("show", f"model.from_hf={path}", timeout=TIMEOUT_S))
     assert code == 2 and "model.from_hf" in output and "Traceback" not in output, output
     assert "\x1b" not in output and "A" * 100 not in output, output[:300]
     assert len(output) < 2000, len(output)
@@ -378,7 +337,7 @@ def test_from_hf_reads_a_config_json_that_never_ends_bounded(
     else:
         with open(path, "wb") as f:
             f.truncate(100 << 20)
-    code, output = llmtrain(capsys, "show", f"model.from_hf={tmp_path}", limit=5)
+    code, output = said(invoke("show", f"model.from_hf={tmp_path}", timeout=5))
     assert code == 2 and "model.from_hf" in output and "Traceback" not in output, output
 
 
@@ -395,7 +354,7 @@ def test_a_secret_named_variable_is_never_shown_or_cached(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv(name, value)
-    code, output = llmtrain(capsys, "show", f"run.name=${{oc.env:{name}}}")
+    code, output = said(invoke("show", f"run.name=${{oc.env:{name}}}", timeout=TIMEOUT_S))
     assert code == 2, output
     assert "run.name" in output and name in output and value not in output, output
     assert value not in _cached_texts(tmp_path / "cache")
@@ -409,10 +368,12 @@ def test_an_environment_value_is_never_written_to_the_compose_cache(
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv("RUN_LABEL", value)
     for _ in range(2):  # the second would be served from the cache
-        code, output = llmtrain(capsys, "show", "run.name=${oc.env:RUN_LABEL}")
+        code, output = said(invoke("show", "run.name=${oc.env:RUN_LABEL}", timeout=TIMEOUT_S))
         assert code == 0 and value in output, output
     assert value not in _cached_texts(tmp_path / "cache")
-    code, output = llmtrain(capsys, "show", "run.name=plain")  # others are still cached
+    code, output = said(
+        invoke("show", "run.name=plain", timeout=TIMEOUT_S)
+    )  # others are still cached
     assert code == 0 and "plain" in _cached_texts(tmp_path / "cache")
 
 
@@ -423,6 +384,7 @@ def _can_mount() -> bool:
     return os.geteuid() == 0 and shutil.which("mount") is not None
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not _can_mount(), reason="mounting a small tmpfs needs root")
 def test_data_prepare_onto_a_full_disk_says_disk_full(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -443,14 +405,12 @@ def test_data_prepare_onto_a_full_disk_says_disk_full(
     try:
         for fmt in ("megatron", "shards"):
             out = mount / "data"
-            code, output = llmtrain(
-                capsys, "data", "prepare", "--input", str(text), "--output", str(out),
-                "--format", fmt,
-            )  # fmt: skip
+            args = ["data", "prepare", "--input", str(text), "--output", str(out), "--format", fmt]
+            code, output = said(invoke(*args, timeout=TIMEOUT_S))
             assert code == 2, output
-            said = " ".join(output.split())
-            assert "disk full writing" in said and "--output" in said, said
-            assert "Traceback" not in output and "checkpoint" not in said, said
+            words = " ".join(output.split())
+            assert "disk full writing" in words and "--output" in words, words
+            assert "Traceback" not in output and "checkpoint" not in words, words
             assert list(mount.iterdir()) == []  # no temporary folder left behind
     finally:
         subprocess.run(["umount", str(mount)], check=False)

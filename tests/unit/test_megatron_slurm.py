@@ -14,9 +14,10 @@ from launcher.config.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.render.artifacts import render_artifacts, write_artifacts
 from launcher.render.megatron_launch import megatron_run_args
-from tests.unit.test_slurm_submit import fake_slurm, llmtrain, stub
+from tests.cli import invoke
+from tests.unit.test_slurm_submit import fake_slurm, stub
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 __all__ = ["fake_slurm"]  # the fixture, used by name below
 
@@ -81,6 +82,7 @@ def _run_job(
     )
 
 
+@pytest.mark.integration
 def test_the_job_runs_pretrain_gpt_with_the_rendered_arguments(tmp_path: Path) -> None:
     checkout = tmp_path / "Megatron-LM"
     overrides = [*MEGATRON, f"backend.megatron_path={checkout}"]
@@ -104,6 +106,7 @@ def test_the_job_runs_pretrain_gpt_with_the_rendered_arguments(tmp_path: Path) -
     assert not (tmp_path / "srun.args").exists()
 
 
+@pytest.mark.integration
 def test_the_checkout_may_come_from_the_jobs_environment(tmp_path: Path) -> None:
     run_dir = _render(tmp_path, MEGATRON)
     done = _run_job(tmp_path, run_dir, {})
@@ -118,18 +121,23 @@ def test_the_checkout_may_come_from_the_jobs_environment(tmp_path: Path) -> None
     assert f"{checkout}/pretrain_gpt.py" in words and f"PYTHONPATH={checkout}" in words
 
 
+@pytest.mark.integration
 def test_submit_refuses_without_a_checkout_and_submits_with_one(
     tmp_path: Path, fake_slurm: str
 ) -> None:
-    done = llmtrain(tmp_path, "submit", *MEGATRON, path=fake_slurm)
+    done = invoke("submit", *MEGATRON, cwd=tmp_path, env={"PATH": fake_slurm})
     assert done.returncode == 2, done.stderr
     assert "no Megatron-LM checkout is named" in " ".join(done.stderr.split())
     assert not (tmp_path / "runs").exists()
     checkout = tmp_path / "Megatron-LM"
     checkout.mkdir()
     (checkout / "pretrain_gpt.py").write_text("")
-    done = llmtrain(
-        tmp_path, "submit", *MEGATRON, f"backend.megatron_path={checkout}", path=fake_slurm
+    done = invoke(
+        "submit",
+        *MEGATRON,
+        f"backend.megatron_path={checkout}",
+        cwd=tmp_path,
+        env={"PATH": fake_slurm},
     )
     assert done.returncode == 0, done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()

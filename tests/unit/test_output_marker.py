@@ -22,8 +22,9 @@ from launcher import output_marker, outputs
 from launcher.data.prepare import COMMAND as PREPARE
 from launcher.data.prepare import prepare
 from launcher.errors import UserError
+from tests.cli import invoke, said
 from tests.unit.test_outputs import snapshot
-from tests.unit.test_safe_load import llmtrain, make_run
+from tests.unit.test_safe_load import make_run
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +65,7 @@ def test_a_forged_marker_never_gets_a_run_deleted(
     key = b"attacker-key-" * 4 if fmt == "v2-other-key" else None
     forged_marker(deep, "llmtrain export", fmt.split("-")[0], key)
     before = snapshot(deep)
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(deep), "--overwrite")
+    code, output = said(invoke("export", str(run), "--out", str(deep), "--overwrite"))
     assert code == 2, output
     assert "Traceback" not in output and "myrun" in output, output
     assert snapshot(deep) == before
@@ -84,10 +85,8 @@ def test_a_forged_marker_never_gets_a_users_files_deleted(
     key = b"attacker-key-" * 4 if fmt == "v2-other-key" else None
     forged_marker(mine, PREPARE, fmt.split("-")[0], key)
     before = snapshot(mine)
-    code, output = llmtrain(
-        capsys, "data", "prepare", "--input", str(tmp_path / "text"), "--output", str(mine),
-        "--overwrite",
-    )  # fmt: skip
+    args = ["--input", str(tmp_path / "text"), "--output", str(mine), "--overwrite"]
+    code, output = said(invoke("data", "prepare", *args))
     assert code == 2 and "Traceback" not in output, output
     assert "not provably written by llmtrain" in output or "not of format" in output, output
     assert snapshot(mine) == before

@@ -18,8 +18,9 @@ from launcher import outputs
 from launcher.data import prepare as prepare_module
 from launcher.data.prepare import prepare
 from launcher.errors import UserError
+from tests.cli import invoke, said
 from tests.payloads import pickle_payloads, torch_save_payloads
-from tests.unit.test_safe_load import data_file, llmtrain, make_run
+from tests.unit.test_safe_load import data_file, make_run
 
 pytestmark = pytest.mark.unit
 
@@ -50,8 +51,8 @@ def test_prepare_overwrite_never_deletes_a_folder_it_did_not_write(
     fake.mkdir()
     (fake / "index.json").write_text("{}")
     (fake / "precious.txt").write_text("a user's file")
-    code, output = llmtrain(
-        capsys, "data", "prepare", "--input", str(text_dir), "--output", str(fake), "--overwrite"
+    code, output = said(
+        invoke("data", "prepare", "--input", str(text_dir), "--output", str(fake), "--overwrite")
     )
     assert code == 2 and "not a prepared dataset" in output, output
     assert "Traceback" not in output
@@ -162,7 +163,7 @@ def test_export_overwrite_never_touches_runs(
     }[where]
     before = snapshot(tmp_path)
     for extra in ([], ["--overwrite"]):
-        code, output = llmtrain(capsys, "export", str(run), "--out", out, *extra)
+        code, output = said(invoke("export", str(run), "--out", out, *extra))
         assert code == 2, output
         assert "Traceback" not in output
         assert snapshot(tmp_path) == before
@@ -174,7 +175,7 @@ def test_export_out_dot_in_an_empty_folder_is_refused(
     run = make_run(tmp_path / "elsewhere", steps=(1,))
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path / "empty")
-    code, output = llmtrain(capsys, "export", str(run), "--out", ".")
+    code, output = said(invoke("export", str(run), "--out", "."))
     assert code == 2 and "current" in output and "Traceback" not in output
     assert not any((tmp_path / "empty").iterdir())
 
@@ -184,14 +185,14 @@ def test_export_overwrite_replaces_only_its_own_export(
 ) -> None:
     run = make_run(tmp_path, steps=(1,))
     out = tmp_path / "hf"
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(out))
+    code, output = said(invoke("export", str(run), "--out", str(out)))
     assert code == 0, output
     assert outputs.why_not_owned(out, "llmtrain export") is None
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(out), "--overwrite")
+    code, output = said(invoke("export", str(run), "--out", str(out), "--overwrite"))
     assert code == 0, output
     (out / "README.md").write_text("my model card")
     before = snapshot(out)
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(out), "--overwrite")
+    code, output = said(invoke("export", str(run), "--out", str(out), "--overwrite"))
     assert code == 2 and "did not write: README.md" in output, output
     assert snapshot(out) == before
     # A prepared dataset is not an export either.
@@ -199,9 +200,7 @@ def test_export_overwrite_replaces_only_its_own_export(
     (tmp_path / "text" / "a.txt").write_text("some text " * 30)
     prepare([tmp_path / "text"], tmp_path / "data")
     data_before = snapshot(tmp_path / "data")
-    code, output = llmtrain(
-        capsys, "export", str(run), "--out", str(tmp_path / "data"), "--overwrite"
-    )
+    code, output = said(invoke("export", str(run), "--out", str(tmp_path / "data"), "--overwrite"))
     assert code == 2 and "llmtrain export" in output
     assert snapshot(tmp_path / "data") == data_before
 
@@ -216,11 +215,11 @@ def test_export_refuses_weights_whose_shape_config_json_would_misdescribe(
     assert values["model"]["hidden_size"] == 64
     values["model"]["hidden_size"] = 96
     (run / "config.yaml").write_text(yaml.safe_dump(values))
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(tmp_path / "hf"))
+    code, output = said(invoke("export", str(run), "--out", str(tmp_path / "hf")))
     assert code == 2, output
-    said = " ".join(output.split())
-    assert "do not fit the model" in said and "config.json" in said
-    assert "weights [64], model [96]" in said or "weights [256, 64], model [256, 96]" in said
+    words = " ".join(output.split())
+    assert "do not fit the model" in words and "config.json" in words
+    assert "weights [64], model [96]" in words or "weights [256, 64], model [256, 96]" in words
     assert not (tmp_path / "hf").exists()
 
 
@@ -256,11 +255,11 @@ def test_refused_checkpoints_are_exit_2_for_export_and_init_from(
         payload = next(iter(torch_save_payloads(marker).values()))
     target.write_bytes(payload)
     rewrite_manifest(run / "checkpoints" / "step_00000001")
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(tmp_path / "hf"))
+    code, output = said(invoke("export", str(run), "--out", str(tmp_path / "hf")))
     assert code == 2, output
     assert "refused" in output and "Traceback" not in output
     monkeypatch.chdir(tmp_path)
-    code, output = llmtrain(capsys, "run", "model.num_layers=2", f"train.init_from={run}")
+    code, output = said(invoke("run", "model.num_layers=2", f"train.init_from={run}"))
     assert code == 2, output
     assert "train.init_from" in output and "Traceback" not in output
     assert not marker.exists()
@@ -276,10 +275,10 @@ def test_messages_never_quote_a_refused_files_contents(
     )
     target.write_text(f"root:x:0:0:{SECRET}:/root:/bin/bash\n" * 20)
     rewrite_manifest(run / "checkpoints" / "step_00000001")
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(tmp_path / "hf"))
+    code, output = said(invoke("export", str(run), "--out", str(tmp_path / "hf")))
     assert code == 2 and "Traceback" not in output, output
     assert SECRET not in output and "root:x" not in output
     monkeypatch.chdir(tmp_path)
-    code, output = llmtrain(capsys, "run", "model.num_layers=2", f"train.init_from={run}")
+    code, output = said(invoke("run", "model.num_layers=2", f"train.init_from={run}"))
     assert code == 2 and "Traceback" not in output, output
     assert SECRET not in output and "root:x" not in output

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from launcher.plan.memory import bytes_per_param
 from launcher.plan.operators import elementwise_bytes, operators
 from launcher.plan.planner import make_plan
 from launcher.plan.timing import stage_compute_parts
+from tests.cli import invoke
 
 pytestmark = pytest.mark.unit
 runner = CliRunner()
@@ -242,12 +241,7 @@ def test_plan_exits_2_naming_cluster_profile(tmp_path: Path) -> None:
     doc = tiny_profile()
     doc["optimizer"][0]["seconds"] = 1.0  # edited after calibrate wrote it
     path = write(tmp_path / "p.json", doc)
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "plan", *TINY, f"cluster.profile={path}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = invoke("plan", *TINY, f"cluster.profile={path}")
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"cluster.profile={path}: its digest does not match" in done.stderr
     assert "Traceback" not in done.stderr and "cluster.profile=none" in done.stderr

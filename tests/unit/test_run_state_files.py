@@ -9,8 +9,6 @@ import json
 import os
 import socket
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +16,16 @@ import pytest
 from launcher import runfiles
 from launcher.launch import runlock
 from launcher.rundir import RunDir
+from tests.cli import invoke
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 CONTENT = "content-of-a-file-llmtrain-must-never-print"
+
+
+@pytest.fixture(autouse=True)
+def no_compose_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMTRAIN_NO_CACHE", "1")
 
 
 def stub(folder: Path, name: str, body: str) -> None:
@@ -43,20 +47,6 @@ def stub_slurm(tmp_path: Path) -> tuple[str, Path]:
     return f"{bin_dir}:{os.environ['PATH']}", calls
 
 
-def llmtrain(cwd: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLMTRAIN_NO_CACHE": "1"}
-    if path is not None:
-        env["PATH"] = path
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def run_dir_with(tmp_path: Path, record: str | bytes) -> Path:
     run_dir = tmp_path / "runs" / "r"
     run_dir.mkdir(parents=True)
@@ -74,18 +64,19 @@ def test_cancel_never_hands_a_recorded_value_to_scancel(
 ) -> None:
     path, calls = stub_slurm
     run_dir = run_dir_with(tmp_path, json.dumps({"job_ids": ids}))
-    done = llmtrain(tmp_path, "cancel", str(run_dir), path=path)
+    done = invoke("cancel", str(run_dir), cwd=tmp_path, env={"PATH": path})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "is not" in done.stderr and "Traceback" not in done.stderr
     assert not calls.exists(), calls.read_text()  # scancel never ran
 
 
+@pytest.mark.integration
 def test_cancel_puts_a_double_dash_before_the_ids(
     tmp_path: Path, stub_slurm: tuple[str, Path]
 ) -> None:
     path, calls = stub_slurm
     run_dir = run_dir_with(tmp_path, json.dumps({"job_ids": ["123", 124, "125_3"]}))
-    done = llmtrain(tmp_path, "cancel", str(run_dir), path=path)
+    done = invoke("cancel", str(run_dir), cwd=tmp_path, env={"PATH": path})
     assert done.returncode == 0, done.stderr
     assert calls.read_text().splitlines() == ["-- 123 124 125_3"]
 
@@ -103,7 +94,7 @@ def test_a_hostile_slurm_record_is_a_clean_exit_2(
         else b'{"job_ids": ["1"], "pad": "' + b"x" * (2 << 20) + b'"}'
     )
     run_dir = run_dir_with(tmp_path, record)
-    done = llmtrain(tmp_path, command, str(run_dir), path=path)
+    done = invoke(command, str(run_dir), cwd=tmp_path, env={"PATH": path})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "slurm.json: not a readable SLURM record" in done.stderr
     assert "Traceback" not in done.stderr and "RecursionError" not in done.stderr
@@ -111,6 +102,7 @@ def test_a_hostile_slurm_record_is_a_clean_exit_2(
     assert not calls.exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("as_json", [False, True])
 def test_logs_never_read_a_run_log_through_a_link(
     tmp_path: Path, stub_slurm: tuple[str, Path], as_json: bool
@@ -120,7 +112,9 @@ def test_logs_never_read_a_run_log_through_a_link(
     (run_dir / "logs").mkdir()
     (tmp_path / "private.txt").write_text(CONTENT)
     (run_dir / "logs" / "slurm-7.out").symlink_to(tmp_path / "private.txt")
-    done = llmtrain(tmp_path, "logs", str(run_dir), *(["--json"] if as_json else []), path=path)
+    done = invoke(
+        "logs", str(run_dir), *(["--json"] if as_json else []), cwd=tmp_path, env={"PATH": path}
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "symbolic link" in (done.stdout + done.stderr)
     assert CONTENT not in done.stdout + done.stderr and "Traceback" not in done.stderr
@@ -131,13 +125,14 @@ def test_run_refuses_a_symlinked_torchrun_log_before_writing(tmp_path: Path) -> 
     (run_dir / "logs").mkdir(parents=True)
     (tmp_path / "target.log").write_text(CONTENT)
     (run_dir / "logs" / "torchrun.log").symlink_to(tmp_path / "target.log")
-    done = llmtrain(tmp_path, "run", "run.root_dir=runs", "run.name=t", "train.steps=2")
+    done = invoke("run", "run.root_dir=runs", "run.name=t", "train.steps=2", cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "torchrun.log is a symbolic link" in done.stderr and "Traceback" not in done.stderr
     assert not (run_dir / "config.yaml").exists()  # refused before the first write
     assert (tmp_path / "target.log").read_text() == CONTENT
 
 
+@pytest.mark.integration
 def test_status_survives_a_hostile_metrics_line(
     tmp_path: Path, stub_slurm: tuple[str, Path]
 ) -> None:
@@ -146,11 +141,11 @@ def test_status_survives_a_hostile_metrics_line(
     (run_dir / "metrics.jsonl").write_text(
         '{"step": 1, "loss": 2.0}\n' + "[" * 50_000 + "]" * 50_000 + "\n"
     )
-    done = llmtrain(tmp_path, "status", str(run_dir), path=path)
+    done = invoke("status", str(run_dir), cwd=tmp_path, env={"PATH": path})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "progress unknown" in done.stdout
     (run_dir / "metrics.jsonl").write_text('{"step": 3, "loss": "NaN-as-text"}\n')
-    done = llmtrain(tmp_path, "status", str(run_dir), path=path)
+    done = invoke("status", str(run_dir), cwd=tmp_path, env={"PATH": path})
     assert done.returncode == 0 and "progress: step 3" in done.stdout, done.stderr[-2000:]
 
 
@@ -213,7 +208,7 @@ def test_a_deeply_nested_config_yaml_is_a_clean_exit_2(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "deep"
     (run_dir / "checkpoints" / "step_00000001").mkdir(parents=True)
     (run_dir / "config.yaml").write_text("a: " + "[" * 200_000 + "]" * 200_000 + "\n")
-    done = llmtrain(tmp_path, "run", "run.root_dir=runs", "run.name=deep", "train.steps=2")
+    done = invoke("run", "run.root_dir=runs", "run.name=deep", "train.steps=2", cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "config.yaml: not a config.yaml this llmtrain reads" in done.stderr
     assert "Traceback" not in done.stderr
@@ -224,11 +219,11 @@ def test_render_into_a_live_run_directory_is_refused(tmp_path: Path) -> None:
     run_dir.mkdir(parents=True)
     held = runlock.acquire(run_dir)
     try:
-        done = llmtrain(tmp_path, "render", "--out", str(run_dir))
+        done = invoke("render", "--out", str(run_dir), cwd=tmp_path)
         assert done.returncode == 2, done.stdout + done.stderr
         assert "in use by another llmtrain run" in done.stderr
         assert not (run_dir / "config.yaml").exists()
     finally:
         held.release()
-    assert llmtrain(tmp_path, "render", "--out", str(run_dir)).returncode == 0
+    assert invoke("render", "--out", str(run_dir), cwd=tmp_path).returncode == 0
     assert (run_dir / "config.yaml").is_file()

@@ -29,7 +29,7 @@ from launcher.launch.run_record import (
 )
 from launcher.views.runs import loss_picture, sparkline
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 RECORD = {
     "typed": ["train.steps=300", "backend=deepspeed"],
@@ -241,6 +241,7 @@ def cli(cwd: Path, *args: str, python: str = "") -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.integration
 def test_status_diff_and_plot_on_two_runs(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     make_run(root, "tiny-0000aaaa", tiny("torch", 0), age=60)
@@ -285,6 +286,7 @@ def test_status_diff_and_plot_on_two_runs(tmp_path: Path) -> None:
     assert wrong.returncode == 2 and ".png, .svg, .pdf" in wrong.stderr
 
 
+@pytest.mark.integration
 def test_a_refused_detached_run_says_why_and_exits_2(tmp_path: Path) -> None:
     # The check happens in the child before it holds anything: its refusal reaches this
     # terminal (or the JSON document) and its exit code is the command's; nothing is written.

@@ -13,7 +13,7 @@ import pytest
 from launcher.launch import runlock
 from launcher.rundir import RunDir
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 
 def test_second_holder_is_refused_naming_the_first(tmp_path: Path) -> None:
@@ -32,6 +32,7 @@ def test_second_holder_is_refused_naming_the_first(tmp_path: Path) -> None:
     again.release()
 
 
+@pytest.mark.integration
 def test_a_dead_holder_is_detected_and_explained(tmp_path: Path) -> None:
     # A real process takes the lock and dies without releasing it (as kill -9 would).
     code = (

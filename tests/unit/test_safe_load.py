@@ -25,39 +25,16 @@ import pytest
 import torch
 import yaml
 
-from launcher import cli
 from launcher.config.compose import compose_config
 from launcher.export.hf_files import read_hf_folder
 from launcher.train import checkpoint as checkpoint_module
 from launcher.train.checkpoint import CheckpointWriter, verify
 from launcher.train.model import build_model
+from tests.cli import invoke, said
 
 pytestmark = pytest.mark.unit
 MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128"]
 KEY = "a-key-the-attacker-does-not-have"
-
-
-def llmtrain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    """(exit code, stdout + stderr) of the console entry point, in this process (so that a hook
-    can sit between verify and load); an unexpected exception comes back as a traceback."""
-    import sys
-    import traceback
-
-    argv = sys.argv
-    sys.argv = ["llmtrain", *args]
-    code: int
-    try:
-        cli.entry()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    except Exception:
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.argv = argv
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 def engine_writer(kind: str, state: dict[str, torch.Tensor]) -> Callable[[Path], object]:
@@ -132,7 +109,7 @@ def test_export_refuses_a_file_swapped_between_verify_and_load(
     assert target.stat().st_size == older.stat().st_size  # same shapes, other weights
     assert target.read_bytes() != older.read_bytes()
     swapped = swap_after_verify(monkeypatch, target, older)
-    code, output = llmtrain(capsys, "export", str(run), "--out", str(tmp_path / "hf"))
+    code, output = said(invoke("export", str(run), "--out", str(tmp_path / "hf")))
     assert swapped == [target]
     assert code == 2, output
     assert "differ from the checkpoint's manifest" in output
@@ -166,7 +143,8 @@ _IN_CLOSE_NOWRITE = 0x10
 
 
 def _inotify() -> tuple[int, Callable[[str], int]]:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # dlopen(NULL): libc is already loaded (ctypes.util.find_library would run `ldconfig -p`).
+    libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(os.O_CLOEXEC)
     if fd < 0:
         pytest.skip("inotify is not available here")
@@ -202,7 +180,7 @@ def test_export_of_a_file_swapped_at_its_first_close_loads_only_verified_bytes(
     thread = threading.Thread(target=swapper, daemon=True)
     thread.start()
     try:
-        code, output = llmtrain(capsys, "export", str(run), "--out", str(tmp_path / "hf"))
+        code, output = said(invoke("export", str(run), "--out", str(tmp_path / "hf")))
     finally:
         os.close(fd)
         thread.join(timeout=5)

@@ -29,7 +29,7 @@ from launcher.launch.local import prepare_run_dir
 from launcher.render.artifacts import render_artifacts, write_artifacts
 from launcher.render.sbatch import RenderError, job_env
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 KEY, TOKEN = "s3cr3t-VALUE-123", "tok-VALUE-456"
 TWO_NODES = ["cluster.num_nodes=2", "train.micro_batch_size=4"]
@@ -195,6 +195,7 @@ def stub(folder: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.integration
 def test_rendered_scripts_take_secrets_from_their_environment(tmp_path: Path) -> None:
     composed = compose_config([*TWO_NODES, *SECRETS])
     assert "HF_TOKEN" not in job_env(composed.config)
@@ -239,6 +240,7 @@ def test_an_export_option_that_would_drop_secrets_is_refused() -> None:
         render_sbatch(cfg, python="python", run_dir="/r", workdir="/w")
 
 
+@pytest.mark.integration
 def test_submit_hands_secrets_to_sbatch_through_its_environment(tmp_path: Path) -> None:
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()

@@ -4,16 +4,14 @@ when `${oc.env:NAME}` pulls it into another key (issue 19, item 5); the compose 
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.config.compose import compose_config
 from launcher.errors import ConfigError
+from tests.cli import invoke
 
 pytestmark = pytest.mark.unit
 
@@ -32,17 +30,6 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def leaks(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
-
-
-def llmtrain(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 SPREAD = [
@@ -70,8 +57,8 @@ def test_the_job_name_reproduction_leaks_nowhere(
     tmp_path: Path, private_cache: Path, command: list[str]
 ) -> None:
     # The reproduction: the value reached #SBATCH --job-name, config.yaml, `show` and the cache.
-    done = llmtrain(
-        tmp_path, *command, "run.secret_env=[MY_API_KEY]", "slurm.job_name=${oc.env:MY_API_KEY}"
+    done = invoke(
+        *command, "run.secret_env=[MY_API_KEY]", "slurm.job_name=${oc.env:MY_API_KEY}", cwd=tmp_path
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "slurm.job_name: holds the value of the secret MY_API_KEY" in done.stderr + done.stdout
@@ -118,7 +105,7 @@ def test_a_file_that_is_not_a_config_is_never_quoted(tmp_path: Path, how: str) -
     passwd = tmp_path / ("passwd.yaml" if how == "recipe.yaml" else "passwd")
     passwd.write_text(f"{PASSWD_LINE}\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n")
     args = ["--config", str(passwd)] if how == "--config" else [f"recipe={passwd}"]
-    done = llmtrain(tmp_path, "show", *args)
+    done = invoke("show", *args, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "root" not in done.stderr.replace(str(tmp_path), "") and "Traceback" not in done.stderr
     expected = "*.yaml or *.yml" if how == "recipe" else "must hold keys and values"
@@ -126,6 +113,6 @@ def test_a_file_that_is_not_a_config_is_never_quoted(tmp_path: Path, how: str) -
 
 
 def test_recipe_etc_passwd_is_refused_without_reading_it(tmp_path: Path) -> None:
-    done = llmtrain(tmp_path, "validate", "recipe=/etc/passwd")
+    done = invoke("validate", "recipe=/etc/passwd", cwd=tmp_path)
     assert done.returncode == 2
     assert "root:" not in done.stdout + done.stderr and "*.yaml or *.yml" in done.stdout

@@ -8,7 +8,6 @@ import os
 import shlex
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,9 @@ import pytest
 from launcher.config.compose import compose_config
 from launcher.render.artifacts import render_artifacts, write_artifacts
 from launcher.render.sbatch import RenderError, render_sbatch
+from tests.cli import invoke
 
-pytestmark = pytest.mark.unit
+# Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
 EVIL = "x; touch PWNED $(touch PWNED2) `touch PWNED3` 'q\" \\ ~"
 TWO_NODES = ["cluster.num_nodes=2", "train.micro_batch_size=4"]
@@ -39,6 +39,7 @@ def no_pwned(*folders: Path) -> None:
         assert not [p for p in folder.rglob("PWNED*")], f"something ran in {folder}"
 
 
+@pytest.mark.integration
 def test_user_values_stay_strings_when_the_job_script_runs(tmp_path: Path) -> None:
     composed = compose_config([*TWO_NODES, override("slurm.job_name", EVIL)])
     assert composed.config.slurm.job_name == EVIL
@@ -114,20 +115,15 @@ def test_a_newline_in_an_sbatch_value_is_refused() -> None:
         render_sbatch(cfg, python="python", run_dir="/r", workdir="/w")
 
 
-def llmtrain(cwd: Path, *args: str, path: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        env={**os.environ, "PATH": path},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_render_writes_every_artifact(tmp_path: Path) -> None:
-    done = llmtrain(
-        tmp_path, "render", *TWO_NODES, "backend=deepspeed", "--out", "out", path=os.environ["PATH"]
+    done = invoke(
+        "render",
+        *TWO_NODES,
+        "backend=deepspeed",
+        "--out",
+        "out",
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
     )
     assert done.returncode == 0, done.stderr
     names = {p.name for p in (tmp_path / "out").iterdir()}
@@ -143,8 +139,13 @@ def test_render_writes_every_artifact(tmp_path: Path) -> None:
 
 
 def test_render_refuses_an_invalid_config_and_writes_nothing(tmp_path: Path) -> None:
-    done = llmtrain(
-        tmp_path, "render", "cluster.num_nodes=2", "--out", "out", path=os.environ["PATH"]
+    done = invoke(
+        "render",
+        "cluster.num_nodes=2",
+        "--out",
+        "out",
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
     )
     assert done.returncode == 2 and "batch" in done.stdout + done.stderr
     assert not (tmp_path / "out").exists()
@@ -154,10 +155,14 @@ def test_render_again_replaces_the_earlier_files(tmp_path: Path) -> None:
     # deepspeed first (ds_config.json), then torch: the stale ds_config.json must go, so the folder
     # never mixes two configurations; no temporary file stays behind.
     path = os.environ["PATH"]
-    first = llmtrain(tmp_path, "render", *TWO_NODES, "backend=deepspeed", "--out", "out", path=path)
+    first = invoke(
+        "render", *TWO_NODES, "backend=deepspeed", "--out", "out", cwd=tmp_path, env={"PATH": path}
+    )
     assert first.returncode == 0, first.stderr
     assert (tmp_path / "out" / "ds_config.json").is_file()
-    again = llmtrain(tmp_path, "render", *TWO_NODES, "backend=torch", "--out", "out", path=path)
+    again = invoke(
+        "render", *TWO_NODES, "backend=torch", "--out", "out", cwd=tmp_path, env={"PATH": path}
+    )
     assert again.returncode == 0, again.stderr
     names = {p.name for p in (tmp_path / "out").iterdir()}
     assert names == {
@@ -174,14 +179,14 @@ def test_render_again_replaces_the_earlier_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize("out", ["afile", "afile/sub"])
 def test_render_to_an_unusable_folder_is_a_clear_error(tmp_path: Path, out: str) -> None:
     (tmp_path / "afile").write_text("keep me")
-    done = llmtrain(tmp_path, "render", "--out", out, path=os.environ["PATH"])
+    done = invoke("render", "--out", out, cwd=tmp_path, env={"PATH": os.environ["PATH"]})
     assert done.returncode == 2, done.stderr
     assert f"--out={out}" in done.stderr and "Traceback" not in done.stderr
     assert (tmp_path / "afile").read_text() == "keep me"
 
 
 def test_submit_without_sbatch_says_so(tmp_path: Path) -> None:
-    done = llmtrain(tmp_path, "submit", *TWO_NODES, path=str(tmp_path / "empty"))
+    done = invoke("submit", *TWO_NODES, cwd=tmp_path, env={"PATH": str(tmp_path / "empty")})
     assert done.returncode == 2
     assert "sbatch not found on PATH" in done.stderr
     assert not (tmp_path / "runs").exists()
@@ -209,21 +214,28 @@ def fake_slurm(tmp_path: Path) -> str:
     return f"{bin_dir}:{os.environ['PATH']}"
 
 
+@pytest.mark.integration
 def test_submit_unknown_partition(tmp_path: Path, fake_slurm: str) -> None:
-    done = llmtrain(tmp_path, "submit", *TWO_NODES, "slurm.partition=debgu", path=fake_slurm)
+    done = invoke(
+        "submit", *TWO_NODES, "slurm.partition=debgu", cwd=tmp_path, env={"PATH": fake_slurm}
+    )
     assert done.returncode == 2
     assert "slurm.partition=debgu: no such partition (did you mean 'debug'?)" in done.stderr
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.integration
 def test_submit_more_nodes_than_the_partition_has(tmp_path: Path, fake_slurm: str) -> None:
-    done = llmtrain(tmp_path, "submit", *TWO_NODES, "slurm.partition=gpu", path=fake_slurm)
+    done = invoke(
+        "submit", *TWO_NODES, "slurm.partition=gpu", cwd=tmp_path, env={"PATH": fake_slurm}
+    )
     assert done.returncode == 2
     assert "cluster.num_nodes=2: partition gpu has 1 node(s)" in done.stderr
 
 
+@pytest.mark.integration
 def test_submit_records_job_ids_and_chains(tmp_path: Path, fake_slurm: str) -> None:
-    done = llmtrain(tmp_path, "submit", *TWO_NODES, "slurm.chain=2", path=fake_slurm)
+    done = invoke("submit", *TWO_NODES, "slurm.chain=2", cwd=tmp_path, env={"PATH": fake_slurm})
     assert done.returncode == 0, done.stderr
     assert "submitted job 42 43 44" in done.stdout
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -235,14 +247,20 @@ def test_submit_records_job_ids_and_chains(tmp_path: Path, fake_slurm: str) -> N
         assert (run_dir / name).is_file()
 
 
+@pytest.mark.integration
 def test_submit_json_and_errors_as_json(tmp_path: Path, fake_slurm: str) -> None:
-    done = llmtrain(tmp_path, "submit", *TWO_NODES, "--json", path=fake_slurm)
+    done = invoke("submit", *TWO_NODES, "--json", cwd=tmp_path, env={"PATH": fake_slurm})
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["job_ids"] == ["42"] and Path(doc["run_dir"]).is_dir()
     # A user error with --json: a JSON document on stdout, exit 2.
-    bad = llmtrain(
-        tmp_path, "submit", *TWO_NODES, "slurm.partition=debgu", "--json", path=fake_slurm
+    bad = invoke(
+        "submit",
+        *TWO_NODES,
+        "slurm.partition=debgu",
+        "--json",
+        cwd=tmp_path,
+        env={"PATH": fake_slurm},
     )
     assert bad.returncode == 2
     error = json.loads(bad.stdout)
@@ -251,7 +269,9 @@ def test_submit_json_and_errors_as_json(tmp_path: Path, fake_slurm: str) -> None
 
 def test_submit_dry_run_calls_no_slurm_command(tmp_path: Path) -> None:
     # No sbatch on PATH at all: the dry run still answers, and writes nothing.
-    done = llmtrain(tmp_path, "submit", "--dry-run", "--json", *TWO_NODES, path=str(tmp_path / "e"))
+    done = invoke(
+        "submit", "--dry-run", "--json", *TWO_NODES, cwd=tmp_path, env={"PATH": str(tmp_path / "e")}
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert doc["valid"] and doc["refusals"]["submit"] == [] and "#SBATCH" in doc["script"]
@@ -260,12 +280,20 @@ def test_submit_dry_run_calls_no_slurm_command(tmp_path: Path) -> None:
 
 def test_render_json_lists_the_files(tmp_path: Path) -> None:
     path = os.environ["PATH"]
-    done = llmtrain(tmp_path, "render", "--out", str(tmp_path / "r"), "--json", path=path)
+    done = invoke(
+        "render", "--out", str(tmp_path / "r"), "--json", cwd=tmp_path, env={"PATH": path}
+    )
     assert done.returncode == 0, done.stderr
     files = json.loads(done.stdout)["files"]
     assert any(f.endswith("launch.sh") for f in files)
-    bad = llmtrain(
-        tmp_path, "render", "parallel.tp=3", "--out", str(tmp_path / "s"), "--json", path=path
+    bad = invoke(
+        "render",
+        "parallel.tp=3",
+        "--out",
+        str(tmp_path / "s"),
+        "--json",
+        cwd=tmp_path,
+        env={"PATH": path},
     )
     assert bad.returncode == 2 and json.loads(bad.stdout)["valid"] is False
 
@@ -278,7 +306,7 @@ def test_a_corrupt_slurm_record_is_a_clear_error(
     run_dir = tmp_path / "runs" / "damaged"
     run_dir.mkdir(parents=True)
     (run_dir / "slurm.json").write_text(record)
-    done = llmtrain(tmp_path, command, str(run_dir), path=fake_slurm)
+    done = invoke(command, str(run_dir), cwd=tmp_path, env={"PATH": fake_slurm})
     assert done.returncode == 2, done.stderr
     assert "slurm.json: not a readable SLURM record" in done.stderr
     assert "Traceback" not in done.stderr
