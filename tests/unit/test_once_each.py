@@ -21,8 +21,6 @@ from launcher.config.overrides import is_group_choice, override_key
 from launcher.errors import UserError
 from launcher.plan import profile
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.mark.parametrize(
     ("text", "key", "group"),
@@ -86,6 +84,7 @@ HOLD = (
 )
 
 
+@pytest.mark.integration  # starts a process (scontrol / a lock holder)
 def test_a_waiting_lock_times_out_naming_the_file_then_is_free_once_the_holder_dies(
     tmp_path: Path,
 ) -> None:

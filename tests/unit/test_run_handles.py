@@ -34,8 +34,6 @@ from launcher.launch.run_outcome import (
 from launcher.launch.run_record import record_command
 from launcher.rundir import RunDir
 
-pytestmark = pytest.mark.unit
-
 
 def make_run(root: Path, name: str, *, steps: int = 3, jobs: list[str] | None = None) -> Path:
     folder = root / name
@@ -48,6 +46,7 @@ def make_run(root: Path, name: str, *, steps: int = 3, jobs: list[str] | None = 
     return folder
 
 
+@pytest.mark.integration  # starts a process (scontrol / a lock holder)
 def test_a_name_resolves_to_a_local_run_and_a_submitted_run_to_its_jobs(tmp_path: Path) -> None:
     make_run(tmp_path, "tiny-aaaa1111")
     make_run(tmp_path, "other-bbbb2222", jobs=["4242"])
