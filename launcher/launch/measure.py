@@ -72,7 +72,7 @@ def _fit(x1: float, y1: float, x2: float, y2: float, x: float) -> tuple[float, f
     return intercept + slope * x, slope, intercept
 
 
-def _one_run(
+def cut_run(
     overrides: list[str], layers: int, root: Path, steps: int, progress: Callable[[str], None]
 ) -> tuple[Point, str]:
     from launcher.launch.local import launch, prepare_run_dir
@@ -162,8 +162,8 @@ def measure(
     load = noise.Load(os.getloadavg()[0], os.cpu_count() or 1)
     root = keep or Path(tempfile.mkdtemp(prefix="llmtrain-measure-"))
     try:
-        p1, kind = _one_run(overrides, small, root, steps, progress)
-        p2, _ = _one_run(overrides, large, root, steps, progress)
+        p1, kind = cut_run(overrides, small, root, steps, progress)
+        p2, _ = cut_run(overrides, large, root, steps, progress)
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -268,4 +268,4 @@ def table(m: Measured) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Measured", "measure", "table", "to_json"]
+__all__ = ["Measured", "cut_run", "measure", "table", "to_json"]

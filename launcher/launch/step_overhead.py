@@ -38,7 +38,7 @@ from launcher.config.compose import compose_config
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
-from launcher.launch.measure import _one_run
+from launcher.launch.measure import cut_run
 from launcher.plan.profile_rates import layout_family, overhead_units
 
 # Steps of the cut run: the first (warm-up: allocation, autograd graph, gloo connections) is
@@ -95,7 +95,7 @@ def run_cut(
         return f"the cut model is not a valid configuration ({exc})"
     root = Path(tempfile.mkdtemp(prefix="llmtrain-overhead-"))
     try:
-        point, _ = _one_run(overrides, layers, root, OVERHEAD_STEPS, progress)
+        point, _ = cut_run(overrides, layers, root, OVERHEAD_STEPS, progress)
     except UserError as exc:
         return str(exc)
     finally:
