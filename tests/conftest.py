@@ -98,5 +98,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    if nextitem is None:
+        # The worker's last test: the session's fixtures (the SLURM cluster, stopped by a
+        # script) are finalised in its teardown too, and they are not this test's processes.
+        return (yield)
     return (yield from _no_processes_in_unit_tests(item))
