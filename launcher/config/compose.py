@@ -35,6 +35,7 @@ from launcher.config.compose_messages import (
     yaml_problem,
 )
 from launcher.config.group_options import group_options
+from launcher.config.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.schema_keys import (
     BUDGET_PARTNER,
@@ -239,7 +240,7 @@ def _vocab_from_data(composed: Composed, overrides: tuple[str, ...]) -> Composed
     (command line, --config, model.from_hf): the model then embeds every id the data holds.
     Read after the compose cache, so a re-prepared dataset is seen; paths that are not prepared
     datasets are left to the data checks of validate/run."""
-    given = {text.lstrip("+~").partition("=")[0].strip() for text in overrides}
+    given = {override_key(text) for text in overrides}
     if "model.vocab_size" in given:
         return composed
     data = composed.config.data

@@ -41,6 +41,7 @@ from typing import Any
 from launcher import bounded_read
 from launcher.config import config_file
 from launcher.config.norms import LAYERNORM_EPS, RMSNORM_EPS
+from launcher.config.overrides import override_key
 from launcher.errors import ConfigError
 from launcher.excerpt import excerpt
 
@@ -211,11 +212,7 @@ def _value(value: Any) -> str:
 
 
 def _explicit_keys(overrides: tuple[str, ...]) -> set[str]:
-    return {
-        text.lstrip("+~").partition("=")[0].strip()
-        for text in overrides
-        if not text.lstrip("+").startswith(KEY)
-    }
+    return {override_key(text) for text in overrides if not text.lstrip("+").startswith(KEY)}
 
 
 def expand(overrides: tuple[str, ...]) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ import yaml
 from launcher import fsio
 from launcher.config.compose import config_from_values
 from launcher.config.config_file import render_value
+from launcher.config.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.schema_keys import dataclass_of, schema_fields
 from launcher.errors import UserError
@@ -245,7 +246,7 @@ def restoring_overrides(overrides: tuple[str, ...], changes: list[Change]) -> li
     from launcher.config.schema_keys import BUDGET_PARTNER
 
     back = {c.key: c.old for c in changes if c.trajectory}
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in back]
+    kept = [o for o in overrides if override_key(o) not in back]
     for key, partner in BUDGET_PARTNER.items():  # one of the two is set: name that one alone
         if back.get(key, 0) is None and back.get(partner) is not None:
             del back[key]
