@@ -59,7 +59,7 @@ def test_plan_measure_refuses_a_negative_intercept(monkeypatch: pytest.MonkeyPat
     def fake_run(overrides, layers, root, steps, progress):  # type: ignore[no-untyped-def]
         return points[layers], "not recorded"
 
-    monkeypatch.setattr(measure_mod, "_one_run", fake_run)
+    monkeypatch.setattr(measure_mod, "cut_run", fake_run)
     with pytest.raises(UserError) as info:
         measure_mod.measure(["recipe=tiny"], lambda line: None)
     text = str(info.value)
