@@ -262,8 +262,10 @@ def lock_lines() -> list[str]:
         '  echo "llmtrain: cannot open the run directory\'s lock $lock" >&2',
         "  exit 2",
         "fi",
-        "# A requeued job may start while its previous instance is still being torn down.",
+        "# A requeued job may start while its previous instance is still being torn down, and a",
+        "# new one on an idle cluster before the `llmtrain submit` that queued it has let go.",
         'lock_wait=0; [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && lock_wait=60',
+        'grep -qs \'"command": "llmtrain submit"\' "$lock" && lock_wait=60',
         'if ! flock -w "$lock_wait" 9; then',
         '  holder=$(head -c 512 "$lock" | tr -cd \'[:alnum:] ._:,"{}-\')',
         '  echo "llmtrain: run directory $RUN_DIR is in use by another llmtrain run or job'
