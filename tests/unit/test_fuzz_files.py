@@ -21,19 +21,15 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import stat
-import sys
 import tempfile
-import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher import cli
+from tests.cli import invoke as cli_invoke
 from tests.cli import llmtrain
 
 # unit tests (no marker: tests/conftest.py); the one in a child process is marked integration
@@ -84,52 +80,11 @@ CONTENT = st.one_of(
 
 
 # --- running a command ---------------------------------------------------------------------------
-class Hung(BaseException):
-    """The command blocked past its deadline."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    def expired(signum: int, frame: object) -> None:
-        raise Hung(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def invoke(args: list[str], cwd: Path) -> tuple[int, str]:
-    """(exit code, output) of the console entry point in this process; a traceback or a hang
-    is exit 1 / 124 with the traceback in the output."""
-    from typer.testing import CliRunner
-
-    old_argv, old_cwd = sys.argv, os.getcwd()
-    code = 0
-    with CliRunner().isolation() as (_, _, mixed):
-        sys.argv = ["llmtrain", *args]
-        os.chdir(cwd)
-        try:
-            with deadline(LIMIT_S):
-                cli.entry()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except Hung:
-            traceback.print_exc()
-            code = 124
-        except Exception:
-            traceback.print_exc()
-            code = 1
-        finally:
-            sys.argv = old_argv
-            os.chdir(old_cwd)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        output = mixed.getvalue().decode("utf-8", "replace")
-    return code, output
+    """(exit code, stdout + stderr) of the console entry point in this process (tests/cli.py): a
+    traceback is exit 1 and a command blocked past LIMIT_S exit 124, the traceback in the output."""
+    done = cli_invoke(*args, cwd=cwd, timeout=LIMIT_S)
+    return done.returncode, done.stdout + done.stderr
 
 
 def place(path: Path, kind: str, content: bytes) -> None:
