@@ -21,6 +21,7 @@ from launcher.backends.common import Backend, Refusal
 from launcher.backends.engine_choices import chunked_loss_elsewhere
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.backends.moe_overlap import moe_overlap_not_run
+from launcher.backends.optimizer_precision import state_dtype_not_run
 from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout, split_keys
 from launcher.config.pipeline_split import SPLIT_KEYS
@@ -140,6 +141,7 @@ BACKEND = Backend(
     },
     combos=(
         fp8_param_gather_not_run,
+        state_dtype_not_run,
         moe_overlap_not_run,
         activation_modules_not_run,
         speed_features_not_run,

@@ -25,6 +25,7 @@ from launcher.backends.activation_modules import megatron_activation_modules
 from launcher.backends.common import Backend, Refusal
 from launcher.backends.fp8_params import megatron_fp8_param_gather
 from launcher.backends.moe_overlap import megatron_moe_overlap
+from launcher.backends.optimizer_precision import megatron_state_dtype
 from launcher.backends.speed_features import megatron_speed_features
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import even_split_ok, suggestion
@@ -99,6 +100,7 @@ BACKEND = Backend(
         _pipeline_split,
         _virtual_stages,
         megatron_fp8_param_gather,
+        megatron_state_dtype,
         megatron_moe_overlap,
         megatron_activation_modules,
         megatron_speed_features,

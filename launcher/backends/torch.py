@@ -22,6 +22,7 @@ from launcher.backends.engine_choices import (
 )
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.backends.moe_overlap import moe_overlap_not_run
+from launcher.backends.optimizer_precision import state_dtype_not_run
 from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
@@ -279,6 +280,7 @@ BACKEND = Backend(
     features=frozenset({"moe", "moe+tp", "mla", "mla+tp", "kv-replication", "sequence-parallel"}),
     combos=(
         fp8_param_gather_not_run,
+        state_dtype_not_run,
         moe_overlap_not_run,
         activation_modules_not_run,
         speed_features_not_run,

@@ -305,6 +305,10 @@ class OptimConfig:
     """Learning rate at the end of the schedule."""
     grad_clip: float = field(default=1.0, metadata=bounds(ge=0, example="1.0 (0: no clipping)"))
     """Clip the gradients' global norm to this; 0: no clipping."""
+    state_dtype: str = field(default="fp32", metadata=one_of("fp32", "bf16", "fp16"))
+    """Format Adam's moments (m and v) are stored in; the update computes in fp32. Not fp32:
+    Megatron-Core's precision-aware optimizer (--use-precision-aware-optimizer --exp-avg-dtype
+    --exp-avg-sq-dtype), backend=megatron with zero.stage=1 only."""
 
 
 @dataclass

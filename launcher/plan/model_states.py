@@ -57,8 +57,39 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
         weights += master - DTYPE_BYTES[p.compute_dtype]
         gradients = master
         master = 0.0
-    optimizer = master + OPTIMIZER_STATE_BYTES[cfg.optim.name]
-    return BytesPerParam(weights, gradients, optimizer)
+    if master and stores_master_remainders(cfg):
+        master = 2.0
+    return BytesPerParam(weights, gradients, master + moment_bytes(cfg))
+
+
+def moment_bytes(cfg: LLMTrainConfig) -> float:
+    """Optimizer-state bytes per parameter besides the master copy: Adam's m and v in
+    optim.state_dtype (fp32 unless Megatron's precision-aware optimizer stores them in 16 bits,
+    backends/optimizer_precision.py); Lion's and SGD's one buffer in fp32."""
+    if cfg.optim.name in ("adam", "adamw"):
+        return 2.0 * DTYPE_BYTES[cfg.optim.state_dtype]
+    return float(OPTIMIZER_STATE_BYTES[cfg.optim.name])
+
+
+def stores_master_remainders(cfg: LLMTrainConfig) -> bool:
+    """Megatron's precision-aware optimizer on bf16 weights keeps only the low 16 bits of each
+    fp32 master weight (the high 16 are the bf16 weight itself): 2 bytes, not 4.
+
+    Megatron-Core core_v0.16.1 optimizer/__init__.py passes OptimizerConfig.store_param_remainders
+    (default True) to Transformer Engine's FusedAdam when use_precision_aware_optimizer_no_fp8_or_
+    ds_fp8 holds (optimizer_config.py: fp32 main params and no fp8 recipe or the delayed one), and
+    FusedAdam applies it when the parameters are bf16 and the master fp32 (so not with
+    --fp8-param-gather's fp8 parameters). The CPU-offloaded optimizer (HybridDeviceOptimizer) is
+    another class and keeps full fp32 masters."""
+    p, b = cfg.precision, cfg.backend
+    return (
+        b.name == "megatron"
+        and cfg.optim.state_dtype != "fp32"
+        and cfg.zero.offload_optimizer == "none"
+        and p.compute_dtype == "bf16"
+        and not p.fp8_param_gather
+        and (not p.fp8 or b.fp8_scaling in (None, "delayed"))
+    )
 
 
 def pipelined_fsdp_accumulates(cfg: LLMTrainConfig, layout: Layout) -> bool:
@@ -228,7 +259,7 @@ def _finetune_states(
     weights = frozen / (shard if z.stage >= 3 else 1)
     weights += finetune.ADAPTER_WEIGHT_BYTES * adapters / (shard if z.stage >= 3 else 1)
     gradients = finetune.ADAPTER_GRAD_BYTES * adapters / (shard if z.stage >= 2 else 1)
-    optimizer = OPTIMIZER_STATE_BYTES[cfg.optim.name] * adapters / (shard if z.stage >= 1 else 1)
+    optimizer = moment_bytes(cfg) * adapters / (shard if z.stage >= 1 else 1)
     host = 0.0
     if z.offload_optimizer == "cpu":
         host, optimizer = optimizer, 0.0

@@ -18,7 +18,6 @@ from launcher.plan.hardware import get_gpu
 from launcher.plan.measured import coverage
 from launcher.plan.memory import (
     GIB,
-    OPTIMIZER_STATE_BYTES,
     HardwareView,
     MemoryPlan,
     bytes_per_param,
@@ -26,6 +25,7 @@ from launcher.plan.memory import (
     fp8_weight_copy_bytes,
 )
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.model_states import moment_bytes
 from launcher.plan.profile import ProfileChoice, ProfileError, choose, cpu_threads
 from launcher.plan.timing import TimePlan, estimate_time
 from launcher.plan.totals import Totals, estimate_totals
@@ -103,7 +103,7 @@ def checkpoint_bytes(cfg: LLMTrainConfig, total_params: int) -> float:
     finetune=lora|qlora the adapters alone (fp32) and their optimizer states."""
     if finetune.is_finetune(cfg):
         adapters = finetune.adapter_params(cfg)
-        return adapters * (finetune.ADAPTER_WEIGHT_BYTES + OPTIMIZER_STATE_BYTES[cfg.optim.name])
+        return adapters * (finetune.ADAPTER_WEIGHT_BYTES + moment_bytes(cfg))
     bpp = bytes_per_param(cfg)
     weights = bpp.weights - fp8_weight_copy_bytes(cfg)
     return total_params * (weights + bpp.optimizer)

@@ -264,6 +264,11 @@ def _parallel_args(cfg: LLMTrainConfig) -> list[str]:
                 "--use-precision-aware-optimizer",
                 "--optimizer-offload-fraction", "1.0",
             ]  # fmt: skip
+        dtype = cfg.optim.state_dtype
+        if dtype != "fp32":
+            if z.offload_optimizer != "cpu":
+                args.append("--use-precision-aware-optimizer")
+            args += ["--exp-avg-dtype", dtype, "--exp-avg-sq-dtype", dtype]
     return args
 
 
