@@ -59,6 +59,18 @@ def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
                 "precision.fp8_emulate=true (emulated fp8 matmuls: numerics only, no speedup)",
             )
         )
+    # Transformer Engine's check_mxfp8_support (transformer_engine/pytorch/fp8.py): "Device
+    # compute capability 10.0 or higher required for MXFP8 execution" (Blackwell and newer).
+    if cfg.backend.fp8_scaling == "mxfp8" and gpu.arch not in ("blackwell", "cpu"):
+        out.append(
+            error(
+                "precision-hardware",
+                ("backend.fp8_scaling", "cluster.gpu"),
+                f"backend.fp8_scaling=mxfp8 needs Blackwell tensor cores (compute capability "
+                f"10.0+); cluster.gpu={gpu_key} ({gpu.name}, {gpu.arch}) has none; use "
+                "backend.fp8_scaling=tensorwise, or a Blackwell GPU (e.g. cluster=b200)",
+            )
+        )
     if "fp16" in (prec.compute_dtype, prec.grad_dtype) and prec.loss_scaling == "none":
         out.append(
             error(

@@ -87,6 +87,9 @@ def cfg(*overrides: str) -> LLMTrainConfig:
         (["backend.fp8_scaling=tensorwise"], "backend.fp8_scaling", "precision=fp8"),
         (["backend.moe_router_fusion=true"], "backend.moe_router_fusion", "dense model"),
         (["backend.fp8_scaling=current"], "backend.fp8_scaling", "delayed"),
+        # Transformer Engine runs MXFP8 on compute capability 10.0+ only (Blackwell).
+        (["precision=fp8", "backend.fp8_scaling=mxfp8"], "backend.fp8_scaling",
+         "backend.fp8_scaling=tensorwise"),
     ],
 )  # fmt: skip
 def test_megatron_refusals_exit_2_naming_the_key(
@@ -97,6 +100,12 @@ def test_megatron_refusals_exit_2_naming_the_key(
     text = " ".join(result.output.split())
     assert key in text and words in text, text
     assert "Traceback" not in result.output
+
+
+def test_mxfp8_accepted_on_blackwell() -> None:
+    on_b200 = [*DENSE, "cluster=b200", "precision=fp8", "backend.fp8_scaling=mxfp8"]
+    result = runner.invoke(app, ["validate", *on_b200])
+    assert result.exit_code == 0, result.output
 
 
 def test_torch_refuses_the_megatron_only_keys() -> None:
