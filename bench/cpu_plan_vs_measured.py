@@ -157,13 +157,17 @@ def run_one(name: str, extra: list[str], work: Path, opts: argparse.Namespace) -
     res.calibrate_s = time.monotonic() - start
     if res.problem:
         return res
+    # A run root of its own: `run --fresh` into an existing run.name starts a new, timestamped
+    # directory, and reading runs/NAME would price every repeat against the first run's steps.
+    (work / "runs").mkdir(exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work / "runs"))
     run_args = [
         "run",
         "--fresh",
         *overrides,
         "cluster.profile=none",
         f"train.steps={opts.steps}",
-        f"run.root_dir={work / 'runs'}",
+        f"run.root_dir={root}",
         f"run.name={name}",
     ]
     res.load1 = os.getloadavg()[0]
@@ -175,7 +179,7 @@ def run_one(name: str, extra: list[str], work: Path, opts: argparse.Namespace) -
         res.problem = calibrate(overrides, after, work, force=opts.force)
         if res.problem:
             return res
-    metrics = work / "runs" / name / "metrics.jsonl"
+    metrics = root / name / "metrics.jsonl"
     records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     steady = [float(r["step_time_s"]) for r in records if r["step"] > opts.warmup]
     if not steady:

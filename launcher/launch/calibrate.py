@@ -23,6 +23,7 @@ ones replaced); anything else there is refused, never overwritten.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import platform
 import subprocess
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -55,6 +56,14 @@ from launcher.train.op_timing import (
 )
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
+
+# Attempts at one figure whose repeats spread past the noise limit (measurement_noise): on this
+# project's quiet 2-core VM (2026-11-27) single operator timings move between regimes (the tiny
+# recipe's element-wise forward 0.93 ms in one process, 2.4 ms in another minutes later), and
+# 10 of 15 calibrations were refused for one figure straddling two; a figure is only kept when an
+# attempt's repeats agree within the limit.
+MEASURE_TRIES = 3
 
 # Message sizes every measured collective kind is also timed at, besides the plan's own sizes:
 # 4 KiB (where gloo and NCCL are latency-bound) and 1 MiB (well into their bandwidth regime), so
@@ -197,6 +206,22 @@ class Session:
     def tag(self) -> dict[str, Any]:
         return {"dtype": self.dtype_name, "threads": self.threads}
 
+    def steady(self, measure: Callable[[], T]) -> T:
+        """measure() (one figure, timed by self.timer), again when its repeats spread past the
+        noise limit, up to MEASURE_TRIES times in all while the time budget lasts: the attempt
+        with the narrowest spread is kept and its spread left for judged() to read."""
+        best: tuple[T, float] | None = None
+        for _ in range(MEASURE_TRIES):
+            value = measure()
+            spread = self.timer.take_spread()
+            if best is None or spread < best[1]:
+                best = (value, spread)
+            if not noise.is_noise(spread) or time.monotonic() > self.timer.deadline:
+                break
+        assert best is not None
+        self.timer.spread = best[1]
+        return best[0]
+
     def say(self, text: str) -> None:
         self.done += 1
         elapsed = time.monotonic() - self.started
@@ -238,7 +263,8 @@ def distinct_gemms(cfg: LLMTrainConfig, ops: Operators) -> dict[tuple[int, int, 
 
 def time_gemms(s: Session, ops: Operators) -> None:
     for g in distinct_gemms(s.cfg, ops).values():
-        f, b = measure_gemm(g, s.timer, s.device, s.dtype, s.cfg.model.linear_bias)
+        bias = s.cfg.model.linear_bias
+        f, b = s.steady(functools.partial(measure_gemm, g, s.timer, s.device, s.dtype, bias))
         entry = {**s.tag, "name": g.name, "m": g.m, "n": g.n, "k": g.k, "fwd_s": f, "bwd_s": b}
         s.doc["gemm"].append(entry)
         verdict = s.judged(f"GEMM {g.name} {g.m}x{g.n}x{g.k}", entry)
@@ -250,7 +276,9 @@ def time_gemms(s: Session, ops: Operators) -> None:
 
 def time_attention(s: Session, ops: Operators) -> None:
     a = ops.attention
-    f, b = measure_attention(ops, s.timer, s.device, s.dtype, s.cfg.model.attention_dropout)
+    f, b = s.steady(
+        lambda: measure_attention(ops, s.timer, s.device, s.dtype, s.cfg.model.attention_dropout)
+    )
     entry = {
         **s.tag,
         "kind": a.kind,
@@ -271,7 +299,7 @@ def time_attention(s: Session, ops: Operators) -> None:
 
 
 def time_elementwise(s: Session, ops: Operators) -> None:
-    f, b = measure_elementwise(s.cfg, ops, s.timer, s.device, s.dtype)
+    f, b = s.steady(lambda: measure_elementwise(s.cfg, ops, s.timer, s.device, s.dtype))
     nbytes = elementwise_bytes(ops, DTYPE_BYTES[s.dtype_name])
     entry = {
         **s.tag,
@@ -291,7 +319,7 @@ def time_elementwise(s: Session, ops: Operators) -> None:
 
 
 def time_loss(s: Session, ops: Operators) -> None:
-    f, b = measure_loss(s.cfg, ops, s.timer, s.device, s.dtype)
+    f, b = s.steady(lambda: measure_loss(s.cfg, ops, s.timer, s.device, s.dtype))
     entry = {**s.tag, "tokens": ops.tokens, "vocab": ops.vocab_local, "fwd_s": f, "bwd_s": b}
     s.doc["loss"].append(entry)
     verdict = s.judged("loss", entry, ratio=False)
@@ -306,7 +334,7 @@ def time_optimizer(s: Session) -> None:
     if params <= 0:
         s.say("optimizer: no optimizer states on this rank")
         return
-    timed = measure_optimizer(s.cfg, params, tensors, s.timer, s.device)
+    timed = s.steady(lambda: measure_optimizer(s.cfg, params, tensors, s.timer, s.device))
     spread = s.timer.take_spread()
     odd = [f"optimizer step: repeats spread {spread:.0%}"] if noise.is_noise(spread) else []
     if len(timed) == 2:

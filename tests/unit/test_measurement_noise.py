@@ -121,3 +121,43 @@ def test_plan_refuses_a_noisy_profile_and_names_a_forced_one(tmp_path: Path) -> 
     assert prof.choose("cpu", str(clean), "fp32", 1)[1] is None
     old = _profile(tmp_path, None)  # written before calibrate recorded its quality
     assert prof.choose("cpu", str(old), "fp32", 1)[0] is not None
+
+
+def _session(deadline_s: float):  # type: ignore[no-untyped-def]
+    import time
+
+    import torch
+
+    from launcher.config.compose import compose_config
+    from launcher.launch.calibrate import Session
+    from launcher.train.op_timing import Timer
+
+    timer = Timer(torch.device("cpu"), time.monotonic() + deadline_s)
+    cfg = compose_config(["recipe=tiny", "cluster=cpu"]).config
+    return Session(cfg, timer.device, timer, 1, lambda _: None, time.monotonic(), 1, {})
+
+
+@pytest.mark.parametrize(
+    ("spreads", "deadline_s", "kept", "tries"),
+    [
+        ([0.9, 0.1, 0.5], 60.0, 0.1, 2),  # a quiet second attempt is kept, no third
+        ([0.9, 0.6, 0.7], 60.0, 0.6, 3),  # all noisy: the narrowest of three, judged noise
+        ([0.05], 60.0, 0.05, 1),  # quiet at once: measured once
+        ([0.9, 0.1], -1.0, 0.9, 1),  # the time budget spent: no second attempt
+    ],
+)
+def test_calibrate_measures_a_noisy_figure_again(
+    spreads: list[float], deadline_s: float, kept: float, tries: int
+) -> None:
+    s = _session(deadline_s)
+    calls: list[float] = []
+
+    def measure() -> float:
+        spread = spreads[len(calls)]
+        calls.append(spread)
+        s.timer.spread = spread  # what Timer.measure leaves after its repeats
+        return spread * 1000  # the figure of that attempt
+
+    assert s.steady(measure) == kept * 1000
+    assert len(calls) == tries
+    assert s.timer.take_spread() == kept  # judged() reads the kept attempt's spread
