@@ -193,7 +193,7 @@ def plan_measure(overrides: list[str], *, as_json: bool) -> None:
     """`plan --measure`: train shrunk copies of the model here and extrapolate."""
     from launcher.launch.measure import measure, table, to_json
 
-    compose_valid(overrides, json_errors=False)  # errors on stderr, as before a measurement
+    compose_valid(overrides, json_errors=as_json)
     result = measure(overrides, _progress)
     if as_json:
         print_json(to_json(result))
@@ -250,7 +250,7 @@ def calibrate(
     from pathlib import Path
 
     overrides = with_config(config, overrides)
-    composed, _ = compose_valid(overrides or [], json_errors=False)
+    composed, _ = compose_valid(overrides or [], json_errors=as_json)
     if budget is not None and not budget > 0:
         raise UserError(f"--budget={budget}: must be a positive number of seconds, e.g. 60")
     if no_cache and out_path is None:

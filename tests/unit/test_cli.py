@@ -97,6 +97,16 @@ def test_plan_json_has_the_contract_keys() -> None:
     assert doc["time"]["step_s"] > 0
 
 
+@pytest.mark.parametrize("command", [["plan", "--measure"], ["calibrate"]])
+def test_measuring_commands_refuse_an_invalid_config_as_json(command: list[str]) -> None:
+    # Nothing is measured: the world-size and head rules refuse tp=3 before any process starts.
+    result = runner.invoke(app, [*command, "parallel.tp=3", "--json"])
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["valid"] is False
+    assert {"world-size", "attention-heads"} <= {e["rule"] for e in doc["errors"]}
+
+
 def test_plan_search_keeps_fixed_keys() -> None:
     result = runner.invoke(
         app, ["plan", "--search", "recipe=llama3-8b", "parallel.tp=2", "--top", "3", "--json"]
