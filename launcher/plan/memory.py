@@ -56,7 +56,6 @@ from launcher.plan.layer_activations import (
     uses_dropout,
 )
 from launcher.plan.model_states import (
-    OPTIMIZER_STATE_BYTES,
     BytesPerParam,
     StageParams,
     StageStates,
@@ -272,7 +271,6 @@ __all__ = [
     "FRAGMENTATION",
     "GIB",
     "LOSS_PARALLEL_BACKWARD_BYTES",
-    "OPTIMIZER_STATE_BYTES",
     "ActivationParts",
     "ActivationTerms",
     "BytesPerParam",

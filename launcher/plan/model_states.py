@@ -63,12 +63,11 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
 
 
 def moment_bytes(cfg: LLMTrainConfig) -> float:
-    """Optimizer-state bytes per parameter besides the master copy: Adam's m and v in
-    optim.state_dtype (fp32 unless Megatron's precision-aware optimizer stores them in 16 bits,
-    backends/optimizer_precision.py); Lion's and SGD's one buffer in fp32."""
-    if cfg.optim.name in ("adam", "adamw"):
-        return 2.0 * DTYPE_BYTES[cfg.optim.state_dtype]
-    return float(OPTIMIZER_STATE_BYTES[cfg.optim.name])
+    """Optimizer-state bytes per parameter besides the master copy, in optim.state_dtype (fp32
+    unless Megatron's precision-aware optimizer stores Adam's m and v in 16 bits,
+    backends/optimizer_precision.py, which refuses it for the other optimizers)."""
+    fp32 = OPTIMIZER_STATE_BYTES[cfg.optim.name]
+    return fp32 * DTYPE_BYTES[cfg.optim.state_dtype] / DTYPE_BYTES["fp32"]
 
 
 def stores_master_remainders(cfg: LLMTrainConfig) -> bool:
