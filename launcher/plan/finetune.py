@@ -1,6 +1,6 @@
 """What fine-tuning with adapters costs (finetune=lora|qlora): pure arithmetic, never torch.
 
-The one place for these formulas (memory.py, kernels.py and flops.py call them):
+The one place for these formulas (memory/estimate.py, timing/kernels.py and flops.py call them):
 - Adapter parameters: each target projection W [out, in] gets A [r, in] and B [out, r]:
   r * (in + out) parameters (Hu et al. 2021, arXiv:2106.09685, section 4). Under tensor
   parallel they are split like the weight they adapt (launcher/train/engines/torch_parallelize.py
@@ -58,7 +58,7 @@ def is_finetune(cfg: LLMTrainConfig) -> bool:
 
 
 def projections(m: ModelConfig) -> dict[str, Projection]:
-    """The adaptable projections of a dense block (launcher/train/lora.py's table)."""
+    """The adaptable projections of a dense block (launcher/train/finetune/lora.py's table)."""
     s = ModelShape(m)
     h, d, ffn = m.hidden_size, s.head_dim, m.ffn_hidden_size
     q, kv = m.num_attention_heads * d, s.kv_heads * d

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import ModelConfig
 from launcher.errors import ConfigError
 from launcher.export.hf_layout import hf_config
@@ -40,7 +40,7 @@ def test_export_config_read_back_gives_the_same_model(recipe: str, tmp_path: Pat
 
 def effective(m: ModelConfig, name: str) -> object:
     """A key's meaning: None for head_dim / norm_eps stands for the derived value / the norm's
-    usual epsilon (schema.py), which config.json writes out."""
+    usual epsilon (launcher/config/schema/model.py), which config.json writes out."""
     if name == "head_dim":
         return ModelShape(m).head_dim
     if name == "norm_eps" and m.norm_eps is None:
