@@ -1,8 +1,10 @@
 """The SLURM batch script (job.sbatch) and the multi-node torchrun script (launch.sh) of a run.
 
 Pure functions of the resolved config: the same config renders the same bytes (golden-file tests
-in tests/unit/test_render_golden.py). Every value that comes from the user is shell-quoted, and a
-value that cannot be written safely (a newline in an ``#SBATCH`` line) is refused.
+in tests/unit/test_render_golden.py). Every value that comes from the user is quoted for what
+reads it: shell-quoted in the script's body, quoted as sbatch reads ``#SBATCH`` lines in those
+(``sbatch_quote``); a value that cannot be written safely (a newline in an ``#SBATCH`` line) is
+refused.
 
 How the job works (job.sbatch):
 
@@ -38,6 +40,7 @@ How the job works (job.sbatch):
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -93,12 +96,43 @@ def _check_line(key: str, value: str) -> str:
     return value
 
 
+# Characters sbatch's reader takes literally outside quotes (shlex's own safe set, a subset).
+_SBATCH_PLAIN = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
+
+
+def sbatch_quote(text: str) -> str:
+    """`text` as one word of an ``#SBATCH`` line. sbatch reads those lines itself, not through a
+    shell (SLURM src/sbatch/opt.c, ``get_argument``, slurm-22-05-8-1 to master): words split at
+    unquoted whitespace, '...' or "..." group characters, an unquoted ``#`` starts a comment, and
+    a backslash takes the next character literally *inside quotes too*, so a shell's
+    single-quoting would lose every backslash. Written in double quotes with each backslash and
+    double quote escaped, every value without a newline reads back as given."""
+    if _SBATCH_PLAIN.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _directive(option: str, value: str | int | None = None, *, key: str = "") -> str:
-    """One ``#SBATCH`` line. sbatch reads these itself (no shell), honouring quotes."""
+    """One ``#SBATCH`` line (``sbatch_quote``)."""
     if value is None:
         return f"#SBATCH {option}"
     text = _check_line(key or option, str(value))
-    return f"#SBATCH {option}={shlex.quote(text)}"
+    return f"#SBATCH {option}={sbatch_quote(text)}"
+
+
+def log_pattern(run_dir: str, suffix: str) -> str:
+    """The --output/--error filename pattern of the job's log in RUN_DIR/logs. SLURM expands
+    ``%`` symbols there (sbatch(1), "filename pattern": ``%j`` the job id, ``%%`` a ``%``) and
+    expands none at all in a pattern holding a backslash (src/slurmd/common/fname.c,
+    ``remove_path_slashes``), which would put every job's log in one literal
+    ``slurm-%j.out``: such a run directory is refused."""
+    if "\\" in run_dir:
+        raise RenderError(
+            f"run directory {run_dir!r} (run.root_dir, run.name, or render --out): SLURM takes "
+            "a log path holding a backslash literally, without the job id; choose a folder "
+            "without one"
+        )
+    return f"{run_dir.replace('%', '%%')}/{LOGS}/slurm-%j.{suffix}"
 
 
 def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
@@ -336,8 +370,8 @@ def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[
         if value is not None:
             head.append(_directive(f"--{key}", value, key=f"slurm.{key}"))
     head += [
-        _directive("--output", f"{run_dir}/{LOGS}/slurm-%j.out", key="run_dir"),
-        _directive("--error", f"{run_dir}/{LOGS}/slurm-%j.err", key="run_dir"),
+        _directive("--output", log_pattern(run_dir, "out"), key="run_dir"),
+        _directive("--error", log_pattern(run_dir, "err"), key="run_dir"),
         "#SBATCH --open-mode=append",
         _directive("--chdir", workdir, key="workdir"),
         f"#SBATCH --signal=B:USR1@{s.signal_grace_s}",
@@ -347,8 +381,7 @@ def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[
         problem = extra_sbatch_problem(cfg, arg)
         if problem:
             raise RenderError(problem)
-        option, sep, value = arg.partition("=")
-        head.append(f"#SBATCH {q(option)}={q(value)}" if sep else f"#SBATCH {q(option)}")
+        head.append(f"#SBATCH {sbatch_quote(arg)}")
     return head
 
 

@@ -148,7 +148,8 @@ def trainer_processes(run_dir: Path) -> list[str]:
 
 
 def test_two_nodes_train_with_falling_loss(cluster: dict[str, str], tmp_path: Path) -> None:
-    name = "x; touch PWNED $(touch PWNED2) `touch PWNED3`"
+    # A shell would run parts of it; sbatch's own reader would drop a single-quoted backslash.
+    name = "x; touch PWNED $(touch PWNED2) `touch PWNED3` a\\b"
     job, run_dir = submit(cluster, tmp_path, "train.steps=40", f"slurm.job_name='{name}'")
     fields = wait_for_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     assert fields["JobState"] == "COMPLETED", slurm_output(run_dir, job)

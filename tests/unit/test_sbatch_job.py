@@ -1,0 +1,63 @@
+"""job.sbatch as SLURM reads it (issue 42 item 9): every #SBATCH value reads back as given
+(tests/sbatch_reader.py models sbatch's own reader and SLURM's filename patterns)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.config.compose import compose_config
+from launcher.render.sbatch import RenderError, render_sbatch
+from tests.sbatch_reader import output_path, sbatch_option, sbatch_options
+
+TWO_NODES = ["cluster.num_nodes=2", "train.micro_batch_size=4"]
+# What a shell would expand or split, what sbatch's reader treats specially (quotes, backslash,
+# '#'), and what a filename pattern expands ('%').
+AWKWARD = "a b\\c 'q' \"d\" #x $HOME `id` 50%"
+
+
+def render(overrides: list[str], run_dir: str = "/r/run", workdir: str = "/w") -> str:
+    cfg = compose_config([*TWO_NODES, *overrides]).config
+    return render_sbatch(cfg, python="python", run_dir=run_dir, workdir=workdir)
+
+
+@pytest.mark.parametrize(
+    ("key", "option"),
+    [
+        ("slurm.job_name", "job-name"),
+        ("slurm.partition", "partition"),
+        ("slurm.account", "account"),
+        ("slurm.qos", "qos"),
+        ("slurm.time", "time"),
+    ],
+)
+def test_every_sbatch_value_reads_back_as_given(key: str, option: str) -> None:
+    cfg = compose_config(TWO_NODES).config
+    section, name = key.split(".")
+    setattr(getattr(cfg, section), name, AWKWARD)
+    script = render_sbatch(cfg, python="python", run_dir="/r", workdir="/w")
+    assert sbatch_option(script, option) == AWKWARD
+
+
+def test_extra_sbatch_args_and_the_working_directory_read_back_as_given() -> None:
+    cfg = compose_config(TWO_NODES).config
+    cfg.slurm.extra_sbatch_args = [f"--comment={AWKWARD}", "--exclusive"]
+    script = render_sbatch(cfg, python="python", run_dir="/r", workdir=f"/w/{AWKWARD}")
+    assert sbatch_option(script, "comment") == AWKWARD
+    assert sbatch_option(script, "chdir") == f"/w/{AWKWARD}"
+    assert "--exclusive" in sbatch_options(script)
+
+
+def test_the_logs_are_written_into_the_run_directory_whatever_its_name() -> None:
+    # '%' starts a replacement symbol in --output/--error (sbatch(1), "filename pattern"): a run
+    # directory holding one must not have it expanded; spaces and quotes must survive sbatch.
+    run_dir = "/runs/exp %x 'b' 50%"
+    script = render([], run_dir=run_dir)
+    assert output_path(sbatch_option(script, "output"), "77") == f"{run_dir}/logs/slurm-77.out"
+    assert output_path(sbatch_option(script, "error"), "77") == f"{run_dir}/logs/slurm-77.err"
+
+
+def test_a_run_directory_slurm_cannot_name_logs_in_is_refused() -> None:
+    # Any backslash in an --output pattern turns every %j off (fname.c remove_path_slashes): the
+    # job's logs would land in one literal 'slurm-%j.out' file. Refused, naming the key.
+    with pytest.raises(RenderError, match=r"run\.root_dir.*backslash"):
+        render([], run_dir="/runs/a\\b")
