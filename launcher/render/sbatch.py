@@ -9,7 +9,9 @@ refused.
 How the job works (job.sbatch):
 
 - One ``srun`` task per node (``--ntasks-per-node=1``) runs ``torchrun`` with ``--nnodes`` and
-  ``--nproc-per-node``; the ranks meet through c10d rendezvous on the first node of the
+  ``--nproc-per-node``. That task gets the CPUs of all the node's ranks (``node_cpus``), asked
+  of sbatch and again of srun, and each rank is told its share (``OMP_NUM_THREADS``). The ranks
+  meet through c10d rendezvous on the first node of the
   allocation. Its address is resolved inside the job: the first name of ``scontrol show hostnames
   $SLURM_JOB_NODELIST``, then that node's ``NodeAddr`` from ``scontrol show node`` (a node name
   may not resolve, or resolve to loopback on the node itself). The port is derived from the job
@@ -135,17 +137,30 @@ def log_pattern(run_dir: str, suffix: str) -> str:
     return f"{run_dir.replace('%', '%%')}/{LOGS}/slurm-%j.{suffix}"
 
 
+# Since Slurm 22.05 srun no longer takes --cpus-per-task from sbatch or salloc (RELEASE_NOTES,
+# slurm-22-05-0-1: it must be given to srun again or set in SRUN_CPUS_PER_TASK); 23.11 went back
+# to reading SLURM_CPUS_PER_TASK and dropped SRUN_CPUS_PER_TASK (RELEASE_NOTES, slurm-23-11-0-1).
+# srun's own --cpus-per-task is honoured by every version, so the training step asks with it.
+def node_cpus(cfg: LLMTrainConfig) -> int:
+    """CPUs of each node's one task, which runs torchrun and all the node's ranks (sbatch's and
+    srun's --cpus-per-task): slurm.cpus_per_task, else one CPU per rank plus one per data loader
+    worker of each rank, cluster.gpus_per_node x (1 + data.num_workers) (the floor that
+    stas00/ml-engineering, orchestration/slurm/performance.md, gives: a core for each GPU's
+    process and one for each of its DataLoader workers). SLURM's own default is one CPU per task,
+    here one for the whole node (unless the cluster sets DefCpuPerGPU, which a request replaces)."""
+    asked = cfg.slurm.cpus_per_task
+    return asked if asked is not None else cfg.cluster.gpus_per_node * (1 + cfg.data.num_workers)
+
+
 def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
     """Environment of the trainer processes: deterministic (no probing of this machine). Secrets
     are left out: they are never written into a script."""
     env = {"PYTHONUNBUFFERED": "1"}
-    nproc = cfg.cluster.gpus_per_node
     if cfg.cluster.gpu == "cpu":
         env["LLMTRAIN_DEVICE"] = "cpu"
         env["DS_ACCELERATOR"] = "cpu"
-    cpus = cfg.slurm.cpus_per_task
-    if cpus is not None or cfg.cluster.gpu == "cpu":
-        env["OMP_NUM_THREADS"] = str(max(1, (cpus or nproc) // nproc))
+    # Each rank's share of its node's CPUs (torchrun would otherwise set 1).
+    env["OMP_NUM_THREADS"] = str(max(1, node_cpus(cfg) // cfg.cluster.gpus_per_node))
     env.update(backend_of(cfg).env(cfg))  # e.g. Megatron-LM's with tensor parallel
     env.update(public_env(cfg))
     for key, value in env.items():
@@ -345,7 +360,7 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
 
 def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[str]:
     """The script's first lines: what it runs, then its ``#SBATCH`` directives (nodes, GPUs,
-    time, logs, the preemption signal, requeue, slurm.extra_sbatch_args)."""
+    CPUs, time, logs, the preemption signal, requeue, slurm.extra_sbatch_args)."""
     s, c = cfg.slurm, cfg.cluster
     q = shlex.quote
     steps = derive_layout(cfg).steps
@@ -362,8 +377,7 @@ def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[
         head.append(
             f"#SBATCH --gres=gpu:{g}" if c.gpu_request == "gres" else f"#SBATCH --gpus-per-node={g}"
         )
-    if s.cpus_per_task is not None:
-        head.append(f"#SBATCH --cpus-per-task={s.cpus_per_task}")
+    head.append(f"#SBATCH --cpus-per-task={node_cpus(cfg)}")
     head.append(_directive("--time", s.time, key="slurm.time"))
     for key in ("partition", "account", "qos"):
         value = getattr(s, key)
@@ -394,6 +408,7 @@ def _srun_words(cfg: LLMTrainConfig, python: str, run_dir: str, workdir: str) ->
         "srun",
         f"--nodes={n}",
         "--ntasks-per-node=1",
+        f"--cpus-per-task={node_cpus(cfg)}",  # not inherited from sbatch since 22.05 (node_cpus)
         "--kill-on-bad-exit=1",
     ]
     if s.container_image is not None:

@@ -30,6 +30,13 @@ SCRIPTS = ROOT / "scripts" / "slurm"
 CLUSTER_DIR = Path(os.environ.get("LLMTRAIN_SLURM_DIR", "/tmp/llmtrain-slurm-cluster"))
 SLURM_CONF = CLUSTER_DIR / "etc" / "slurm.conf"
 
+# The cluster binds each job to the CPUs it was given (TaskPlugin=task/affinity), and its two
+# nodes share this machine, each counting from CPU 0: with one CPU per node both ranks of a job
+# would share CPU 0. So the jobs of JOB take two CPUs per node (the whole node when nproc is 2)
+# and keep one thread per rank, as these tests ran before the binding; a test that runs two jobs
+# at once asks for one CPU per node.
+NODE_CPUS = min(2, len(os.sched_getaffinity(0)))
+ONE_THREAD = "+cluster.env.OMP_NUM_THREADS=1"
 # The tiny recipe, shortened, as one job over two nodes with one (gloo) process each.
 JOB = [
     "model.seq_length=64",
@@ -40,6 +47,8 @@ JOB = [
     "cluster=cpu",
     "cluster.num_nodes=2",
     "cluster.gpus_per_node=1",
+    f"slurm.cpus_per_task={NODE_CPUS}",
+    ONE_THREAD,
 ]
 
 
@@ -271,7 +280,8 @@ def test_one_writer_per_run_directory_across_jobs_and_local_runs(
     # one run directory. Now the job's batch script holds the run directory's lock (flock) and
     # `run` refuses while slurm.json shows a live job; a job started by hand (sbatch job.sbatch,
     # not in slurm.json) meets the lock of a job or a local run and stops without writing.
-    shared = ["run.name=shared", "checkpoint.every_steps=5"]
+    # One CPU per node: the second job (sbatch by hand) must start while the first one runs.
+    shared = ["run.name=shared", "checkpoint.every_steps=5", "slurm.cpus_per_task=1"]
     local = [
         "model.seq_length=64",
         "train.micro_batch_size=4",

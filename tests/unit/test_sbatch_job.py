@@ -1,7 +1,10 @@
-"""job.sbatch as SLURM reads it (issue 42 item 9): every #SBATCH value reads back as given
-(tests/sbatch_reader.py models sbatch's own reader and SLURM's filename patterns)."""
+"""job.sbatch as SLURM reads it (issue 42 items 8 and 9): every #SBATCH value reads back as given
+(tests/sbatch_reader.py models sbatch's own reader and SLURM's filename patterns), and the CPUs
+the job asks reach srun and the ranks."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -18,6 +21,13 @@ AWKWARD = "a b\\c 'q' \"d\" #x $HOME `id` 50%"
 def render(overrides: list[str], run_dir: str = "/r/run", workdir: str = "/w") -> str:
     cfg = compose_config([*TWO_NODES, *overrides]).config
     return render_sbatch(cfg, python="python", run_dir=run_dir, workdir=workdir)
+
+
+def srun_step(script: str) -> str:
+    """The training step's srun command, its continuation lines joined."""
+    found = re.search(r"^srun .*? &$", script.replace("\\\n", ""), re.M | re.S)
+    assert found, script
+    return found.group(0)
 
 
 @pytest.mark.parametrize(
@@ -61,3 +71,34 @@ def test_a_run_directory_slurm_cannot_name_logs_in_is_refused() -> None:
     # job's logs would land in one literal 'slurm-%j.out' file. Refused, naming the key.
     with pytest.raises(RenderError, match=r"run\.root_dir.*backslash"):
         render([], run_dir="/runs/a\\b")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cpus", "threads"),
+    [
+        # Unset: one CPU per rank plus one per data loader worker of each rank.
+        (["cluster.gpus_per_node=2"], 2, 1),
+        (["cluster.gpus_per_node=2", "data.num_workers=3"], 8, 4),
+        (["cluster.gpus_per_node=4", "slurm.cpus_per_task=12"], 12, 3),
+        (["cluster.gpus_per_node=4", "slurm.cpus_per_task=2"], 2, 1),
+        (["recipe=llama3-70b", "cluster=a100-80gb", "slurm.cpus_per_task=96"], 96, 12),
+        (["recipe=llama3-70b", "cluster=a100-80gb"], 8, 1),
+    ],
+)
+def test_srun_gives_each_node_the_cpus_the_job_asked(
+    overrides: list[str], cpus: int, threads: int
+) -> None:
+    script = render(overrides)
+    assert sbatch_option(script, "cpus-per-task") == str(cpus)
+    assert sbatch_option(script, "ntasks-per-node") == "1"  # one torchrun per node
+    # Since Slurm 22.05 srun does not take --cpus-per-task from sbatch: it is asked again.
+    assert f" --cpus-per-task={cpus} " in srun_step(script)
+    assert f"\nexport OMP_NUM_THREADS={threads}\n" in script
+
+
+def test_launch_sh_tells_the_ranks_the_same_thread_count() -> None:
+    from launcher.render.sbatch import render_launch_sh
+
+    cfg = compose_config([*TWO_NODES, "cluster.gpus_per_node=4", "slurm.cpus_per_task=8"]).config
+    text = render_launch_sh(cfg, python="python", run_dir="/r", workdir="/w")
+    assert "\nexport OMP_NUM_THREADS=2\n" in text
