@@ -466,7 +466,8 @@ class SlurmConfig:
     """The SLURM job `llmtrain submit` writes (launcher=slurm)."""
 
     job_name: str | None = None
-    """None: the run's name (its directory's name), so jobs of different runs tell apart in
+    """None: the run's name (run.name, else <recipe>-<hash of the config>; also when `render
+    --out DIR` writes the job into another folder), so jobs of different runs tell apart in
     squeue."""
     partition: str | None = None
     """sbatch --partition; None: the cluster's default."""

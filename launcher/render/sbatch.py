@@ -330,10 +330,13 @@ def lock_lines() -> list[str]:
     ]
 
 
-def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str) -> str:
-    """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues."""
+def render_sbatch(
+    cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str, run_name: str | None = None
+) -> str:
+    """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues.
+    The job is named slurm.job_name, else `run_name` (the run's name), else RUN_DIR's name."""
     run_dir = _check_line("run_dir", run_dir)
-    head = _sbatch_directives(cfg, run_dir, workdir)
+    head = _sbatch_directives(cfg, run_dir, workdir, run_name or PurePosixPath(run_dir).name)
     srun = _srun_words(cfg, python, run_dir, workdir)
     stop = _stop_shell(cfg, run_dir)
     body = [
@@ -358,9 +361,9 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
     return "\n".join(head + body) + "\n"
 
 
-def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[str]:
-    """The script's first lines: what it runs, then its ``#SBATCH`` directives (nodes, GPUs,
-    CPUs, time, logs, the preemption signal, requeue, slurm.extra_sbatch_args)."""
+def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str, run_name: str) -> list[str]:
+    """The script's first lines: what it runs, then its ``#SBATCH`` directives (name, nodes,
+    GPUs, CPUs, time, logs, the preemption signal, requeue, slurm.extra_sbatch_args)."""
     s, c = cfg.slurm, cfg.cluster
     q = shlex.quote
     steps = derive_layout(cfg).steps
@@ -369,7 +372,7 @@ def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[
         "#!/bin/bash",
         f"# llmtrain: {cfg.model.name} on {n} node(s) x {g} process(es), {steps} steps.",
         f"# Submit with `llmtrain submit` (or: sbatch {q(run_dir + '/job.sbatch')}).",
-        _directive("--job-name", s.job_name or PurePosixPath(run_dir).name, key="slurm.job_name"),
+        _directive("--job-name", s.job_name or run_name, key="slurm.job_name"),
         f"#SBATCH --nodes={n}",
         "#SBATCH --ntasks-per-node=1",
     ]

@@ -187,6 +187,84 @@ def test_two_nodes_train_with_falling_loss(cluster: dict[str, str], tmp_path: Pa
     assert "done: 40 steps" in logs.stdout
 
 
+def cpus_allowed(pid: str) -> int:
+    """How many CPUs process `pid` may run on (its affinity mask, /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    listed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M)[1]
+    ranges = [part.split("-") for part in listed.split(",")]
+    return sum(int(r[-1]) - int(r[0]) + 1 for r in ranges)
+
+
+def rank_environ(pid: str) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v)
+
+
+def rank_pids(run_dir: Path) -> list[str]:
+    """The trainer ranks of this run (not the torchrun agents or their wrappers)."""
+    return [
+        line.split(":")[0]
+        for line in trainer_processes(run_dir)
+        if "torch.distributed" not in line and "launcher.train.loop" in line
+    ]
+
+
+def test_a_rendered_job_runs_as_is_and_each_rank_gets_its_cpus(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 42 items 8-9: `render --out DIR`, then plain `sbatch DIR/job.sbatch`. The job runs as
+    written (SLURM creates no folder for --output: render made logs/), it is named after the run,
+    and srun hands each node's torchrun the CPUs the job asked: slurm.cpus_per_task unset, so one
+    per rank, 2 per node here. What a rank sees is read from outside, in /proc: its CPU affinity
+    (the test cluster runs TaskPlugin=task/affinity, which binds each task with sched_setaffinity;
+    its ranks inherit the mask) and OMP_NUM_THREADS. Without cgroups nothing stops a process
+    from widening its own mask again; the check is that SLURM gave what was asked."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("the nodes need 2 CPUs each (CPUS=nproc in start-cluster.sh)")
+    out = tmp_path / "job dir"  # a space: --output and --chdir quoted as sbatch reads them
+    mine = ("cluster.gpus_per_node=1", "train.micro_batch_size=4", ONE_THREAD)
+    job_cfg = [k for k in JOB if k not in mine and not k.startswith("slurm.cpus_per_task=")]
+    job_cfg += ["cluster.gpus_per_node=2", "train.micro_batch_size=2", "train.steps=100000"]
+    job_cfg.append("run.name=cpus run")
+    done = llmtrain("render", *job_cfg, "--out", str(out), cwd=tmp_path, env=cluster)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sent = subprocess.run(
+        ["sbatch", "--parsable", str(out / "job.sbatch")],
+        cwd=tmp_path,
+        env=cluster,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert sent.returncode == 0, sent.stderr
+    job = sent.stdout.strip().split(";")[0]
+    try:
+        fields = wait_for_state(cluster, job, {"RUNNING", "FAILED", "COMPLETED"}, timeout=120)
+        assert fields["JobState"] == "RUNNING", (fields, slurm_output(out, job))
+        name = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%j"],
+            env=cluster,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        assert name == "cpus run"
+        deadline = time.monotonic() + 180
+        while len(ranks := rank_pids(out)) < 4:  # 2 nodes x 2 ranks, started by torchrun
+            assert time.monotonic() < deadline, (trainer_processes(out), slurm_output(out, job))
+            time.sleep(0.3)
+        seen = {pid: (cpus_allowed(pid), rank_environ(pid).get("OMP_NUM_THREADS")) for pid in ranks}
+        assert set(seen.values()) == {(2, "1")}, seen
+        assert "rendezvous 127.0.0.1:" in slurm_output(out, job)
+    finally:
+        subprocess.run(["scancel", job], env=cluster, timeout=30)
+        wait_for_state(cluster, job, {"CANCELLED", "FAILED", "COMPLETED"}, timeout=120)
+    deadline = time.monotonic() + 60
+    while trainer_processes(out) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not trainer_processes(out)
+
+
 def test_usr1_preemption_requeues_and_resumes(cluster: dict[str, str], tmp_path: Path) -> None:
     total = 300
     job, run_dir = submit(cluster, tmp_path, f"train.steps={total}", "checkpoint.every_steps=100")

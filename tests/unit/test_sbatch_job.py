@@ -1,15 +1,19 @@
-"""job.sbatch as SLURM reads it (issue 42 items 8 and 9): every #SBATCH value reads back as given
-(tests/sbatch_reader.py models sbatch's own reader and SLURM's filename patterns), and the CPUs
-the job asks reach srun and the ranks."""
+"""job.sbatch as SLURM reads it (issue 42 items 8 and 9): the CPUs reach srun and the ranks, every
+#SBATCH value reads back as given (tests/sbatch_reader.py models sbatch's own reader), and
+`render --out DIR` writes a job that `sbatch DIR/job.sbatch` runs as is."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 
 from launcher.config.compose import compose_config
 from launcher.render.sbatch import RenderError, render_sbatch
+from tests.cli import invoke
 from tests.sbatch_reader import output_path, sbatch_option, sbatch_options
 
 TWO_NODES = ["cluster.num_nodes=2", "train.micro_batch_size=4"]
@@ -102,3 +106,25 @@ def test_launch_sh_tells_the_ranks_the_same_thread_count() -> None:
     cfg = compose_config([*TWO_NODES, "cluster.gpus_per_node=4", "slurm.cpus_per_task=8"]).config
     text = render_launch_sh(cfg, python="python", run_dir="/r", workdir="/w")
     assert "\nexport OMP_NUM_THREADS=2\n" in text
+
+
+def test_render_out_writes_a_job_sbatch_runs_as_is(tmp_path: Path) -> None:
+    # sbatch opens --output before the script runs, and SLURM creates no folder for it.
+    path = os.environ["PATH"]
+    done = invoke(
+        "render", *TWO_NODES, "run.name=exp7", "--out", "job", cwd=tmp_path, env={"PATH": path}
+    )
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "job"
+    script = (out / "job.sbatch").read_text()
+    assert (out / "logs").is_dir()
+    assert Path(output_path(sbatch_option(script, "output"), "5")).parent == out / "logs"
+    # Named after the run, as `submit` names it, not after the folder it was rendered into.
+    assert sbatch_option(script, "job-name") == "exp7"
+
+    again = invoke("render", *TWO_NODES, "--out", "job", cwd=tmp_path, env={"PATH": path})
+    assert again.returncode == 0, again.stderr
+    dry = invoke("submit", *TWO_NODES, "--dry-run", "--json", cwd=tmp_path, env={"PATH": path})
+    run_name = Path(json.loads(dry.stdout)["run_dir"]).name
+    assert re.fullmatch(r"tiny-[0-9a-f]{8}", run_name)  # <recipe>-<hash of the config>
+    assert sbatch_option((out / "job.sbatch").read_text(), "job-name") == run_name

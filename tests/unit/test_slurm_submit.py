@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import compose_config
-from launcher.render.artifacts import render_artifacts, write_artifacts
+from launcher.launch.render_out import write_artifacts
+from launcher.render.artifacts import render_artifacts
 from launcher.render.sbatch import RenderError, render_sbatch
 from tests.cli import invoke
 from tests.sbatch_reader import sbatch_option
@@ -134,6 +135,7 @@ def test_render_writes_every_artifact(tmp_path: Path) -> None:
         "job.sbatch",
         "hostfile",
         "megatron_args.txt",
+        "logs",  # the folder job.sbatch's --output names: sbatch does not make it
     }
 
 
@@ -171,6 +173,7 @@ def test_render_again_replaces_the_earlier_files(tmp_path: Path) -> None:
         "job.sbatch",
         "hostfile",
         "megatron_args.txt",
+        "logs",  # the folder job.sbatch's --output names: sbatch does not make it
     }
     assert "name: torch" in (tmp_path / "out" / "config.yaml").read_text()
 
