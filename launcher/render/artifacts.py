@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher.config.compose import Composed
+from launcher.config.composition.compose import Composed
 from launcher.render.run_files import SLURM, Place, run_files
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.render.sbatch import RenderError, render_sbatch
 from tests.cli import invoke
 from tests.sbatch_reader import output_path, sbatch_option, sbatch_options

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.launch.render_out import write_artifacts
 from launcher.render.artifacts import render_artifacts
 from launcher.render.sbatch import RenderError, render_sbatch
