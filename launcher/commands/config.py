@@ -135,13 +135,18 @@ def render(
     """Write config.yaml, plan.json, launch.sh, job.sbatch, hostfile, megatron_args.txt (and
     ds_config.json for backend=deepspeed) into --out, replacing an earlier render's files."""
     overrides = with_config(config, overrides)
-    from launcher.render.artifacts import render_artifacts, write_artifacts
+    from launcher.launch.render_out import write_artifacts
+    from launcher.render.artifacts import render_artifacts
 
     composed, _ = compose_valid(overrides or [], json_errors=as_json)
+    from launcher.launch.local import run_dir_for
     from launcher.plan.document import plan_to_json
     from launcher.plan.planner import make_plan
 
-    files = render_artifacts(composed, out_dir, plan_doc=plan_to_json(make_plan(composed.config)))
+    plan_doc = plan_to_json(make_plan(composed.config))
+    # The job is named after the run, as `submit` names it, whatever folder it is rendered into.
+    run_name = run_dir_for(composed).name
+    files = render_artifacts(composed, out_dir, plan_doc=plan_doc, run_name=run_name)
     from pathlib import Path
 
     from launcher.rundir import RunDir

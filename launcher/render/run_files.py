@@ -61,13 +61,16 @@ ARTIFACTS = (CONFIG, PLAN, DS_CONFIG, LAUNCH_SCRIPT, SBATCH_SCRIPT, HOSTFILE, ME
 class Place:
     """Where the run lives: its folder, the Python that runs the trainer, the working directory
     the scripts cd into; for mode local also this machine's CPU count (threads per rank on CPU)
-    and the checkout of a backend whose ranks run its own script (None: not found)."""
+    and the checkout of a backend whose ranks run its own script (None: not found); the run's
+    name, which names its SLURM job (None: the folder's name; `render --out DIR` renders a run
+    into a folder of another name)."""
 
     run_dir: str
     python: str
     workdir: str
     cpus: int = 1
     checkout: str | None = None
+    run_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def run_files(
         else:
             where = {"python": place.python, "run_dir": place.run_dir, "workdir": place.workdir}
             files[LAUNCH_SCRIPT] = render_launch_sh(cfg, **where)
-            files[SBATCH_SCRIPT] = render_sbatch(cfg, **where)
+            files[SBATCH_SCRIPT] = render_sbatch(cfg, **where, run_name=place.run_name)
             files[HOSTFILE] = static_hostfile(cfg)
     except RenderError as exc:
         raise UserError(str(exc)) from None

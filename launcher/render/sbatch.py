@@ -1,13 +1,17 @@
 """The SLURM batch script (job.sbatch) and the multi-node torchrun script (launch.sh) of a run.
 
 Pure functions of the resolved config: the same config renders the same bytes (golden-file tests
-in tests/unit/test_render_golden.py). Every value that comes from the user is shell-quoted, and a
-value that cannot be written safely (a newline in an ``#SBATCH`` line) is refused.
+in tests/unit/test_render_golden.py). Every value that comes from the user is quoted for what
+reads it: shell-quoted in the script's body, quoted as sbatch reads ``#SBATCH`` lines in those
+(``sbatch_quote``); a value that cannot be written safely (a newline in an ``#SBATCH`` line) is
+refused.
 
 How the job works (job.sbatch):
 
 - One ``srun`` task per node (``--ntasks-per-node=1``) runs ``torchrun`` with ``--nnodes`` and
-  ``--nproc-per-node``; the ranks meet through c10d rendezvous on the first node of the
+  ``--nproc-per-node``. That task gets the CPUs of all the node's ranks (``node_cpus``), asked
+  of sbatch and again of srun, and each rank is told its share (``OMP_NUM_THREADS``). The ranks
+  meet through c10d rendezvous on the first node of the
   allocation. Its address is resolved inside the job: the first name of ``scontrol show hostnames
   $SLURM_JOB_NODELIST``, then that node's ``NodeAddr`` from ``scontrol show node`` (a node name
   may not resolve, or resolve to loopback on the node itself). The port is derived from the job
@@ -38,6 +42,7 @@ How the job works (job.sbatch):
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -93,25 +98,69 @@ def _check_line(key: str, value: str) -> str:
     return value
 
 
+# Characters sbatch's reader takes literally outside quotes (shlex's own safe set, a subset).
+_SBATCH_PLAIN = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
+
+
+def sbatch_quote(text: str) -> str:
+    """`text` as one word of an ``#SBATCH`` line. sbatch reads those lines itself, not through a
+    shell (SLURM src/sbatch/opt.c, ``get_argument``, slurm-22-05-8-1 to master): words split at
+    unquoted whitespace, '...' or "..." group characters, an unquoted ``#`` starts a comment, and
+    a backslash takes the next character literally *inside quotes too*, so a shell's
+    single-quoting would lose every backslash. Written in double quotes with each backslash and
+    double quote escaped, every value without a newline reads back as given."""
+    if _SBATCH_PLAIN.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _directive(option: str, value: str | int | None = None, *, key: str = "") -> str:
-    """One ``#SBATCH`` line. sbatch reads these itself (no shell), honouring quotes."""
+    """One ``#SBATCH`` line (``sbatch_quote``)."""
     if value is None:
         return f"#SBATCH {option}"
     text = _check_line(key or option, str(value))
-    return f"#SBATCH {option}={shlex.quote(text)}"
+    return f"#SBATCH {option}={sbatch_quote(text)}"
+
+
+def log_pattern(run_dir: str, suffix: str) -> str:
+    """The --output/--error filename pattern of the job's log in RUN_DIR/logs. SLURM expands
+    ``%`` symbols there (sbatch(1), "filename pattern": ``%j`` the job id, ``%%`` a ``%``) and
+    expands none at all in a pattern holding a backslash (src/slurmd/common/fname.c,
+    ``remove_path_slashes``), which would put every job's log in one literal
+    ``slurm-%j.out``: such a run directory is refused."""
+    if "\\" in run_dir:
+        raise RenderError(
+            f"run directory {run_dir!r} (run.root_dir, run.name, or render --out): SLURM takes "
+            "a log path holding a backslash literally, without the job id; choose a folder "
+            "without one"
+        )
+    return f"{run_dir.replace('%', '%%')}/{LOGS}/slurm-%j.{suffix}"
+
+
+# Since Slurm 22.05 srun no longer takes --cpus-per-task from sbatch or salloc (RELEASE_NOTES,
+# slurm-22-05-0-1: it must be given to srun again or set in SRUN_CPUS_PER_TASK); 23.11 went back
+# to reading SLURM_CPUS_PER_TASK and dropped SRUN_CPUS_PER_TASK (RELEASE_NOTES, slurm-23-11-0-1).
+# srun's own --cpus-per-task is honoured by every version, so the training step asks with it.
+def node_cpus(cfg: LLMTrainConfig) -> int:
+    """CPUs of each node's one task, which runs torchrun and all the node's ranks (sbatch's and
+    srun's --cpus-per-task): slurm.cpus_per_task, else one CPU per rank plus one per data loader
+    worker of each rank, cluster.gpus_per_node x (1 + data.num_workers) (the floor that
+    stas00/ml-engineering, orchestration/slurm/performance.md, gives: a core for each GPU's
+    process and one for each of its DataLoader workers). SLURM's own default is one CPU per task,
+    here one for the whole node (unless the cluster sets DefCpuPerGPU, which a request replaces)."""
+    asked = cfg.slurm.cpus_per_task
+    return asked if asked is not None else cfg.cluster.gpus_per_node * (1 + cfg.data.num_workers)
 
 
 def job_env(cfg: LLMTrainConfig) -> dict[str, str]:
     """Environment of the trainer processes: deterministic (no probing of this machine). Secrets
     are left out: they are never written into a script."""
     env = {"PYTHONUNBUFFERED": "1"}
-    nproc = cfg.cluster.gpus_per_node
     if cfg.cluster.gpu == "cpu":
         env["LLMTRAIN_DEVICE"] = "cpu"
         env["DS_ACCELERATOR"] = "cpu"
-    cpus = cfg.slurm.cpus_per_task
-    if cpus is not None or cfg.cluster.gpu == "cpu":
-        env["OMP_NUM_THREADS"] = str(max(1, (cpus or nproc) // nproc))
+    # Each rank's share of its node's CPUs (torchrun would otherwise set 1).
+    env["OMP_NUM_THREADS"] = str(max(1, node_cpus(cfg) // cfg.cluster.gpus_per_node))
     env.update(backend_of(cfg).env(cfg))  # e.g. Megatron-LM's with tensor parallel
     env.update(public_env(cfg))
     for key, value in env.items():
@@ -281,10 +330,13 @@ def lock_lines() -> list[str]:
     ]
 
 
-def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str) -> str:
-    """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues."""
+def render_sbatch(
+    cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: str, run_name: str | None = None
+) -> str:
+    """job.sbatch for `cfg`: see the module docstring for how it runs, preempts and requeues.
+    The job is named slurm.job_name, else `run_name` (the run's name), else RUN_DIR's name."""
     run_dir = _check_line("run_dir", run_dir)
-    head = _sbatch_directives(cfg, run_dir, workdir)
+    head = _sbatch_directives(cfg, run_dir, workdir, run_name or PurePosixPath(run_dir).name)
     srun = _srun_words(cfg, python, run_dir, workdir)
     stop = _stop_shell(cfg, run_dir)
     body = [
@@ -309,9 +361,9 @@ def render_sbatch(cfg: LLMTrainConfig, *, python: str, run_dir: str, workdir: st
     return "\n".join(head + body) + "\n"
 
 
-def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[str]:
-    """The script's first lines: what it runs, then its ``#SBATCH`` directives (nodes, GPUs,
-    time, logs, the preemption signal, requeue, slurm.extra_sbatch_args)."""
+def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str, run_name: str) -> list[str]:
+    """The script's first lines: what it runs, then its ``#SBATCH`` directives (name, nodes,
+    GPUs, CPUs, time, logs, the preemption signal, requeue, slurm.extra_sbatch_args)."""
     s, c = cfg.slurm, cfg.cluster
     q = shlex.quote
     steps = derive_layout(cfg).steps
@@ -320,7 +372,7 @@ def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[
         "#!/bin/bash",
         f"# llmtrain: {cfg.model.name} on {n} node(s) x {g} process(es), {steps} steps.",
         f"# Submit with `llmtrain submit` (or: sbatch {q(run_dir + '/job.sbatch')}).",
-        _directive("--job-name", s.job_name or PurePosixPath(run_dir).name, key="slurm.job_name"),
+        _directive("--job-name", s.job_name or run_name, key="slurm.job_name"),
         f"#SBATCH --nodes={n}",
         "#SBATCH --ntasks-per-node=1",
     ]
@@ -328,16 +380,15 @@ def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[
         head.append(
             f"#SBATCH --gres=gpu:{g}" if c.gpu_request == "gres" else f"#SBATCH --gpus-per-node={g}"
         )
-    if s.cpus_per_task is not None:
-        head.append(f"#SBATCH --cpus-per-task={s.cpus_per_task}")
+    head.append(f"#SBATCH --cpus-per-task={node_cpus(cfg)}")
     head.append(_directive("--time", s.time, key="slurm.time"))
     for key in ("partition", "account", "qos"):
         value = getattr(s, key)
         if value is not None:
             head.append(_directive(f"--{key}", value, key=f"slurm.{key}"))
     head += [
-        _directive("--output", f"{run_dir}/{LOGS}/slurm-%j.out", key="run_dir"),
-        _directive("--error", f"{run_dir}/{LOGS}/slurm-%j.err", key="run_dir"),
+        _directive("--output", log_pattern(run_dir, "out"), key="run_dir"),
+        _directive("--error", log_pattern(run_dir, "err"), key="run_dir"),
         "#SBATCH --open-mode=append",
         _directive("--chdir", workdir, key="workdir"),
         f"#SBATCH --signal=B:USR1@{s.signal_grace_s}",
@@ -347,8 +398,7 @@ def _sbatch_directives(cfg: LLMTrainConfig, run_dir: str, workdir: str) -> list[
         problem = extra_sbatch_problem(cfg, arg)
         if problem:
             raise RenderError(problem)
-        option, sep, value = arg.partition("=")
-        head.append(f"#SBATCH {q(option)}={q(value)}" if sep else f"#SBATCH {q(option)}")
+        head.append(f"#SBATCH {sbatch_quote(arg)}")
     return head
 
 
@@ -361,6 +411,7 @@ def _srun_words(cfg: LLMTrainConfig, python: str, run_dir: str, workdir: str) ->
         "srun",
         f"--nodes={n}",
         "--ntasks-per-node=1",
+        f"--cpus-per-task={node_cpus(cfg)}",  # not inherited from sbatch since 22.05 (node_cpus)
         "--kill-on-bad-exit=1",
     ]
     if s.container_image is not None:

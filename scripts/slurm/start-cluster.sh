@@ -84,9 +84,11 @@ SlurmctldPidFile=$DIR/slurmctld.pid
 SlurmdPidFile=$DIR/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd-%n.log
-# No systemd, no cgroups: track processes by their parent chain, bind nothing.
+# No systemd, no cgroups: track processes by their parent chain. task/affinity binds each task
+# to the CPUs it was given (sched_setaffinity, no cgroup needed), so a job sees what it asked.
+# The nodes share this machine's CPUs: each counts its own from CPU 0.
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none

@@ -197,7 +197,8 @@ def test_a_preempted_megatron_job_checkpoints_on_sigterm_and_requeues(
     import subprocess
     import time
 
-    from launcher.render.artifacts import render_artifacts, write_artifacts
+    from launcher.launch.render_out import write_artifacts
+    from launcher.render.artifacts import render_artifacts
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -30,6 +30,13 @@ SCRIPTS = ROOT / "scripts" / "slurm"
 CLUSTER_DIR = Path(os.environ.get("LLMTRAIN_SLURM_DIR", "/tmp/llmtrain-slurm-cluster"))
 SLURM_CONF = CLUSTER_DIR / "etc" / "slurm.conf"
 
+# The cluster binds each job to the CPUs it was given (TaskPlugin=task/affinity), and its two
+# nodes share this machine, each counting from CPU 0: with one CPU per node both ranks of a job
+# would share CPU 0. So the jobs of JOB take two CPUs per node (the whole node when nproc is 2)
+# and keep one thread per rank, as these tests ran before the binding; a test that runs two jobs
+# at once asks for one CPU per node.
+NODE_CPUS = min(2, len(os.sched_getaffinity(0)))
+ONE_THREAD = "+cluster.env.OMP_NUM_THREADS=1"
 # The tiny recipe, shortened, as one job over two nodes with one (gloo) process each.
 JOB = [
     "model.seq_length=64",
@@ -40,6 +47,8 @@ JOB = [
     "cluster=cpu",
     "cluster.num_nodes=2",
     "cluster.gpus_per_node=1",
+    f"slurm.cpus_per_task={NODE_CPUS}",
+    ONE_THREAD,
 ]
 
 
@@ -148,7 +157,8 @@ def trainer_processes(run_dir: Path) -> list[str]:
 
 
 def test_two_nodes_train_with_falling_loss(cluster: dict[str, str], tmp_path: Path) -> None:
-    name = "x; touch PWNED $(touch PWNED2) `touch PWNED3`"
+    # A shell would run parts of it; sbatch's own reader would drop a single-quoted backslash.
+    name = "x; touch PWNED $(touch PWNED2) `touch PWNED3` a\\b"
     job, run_dir = submit(cluster, tmp_path, "train.steps=40", f"slurm.job_name='{name}'")
     fields = wait_for_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     assert fields["JobState"] == "COMPLETED", slurm_output(run_dir, job)
@@ -175,6 +185,84 @@ def test_two_nodes_train_with_falling_loss(cluster: dict[str, str], tmp_path: Pa
     assert status.returncode == 0 and "COMPLETED" in status.stdout and "step 40" in status.stdout
     logs = llmtrain("logs", str(run_dir), cwd=tmp_path, env=cluster)
     assert "done: 40 steps" in logs.stdout
+
+
+def cpus_allowed(pid: str) -> int:
+    """How many CPUs process `pid` may run on (its affinity mask, /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    listed = re.search(r"^Cpus_allowed_list:\s*(\S+)$", status, re.M)[1]
+    ranges = [part.split("-") for part in listed.split(",")]
+    return sum(int(r[-1]) - int(r[0]) + 1 for r in ranges)
+
+
+def rank_environ(pid: str) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v)
+
+
+def rank_pids(run_dir: Path) -> list[str]:
+    """The trainer ranks of this run (not the torchrun agents or their wrappers)."""
+    return [
+        line.split(":")[0]
+        for line in trainer_processes(run_dir)
+        if "torch.distributed" not in line and "launcher.train.loop" in line
+    ]
+
+
+def test_a_rendered_job_runs_as_is_and_each_rank_gets_its_cpus(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 42 items 8-9: `render --out DIR`, then plain `sbatch DIR/job.sbatch`. The job runs as
+    written (SLURM creates no folder for --output: render made logs/), it is named after the run,
+    and srun hands each node's torchrun the CPUs the job asked: slurm.cpus_per_task unset, so one
+    per rank, 2 per node here. What a rank sees is read from outside, in /proc: its CPU affinity
+    (the test cluster runs TaskPlugin=task/affinity, which binds each task with sched_setaffinity;
+    its ranks inherit the mask) and OMP_NUM_THREADS. Without cgroups nothing stops a process
+    from widening its own mask again; the check is that SLURM gave what was asked."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("the nodes need 2 CPUs each (CPUS=nproc in start-cluster.sh)")
+    out = tmp_path / "job dir"  # a space: --output and --chdir quoted as sbatch reads them
+    mine = ("cluster.gpus_per_node=1", "train.micro_batch_size=4", ONE_THREAD)
+    job_cfg = [k for k in JOB if k not in mine and not k.startswith("slurm.cpus_per_task=")]
+    job_cfg += ["cluster.gpus_per_node=2", "train.micro_batch_size=2", "train.steps=100000"]
+    job_cfg.append("run.name=cpus run")
+    done = llmtrain("render", *job_cfg, "--out", str(out), cwd=tmp_path, env=cluster)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sent = subprocess.run(
+        ["sbatch", "--parsable", str(out / "job.sbatch")],
+        cwd=tmp_path,
+        env=cluster,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert sent.returncode == 0, sent.stderr
+    job = sent.stdout.strip().split(";")[0]
+    try:
+        fields = wait_for_state(cluster, job, {"RUNNING", "FAILED", "COMPLETED"}, timeout=120)
+        assert fields["JobState"] == "RUNNING", (fields, slurm_output(out, job))
+        name = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%j"],
+            env=cluster,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        assert name == "cpus run"
+        deadline = time.monotonic() + 180
+        while len(ranks := rank_pids(out)) < 4:  # 2 nodes x 2 ranks, started by torchrun
+            assert time.monotonic() < deadline, (trainer_processes(out), slurm_output(out, job))
+            time.sleep(0.3)
+        seen = {pid: (cpus_allowed(pid), rank_environ(pid).get("OMP_NUM_THREADS")) for pid in ranks}
+        assert set(seen.values()) == {(2, "1")}, seen
+        assert "rendezvous 127.0.0.1:" in slurm_output(out, job)
+    finally:
+        subprocess.run(["scancel", job], env=cluster, timeout=30)
+        wait_for_state(cluster, job, {"CANCELLED", "FAILED", "COMPLETED"}, timeout=120)
+    deadline = time.monotonic() + 60
+    while trainer_processes(out) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not trainer_processes(out)
 
 
 def test_usr1_preemption_requeues_and_resumes(cluster: dict[str, str], tmp_path: Path) -> None:
@@ -270,7 +358,8 @@ def test_one_writer_per_run_directory_across_jobs_and_local_runs(
     # one run directory. Now the job's batch script holds the run directory's lock (flock) and
     # `run` refuses while slurm.json shows a live job; a job started by hand (sbatch job.sbatch,
     # not in slurm.json) meets the lock of a job or a local run and stops without writing.
-    shared = ["run.name=shared", "checkpoint.every_steps=5"]
+    # One CPU per node: the second job (sbatch by hand) must start while the first one runs.
+    shared = ["run.name=shared", "checkpoint.every_steps=5", "slurm.cpus_per_task=1"]
     local = [
         "model.seq_length=64",
         "train.micro_batch_size=4",

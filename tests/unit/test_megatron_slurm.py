@@ -12,7 +12,8 @@ import pytest
 
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
-from launcher.render.artifacts import render_artifacts, write_artifacts
+from launcher.launch.render_out import write_artifacts
+from launcher.render.artifacts import render_artifacts
 from launcher.render.megatron_launch import megatron_run_args
 from tests.cli import invoke
 from tests.unit.test_slurm_submit import fake_slurm, stub

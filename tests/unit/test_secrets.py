@@ -26,7 +26,8 @@ from launcher.config.secrets import (
 )
 from launcher.errors import ConfigError, UserError
 from launcher.launch.local import prepare_run_dir
-from launcher.render.artifacts import render_artifacts, write_artifacts
+from launcher.launch.render_out import write_artifacts
+from launcher.render.artifacts import render_artifacts
 from launcher.render.sbatch import RenderError, job_env
 
 # Unit tests (tests/conftest.py marks them); those that start a process are marked integration.

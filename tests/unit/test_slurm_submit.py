@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -13,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from launcher.config.composition.compose import compose_config
-from launcher.render.artifacts import render_artifacts, write_artifacts
+from launcher.launch.render_out import write_artifacts
+from launcher.render.artifacts import render_artifacts
 from launcher.render.sbatch import RenderError, render_sbatch
 from tests.cli import invoke
+from tests.sbatch_reader import sbatch_option
 
 # Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
@@ -53,9 +54,8 @@ def test_user_values_stay_strings_when_the_job_script_runs(tmp_path: Path) -> No
     write_artifacts(files, str(out))
     for script in ("job.sbatch", "launch.sh"):
         assert subprocess.run(["bash", "-n", str(out / script)]).returncode == 0
-    # sbatch reads #SBATCH lines with shell-like quoting: the job name comes back whole.
-    line = next(x for x in files["job.sbatch"].splitlines() if x.startswith("#SBATCH --job-name="))
-    assert shlex.split(line.removeprefix("#SBATCH "))[0] == f"--job-name={EVIL}"
+    # sbatch reads #SBATCH lines with its own quoting (not a shell's): the name comes back whole.
+    assert sbatch_option(files["job.sbatch"], "job-name") == EVIL
 
     # Run the job script against stub scontrol/srun: they record what they were given.
     stub(
@@ -135,6 +135,7 @@ def test_render_writes_every_artifact(tmp_path: Path) -> None:
         "job.sbatch",
         "hostfile",
         "megatron_args.txt",
+        "logs",  # the folder job.sbatch's --output names: sbatch does not make it
     }
 
 
@@ -172,6 +173,7 @@ def test_render_again_replaces_the_earlier_files(tmp_path: Path) -> None:
         "job.sbatch",
         "hostfile",
         "megatron_args.txt",
+        "logs",  # the folder job.sbatch's --output names: sbatch does not make it
     }
     assert "name: torch" in (tmp_path / "out" / "config.yaml").read_text()
 

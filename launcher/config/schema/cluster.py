@@ -52,7 +52,8 @@ class SlurmConfig:
     """The SLURM job `llmtrain submit` writes (launcher=slurm)."""
 
     job_name: str | None = None
-    """None: the run's name (its directory's name), so jobs of different runs tell apart in
+    """None: the run's name (run.name, else <recipe>-<hash of the config>; also when `render
+    --out DIR` writes the job into another folder), so jobs of different runs tell apart in
     squeue."""
     partition: str | None = None
     """sbatch --partition; None: the cluster's default."""
@@ -63,7 +64,11 @@ class SlurmConfig:
     time: str = "01:00:00"
     """Wall-time limit of each job (sbatch --time)."""
     cpus_per_task: int | None = field(default=None, metadata=AT_LEAST_1)
-    """sbatch --cpus-per-task; None: SLURM's default."""
+    """CPUs of each node's one task, which runs torchrun and all of the node's ranks: asked of
+    sbatch and again of srun (which since Slurm 22.05 does not inherit it); each rank gets
+    OMP_NUM_THREADS = cpus_per_task // cluster.gpus_per_node. None: one CPU per rank plus one
+    per data loader worker, cluster.gpus_per_node x (1 + data.num_workers) (SLURM's own default
+    is one CPU for the whole node); give more to feed fast GPUs, e.g. the node's cores."""
     signal_grace_s: int = field(default=120, metadata=AT_LEAST_0)
     """Seconds before the time limit at which SLURM sends USR1 (checkpoint and requeue)."""
     requeue: bool = True

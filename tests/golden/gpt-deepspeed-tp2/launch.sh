@@ -5,6 +5,7 @@
 set -euo pipefail
 cd /home/me/project
 export NCCL_IB_DISABLE=0
+export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29500}"
