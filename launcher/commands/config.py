@@ -17,6 +17,7 @@ from launcher.commands.common import (
     out,
     print_json,
     with_config,
+    write_flush,
 )
 from launcher.errors import UserError
 
@@ -109,8 +110,7 @@ def _dry_run_files(
         out.print(plan_headline(found.plan))
     if not as_json and script in files:
         out.print(Text(f"--- {script} (in {run_dir}, the run directory it would use) ---"))
-        out.file.write(files[script])
-        out.file.flush()
+        write_flush(files[script])
 
 
 def recipes(as_json: JsonFlag = False) -> None:

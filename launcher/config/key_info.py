@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from launcher.config import schema
-from launcher.config.allowed import METADATA_KEY, Allowed
+from launcher.config.allowed import METADATA_KEY, PATH_KEY, Allowed
 from launcher.config.schema_keys import all_schema_keys, dataclass_of, schema_fields
 
 
@@ -68,6 +68,12 @@ def ranges() -> dict[str, Allowed]:
         if spec is not None and not spec.choices:
             out[key] = spec
     return out
+
+
+@cache
+def path_keys() -> frozenset[str]:
+    """Every key whose value names a file or folder (``allowed.a_path`` on its field)."""
+    return frozenset(key for key, f in _fields().items() if f.metadata.get(PATH_KEY))
 
 
 @cache

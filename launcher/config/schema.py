@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from launcher.config.allowed import bounds, one_of
+from launcher.config.allowed import a_path, bounds, one_of
 
 # How a module of launcher/backends/ declares its backend (its other modules are helpers).
 _DECLARATION = "\nBACKEND = Backend("
@@ -257,7 +257,7 @@ class TrainConfig:
     batches of the validation data (launcher.train.evaluation); None or 0: no evaluation."""
     eval_steps: int = field(default=10, metadata=_AT_LEAST_1)
     """Global batches of validation data per evaluation."""
-    init_from: str | None = None
+    init_from: str | None = field(default=None, metadata=a_path())
     """Start from these weights (step 0, fresh optimizer): a Hugging Face folder (llmtrain
     export), a run directory or a checkpoint folder. A run with checkpoints of its own resumes
     instead."""
@@ -315,13 +315,13 @@ class OptimConfig:
 class DataConfig:
     """Training and validation data, tokenizer and chat-data handling."""
 
-    path: str | None = None
+    path: str | None = field(default=None, metadata=a_path())
     """None: the built-in offline corpus (prepared on first use, never downloaded). Else a folder
     `llmtrain data prepare` wrote, or a Megatron-LM PREFIX of PREFIX.bin/PREFIX.idx."""
     blend: list[Any] = field(default_factory=list)
     """Several datasets with weights, Megatron-LM's --data-path convention:
     [0.7, /data/web_text_document, 0.3, /data/code] (weights normalised); instead of path."""
-    valid_path: str | None = None
+    valid_path: str | None = field(default=None, metadata=a_path())
     """Validation data: a prepared folder (its valid split, else all of it) or a Megatron prefix.
     None: the valid splits of the training datasets (with the blend's weights)."""
     tokenizer: str = field(default="byte", metadata=one_of("byte", "bpe"))
@@ -372,7 +372,7 @@ class ClusterConfig:
     """How the SLURM job asks for GPUs: --gpus-per-node or --gres."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables of the ranks (a name saying KEY, TOKEN, SECRET, ... is a secret)."""
-    profile: str | None = None
+    profile: str | None = field(default=None, metadata=a_path())
     """Operator profile `llmtrain calibrate` wrote (a JSON file) for `plan` to price from; None:
     the cached profile of cluster.gpu when there is one (~/.cache/llmtrain/profiles/GPU.json),
     "none": published figures only."""
@@ -431,7 +431,7 @@ class BackendConfig:
     """Megatron-Core's fused cross-entropy, Transformer Engine's kernel
     (--cross-entropy-loss-fusion --cross-entropy-fusion-impl te): the fp32 gradient computed in
     the forward, no fp32 copies of the logits (launcher/plan/memory.py logits_bytes)."""
-    megatron_path: str | None = None
+    megatron_path: str | None = field(default=None, metadata=a_path())
     """backend=megatron: the Megatron-LM checkout holding pretrain_gpt.py that `run`/`submit`
     launch; None: $MEGATRON_LM_PATH."""
     megatron_extra_args: list[str] = field(default_factory=list)
@@ -529,7 +529,7 @@ class RunConfig:
     name: str | None = None
     """The run directory's name; None: <recipe>-<hash of the config>, so the same command resumes
     the same run."""
-    root_dir: str = "runs"
+    root_dir: str = field(default="runs", metadata=a_path())
     """The folder holding the run directories."""
     secret_env: list[str] = field(default_factory=list)
     """Names of environment variables the ranks need but that are never written down (API keys):

@@ -1,0 +1,69 @@
+"""What the screen says, tried as a new user would (issue 43, items 1-6): a dry run and `diff`
+reach the resume decision `run` reaches; validate lists a bare word beside the other mistakes; a
+name that a `--fresh` run extends resolves to the newest with a note; `runs`, the progress line
+and `plan --measure` fit 80 columns; a noise-flagged profile earns no error band; a closed pipe
+ends a command quietly. In-process through tests/cli.py's `invoke`, on fabricated run folders."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli import invoke
+
+pytestmark = pytest.mark.unit
+
+
+# -- item 6: completion and a closed pipe ----------------------------------------------------------
+
+
+def test_an_override_value_completes_to_values_or_paths_never_anything_else() -> None:
+    from launcher.cli_hints import NOTHING, complete_for_bash, complete_override, wants_files
+
+    # bash: `parallel.tp=<TAB>` reaches the program as the words `parallel.tp` `=`; the answer
+    # says "nothing", which the completion script turns into no completion at all (not files)
+    assert complete_override("=", ["parallel.tp"]) == []
+    assert complete_for_bash("=", ["parallel.tp"]) == ["=" + NOTHING]
+    assert complete_for_bash("1", ["parallel.tp", "="]) == ["1" + NOTHING]
+    assert complete_for_bash("zzz", []) == ["zzz" + NOTHING]  # no key starts so
+    assert not wants_files("parallel.tp") and not wants_files("run.name")
+    # a few whole numbers within declared bounds are offered as values
+    assert complete_for_bash("=", ["zero.stage"]) == ["0", "1", "2", "3"]
+    # a key that names a file or folder, and an option's value: the shell's file completion
+    assert wants_files("data.path") and wants_files("train.init_from")
+    assert wants_files("cluster.profile") and wants_files("model.from_hf")
+    assert complete_for_bash("", ["data.path", "="]) == []
+    assert complete_for_bash("=", ["--config"]) == []
+
+
+class _ClosedPipe:
+    """stdout whose reader went away (`| head`): every write fails with EPIPE."""
+
+    encoding = "utf-8"
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError("no file descriptor")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["show"], ["show", "--json"], ["show", "--sources"], ["validate"], ["recipes"]],
+    ids=" ".join,
+)
+def test_a_reader_that_went_away_ends_the_command_quietly(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launcher.commands import common
+
+    monkeypatch.setattr(common.out, "quiet", False)  # restored afterwards: this console is shared
+    monkeypatch.setattr(common.out, "file", _ClosedPipe())
+    done = invoke(*args)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
