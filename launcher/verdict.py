@@ -70,23 +70,30 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
         try:
             composed = compose_config(remaining)
         except ConfigError as exc:
+            unparsed = set(exc.unparsed)
             keys = {_problem_key(p) for p in exc.problems}
             seen = {v.message for v in found}
             found += [
-                Violation("config", ERROR, (_problem_key(p),), p)
+                Violation("config", ERROR, () if unparsed else (_problem_key(p),), p)
                 for p in dict.fromkeys(exc.problems)
                 if p not in seen
             ]
             # A problem names a key or one of its parents (`paralel: unknown key` for
-            # `paralel.tp=2`): every override under it is set aside.
+            # `paralel.tp=2`): every override under it is set aside; an override that is no
+            # key=value at all (a bare word) is named by the error itself.
             culprits = [
                 o
                 for o in remaining
-                if any(override_key(o) == k or override_key(o).startswith(f"{k}.") for k in keys)
+                if o in unparsed
+                or any(override_key(o) == k or override_key(o).startswith(f"{k}.") for k in keys)
             ]
             if not culprits:
                 return None, found
-            complete = complete and all("." in override_key(o) for o in culprits)
+            # A bare word may have meant a group choice or a recipe (`gpt-7b`): what composes
+            # without it is not known to be what was asked for, as after a bad choice.
+            complete = complete and all(
+                "." in override_key(o) and o not in unparsed for o in culprits
+            )
             remaining = [o for o in remaining if o not in culprits]
             continue
         if not complete:
@@ -97,6 +104,8 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
             given = {override_key(o) for o in remaining}
             failed = {override_key(o) for o in overrides if o not in remaining}
             bad_groups = {k for k in failed if "." not in k}
+            if any(_names_a_recipe(o) for o in overrides if o not in remaining):
+                bad_groups.add("recipe")  # `gpt-7b` for recipe=gpt-7b
             if "recipe" in bad_groups:  # any key may come from the recipe: ranges only
                 judged = value_range_problems(composed.config)
                 found += [v for v in judged if v.is_error and set(v.keys) <= given]
@@ -112,6 +121,13 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
                 ]
         return (composed if complete else None), found
     return None, found
+
+
+def _names_a_recipe(override: str) -> bool:
+    """A bare word that is a recipe's name (`llmtrain validate gpt-7b`)."""
+    from launcher.config.compose import group_options
+
+    return "=" not in override and override.lstrip("+~") in group_options("recipe")
 
 
 def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:

@@ -6,11 +6,41 @@ ends a command quietly. In-process through tests/cli.py's `invoke`, on fabricate
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.cli import invoke
+from tests.cli import invoke, said
 
 pytestmark = pytest.mark.unit
+
+
+# -- item 2: validate lists a bare word among the other mistakes -----------------------------------
+
+
+def test_a_bare_word_is_one_more_problem_in_the_list() -> None:
+    mistakes = (
+        "foo",  # a bare word
+        "parallel.tpp=2",  # unknown key
+        "optim.lr=fast",  # type
+        "checkpoint.keep_last=0",  # range
+        "model.num_attention_heads=3",  # does not divide tiny's hidden size 128
+        "train.global_batch_size=7",  # not a multiple of micro 8 x dp
+    )
+    document = json.loads(invoke("validate", *mistakes, "--json").stdout)
+    messages = [e["message"] for e in document["errors"]]
+    keys = {e["keys"][0] for e in document["errors"] if e["keys"]}
+    assert any("'foo'" in m for m in messages), messages
+    assert {"parallel.tpp", "optim.lr", "checkpoint.keep_last"} <= keys, messages
+    assert {"model.hidden_size", "train.global_batch_size"} <= keys, messages
+    # the same list as without the bare word, plus the bare word
+    without = json.loads(invoke("validate", *mistakes[1:], "--json").stdout)["errors"]
+    assert document["errors"][1:] == without
+    code, text = said(invoke("validate", *mistakes))
+    assert code == 2 and "6 error(s)" in text, text
+    # a bare word that names a recipe still says which override it meant
+    assert "recipe=gpt-7b" in said(invoke("validate", "gpt-7b", "optim.lr=fast"))[1]
+    assert "optim.lr" in said(invoke("validate", "gpt-7b", "optim.lr=fast"))[1]
 
 
 # -- item 6: completion and a closed pipe ----------------------------------------------------------
