@@ -23,7 +23,7 @@ from launcher.backends import all_backends, launch_refusal, planning_preset_need
 from launcher.config.compose import Composed, compose_config
 from launcher.config.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, UserError
 from launcher.plan.planner import Plan, make_plan
 from launcher.validate.rules import ERROR, Violation, check, passes, value_range_problems
 
@@ -161,6 +161,49 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     for command, problems in refusals.items():
         notes += [f"`llmtrain {command}` would refuse: {p}" for p in problems if p != preset]
     return Verdict(overrides, composed, tuple(violations), tuple(notes), refusals, plan)
+
+
+def with_resume(
+    found: Verdict, command: str, *, fresh: bool = False, allow_config_change: bool = False
+) -> Verdict:
+    """`found` (valid) with what `command` (run | submit) decides on the run directory its
+    configuration names, as `run` decides it (launch.resume_refusal.resume_of): a refused resume
+    is one more refusal, worded as `run` words it (the changes, the command that resumes the run
+    as it was, --allow-config-change, --fresh); a resume, or a new folder for `fresh`, a note."""
+    from launcher.launch.local import fresh_dir, run_dir_for
+    from launcher.launch.resume_refusal import Resume, resume_of
+    from launcher.render.run_files import LOCAL, SLURM
+    from launcher.rundir import RunDir
+
+    composed = found.composed
+    if composed is None or not found.valid:
+        return found
+    try:
+        run_dir = run_dir_for(composed).resolve()
+    except (UserError, OSError):  # a run.name the verdict refuses already
+        return found
+    word = f"`llmtrain {command}`"
+    if fresh and run_dir.exists():
+        note = f"{word} would start a new run in a new folder, {fresh_dir(run_dir)} (--fresh)"
+        return replace(found, notes=(*found.notes, note))
+    mode = LOCAL if command == "run" else SLURM
+    try:
+        resume = resume_of(
+            RunDir(run_dir), composed, mode, allow_config_change=allow_config_change
+        )
+    except UserError as exc:  # a config.yaml this llmtrain cannot resume from
+        resume = Resume([], str(exc))
+    if resume is None:
+        return found
+    if resume.refusal is not None:
+        refusals = {**found.refusals, command: (*found.refusals.get(command, ()), resume.refusal)}
+        note = f"{word} would refuse: {resume.refusal}"
+        return replace(found, notes=(*found.notes, note), refusals=refusals)
+    changed = "; ".join(c.line() for c in resume.changes)
+    note = f"{word} would resume {run_dir.name} from its last checkpoint" + (
+        f", recording these changes in its config_history.jsonl: {changed}" if changed else ""
+    )
+    return replace(found, notes=(*found.notes, note))
 
 
 # Degrees several rules judge at once; each rule names the values it accepts, and the verdict adds

@@ -161,6 +161,7 @@ def diff(
     folder, left = run_values(target, root)
     given = list(other or [])
     resumes: bool | None = None
+    refused: str | None = None
     is_run = (
         len(given) == 1
         and not config
@@ -171,7 +172,7 @@ def diff(
         other_folder, right = run_values(given[0], root)
         right_label = other_folder.name
     else:
-        right_label, right, resumes = _command_values(folder, given, config)
+        right_label, right, resumes, refused = _command_values(folder, given, config)
     rows = differences(flat_values(left), flat_values(right))
     if as_json:
         print_json(
@@ -180,33 +181,49 @@ def diff(
                 "b": right_label,
                 "differences": [{"key": k, "a": a, "b": b} for k, a, b in rows],
                 "resumes": resumes,
+                "refused": refused,
             }
         )
         return
-    _show_differences(folder, right_label, rows, resumes)
+    _show_differences(folder, right_label, rows, resumes, refused)
 
 
 def _command_values(
     folder: Path, given: list[str], config: str | None
-) -> tuple[str, dict[str, Any], bool | None]:
-    """What `llmtrain run GIVEN` would train: the command, its values (secrets redacted), and
-    whether it resumes the run in `folder` (None when its run directory cannot be named)."""
+) -> tuple[str, dict[str, Any], bool | None, str | None]:
+    """What `llmtrain run GIVEN` would train: the command, its values (secrets redacted),
+    whether its run directory is `folder` (None when it cannot be named), and, when it is, why
+    `run` would refuse to resume the run there (launch.resume_refusal.resume_of, the decision
+    `run` takes; None when it resumes or starts it)."""
     import shlex
 
     from launcher.config.compose import compose_config
     from launcher.config.secrets import redact
     from launcher.launch.local import run_dir_for
+    from launcher.launch.resume_refusal import resume_of
+    from launcher.render.run_files import LOCAL
+    from launcher.rundir import RunDir
 
     composed = compose_config(with_config(config, given))
     typed = [*(["--config", config] if config else []), *given]
-    resumes = None
+    resumes, refused = None, None
     with contextlib.suppress(UserError, OSError):
         resumes = run_dir_for(composed).resolve() == folder
-    return shlex.join(["llmtrain", "run", *typed]), redact(composed.values), resumes
+    if resumes:
+        try:
+            resume = resume_of(RunDir(folder), composed, LOCAL)
+            refused = resume.refusal if resume is not None else None
+        except UserError as exc:  # a config.yaml this llmtrain cannot resume from
+            refused = str(exc)
+    return shlex.join(["llmtrain", "run", *typed]), redact(composed.values), resumes, refused
 
 
 def _show_differences(
-    folder: Path, right_label: str, rows: list[tuple[str, str, str]], resumes: bool | None
+    folder: Path,
+    right_label: str,
+    rows: list[tuple[str, str, str]],
+    resumes: bool | None,
+    refused: str | None = None,
 ) -> None:
     if not rows:
         out.print(f"{folder.name} and {right_label}: the same configuration", markup=False)
@@ -219,7 +236,16 @@ def _show_differences(
         for key, a, b in rows:
             table.add_row(Text(key), Text(a), Text(b))
         out.print(table)
-    if resumes is not None:
+    if refused is not None:
+        out.print(
+            Text(
+                f"that command would be refused (it changes what {folder.name} trains); "
+                "`llmtrain run` would say:",
+                style="bold red",
+            )
+        )
+        out.print(Text(refused), soft_wrap=True)
+    elif resumes is not None:
         out.print(
             Text(
                 f"that command resumes {folder.name}"

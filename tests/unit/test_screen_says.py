@@ -7,12 +7,69 @@ ends a command quietly. In-process through tests/cli.py's `invoke`, on fabricate
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.cli import invoke, said
 
 pytestmark = pytest.mark.unit
+
+
+# -- item 1: the dry run and diff reach the resume decision `run` reaches --------------------------
+
+
+def started_run(cwd: Path, name: str, *overrides: str) -> Path:
+    """A run folder as `llmtrain run run.name=NAME OVERRIDES` leaves it after its first
+    checkpoint: the files it writes (render writes the same bytes) and one checkpoint."""
+    folder = cwd / "runs" / name
+    done = invoke("render", f"run.name={name}", *overrides, "--out", str(folder), cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    (folder / "checkpoints" / "step_00000003").mkdir(parents=True)
+    return folder
+
+
+def test_a_dry_run_refuses_the_resume_run_refuses(tmp_path: Path) -> None:
+    folder = started_run(tmp_path, "det", "train.steps=3")
+    before = sorted(p.name for p in folder.rglob("*"))
+    code, text = said(invoke("run", "--dry-run", "run.name=det", cwd=tmp_path))
+    assert code == 2, text
+    assert "run --dry-run: would refuse" in text and "would launch" not in text
+    # run's own refusal: the key, the values, and the ways out
+    assert "train.steps: 3 -> 200 (not set on this command: the recipe's value)" in text
+    assert "llmtrain run run.name=det --allow-config-change" in text
+    assert "llmtrain run run.name=det --fresh" in text
+    assert "train.steps=3" in text  # the command that resumes it as it was started
+    document = json.loads(invoke("run", "--dry-run", "--json", "run.name=det", cwd=tmp_path).stdout)
+    assert document["exit_code"] == 2
+    assert any("train.steps: 3 -> 200" in r for r in document["refusals"]["run"])
+    # the ways out, dry: each is accepted and says what it would do
+    allowed = said(
+        invoke("run", "--dry-run", "--allow-config-change", "run.name=det", cwd=tmp_path)
+    )
+    assert allowed[0] == 0, allowed[1]
+    assert "would resume det" in allowed[1] and "config_history.jsonl" in allowed[1]
+    fresh = said(invoke("run", "--dry-run", "--fresh", "run.name=det", cwd=tmp_path))
+    assert fresh[0] == 0 and "a new folder" in fresh[1], fresh[1]
+    same = said(invoke("run", "--dry-run", "run.name=det", "train.steps=3", cwd=tmp_path))
+    assert same[0] == 0 and "would resume det" in same[1], same[1]
+    # submit refuses the same resume
+    submitted = said(invoke("submit", "--dry-run", "run.name=det", cwd=tmp_path))
+    assert submitted[0] == 2 and "train.steps: 3 -> 200" in submitted[1], submitted[1]
+    assert sorted(p.name for p in folder.rglob("*")) == before  # nothing written
+
+
+def test_diff_says_the_command_would_be_refused_and_why(tmp_path: Path) -> None:
+    started_run(tmp_path, "det", "train.steps=3")
+    code, text = said(invoke("diff", "det", "run.name=det", cwd=tmp_path))
+    assert code == 0, text
+    assert "that command resumes det" not in text
+    assert "that command would be refused" in text and "train.steps" in text, text
+    assert "--allow-config-change" in text and "--fresh" in text
+    document = json.loads(invoke("diff", "det", "run.name=det", "--json", cwd=tmp_path).stdout)
+    assert document["resumes"] is True and "train.steps: 3 -> 200" in document["refused"]
+    fine = said(invoke("diff", "det", "run.name=det", "train.steps=3", cwd=tmp_path))
+    assert "that command resumes det" in fine[1] and "refused" not in fine[1], fine[1]
 
 
 # -- item 2: validate lists a bare word among the other mistakes -----------------------------------
