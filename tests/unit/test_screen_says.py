@@ -7,10 +7,14 @@ ends a command quietly. In-process through tests/cli.py's `invoke`, on fabricate
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from launcher.launch.local_runs import NEWEST, resolve_run
 from tests.cli import invoke, said
 
 pytestmark = pytest.mark.unit
@@ -98,6 +102,46 @@ def test_a_bare_word_is_one_more_problem_in_the_list() -> None:
     # a bare word that names a recipe still says which override it meant
     assert "recipe=gpt-7b" in said(invoke("validate", "gpt-7b", "optim.lr=fast"))[1]
     assert "optim.lr" in said(invoke("validate", "gpt-7b", "optim.lr=fast"))[1]
+
+
+# -- item 3: a name that --fresh runs extend -------------------------------------------------------
+
+
+def fake_run(root: Path, name: str, *, age: float, steps: int = 10) -> Path:
+    folder = root / name
+    (folder / "logs").mkdir(parents=True)
+    values = {"recipe": "tiny", "train": {"steps": steps}, "run": {"name": "b"}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(values))
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    then = time.time() - age
+    os.utime(folder / "config.yaml", (then, then))
+    return folder
+
+
+def test_a_name_resolves_to_its_newest_fresh_run_with_a_note(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    fake_run(root, "b", age=600)
+    fresh = fake_run(root, "b-20261128-221045", age=5, steps=20)
+    fake_run(root, "bert", age=1)  # another name that begins with b: not a run of name b
+    chosen = resolve_run("b", root, NEWEST)
+    assert chosen.folder == fresh.resolve()
+    assert chosen.note is not None and "using b-20261128-221045, the newest" in chosen.note
+    assert "bert" not in chosen.note and f"{root / 'b'}" in chosen.note
+    assert resolve_run("bert", root, NEWEST).note is None
+    assert resolve_run(str(root / "b"), root, NEWEST).folder == (root / "b").resolve()
+    for command in ("status", "logs"):
+        done = invoke(command, "b", "--root", str(root), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "note: b names 2 runs (b and the runs --fresh started" in done.stderr, command
+        assert "using b-20261128-221045, the newest" in done.stderr, command
+    assert "run b-20261128-221045" in invoke("status", "b", "--root", str(root)).stdout
+    differ = invoke("diff", "b", "b-20261128-221045", "--root", str(root), cwd=tmp_path)
+    assert "using b-20261128-221045" in differ.stderr
+    assert "the same configuration" in differ.stdout, differ.stdout
+    # cancel stops something: it takes the one running, and here none is
+    code, text = said(invoke("cancel", "b", "--root", str(root), cwd=tmp_path))
+    assert code == 2 and "none of them, or more than one, is running" in text, text
+    assert "b-20261128-221045" in text
 
 
 # -- item 6: completion and a closed pipe ----------------------------------------------------------
