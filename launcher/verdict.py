@@ -188,9 +188,7 @@ def with_resume(
         return replace(found, notes=(*found.notes, note))
     mode = LOCAL if command == "run" else SLURM
     try:
-        resume = resume_of(
-            RunDir(run_dir), composed, mode, allow_config_change=allow_config_change
-        )
+        resume = resume_of(RunDir(run_dir), composed, mode, allow_config_change=allow_config_change)
     except UserError as exc:  # a config.yaml this llmtrain cannot resume from
         resume = Resume([], str(exc))
     if resume is None:

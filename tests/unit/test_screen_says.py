@@ -144,6 +144,34 @@ def test_a_name_resolves_to_its_newest_fresh_run_with_a_note(tmp_path: Path) -> 
     assert "b-20261128-221045" in text
 
 
+# -- item 5: a noise-flagged profile earns no band -------------------------------------------------
+
+
+def test_plan_states_no_band_from_a_profile_calibrate_marked_as_noise(tmp_path: Path) -> None:
+    from launcher.plan import profile as prof
+    from tests.unit.test_plan_profile import tiny_profile
+
+    doc = tiny_profile()
+    problems = ["GEMM attention wq: repeats spread 80% of their median (limit 25%)"]
+    doc["quality"] = {"problems": problems, "forced": True}
+    doc["digest"] = prof.digest(doc)
+    path = tmp_path / "forced.json"
+    path.write_text(json.dumps(doc))
+    code, text = said(invoke("plan", f"cluster.profile={path}"))
+    assert code == 0, text
+    assert "profile-based" not in text and "±10%" not in text and "±11%" not in text, text
+    assert "no error band" in text and "noise" in text, text
+    assert "cluster.profile=none" in text  # the published figures, and their band
+    document = json.loads(invoke("plan", f"cluster.profile={path}", "--json").stdout)
+    assert document["time"]["error_band"] is None
+    assert "calibrate --force" in document["time"]["pricing"]["note"]
+    # a clean profile still earns its band
+    del doc["quality"]
+    doc["digest"] = prof.digest(doc)
+    path.write_text(json.dumps(doc))
+    assert "profile-based" in invoke("plan", f"cluster.profile={path}").stdout
+
+
 # -- item 6: completion and a closed pipe ----------------------------------------------------------
 
 
