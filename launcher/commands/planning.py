@@ -198,7 +198,7 @@ def plan_measure(overrides: list[str], *, as_json: bool) -> None:
     if as_json:
         print_json(to_json(result))
     else:
-        write_flush(table(result) + "\n")
+        write_flush(table(result, out.width) + "\n")  # out.width: the terminal's, else 80
 
 
 OutPath = Annotated[

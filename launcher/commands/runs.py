@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from launcher.commands.common import (
@@ -29,9 +28,22 @@ if TYPE_CHECKING:
     from launcher.launch.handles import RunHandle
 
 
-def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
+def runs_command(
+    root: RootOption = "runs",
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide",
+            "-w",
+            help="Every column and the overrides on one line per run, whatever the width "
+            "(as into a pipe).",
+        ),
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
     """List the runs under the run root: status, progress, last loss, when they started, and
-    what tells them apart (backend, layout, the overrides they were started with)."""
+    what tells them apart (backend, layout, the overrides they were started with). On a
+    terminal (or with COLUMNS set) the table fits its width; --wide shows everything."""
     from launcher.launch.local_runs import list_runs
 
     infos = list_runs(Path(root))
@@ -41,30 +53,36 @@ def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
     if not infos:
         out.print(f"no runs under {root}/ (start one with `llmtrain run`)", markup=False)
         return
-    from rich.table import Table
+    from launcher.views.runs import runs_rows, runs_table
 
-    from launcher.views.runs import runs_rows
-
-    rows = runs_rows(infos)
-    table = Table(box=None, pad_edge=False)
-    for column in rows[0]:
-        table.add_column(
-            column,
-            justify="right" if column in ("step", "loss") else "left",
-            no_wrap=column != "overrides",
-        )
-    for row in rows:
-        table.add_row(*(Text(value) for value in row.values()))
-    # Into a pipe or a file: whole rows (for grep), not cut at 80 columns.
-    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=False, width=10_000)
-    wide.print(table)
-    out.print(
-        Text(
-            f"in {Path(root).resolve()}; llmtrain status|logs|cancel|plot NAME, "
-            "llmtrain diff NAME OTHER",
-            style="dim",
-        )
+    width = None if wide else _screen_width()
+    table = runs_table(runs_rows(infos), width)
+    out.print(Text(table.header, style="bold"), soft_wrap=True)
+    for line in table.lines:
+        style = "dim" if line.startswith(" ") else ""  # a run's overrides, below it
+        out.print(Text(line, style=style), soft_wrap=True)
+    where = (
+        f"in {Path(root).resolve()}; llmtrain status|logs|cancel|plot NAME, llmtrain diff NAME "
+        "OTHER"
     )
+    if table.left_out:
+        where += f"; left out to fit: {', '.join(table.left_out)} (--wide shows them)"
+    import textwrap
+
+    lines = textwrap.wrap(where, width, break_long_words=False) if width else [where]
+    for line in lines:
+        out.print(Text(line, style="dim"), soft_wrap=True)
+
+
+def _screen_width() -> int | None:
+    """The width `runs` fits: COLUMNS when set, else the terminal's; None into a pipe or a file
+    (whole rows, for grep)."""
+    import os
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return out.width if out.is_terminal else None
 
 
 def handle(target: str, root: str, choose: str = "newest") -> RunHandle:

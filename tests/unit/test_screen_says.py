@@ -144,6 +144,117 @@ def test_a_name_resolves_to_its_newest_fresh_run_with_a_note(tmp_path: Path) -> 
     assert "b-20261128-221045" in text
 
 
+# -- item 4: 80 columns ----------------------------------------------------------------------------
+
+
+def listed_runs(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    for i, status_age in enumerate((900, 600, 5)):
+        folder = fake_run(root, f"b-20261128-22104{i}", age=status_age, steps=300)
+        command = {
+            "command": "run",
+            "typed": [
+                "run.name=b",
+                "--fresh",
+                "train.steps=300",
+                "model.seq_length=32",
+                "train.micro_batch_size=4",
+                f"optim.lr=3e-{i + 3}",
+            ],
+            "overrides": [],
+            "fresh": True,
+            "detach": False,
+            "cwd": str(tmp_path),
+            "time": None,
+        }
+        (folder / "command.json").write_text(json.dumps(command))
+    return root
+
+
+def test_runs_fits_80_columns_and_wide_shows_everything(tmp_path: Path) -> None:
+    root = listed_runs(tmp_path)
+    narrow = invoke("runs", "--root", str(root), env={"COLUMNS": "80"})
+    assert narrow.returncode == 0, narrow.stderr
+    lines = narrow.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, narrow.stdout
+    assert "…" not in narrow.stdout
+    for i in range(3):
+        row = next(line for line in lines if line.startswith(f"b-20261128-22104{i} "))
+        assert "interrupted" in row and "1/300" in row, row
+    assert "optim.lr=3e-4" in narrow.stdout  # overrides on a line of their own
+    assert "--wide" in narrow.stdout  # says how to see what it left out
+    wide = invoke("runs", "--root", str(root), "--wide", env={"COLUMNS": "80"}).stdout
+    assert any(len(line) > 80 for line in wide.splitlines())
+    full = invoke("runs", "--root", str(root), env={"COLUMNS": "200"}).stdout
+    header = full.splitlines()[0].split()
+    assert header == [
+        "name", "recipe", "backend", "layout", "status", "step", "loss", "started", "overrides"
+    ]  # fmt: skip
+    row = next(line for line in full.splitlines() if line.startswith("b-20261128-221042 "))
+    assert "interrupted" in row and "optim.lr=3e-5" in row  # one line per run
+
+
+def test_the_progress_line_fits_80_columns() -> None:
+    pytest.importorskip("torch")
+    from launcher.train.metrics import interval_line
+
+    cpu = {
+        "step": 22,
+        "loss": 5.12345,
+        "lr": 3e-4,
+        "grad_norm": 0.9123,
+        "tokens_per_s": 5120.4,
+        "memory_bytes": 0.41 * 2**30,
+    }
+    gpu = {
+        "step": 12000,
+        "loss": 2.12345,
+        "lr": 3e-4,
+        "grad_norm": 12.3456,
+        "tokens_per_s": 1_234_567.0,
+        "mfu": 0.453,
+        "memory_bytes": 75.2 * 2**30,
+    }
+    for record, total, eta in ((cpu, 300, 65.0), (gpu, 100_000, 45_000.0)):
+        line = interval_line(record, total, eta)
+        assert len(line) <= 80, line
+        assert line.startswith(f"step {record['step']}/{total} | loss ")
+        assert "tok/s" in line and "eta " in line, line
+    evaluated = interval_line({**gpu, "val_loss": 2.2, "val_ppl": 9.03}, 100_000, 45_000.0)
+    assert len(evaluated) <= 80 and "val loss 2.2000" in evaluated, evaluated
+    bad = {"step": 3, "loss": None, "grad_norm": None, "nonfinite": ["loss", "grad_norm"]}
+    assert interval_line(bad, 3, None) == "step 3/3 | loss NOT FINITE | grad norm NOT FINITE"
+
+
+def test_the_measure_table_fits_80_columns_without_cutting_a_word() -> None:
+    from launcher.launch import measure as measure_mod
+    from launcher.plan import measurement_noise as noise
+
+    m = measure_mod.Measured(
+        points=(
+            measure_mod.Point(1, 0.1234, 0.2 * 2**30, 0.1, 1.1 * 2**30, 4, spread=0.02),
+            measure_mod.Point(2, 12.3456, 0.4 * 2**30, 0.2, 1.2 * 2**30, 4, spread=0.6),
+        ),
+        layers=32,
+        step_s=123.4567,
+        per_layer_s=0.2,
+        fixed_s=0.01,
+        memory_bytes=123.4 * 2**30,
+        memory_kind="peak RSS over the runtime's baseline",
+        predicted_step_s=99.5,
+        predicted_memory_bytes=100.5 * 2**30,
+        load=noise.Load(3.0, 2),
+    )
+    words = measure_mod.table(m, width=10_000).split()
+    narrow = measure_mod.table(m, width=80)
+    assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+    assert narrow.split() == words  # wrapped between words, never inside one
+    wide = measure_mod.table(m, width=200)
+    assert any(
+        line.startswith("fit: step = ") and "allocated." in line for line in wide.split("\n")
+    )
+
+
 # -- item 5: a noise-flagged profile earns no band -------------------------------------------------
 
 
