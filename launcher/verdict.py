@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.backends import all_backends, launch_refusal, planning_preset_needs, runnable_by
-from launcher.config.compose import Composed, compose_config
-from launcher.config.overrides import override_key
+from launcher.config.composition.compose import Composed, compose_config
+from launcher.config.composition.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import ConfigError, UserError
 from launcher.plan.planner import Plan, make_plan
@@ -125,7 +125,7 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
 
 def _names_a_recipe(override: str) -> bool:
     """A bare word that is a recipe's name (`llmtrain validate gpt-7b`)."""
-    from launcher.config.compose import group_options
+    from launcher.config.composition.compose import group_options
 
     return "=" not in override and override.lstrip("+~") in group_options("recipe")
 

@@ -215,7 +215,7 @@ def _command_values(
     `run` takes; None when it resumes or starts it)."""
     import shlex
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.secrets import redact
     from launcher.launch.local import run_dir_for
     from launcher.launch.resume_refusal import resume_of

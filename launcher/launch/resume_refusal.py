@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.config.compose import Composed, compose_config
+from launcher.config.composition.compose import Composed, compose_config
 from launcher.config.run_config import (
     ALLOW_CHANGE_FLAG,
     Change,

@@ -196,7 +196,7 @@ def test_runs_fits_80_columns_and_wide_shows_everything(tmp_path: Path) -> None:
 
 def test_the_progress_line_fits_80_columns() -> None:
     pytest.importorskip("torch")
-    from launcher.train.metrics import interval_line
+    from launcher.train.reporting.metrics import interval_line
 
     cpu = {
         "step": 22,
@@ -228,7 +228,7 @@ def test_the_progress_line_fits_80_columns() -> None:
 
 def test_the_measure_table_fits_80_columns_without_cutting_a_word() -> None:
     from launcher.launch import measure as measure_mod
-    from launcher.plan import measurement_noise as noise
+    from launcher.plan.hardware import measurement_noise as noise
 
     m = measure_mod.Measured(
         points=(
@@ -259,7 +259,7 @@ def test_the_measure_table_fits_80_columns_without_cutting_a_word() -> None:
 
 
 def test_plan_states_no_band_from_a_profile_calibrate_marked_as_noise(tmp_path: Path) -> None:
-    from launcher.plan import profile as prof
+    from launcher.plan.hardware import profile as prof
     from tests.unit.test_plan_profile import tiny_profile
 
     doc = tiny_profile()
