@@ -88,7 +88,7 @@ class Row:
     band: float  # allowed |predicted / measured - 1|
     band_source: str
     gpu_only: bool
-    status: str  # ok | MISS | not measured | n/a on CPU
+    status: str  # ok | MISS | not measured | n/a on CPU | no band stated
 
     @property
     def error(self) -> float | None:
@@ -393,8 +393,9 @@ def prune_checkpoints(run_dir: Path) -> None:
 def compare(
     plan: Plan, figures: dict[str, float | None], band: float | None, cpu: bool
 ) -> list[Row]:
+    # make_plan states no time band for a profile calibrate marked as noise (kept with --force)
     time_band, memory_band = plan.time_band, plan.memory_band
-    assert time_band is not None and memory_band is not None  # make_plan always sets them
+    assert memory_band is not None  # make_plan always sets it
     heaviest = plan.memory.heaviest
     specs: list[tuple[str, str, str, float, str, bool]] = [
         ("step time", "s", "step_s", plan.time.step_s, "time", False),
@@ -406,10 +407,18 @@ def compare(
     rows = []
     for figure, unit, key, predicted, kind, gpu_only in specs:
         stated = time_band if kind == "time" else memory_band
-        allowed = band if band is not None else stated.typical
-        source = "--band" if band is not None else f"plan: {kind}, {stated.regime}"
+        allowed = band if band is not None else stated.typical if stated else float("nan")
+        source = (
+            "--band"
+            if band is not None
+            else f"plan: {kind}, {stated.regime}"
+            if stated
+            else "plan: no band (a profile calibrate marked as noise)"
+        )
         value = figures.get(key)
-        if gpu_only and cpu:
+        if band is None and stated is None:
+            status = "no band stated"
+        elif gpu_only and cpu:
             status = "n/a on CPU"
         elif value is None or not value > 0:
             status = "not measured"

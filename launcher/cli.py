@@ -15,7 +15,7 @@ from rich.text import Text
 
 from launcher import __version__
 from launcher.commands import config, data, models, planning, runs, training
-from launcher.commands.common import err, out, print_json
+from launcher.commands.common import StdoutClosed, err, out, print_json
 from launcher.errors import UserError
 
 app = typer.Typer(
@@ -35,8 +35,13 @@ def _bash_keeps_a_key_open() -> None:
     """bash appends a space after the one completion it inserts; after `parallel.tp=` that would
     leave `parallel.tp= 8` (two words). Typer's bash script (the one --install-completion writes
     and `_LLMTRAIN_COMPLETE=source_bash` prints) gains `compopt -o nospace` for a single
-    completion ending in '='. Left as it is if a Typer release words its script otherwise."""
+    completion ending in '='; and where the program answers NOTHING (an override with no value
+    to offer, `parallel.tp=`), no completion at all instead of bash's fallback to the names of
+    the files here (`complete -o default`, which a path's value and `--config FILE` keep). Left
+    as it is if a Typer release words its script otherwise."""
     from typer import _completion_classes, _completion_shared
+
+    from launcher.cli_hints import NOTHING
 
     script = _completion_shared.COMPLETION_SCRIPT_BASH
     end = "    return 0\n}"
@@ -44,7 +49,9 @@ def _bash_keeps_a_key_open() -> None:
         return
     patched = script.replace(
         end,
-        "    [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == *= ]] && compopt -o nospace\n" + end,
+        "    [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == *= ]] && compopt -o nospace\n"
+        f"    [[ ${{#COMPREPLY[@]}} -eq 1 && ${{COMPREPLY[0]}} == *{NOTHING} ]] && "
+        "{ COMPREPLY=(); compopt +o default; }\n" + end,
     )
     _completion_shared._completion_scripts["bash"] = patched
     _completion_classes.BashComplete.source_template = patched
@@ -89,7 +96,9 @@ app.command()(runs.cancel)
 
 
 def entry() -> None:
-    """Console-script entry point: user errors print one message and exit 2, no traceback."""
+    """Console-script entry point: user errors print one message and exit 2, no traceback; a
+    reader that went away (`llmtrain show | head`) ends the command quietly with exit 0, as
+    `cat` and `git log` end at `| head`."""
     try:
         from launcher.cli_hints import override_typed_as_option
 
@@ -104,6 +113,11 @@ def entry() -> None:
         else:
             err.print(Text("error: ", style="bold red") + Text(str(exc)))
         sys.exit(exc.exit_code)
+    except StdoutClosed:
+        from launcher.launch.console import silence_stdout
+
+        silence_stdout()  # Python's flush at exit must not fail on the closed pipe either
+        sys.exit(0)
 
 
 if __name__ == "__main__":

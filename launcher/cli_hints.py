@@ -76,18 +76,71 @@ def complete_override(incomplete: str, args: Sequence[str] = ()) -> list[str]:
     return [f"{lead}{c}" for c in candidates if c.startswith(prefix)]
 
 
+# What the bash completion answers for an override that has nothing to offer (`parallel.tp=`):
+# the completion script (launcher.cli) then offers nothing either, where bash would fall back
+# to the names of the files in the current directory.
+NOTHING = "_llmtrain_offers_nothing_"
+# A whole-number key whose bounds leave at most this many values completes to them.
+FEW_VALUES = 8
+
+
+def value_key(incomplete: str, args: Sequence[str] = ()) -> str | None:
+    """The key (or `--option`) whose value is being completed, as `complete_override` receives
+    the words; None when the word is a key or a group being typed."""
+    if incomplete == "=" and args:  # bash: `parallel.tp=<TAB>`
+        return args[-1].lstrip("+~")
+    if len(args) >= 2 and args[-1] == "=":  # bash: `parallel.tp=1<TAB>`
+        return args[-2].lstrip("+~")
+    if "=" in incomplete:  # zsh, fish: the whole word
+        return incomplete.partition("=")[0].lstrip("+~")
+    return None
+
+
+def complete_for_bash(incomplete: str, args: Sequence[str] = ()) -> list[str]:
+    """`complete_override` as bash asks for it (see there), and NOTHING after the word when
+    there is nothing to offer and the word is not the value of a path key (`data.path=`) or of
+    an option (`--config=`): bash would otherwise list the files of the current directory."""
+    found = complete_override(incomplete, args)
+    key = value_key(incomplete, args)
+    if found or (key is not None and (key.startswith("-") or wants_files(key))):
+        return found
+    return [incomplete + NOTHING]  # Typer keeps only the answers that start with the word
+
+
+def wants_files(key: str) -> bool:
+    """Whether the value of `key` names a file or folder (``allowed.a_path`` on its field, or
+    model.from_hf), so that the shell's own file completion is what it needs."""
+    from launcher.config.composition.hf_model import KEY as FROM_HF
+    from launcher.config.schema.key_info import path_keys
+
+    key = key.lstrip("+~")
+    return key in path_keys() or key == FROM_HF
+
+
 def _values_of(key: str, partial: str) -> list[str]:
-    """The values a group or a fixed-choice key takes that start with `partial`."""
+    """The values a group or a fixed-choice key takes that start with `partial`; a whole
+    number's, when its declared bounds leave a few (zero.stage: 0 1 2 3)."""
     from launcher.config.composition.compose import group_options, groups
-    from launcher.config.schema.key_info import choices
+    from launcher.config.schema.key_info import allowed, choices
     from launcher.config.schema.keys import field_type
 
+    spec = allowed(key)
+    low, high = (spec.low, spec.high) if spec is not None else (None, None)
     if key in groups():
         values = list(group_options(key))
     elif key in choices():
         values = list(choices()[key])
     elif field_type(key) in (bool, bool | None):
         values = ["true", "false"]
+    elif (
+        field_type(key) in (int, int | None)
+        and low is not None
+        and high is not None
+        and isinstance(high[0], int)
+        and high[0] - low[0] <= FEW_VALUES
+    ):
+        first = int(low[0]) + (low[1] == ">")
+        values = [str(v) for v in range(first, high[0] + (high[1] == "<=")) if v >= first]
     else:
         return []
     return [v for v in values if v.startswith(partial)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 class UserError(Exception):
@@ -15,8 +15,11 @@ class UserError(Exception):
 class ConfigError(UserError):
     """One or more problems with a composed configuration."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], unparsed: Sequence[str] = ()):
         self.problems = problems
+        # Overrides that are not key=value at all (a bare word): no key names them, so the
+        # problem says which override it is about here (launcher.verdict sets them aside).
+        self.unparsed = tuple(unparsed)
         super().__init__("\n".join(problems))
 
 

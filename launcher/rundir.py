@@ -20,6 +20,8 @@ preempted.json    written when a run checkpointed and stopped on a signal
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,19 @@ LOCK = ".llmtrain.lock"
 TORCHRUN_LOG = "torchrun.log"
 LAUNCHER_LOG = "launcher.log"
 COMMAND = "command.json"
+# `run --fresh` beside an existing run NAME starts in NAME-YYYYMMDD-HHMMSS (its run.name is NAME).
+_FRESH_SUFFIX = re.compile(r"-\d{8}-\d{6}")
+
+
+def fresh_name(name: str) -> str:
+    """The folder `--fresh` starts a run of `name` in when `name`'s is taken."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def is_fresh_of(folder_name: str, name: str) -> bool:
+    """Whether `folder_name` is a run `--fresh` started beside the run `name`."""
+    rest = folder_name[len(name) :] if folder_name.startswith(name) else ""
+    return bool(_FRESH_SUFFIX.fullmatch(rest))
 
 
 @dataclass(frozen=True)

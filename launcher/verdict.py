@@ -23,7 +23,7 @@ from launcher.backends import all_backends, launch_refusal, planning_preset_need
 from launcher.config.composition.compose import Composed, compose_config
 from launcher.config.composition.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, UserError
 from launcher.plan.planner import Plan, make_plan
 from launcher.validate.rules import ERROR, Violation, check, passes, value_range_problems
 
@@ -70,23 +70,30 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
         try:
             composed = compose_config(remaining)
         except ConfigError as exc:
+            unparsed = set(exc.unparsed)
             keys = {_problem_key(p) for p in exc.problems}
             seen = {v.message for v in found}
             found += [
-                Violation("config", ERROR, (_problem_key(p),), p)
+                Violation("config", ERROR, () if unparsed else (_problem_key(p),), p)
                 for p in dict.fromkeys(exc.problems)
                 if p not in seen
             ]
             # A problem names a key or one of its parents (`paralel: unknown key` for
-            # `paralel.tp=2`): every override under it is set aside.
+            # `paralel.tp=2`): every override under it is set aside; an override that is no
+            # key=value at all (a bare word) is named by the error itself.
             culprits = [
                 o
                 for o in remaining
-                if any(override_key(o) == k or override_key(o).startswith(f"{k}.") for k in keys)
+                if o in unparsed
+                or any(override_key(o) == k or override_key(o).startswith(f"{k}.") for k in keys)
             ]
             if not culprits:
                 return None, found
-            complete = complete and all("." in override_key(o) for o in culprits)
+            # A bare word may have meant a group choice or a recipe (`gpt-7b`): what composes
+            # without it is not known to be what was asked for, as after a bad choice.
+            complete = complete and all(
+                "." in override_key(o) and o not in unparsed for o in culprits
+            )
             remaining = [o for o in remaining if o not in culprits]
             continue
         if not complete:
@@ -97,6 +104,8 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
             given = {override_key(o) for o in remaining}
             failed = {override_key(o) for o in overrides if o not in remaining}
             bad_groups = {k for k in failed if "." not in k}
+            if any(_names_a_recipe(o) for o in overrides if o not in remaining):
+                bad_groups.add("recipe")  # `gpt-7b` for recipe=gpt-7b
             if "recipe" in bad_groups:  # any key may come from the recipe: ranges only
                 judged = value_range_problems(composed.config)
                 found += [v for v in judged if v.is_error and set(v.keys) <= given]
@@ -112,6 +121,13 @@ def compose_collecting(overrides: Sequence[str]) -> tuple[Composed | None, list[
                 ]
         return (composed if complete else None), found
     return None, found
+
+
+def _names_a_recipe(override: str) -> bool:
+    """A bare word that is a recipe's name (`llmtrain validate gpt-7b`)."""
+    from launcher.config.composition.compose import group_options
+
+    return "=" not in override and override.lstrip("+~") in group_options("recipe")
 
 
 def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
@@ -145,6 +161,47 @@ def assess(overrides: Sequence[str], *, force: bool = False) -> Verdict:
     for command, problems in refusals.items():
         notes += [f"`llmtrain {command}` would refuse: {p}" for p in problems if p != preset]
     return Verdict(overrides, composed, tuple(violations), tuple(notes), refusals, plan)
+
+
+def with_resume(
+    found: Verdict, command: str, *, fresh: bool = False, allow_config_change: bool = False
+) -> Verdict:
+    """`found` (valid) with what `command` (run | submit) decides on the run directory its
+    configuration names, as `run` decides it (launch.resume_refusal.resume_of): a refused resume
+    is one more refusal, worded as `run` words it (the changes, the command that resumes the run
+    as it was, --allow-config-change, --fresh); a resume, or a new folder for `fresh`, a note."""
+    from launcher.launch.local import fresh_dir, run_dir_for
+    from launcher.launch.resume_refusal import Resume, resume_of
+    from launcher.render.run_files import LOCAL, SLURM
+    from launcher.rundir import RunDir
+
+    composed = found.composed
+    if composed is None or not found.valid:
+        return found
+    try:
+        run_dir = run_dir_for(composed).resolve()
+    except (UserError, OSError):  # a run.name the verdict refuses already
+        return found
+    word = f"`llmtrain {command}`"
+    if fresh and run_dir.exists():
+        note = f"{word} would start a new run in a new folder, {fresh_dir(run_dir)} (--fresh)"
+        return replace(found, notes=(*found.notes, note))
+    mode = LOCAL if command == "run" else SLURM
+    try:
+        resume = resume_of(RunDir(run_dir), composed, mode, allow_config_change=allow_config_change)
+    except UserError as exc:  # a config.yaml this llmtrain cannot resume from
+        resume = Resume([], str(exc))
+    if resume is None:
+        return found
+    if resume.refusal is not None:
+        refusals = {**found.refusals, command: (*found.refusals.get(command, ()), resume.refusal)}
+        note = f"{word} would refuse: {resume.refusal}"
+        return replace(found, notes=(*found.notes, note), refusals=refusals)
+    changed = "; ".join(c.line() for c in resume.changes)
+    note = f"{word} would resume {run_dir.name} from its last checkpoint" + (
+        f", recording these changes in its config_history.jsonl: {changed}" if changed else ""
+    )
+    return replace(found, notes=(*found.notes, note))
 
 
 # Degrees several rules judge at once; each rule names the values it accepts, and the verdict adds

@@ -15,19 +15,38 @@ if TYPE_CHECKING:
     from launcher.config.composition.compose import Composed
     from launcher.validate.rules import Violation
 
-out = Console(highlight=False, soft_wrap=False)
+
+class StdoutClosed(BrokenPipeError):
+    """stdout's reader went away (`llmtrain show | head`): the command ends quietly, exit 0
+    (``launcher.cli.entry``). Raised without an errno, so that click does not take it for its
+    own EPIPE case (which exits 1); an OSError still, so `tell` keeps a run going past it."""
+
+
+class _Stdout(Console):
+    """The console of stdout: a closed pipe raises StdoutClosed (Rich would exit 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise StdoutClosed
+
+
+out = _Stdout(highlight=False, soft_wrap=False)
 # Errors and notes wrap at the width of a terminal; into a pipe or a file each stays one line,
 # whole, for grep and for the tests that read it.
 err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
 def print_json(document: Any) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
+    write_flush(json.dumps(document, indent=2, sort_keys=False) + "\n")
 
 
 def write_flush(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    """`text` on stdout as it is (the stream `out` prints to), flushed."""
+    try:
+        out.file.write(text)
+        out.file.flush()
+    except BrokenPipeError:
+        raise StdoutClosed from None
 
 
 def tell(console: Console, text: Text) -> None:
@@ -50,6 +69,7 @@ def note(text: str, *, label: str = "note: ") -> None:
 def complete_override(incomplete: str) -> list[str]:
     import os
 
+    from launcher.cli_hints import complete_for_bash as for_bash
     from launcher.cli_hints import complete_override as complete
 
     # bash hands over its own words (split at '=' too, by COMP_WORDBREAKS) and which one the
@@ -60,7 +80,7 @@ def complete_override(incomplete: str) -> list[str]:
 
         split = split_arg_string(words)
         at = int(cword)
-        return complete(split[at] if at < len(split) else "", split[1:at])
+        return for_bash(split[at] if at < len(split) else "", split[1:at])
     return complete(incomplete)
 
 

@@ -17,6 +17,7 @@ from launcher.commands.common import (
     out,
     print_json,
     with_config,
+    write_flush,
 )
 from launcher.errors import UserError
 
@@ -60,15 +61,26 @@ def validate(
     verdict("validate", overrides or [], force=False, as_json=as_json)
 
 
-def verdict(command: str, overrides: list[str], *, force: bool, as_json: bool) -> None:
-    """validate, run --dry-run and submit --dry-run: one verdict, one exit code rule."""
-    from launcher.verdict import assess
+def verdict(
+    command: str,
+    overrides: list[str],
+    *,
+    force: bool,
+    as_json: bool,
+    fresh: bool = False,
+    allow_config_change: bool = False,
+) -> None:
+    """validate, run --dry-run and submit --dry-run: one verdict, one exit code rule; a dry run
+    also decides on the run directory as the command would (resume it, or refuse to)."""
+    from launcher.verdict import assess, with_resume
     from launcher.views.config import show_verdict, verdict_document
 
     found = assess(overrides, force=force)
+    if command != "validate":
+        found = with_resume(found, command, fresh=fresh, allow_config_change=allow_config_change)
     document = verdict_document(found, command)
     if command != "validate" and found.valid and found.composed is not None:
-        _dry_run_files(found, command, document, as_json=as_json)
+        _dry_run_files(found, command, document, as_json=as_json, fresh=fresh)
     if as_json:
         print_json(document)
     else:
@@ -79,11 +91,12 @@ def verdict(command: str, overrides: list[str], *, force: bool, as_json: bool) -
 
 
 def _dry_run_files(
-    found: Verdict, command: str, document: dict[str, Any], *, as_json: bool
+    found: Verdict, command: str, document: dict[str, Any], *, as_json: bool, fresh: bool
 ) -> None:
     """The files `run`/`submit` would write, byte for byte (launcher.render.run_files), into
-    `document`; without `as_json`, the plan's headline and the script are printed."""
-    from launcher.launch.local import place_of, run_dir_for
+    `document`; without `as_json`, the plan's headline and the script are printed. With `fresh`
+    and the run directory there already: in the new folder --fresh would make."""
+    from launcher.launch.local import fresh_dir, place_of, run_dir_for
     from launcher.plan.document import plan_to_json
     from launcher.render.run_files import LOCAL, SLURM, run_files
 
@@ -95,6 +108,7 @@ def _dry_run_files(
     run_dir = None
     with contextlib.suppress(UserError):  # a refusal the verdict already reports
         run_dir = run_dir_for(composed).resolve()
+        run_dir = fresh_dir(run_dir) if fresh and run_dir.exists() else run_dir
         files = run_files(composed, plan_doc, mode, place_of(composed.config, run_dir))
     script = "launch.sh" if command == "run" else "job.sbatch"
     document["run_dir"] = str(run_dir) if run_dir else None
@@ -109,8 +123,7 @@ def _dry_run_files(
         out.print(plan_headline(found.plan))
     if not as_json and script in files:
         out.print(Text(f"--- {script} (in {run_dir}, the run directory it would use) ---"))
-        out.file.write(files[script])
-        out.file.flush()
+        write_flush(files[script])
 
 
 def recipes(as_json: JsonFlag = False) -> None:

@@ -80,10 +80,15 @@ def sample(
 ) -> None:
     """Print a short greedy reply to PROMPT from a run's model (LoRA adapters applied): one user
     message in the run data's chat template when it has one, else a continuation of the text."""
-    from launcher.launch.local_runs import find_run
+    from launcher.launch.local_runs import CHECKPOINTED, resolve_run
     from launcher.train.sample import sample as run_sample
 
-    folder = find_run(run_dir, Path(root)) or Path(run_dir)
+    # As export takes it: a name that several runs begin with (or a run and its --fresh runs),
+    # the newest that holds a checkpoint, with a note naming the others.
+    resolved = resolve_run(run_dir, Path(root), CHECKPOINTED)
+    if resolved.note:
+        note(resolved.note)
+    folder = resolved.folder or Path(run_dir)
     result = run_sample(folder, prompt, max_new_tokens=max_new_tokens, step=step, chat=not raw)
     if as_json:
         print_json(result.to_json())

@@ -4,7 +4,6 @@ a layout is planned with, which configurations a search ranks) are launcher.verd
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,6 +20,7 @@ from launcher.commands.common import (
     print_json,
     refuse_invalid,
     with_config,
+    write_flush,
 )
 from launcher.errors import UserError
 
@@ -198,7 +198,7 @@ def plan_measure(overrides: list[str], *, as_json: bool) -> None:
     if as_json:
         print_json(to_json(result))
     else:
-        sys.stdout.write(table(result) + "\n")
+        write_flush(table(result, out.width) + "\n")  # out.width: the terminal's, else 80
 
 
 OutPath = Annotated[

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from launcher.commands.common import (
@@ -29,9 +28,22 @@ if TYPE_CHECKING:
     from launcher.launch.handles import RunHandle
 
 
-def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
+def runs_command(
+    root: RootOption = "runs",
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide",
+            "-w",
+            help="Every column and the overrides on one line per run, whatever the width "
+            "(as into a pipe).",
+        ),
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
     """List the runs under the run root: status, progress, last loss, when they started, and
-    what tells them apart (backend, layout, the overrides they were started with)."""
+    what tells them apart (backend, layout, the overrides they were started with). On a
+    terminal (or with COLUMNS set) the table fits its width; --wide shows everything."""
     from launcher.launch.local_runs import list_runs
 
     infos = list_runs(Path(root))
@@ -41,30 +53,36 @@ def runs_command(root: RootOption = "runs", as_json: JsonFlag = False) -> None:
     if not infos:
         out.print(f"no runs under {root}/ (start one with `llmtrain run`)", markup=False)
         return
-    from rich.table import Table
+    from launcher.views.runs import runs_rows, runs_table
 
-    from launcher.views.runs import runs_rows
-
-    rows = runs_rows(infos)
-    table = Table(box=None, pad_edge=False)
-    for column in rows[0]:
-        table.add_column(
-            column,
-            justify="right" if column in ("step", "loss") else "left",
-            no_wrap=column != "overrides",
-        )
-    for row in rows:
-        table.add_row(*(Text(value) for value in row.values()))
-    # Into a pipe or a file: whole rows (for grep), not cut at 80 columns.
-    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=False, width=10_000)
-    wide.print(table)
-    out.print(
-        Text(
-            f"in {Path(root).resolve()}; llmtrain status|logs|cancel|plot NAME, "
-            "llmtrain diff NAME OTHER",
-            style="dim",
-        )
+    width = None if wide else _screen_width()
+    table = runs_table(runs_rows(infos), width)
+    out.print(Text(table.header, style="bold"), soft_wrap=True)
+    for line in table.lines:
+        style = "dim" if line.startswith(" ") else ""  # a run's overrides, below it
+        out.print(Text(line, style=style), soft_wrap=True)
+    where = (
+        f"in {Path(root).resolve()}; llmtrain status|logs|cancel|plot NAME, llmtrain diff NAME "
+        "OTHER"
     )
+    if table.left_out:
+        where += f"; left out to fit: {', '.join(table.left_out)} (--wide shows them)"
+    import textwrap
+
+    lines = textwrap.wrap(where, width, break_long_words=False) if width else [where]
+    for line in lines:
+        out.print(Text(line, style="dim"), soft_wrap=True)
+
+
+def _screen_width() -> int | None:
+    """The width `runs` fits: COLUMNS when set, else the terminal's; None into a pipe or a file
+    (whole rows, for grep)."""
+    import os
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return out.width if out.is_terminal else None
 
 
 def handle(target: str, root: str, choose: str = "newest") -> RunHandle:
@@ -161,6 +179,7 @@ def diff(
     folder, left = run_values(target, root)
     given = list(other or [])
     resumes: bool | None = None
+    refused: str | None = None
     is_run = (
         len(given) == 1
         and not config
@@ -171,7 +190,7 @@ def diff(
         other_folder, right = run_values(given[0], root)
         right_label = other_folder.name
     else:
-        right_label, right, resumes = _command_values(folder, given, config)
+        right_label, right, resumes, refused = _command_values(folder, given, config)
     rows = differences(flat_values(left), flat_values(right))
     if as_json:
         print_json(
@@ -180,33 +199,49 @@ def diff(
                 "b": right_label,
                 "differences": [{"key": k, "a": a, "b": b} for k, a, b in rows],
                 "resumes": resumes,
+                "refused": refused,
             }
         )
         return
-    _show_differences(folder, right_label, rows, resumes)
+    _show_differences(folder, right_label, rows, resumes, refused)
 
 
 def _command_values(
     folder: Path, given: list[str], config: str | None
-) -> tuple[str, dict[str, Any], bool | None]:
-    """What `llmtrain run GIVEN` would train: the command, its values (secrets redacted), and
-    whether it resumes the run in `folder` (None when its run directory cannot be named)."""
+) -> tuple[str, dict[str, Any], bool | None, str | None]:
+    """What `llmtrain run GIVEN` would train: the command, its values (secrets redacted),
+    whether its run directory is `folder` (None when it cannot be named), and, when it is, why
+    `run` would refuse to resume the run there (launch.resume_refusal.resume_of, the decision
+    `run` takes; None when it resumes or starts it)."""
     import shlex
 
     from launcher.config.composition.compose import compose_config
     from launcher.config.secrets import redact
     from launcher.launch.local import run_dir_for
+    from launcher.launch.resume_refusal import resume_of
+    from launcher.render.run_files import LOCAL
+    from launcher.rundir import RunDir
 
     composed = compose_config(with_config(config, given))
     typed = [*(["--config", config] if config else []), *given]
-    resumes = None
+    resumes, refused = None, None
     with contextlib.suppress(UserError, OSError):
         resumes = run_dir_for(composed).resolve() == folder
-    return shlex.join(["llmtrain", "run", *typed]), redact(composed.values), resumes
+    if resumes:
+        try:
+            resume = resume_of(RunDir(folder), composed, LOCAL)
+            refused = resume.refusal if resume is not None else None
+        except UserError as exc:  # a config.yaml this llmtrain cannot resume from
+            refused = str(exc)
+    return shlex.join(["llmtrain", "run", *typed]), redact(composed.values), resumes, refused
 
 
 def _show_differences(
-    folder: Path, right_label: str, rows: list[tuple[str, str, str]], resumes: bool | None
+    folder: Path,
+    right_label: str,
+    rows: list[tuple[str, str, str]],
+    resumes: bool | None,
+    refused: str | None = None,
 ) -> None:
     if not rows:
         out.print(f"{folder.name} and {right_label}: the same configuration", markup=False)
@@ -219,7 +254,16 @@ def _show_differences(
         for key, a, b in rows:
             table.add_row(Text(key), Text(a), Text(b))
         out.print(table)
-    if resumes is not None:
+    if refused is not None:
+        out.print(
+            Text(
+                f"that command would be refused (it changes what {folder.name} trains); "
+                "`llmtrain run` would say:",
+                style="bold red",
+            )
+        )
+        out.print(Text(refused), soft_wrap=True)
+    elif resumes is not None:
         out.print(
             Text(
                 f"that command resumes {folder.name}"

@@ -63,7 +63,14 @@ def run(
     ]
     overrides = with_config(config, overrides)
     if dry_run:
-        verdict("run", overrides or [], force=force, as_json=as_json)
+        verdict(
+            "run",
+            overrides or [],
+            force=force,
+            as_json=as_json,
+            fresh=fresh,
+            allow_config_change=allow_config_change,
+        )
         return
     if detach and not detached_child:
         run_detached([*(["--fresh"] if fresh else []), *typed], as_json=as_json)
@@ -209,7 +216,13 @@ def submit(
     """Submit the run as a SLURM batch job (sbatch); print the job id and run directory."""
     overrides = with_config(config, overrides)
     if dry_run:
-        verdict("submit", overrides or [], force=force, as_json=as_json)
+        verdict(
+            "submit",
+            overrides or [],
+            force=force,
+            as_json=as_json,
+            allow_config_change=allow_config_change,
+        )
         return
     from launcher.config.composition.compose import compose_config
     from launcher.launch.slurm import submit as submit_job

@@ -40,15 +40,13 @@ from launcher.config.composition.compose import Composed
 from launcher.config.run_config import (
     ALLOW_CHANGE_FLAG,
     Change,
-    config_changes,
     read_run_config,
-    resumable_config,
 )
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError
 from launcher.launch import console, runlock
-from launcher.launch.resume_refusal import resume_refusal
+from launcher.launch.resume_refusal import resume_of
 from launcher.launch.run_outcome import (
     Launch,
     Stops,
@@ -66,7 +64,7 @@ from launcher.render.run_files import (
     local_launch,
     run_files,
 )
-from launcher.rundir import CONFIG, UNFINISHED_PREFIX, RunDir
+from launcher.rundir import CONFIG, RunDir, fresh_name
 from launcher.validate.rules import run_name_problem
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
@@ -134,14 +132,6 @@ def older_schema_run(root: Path, recipe: str, digest: str) -> Path | None:
     return None
 
 
-def has_checkpoints(run: RunDir) -> bool:
-    """Whether the run directory holds checkpoints (llmtrain's or Megatron-LM's) to resume."""
-    try:
-        return any(not p.name.startswith(UNFINISHED_PREFIX) for p in run.checkpoints.iterdir())
-    except OSError:
-        return False
-
-
 @dataclass(frozen=True)
 class Prepared:
     run_dir: Path
@@ -157,11 +147,16 @@ class Prepared:
             self.lock.release()
 
 
+def fresh_dir(run_dir: Path) -> Path:
+    """The new folder `--fresh` starts in when `run_dir` exists: NAME-YYYYMMDD-HHMMSS."""
+    return run_dir.with_name(fresh_name(run_dir.name))
+
+
 def choose_run_dir(composed: Composed, fresh: bool) -> Path:
     """The run directory (created, resolved); --fresh picks a new timestamped one."""
     run_dir = run_dir_for(composed)
     if fresh and run_dir.exists():
-        run_dir = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir = fresh_dir(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -211,15 +206,13 @@ def prepare_run_dir(
     try:
         if guard is not None:
             guard(run.root)
-        changes: list[Change] = []
-        resuming = cfg.checkpoint.resume and run.config.is_file() and has_checkpoints(run)
-        if resuming:
-            # Resuming a run an older llmtrain started: exit 2 naming the keys this one does
-            # not know (launcher.config.run_config), before anything is written or started.
-            stored = resumable_config(run.config)
-            changes = config_changes(stored.values, composed.values)
-            if any(c.trajectory for c in changes) and not allow_config_change:
-                raise UserError(resume_refusal(run, stored.values, composed, changes, mode))
+        # A refused resume (or one of a run an older llmtrain started, naming the keys this
+        # one does not know) exits 2 before anything is written or started.
+        resume = resume_of(run, composed, mode, allow_config_change=allow_config_change)
+        if resume is not None and resume.refusal is not None:
+            raise UserError(resume.refusal)
+        resuming = resume is not None
+        changes = resume.changes if resume is not None else []
         place = place_of(cfg, run.root)
         files = run_files(composed, plan_json, mode, place)  # refusals come before any write
         launch = local_launch(cfg, place) if mode == LOCAL else LocalLaunch([], {})

@@ -40,7 +40,7 @@ from launcher.launch.run_record import (
     read_command,
     resume_command,
 )
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, is_fresh_of
 
 
 @dataclass(frozen=True)
@@ -319,8 +319,9 @@ def _candidates_text(infos: list[RunInfo], shown: int = 8) -> str:
 
 
 def resolve_run(target: str, root: Path, choose: str = NEWEST) -> Resolved:
-    """The run `target` names: a run directory's path, a run's exact name under `root`, or the
-    start of names. When several runs start so, `choose` decides (NEWEST: the most recently
+    """The run `target` names: a run directory's path, a run's exact name under `root` (with
+    the runs `run --fresh` started beside it, NAME-YYYYMMDD-HHMMSS: runs of that name too), or
+    the start of names. When several runs match, `choose` decides (NEWEST: the most recently
     started or resumed; CHECKPOINTED: the newest with a checkpoint; RUNNING: the only running
     one; REFUSE: none), and the note names the others with what differs between them; when
     nothing qualifies, exit 2 listing the candidates."""
@@ -329,11 +330,18 @@ def resolve_run(target: str, root: Path, choose: str = NEWEST) -> Resolved:
         return Resolved(path.resolve())
     if "/" in target or target in (".", ".."):
         return Resolved(None)
-    if is_run_dir(root / target):
-        return Resolved((root / target).resolve())
-    if not root.is_dir():
+    exact = is_run_dir(root / target)
+    if not exact and not root.is_dir():
         return Resolved(None)
-    matches = [p for p in sorted(root.iterdir()) if p.name.startswith(target) and is_run_dir(p)]
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        entries = []
+    if exact:  # the run of that name and the runs `--fresh` started beside it, if any
+        named = [p for p in entries if is_fresh_of(p.name, target) and is_run_dir(p)]
+        matches = [root / target, *named]
+    else:
+        matches = [p for p in entries if p.name.startswith(target) and is_run_dir(p)]
     if len(matches) <= 1:
         return Resolved(matches[0].resolve() if matches else None)
     infos = sorted((run_info(p) for p in matches), key=lambda i: -(i.started or 0.0))
@@ -347,6 +355,8 @@ def resolve_run(target: str, root: Path, choose: str = NEWEST) -> Resolved:
         eligible = infos
     else:
         eligible = []
+    # A name that is a run's own and its --fresh runs': the first is named by its folder.
+    first = f" (the folder {root / target} for {target} itself)" if exact else ""
     if not eligible:
         why = {
             RUNNING: "none of them, or more than one, is running",
@@ -354,17 +364,18 @@ def resolve_run(target: str, root: Path, choose: str = NEWEST) -> Resolved:
         }.get(choose, "give more of the name")
         raise UserError(
             f"{target}: names {len(matches)} runs under {root} ({why}): "
-            f"{_candidates_text(infos)}. Give the full name (`llmtrain diff A B` shows how "
-            "two runs differ)"
+            f"{_candidates_text(infos)}. Give the full name{first} (`llmtrain diff A B` shows "
+            "how two runs differ)"
         )
     chosen = eligible[0]
     others = [i for i in infos if i.folder != chosen.folder]
     picked = {NEWEST: "the newest", CHECKPOINTED: "the newest with a checkpoint"}.get(
         choose, "the running one"
     )
+    whose = f" ({target} and the runs --fresh started beside it)" if exact else ""
     note = (
-        f"{target} names {len(infos)} runs; using {chosen.name}, {picked} "
-        f"({_candidates_text([chosen, *others])}). Give the full name to pick another"
+        f"{target} names {len(infos)} runs{whose}; using {chosen.name}, {picked} "
+        f"({_candidates_text([chosen, *others])}). Give the full name to pick another{first}"
     )
     return Resolved(chosen.folder.resolve(), note)
 

@@ -27,6 +27,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,40 +232,60 @@ def to_json(m: Measured) -> dict[str, Any]:
     }
 
 
-def table(m: Measured) -> str:
+def table(m: Measured, width: int = 80) -> str:
+    """The measured and modelled figures, 79 columns wide, and what they mean: sentences wrapped
+    at `width` (the terminal's) between words."""
     gib = 2**30
 
     def mem(x: float | None) -> str:
         return "-" if x is None else f"{x / gib:.3f} GiB"
 
+    def row(label: str, step_s: float, modelled_s: float, memory: str, modelled: str) -> str:
+        return (
+            f"{label:<24}{step_s * 1e3:>11.1f} ms{modelled_s * 1e3:>9.1f} ms"
+            f"{memory:>16}{modelled:>13}"
+        )
+
     lines = [
-        f"{'':<26}{'step measured':>15}{'modelled':>12}{'memory measured':>18}{'modelled':>12}",
+        f"{'':<24}{'step measured':>14}{'modelled':>12}{'memory measured':>16}{'modelled':>13}"
     ]
     for p in m.points:
         lines.append(
-            f"{f'{p.layers} layer(s), real run':<26}{p.step_s * 1e3:>12.1f} ms"
-            f"{p.predicted_step_s * 1e3:>9.1f} ms{mem(p.memory_bytes):>18}"
-            f"{mem(p.predicted_memory_bytes):>12}"
+            row(
+                f"{p.layers} layer(s), real run",
+                p.step_s,
+                p.predicted_step_s,
+                mem(p.memory_bytes),
+                mem(p.predicted_memory_bytes),
+            )
         )
     lines.append(
-        f"{f'{m.layers} layers, extrapolated':<26}{m.step_s * 1e3:>12.1f} ms"
-        f"{m.predicted_step_s * 1e3:>9.1f} ms{mem(m.memory_bytes):>18}"
-        f"{mem(m.predicted_memory_bytes):>12}"
+        row(
+            f"{m.layers} layers, extrapolated",
+            m.step_s,
+            m.predicted_step_s,
+            mem(m.memory_bytes),
+            mem(m.predicted_memory_bytes),
+        )
     )
     err = m.predicted_step_s / m.step_s - 1 if m.step_s > 0 else float("nan")
-    lines.append(
+    sentences = [
         f"fit: step = {m.fixed_s * 1e3:.1f} ms + {m.per_layer_s * 1e3:.2f} ms x layers; "
         f"the plan is {err:+.1%} against it. memory: {m.memory_kind} against the plan's "
         "allocated."
-    )
+    ]
     for p in m.points:
         if noise.is_noise(p.spread):
-            lines.append(
+            sentences.append(
                 f"noise: the {p.layers}-layer run's steps spread {p.spread:.0%} of their median "
                 f"(limit {noise.SPREAD_LIMIT:.0%}); its figure is not a measurement of the model"
             )
     if m.load is not None and m.load.busy:
-        lines.append(f"the machine was busy ({m.load.text()}): every figure above competed for it")
+        sentences.append(
+            f"the machine was busy ({m.load.text()}): every figure above competed for it"
+        )
+    for sentence in sentences:
+        lines += textwrap.wrap(sentence, width, break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines)
 
 

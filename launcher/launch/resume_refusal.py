@@ -1,13 +1,16 @@
-"""Why `run` or `submit` refuses to resume a run whose recorded configuration differs from the
-command's in what it trains (launcher.config.run_config.changes_trajectory), and what to type
-instead: the command that resumes it as it was started (built by the one builder of resume
-commands, launch.run_record.resume_command, and checked by composing it), the flag that accepts
-the change, a new run."""
+"""Whether `run` or `submit` resumes the run in its run directory, and why it refuses to resume a
+run whose recorded configuration differs from the command's in what it trains
+(launcher.config.run_config.changes_trajectory), with what to type instead: the command that
+resumes it as it was started (built by the one builder of resume commands,
+launch.run_record.resume_command, and checked by composing it), the flag that accepts the change,
+a new run. ``resume_of`` is the one decision: `run` and `submit` take it under the run
+directory's lock (launch.local.prepare_run_dir), their dry runs and `diff` without."""
 
 from __future__ import annotations
 
 import os
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.composition.compose import Composed, compose_config
@@ -16,12 +19,13 @@ from launcher.config.run_config import (
     Change,
     config_changes,
     restoring_overrides,
+    resumable_config,
 )
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError
 from launcher.launch.run_record import REDACTED, read_command, resume_command
 from launcher.render.run_files import LOCAL
-from launcher.rundir import RunDir
+from launcher.rundir import UNFINISHED_PREFIX, RunDir
 
 
 def command_word(mode: str) -> str:
@@ -104,3 +108,37 @@ def resume_refusal(
         + f"  to continue it with the new values:  {given_args}  (recorded in "
         f"{run.config_history})\n" + fresh
     )
+
+
+def has_checkpoints(run: RunDir) -> bool:
+    """Whether the run directory holds checkpoints (llmtrain's or Megatron-LM's) to resume."""
+    try:
+        return any(not p.name.startswith(UNFINISHED_PREFIX) for p in run.checkpoints.iterdir())
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A command that resumes the run in its run directory: what it changes in the run's
+    recorded configuration, and why it is refused (None: it resumes)."""
+
+    changes: list[Change]
+    refusal: str | None = None
+
+
+def resume_of(
+    run: RunDir, composed: Composed, mode: str, *, allow_config_change: bool = False
+) -> Resume | None:
+    """What `run` (mode LOCAL) or `submit` decides on the run directory `run` for this
+    configuration: None when it starts a run there (no config.yaml or no checkpoint yet, or
+    checkpoint.resume=false); else the changes, refused (``resume_refusal``) when one alters what
+    the run trains and `allow_config_change` is not given. A config.yaml this llmtrain cannot
+    read is a UserError naming its keys (launcher.config.run_config.resumable_config)."""
+    if not (composed.config.checkpoint.resume and run.config.is_file() and has_checkpoints(run)):
+        return None
+    stored = resumable_config(run.config)
+    changes = config_changes(stored.values, composed.values)
+    if any(c.trajectory for c in changes) and not allow_config_change:
+        return Resume(changes, resume_refusal(run, stored.values, composed, changes, mode))
+    return Resume(changes)

@@ -350,7 +350,8 @@ def make_plan(
         storage_write_gbps=cfg.cluster.storage_write_gbps,
     )
     fixes = () if memory.verdict == "fits" else suggest_fixes(cfg, hw, headroom, accept=accept)
-    time_band = error_band("time", cfg, hw.arch)
+    catalog_band = error_band("time", cfg, hw.arch)
+    time_band: ErrorBand | None = catalog_band
     sources: dict[str, str] = {}
     if profile is not None:
         sources = coverage(cfg, layout, profile.rates)
@@ -359,7 +360,9 @@ def make_plan(
             if profile.rates.collectives
             else "catalog"
         )
-        time_band = profile_band(time_band, sources, time)
+        # Figures calibrate called noise and --force kept earn no band: none is stated (the
+        # published figures' own band is not theirs; plan says so, views.plan.time_band_text).
+        time_band = None if profile.noise else profile_band(catalog_band, sources, time)
     return Plan(
         config=cfg,
         layout=layout,

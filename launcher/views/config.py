@@ -28,7 +28,9 @@ def show_config(console: Console, composed: Composed, sources: dict[str, str] | 
         text = yaml.dump(
             composed.values, Dumper=dumper, sort_keys=False, default_flow_style=False, width=200
         )
-        console.file.write(text)
+        # As YAML wrote it (no markup, no wrapping), through the console so that a closed pipe
+        # is the console's to report (launcher.commands.common).
+        console.out(text, end="", highlight=False)
         return
     values = flatten(composed.values)
     rows = [(key, _fmt(value), sources.get(key, "")) for key, value in values.items()]

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.engine_choices import engine_choices
-from launcher.plan.calibration.bands import ErrorBand
+from launcher.plan.calibration.bands import ErrorBand, error_band
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
 from launcher.plan.memory.estimate import GIB
@@ -77,6 +77,18 @@ def band_text(band: ErrorBand | None) -> str:
     if band is None:
         return ""
     return f"typically within ±{band.typical:.0%} ({band.regime}; {band.source})"
+
+
+def time_band_text(plan: Plan) -> str:
+    """The step time's band, or why none is stated: a profile whose figures calibrate marked
+    as noise (kept with --force) earns none, and the published figures' band is theirs alone."""
+    if plan.time_band is not None or plan.profile is None or not plan.profile.noise:
+        return band_text(plan.time_band)
+    published = error_band("time", plan.config, plan.hardware.arch)
+    return (
+        "no error band: priced from figures calibrate marked as noise (calibrate --force); "
+        f"cluster.profile=none prices from published figures, {band_text(published)}"
+    )
 
 
 VERDICT_TEXT = {
@@ -212,7 +224,7 @@ def _print_headline_figures(plan: Plan, console: Console) -> None:
             f"{_gib(h.host_bytes * plan.hardware.gpus_per_node)} per node"
         )
     console.print(
-        f"[bold]step[/] {_dur(t.step_s)}, {band_text(plan.time_band)}: compute "
+        f"[bold]step[/] {_dur(t.step_s)}, {time_band_text(plan)}: compute "
         f"{_dur(t.compute_s)}, bubble {_dur(t.bubble_s)} ({t.bubble_fraction:.1%}), exposed "
         f"communication {_dur(t.exposed_comm_s)}, optimizer {_dur(t.optimizer_s)}"
     )

@@ -87,11 +87,14 @@ def test_a_real_interactive_bash_completes_recipe_and_cluster(tmp_path: Path) ->
         "TERM": "xterm",
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "LLMTRAIN_NO_CACHE": "1",
+        # the package under test, where it is not the installed one (a worktree)
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
     }
     shell = "env -i " + " ".join(f"{k}={v}" for k, v in env.items())
     tmux = ["tmux", "-L", server]
+    (tmp_path / "notes.txt").write_text("")  # a file bash's default completion would offer
     subprocess.run(
-        [*tmux, "new-session", "-d", "-s", "t", "-x", "200", "-y", "10",
+        [*tmux, "new-session", "-d", "-s", "t", "-x", "200", "-y", "10", "-c", str(tmp_path),
          f"{shell} bash --norc --noprofile -i"],
         check=True, timeout=30,
     )  # fmt: skip
@@ -123,6 +126,10 @@ def test_a_real_interactive_bash_completes_recipe_and_cluster(tmp_path: Path) ->
         # a key completes to `parallel.tp=` with no space after it: the value follows directly
         subprocess.run([*tmux, "send-keys", "-t", "t", "parallel.t", "Tab"])
         wait_for("parallel.tp=")
+        # no value to offer: nothing, never the files of the current directory (issue 43)
+        subprocess.run([*tmux, "send-keys", "-t", "t", "Tab", "Tab"])
+        time.sleep(1.0)
+        assert "notes.txt" not in screen(), screen()
         subprocess.run([*tmux, "send-keys", "-t", "t", "8"])
         assert "cluster=h100-80gb parallel.tp=8" in wait_for("parallel.tp=8")
     finally:

@@ -54,9 +54,13 @@ def test_the_interval_line_names_every_figure() -> None:
         "mfu": 0.0123,
         "memory_bytes": 0.41 * 2**30,
     }
-    assert interval_line(record, 300, 65) == (
+    assert interval_line(record, 300, 65, width=200) == (
         "step 40/300 | loss 4.1235 | lr 3.00e-04 | grad norm 0.912 | 5,120 tok/s | MFU 1.2% | "
         "mem 0.41 GiB | eta 1m05s"
+    )
+    # in 80 columns (the default): the least wanted figures are left out (metrics.jsonl has all)
+    assert interval_line(record, 300, 65) == (
+        "step 40/300 | loss 4.1235 | grad norm 0.912 | 5,120 tok/s | MFU 1.2% | eta 1m05s"
     )
     bad = {"step": 3, "loss": None, "grad_norm": None, "nonfinite": ["loss", "grad_norm"]}
     assert interval_line(bad, 3, None) == "step 3/3 | loss NOT FINITE | grad norm NOT FINITE"

@@ -160,7 +160,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Composed:
         problems = config_file.annotate(exc.problems, overrides)
         masked = [mask_secret_overrides(p, overrides) for p in problems]
         raise ConfigError(
-            [mask_environment_values(p, overrides, os.environ) for p in masked]
+            [mask_environment_values(p, overrides, os.environ) for p in masked], exc.unparsed
         ) from None
 
 
@@ -414,6 +414,7 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
     parser = OverridesParser.create()
     out = []
     problems = []
+    unparsed = []
     known_groups = set(groups())
     for text in overrides:
         try:
@@ -424,6 +425,7 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
                 f"override {text!r} is not valid: {msg}. Overrides look like key=value, "
                 "+key=value (add), ~key (delete) or group=option." + _bare_word_hint(text)
             )
+            unparsed.append(text)
             continue
         key = ov.key_or_group
         if not key:
@@ -431,6 +433,7 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
                 f"override {text!r} is not valid: it names no key. Overrides look like key=value, "
                 "+key=value (add), ~key (delete) or group=option."
             )
+            unparsed.append(text)
             continue
         value = None if ov.value() is None else str(ov.value())
         out.append(
@@ -443,7 +446,7 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
             )
         )
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, unparsed)
     return out
 
 

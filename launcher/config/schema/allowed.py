@@ -14,6 +14,8 @@ from typing import Any
 
 # The key of a field's metadata mapping that holds its Allowed.
 METADATA_KEY = "llmtrain.allowed"
+# The key of a field's metadata mapping that says its value names a file or folder (``a_path``).
+PATH_KEY = "llmtrain.path"
 
 
 @dataclass(frozen=True)
@@ -87,3 +89,9 @@ def one_of(*choices: str) -> dict[str, Any]:
 def bounds(**limits: Any) -> dict[str, Any]:
     """Field metadata: the value lies within these bounds (Allowed's fields)."""
     return {METADATA_KEY: Allowed(**limits)}
+
+
+def a_path() -> dict[str, Any]:
+    """Field metadata: the value names a file or folder on this machine (shell completion
+    offers the files there; the value of any other key never completes to a file)."""
+    return {PATH_KEY: True}

@@ -79,7 +79,7 @@ class BackendConfig:
     """Megatron-Core's fused cross-entropy, Transformer Engine's kernel
     (--cross-entropy-loss-fusion --cross-entropy-fusion-impl te): the fp32 gradient computed in
     the forward, no fp32 copies of the logits (launcher/plan/memory/estimate.py logits_bytes)."""
-    megatron_path: str | None = None
+    megatron_path: str | None = field(default=None, metadata=a_path())
     """backend=megatron: the Megatron-LM checkout holding pretrain_gpt.py that `run`/`submit`
     launch; None: $MEGATRON_LM_PATH."""
     megatron_extra_args: list[str] = field(default_factory=list)

@@ -41,7 +41,7 @@ class ClusterConfig:
     """How the SLURM job asks for GPUs: --gpus-per-node or --gres."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables of the ranks (a name saying KEY, TOKEN, SECRET, ... is a secret)."""
-    profile: str | None = None
+    profile: str | None = field(default=None, metadata=a_path())
     """Operator profile `llmtrain calibrate` wrote (a JSON file) for `plan` to price from; None:
     the cached profile of cluster.gpu when there is one (~/.cache/llmtrain/profiles/GPU.json),
     "none": published figures only."""

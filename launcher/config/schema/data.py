@@ -13,13 +13,13 @@ from launcher.config.schema.common import AT_LEAST_0, AT_LEAST_1
 class DataConfig:
     """Training and validation data, tokenizer and chat-data handling."""
 
-    path: str | None = None
+    path: str | None = field(default=None, metadata=a_path())
     """None: the built-in offline corpus (prepared on first use, never downloaded). Else a folder
     `llmtrain data prepare` wrote, or a Megatron-LM PREFIX of PREFIX.bin/PREFIX.idx."""
     blend: list[Any] = field(default_factory=list)
     """Several datasets with weights, Megatron-LM's --data-path convention:
     [0.7, /data/web_text_document, 0.3, /data/code] (weights normalised); instead of path."""
-    valid_path: str | None = None
+    valid_path: str | None = field(default=None, metadata=a_path())
     """Validation data: a prepared folder (its valid split, else all of it) or a Megatron prefix.
     None: the valid splits of the training datasets (with the blend's weights)."""
     tokenizer: str = field(default="byte", metadata=one_of("byte", "bpe"))

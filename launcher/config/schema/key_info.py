@@ -9,13 +9,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import sys
 import typing
 from functools import cache
 from typing import Any
 
 from launcher.config import schema
-from launcher.config.schema.allowed import METADATA_KEY, Allowed
+from launcher.config.schema.allowed import METADATA_KEY, PATH_KEY, Allowed
 from launcher.config.schema.keys import all_schema_keys, dataclass_of, schema_fields
 
 
@@ -72,14 +71,18 @@ def ranges() -> dict[str, Allowed]:
 
 
 @cache
+def path_keys() -> frozenset[str]:
+    """Every key whose value names a file or folder (``allowed.a_path`` on its field)."""
+    return frozenset(key for key, f in _fields().items() if f.metadata.get(PATH_KEY))
+
+
+@cache
 def docstrings() -> dict[str, str]:
-    """The docstring of every key (the string right below its field in its group's module of
-    launcher/config/schema/), dotted key -> text with its lines joined; a section's own docstring
-    under the section's name."""
-    modules = sorted({c.__module__ for c in _sections(schema.LLMTrainConfig)})
-    nodes = [n for m in modules for n in ast.parse(inspect.getsource(sys.modules[m])).body]
+    """The docstring of every key (the string right below its field in schema.py), dotted key ->
+    text with its lines joined; a section's own docstring under the section's name."""
+    tree = ast.parse(inspect.getsource(schema))
     by_class: dict[str, dict[str, str]] = {}
-    for node in nodes:
+    for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
         docs = by_class.setdefault(node.name, {})
@@ -104,14 +107,4 @@ def docstrings() -> dict[str, str]:
                 out[f"{prefix}{f.name}"] = by_class[cls.__name__][f.name]
 
     walk(schema.LLMTrainConfig, "")
-    return out
-
-
-def _sections(cls: type) -> list[type]:
-    """The schema's dataclasses, the root first."""
-    out = [cls]
-    for f in dataclasses.fields(cls):
-        sub = dataclass_of(typing.get_type_hints(cls)[f.name])
-        if sub is not None:
-            out += _sections(sub)
     return out

@@ -31,7 +31,7 @@ class RunConfig:
     name: str | None = None
     """The run directory's name; None: <recipe>-<hash of the config>, so the same command resumes
     the same run."""
-    root_dir: str = "runs"
+    root_dir: str = field(default="runs", metadata=a_path())
     """The folder holding the run directories."""
     secret_env: list[str] = field(default_factory=list)
     """Names of environment variables the ranks need but that are never written down (API keys):

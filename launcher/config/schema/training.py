@@ -75,7 +75,7 @@ class TrainConfig:
     batches of the validation data (launcher.train.evaluation); None or 0: no evaluation."""
     eval_steps: int = field(default=10, metadata=AT_LEAST_1)
     """Global batches of validation data per evaluation."""
-    init_from: str | None = None
+    init_from: str | None = field(default=None, metadata=a_path())
     """Start from these weights (step 0, fresh optimizer): a Hugging Face folder (llmtrain
     export), a run directory or a checkpoint folder. A run with checkpoints of its own resumes
     instead."""

@@ -382,10 +382,14 @@ class ProfileChoice:
     created: str
     device: str
     rates: Rates
+    # What calibrate found wrong with figures it kept with --force (quality_note), else None:
+    # a plan priced from them states no error band (launcher.plan.planner.make_plan).
+    noise: str | None = None
 
     @property
     def line(self) -> str:
-        return f"measured on this machine, profile {self.path}, {self.created}"
+        kept = " (figures calibrate marked as noise, kept with --force)" if self.noise else ""
+        return f"measured on this machine{kept}, profile {self.path}, {self.created}"
 
 
 @functools.lru_cache(maxsize=32)
@@ -466,6 +470,7 @@ def choose(
             created=shown(str(doc.get("created", "?")), 40),
             device=shown(str(doc["device"].get("name") or doc["device"]["cluster_gpu"]), 60),
             rates=found,
+            noise=forced[0] if forced is not None else None,
         ),
         note,
     )

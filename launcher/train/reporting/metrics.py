@@ -13,7 +13,8 @@ until 10 are known), loss_spike true on a spike, nonfinite_skips the steps skipp
 non-finite step writes null for the quantities its "nonfinite" list names and "skipped" says
 whether its update was withheld (strict JSON: never NaN). Every `train.log_every` steps (and at
 the last step, and on steps that evaluated) rank 0 writes one line to its log (``interval_line``:
-step, loss, lr, grad norm, tokens/s, MFU, memory, eta); ``llmtrain run`` and ``llmtrain logs``
+step, loss, grad norm, tokens/s, eta and, where 80 columns leave room, memory, lr, MFU);
+``llmtrain run`` and ``llmtrain logs``
 show that log, so the screen and the file say the same (the ranks never write to the terminal:
 ``launcher.launch.console``).
 """
@@ -120,38 +121,59 @@ class Interval:
         return interval_line(record, self.total, eta)
 
 
-def interval_line(record: dict[str, Any], total: int, eta_s: float | None) -> str:
+# The progress line fits a terminal of this many columns (`llmtrain run` and `logs` show it as
+# rank 0 writes it, without its time and rank). Every figure is in metrics.jsonl all the same.
+LINE_WIDTH = 80
+# The line's figures, most wanted first: those that do not fit are left out from the end of this
+# order (MFU first), so a line never wraps. step and loss are always there.
+PRIORITY = ("step", "loss", "val", "skipped", "eta", "tok/s", "grad", "mem", "lr", "mfu")
+
+
+def interval_line(
+    record: dict[str, Any], total: int, eta_s: float | None, width: int = LINE_WIDTH
+) -> str:
     """``step 40/300 | loss 4.1234 | lr 3.00e-04 | grad norm 0.912 | 5,120 tok/s | MFU 1.2% |
-    mem 0.41 GiB | eta 1m05s`` (a figure the record lacks is left out; a non-finite loss is
-    NOT FINITE), then `` | val loss 4.2000 (ppl 66.69)`` on a step that evaluated."""
+    mem 0.41 GiB | eta 1m05s``, then `` | val loss 4.2000 (ppl 66.69)`` on a step that
+    evaluated, in at most `width` columns: the figures that do not fit are left out, the least
+    wanted first (PRIORITY). A figure the record lacks is left out; a non-finite loss or
+    gradient norm is NOT FINITE."""
     loss = record.get("loss")  # None: not finite (the record's "nonfinite" says which)
-    parts = [
-        f"step {record['step']}/{total}",
-        f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE",
-    ]
+    parts: dict[str, str] = {
+        "step": f"step {record['step']}/{total}",
+        "loss": f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE",
+    }
     if record.get("lr") is not None:
-        parts.append(f"lr {record['lr']:.2e}")
+        parts["lr"] = f"lr {record['lr']:.2e}"
     grad = record.get("grad_norm")
     if grad is not None:
-        parts.append(f"grad norm {grad:.3f}")
+        parts["grad"] = f"grad norm {grad:.3f}"
     elif "grad_norm" in (record.get("nonfinite") or ()):
-        parts.append("grad norm NOT FINITE")
+        parts["grad"] = "grad norm NOT FINITE"
     if record.get("tokens_per_s") is not None:
-        parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
+        parts["tok/s"] = f"{record['tokens_per_s']:,.0f} tok/s"
     if record.get("mfu") is not None:
-        parts.append(f"MFU {record['mfu']:.1%}")
+        parts["mfu"] = f"MFU {record['mfu']:.1%}"
     if record.get("memory_bytes") is not None:
-        parts.append(f"mem {record['memory_bytes'] / 2**30:.2f} GiB")
+        parts["mem"] = f"mem {record['memory_bytes'] / 2**30:.2f} GiB"
     if record.get("skipped"):
-        parts.append("update skipped")
+        parts["skipped"] = "update skipped"
     if eta_s is not None and record["step"] < total:
-        parts.append(f"eta {duration(eta_s)}")
+        parts["eta"] = f"eta {duration(eta_s)}"
     if record.get("val_loss") is not None:
         ppl = record.get("val_ppl")
-        parts.append(
-            f"val loss {record['val_loss']:.4f}" + (f" (ppl {ppl:.2f})" if ppl is not None else "")
+        parts["val"] = f"val loss {record['val_loss']:.4f}" + (
+            f" (ppl {ppl:.2f})" if ppl is not None else ""
         )
-    return " | ".join(parts)
+    kept: set[str] = set()
+    used = 0
+    for name in PRIORITY:
+        if name in parts:
+            cost = len(parts[name]) + (len(" | ") if kept else 0)
+            if name in ("step", "loss") or used + cost <= width:
+                kept.add(name)
+                used += cost
+    order = ("step", "loss", "lr", "grad", "tok/s", "mfu", "mem", "skipped", "eta", "val")
+    return " | ".join(parts[name] for name in order if name in kept)
 
 
 def duration(seconds: float) -> str:
