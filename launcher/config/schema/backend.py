@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from launcher.config.schema.allowed import one_of
+from launcher.config.schema.allowed import a_path, one_of
 from launcher.config.schema.common import AT_LEAST_1
 
 # How a module of launcher/backends/ declares its backend (its other modules are helpers).

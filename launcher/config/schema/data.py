@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.config.schema.allowed import one_of
+from launcher.config.schema.allowed import a_path, one_of
 from launcher.config.schema.common import AT_LEAST_0, AT_LEAST_1
 
 

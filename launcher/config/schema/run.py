@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.config.schema.allowed import one_of
+from launcher.config.schema.allowed import a_path, one_of
 from launcher.config.schema.common import ABOVE_0, AT_LEAST_1
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.config.schema.allowed import bounds, one_of
+from launcher.config.schema.allowed import a_path, bounds, one_of
 from launcher.config.schema.common import AT_LEAST_0, AT_LEAST_1, MAX_SEED
 
 
