@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import sys
 import typing
 from functools import cache
 from typing import Any
@@ -78,11 +79,13 @@ def path_keys() -> frozenset[str]:
 
 @cache
 def docstrings() -> dict[str, str]:
-    """The docstring of every key (the string right below its field in schema.py), dotted key ->
-    text with its lines joined; a section's own docstring under the section's name."""
-    tree = ast.parse(inspect.getsource(schema))
+    """The docstring of every key (the string right below its field in its group's module of
+    launcher/config/schema/), dotted key -> text with its lines joined; a section's own docstring
+    under the section's name."""
+    modules = sorted({c.__module__ for c in _sections(schema.LLMTrainConfig)})
+    nodes = [n for m in modules for n in ast.parse(inspect.getsource(sys.modules[m])).body]
     by_class: dict[str, dict[str, str]] = {}
-    for node in tree.body:
+    for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
         docs = by_class.setdefault(node.name, {})
@@ -107,4 +110,14 @@ def docstrings() -> dict[str, str]:
                 out[f"{prefix}{f.name}"] = by_class[cls.__name__][f.name]
 
     walk(schema.LLMTrainConfig, "")
+    return out
+
+
+def _sections(cls: type) -> list[type]:
+    """The schema's dataclasses, the root first."""
+    out = [cls]
+    for f in dataclasses.fields(cls):
+        sub = dataclass_of(typing.get_type_hints(cls)[f.name])
+        if sub is not None:
+            out += _sections(sub)
     return out
