@@ -9,7 +9,7 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.plan.bands import ErrorBand
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
-from launcher.plan.memory import GIB
+from launcher.plan.memory import GIB, VERDICT_WORDS
 from launcher.plan.planner import Plan, pricing_line
 from launcher.plan.schedule import timeline
 
@@ -81,7 +81,7 @@ def band_text(band: ErrorBand | None) -> str:
 
 VERDICT_TEXT = {
     "fits": "[bold green]fits[/]",
-    "tight": "[bold yellow]tight[/] (over the headroom, within the prediction's error band)",
+    "tight": "[bold yellow]tight[/] (over the headroom, within the GPU's memory)",
     "does_not_fit": "[bold red]does not fit[/]",
 }
 
@@ -96,7 +96,7 @@ def plan_headline(plan: Plan) -> str:
     """The plan in one sentence (`run --dry-run`, `submit --dry-run`): verdict, memory of the
     heaviest rank, step time, throughput and MFU."""
     mem, t = plan.memory, plan.time
-    verdict = {"fits": "fits", "tight": "tight", "does_not_fit": "does not fit"}[mem.verdict]
+    verdict = VERDICT_WORDS[mem.verdict]
     return (
         f"[bold]plan[/]: {verdict}, {_gib(mem.heaviest.device_total)} of {_gib(mem.capacity)} "
         f"per device (stage {mem.heaviest.stage}, {mem.headroom:.0%} headroom); step "
@@ -152,9 +152,11 @@ def _print_summary_panel(plan: Plan, console: Console) -> None:
 
 def _print_fixes(plan: Plan, console: Console) -> None:
     """The smallest changes that fit (at most five), or what was tried when none does."""
-    console.print("[bold]Smallest changes that fit[/] (device GiB):")
+    console.print("[bold]Smallest changes that fit[/] (device GiB, step time):")
+    now = plan.time.step_s
     for f in plan.fixes[:5]:
-        console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}")
+        cost = f", step {_dur(f.step_s)} ({f.step_s / now - 1:+.0%})" if f.step_s and now else ""
+        console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}{cost}")
     if not plan.fixes:
         console.print(
             "  none found among zero (stages, offload, its group options), recompute, "
@@ -194,6 +196,8 @@ def _print_memory_bar(plan: Plan, console: Console) -> None:
         item = Text(f"{GLYPHS[name]} " if plain else "■ ", style=colour)
         items.append(item + Text(f"{name} {value / GIB:.1f}"))
     _print_legend(console, items)
+    for note in plan.savers:  # the memory savers in force, each named
+        console.print(f"[dim]saver:[/] {note}")
 
 
 def _print_headline_figures(plan: Plan, console: Console) -> None:

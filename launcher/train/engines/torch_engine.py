@@ -85,13 +85,14 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.backends import raw_refusals
+from launcher.backends import memory_savers, raw_refusals
 from launcher.backends.common import precision_of
 from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
 from launcher.train import fp8, lora
+from launcher.train.activation_offload import ActivationOffload
 from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
 from launcher.train.engines.dist import engine_device
@@ -118,6 +119,7 @@ from launcher.train.model import (
     build_model,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
+from launcher.train.optim_in_backward import InBackwardOptimizer
 from launcher.train.ring_attention import ContextParallel, shard_sequence
 from launcher.train.safe_load import CheckpointFiles, read_json
 from launcher.validate import finetune_rules
@@ -163,6 +165,9 @@ class TorchEngine(Engine):
         # weights' digest is computed before sharding, from this rank's share of them.
         self.finetune = cfg.finetune.name != "full"
         self.base_digests: dict[str, str] = {}
+        # Memory savers (train.activation_offload, optim.in_backward, precision=bf16-pure).
+        self.pure_bf16 = memory_savers.pure_bf16(cfg)
+        self.offload = ActivationOffload() if cfg.train.activation_offload else None
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
         self.init_state = None
         self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
@@ -231,6 +236,8 @@ class TorchEngine(Engine):
         init_weights(model, seed)
         if self.init_state is not None:
             copy_into(model, self.init_state)
+        if self.pure_bf16:  # no fp32 master: the weights themselves are bf16
+            model.to(torch.bfloat16)
         if self.finetune:
             self._apply_lora(model, seed)
         if self.fp8:
@@ -274,12 +281,16 @@ class TorchEngine(Engine):
             for param in part.parameters():
                 yield param.to_local() if isinstance(param, DTensor) else param
 
-    def _build_optimizer(self) -> torch.optim.Optimizer:
+    def _build_optimizer(self) -> Any:
         params = [param for part in self.parts for param in part.parameters()]
         params = [p for p in params if p.requires_grad]  # finetune: the adapters alone
         # With CPUOffloadPolicy the sharded parameters and their optimizer states live on the
         # host: the foreach implementation steps them there as before.
         fused = fused_on(self.device) and self.cfg.zero.offload_params == "none"
+        if self.cfg.optim.in_backward:  # one optimizer a parameter, stepped in the backward
+            return InBackwardOptimizer(
+                params, lambda one: build_optimizer(one, self.cfg.optim, fused=fused)
+            )
         if self.zero == 1:
             cls, options = optimizer_class(self.cfg.optim, fused)
             return ZeroRedundancyOptimizer(
@@ -378,7 +389,10 @@ class TorchEngine(Engine):
             self._allreduce_grads_over_dp()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = self._clip()
+        if isinstance(self.optimizer, InBackwardOptimizer):  # stepped already; nothing to clip
+            grad_norm = self.optimizer.take_grad_norm()
+        else:
+            grad_norm = self._clip()
         # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
         # every tp peer holds the same value and each cp rank the mean over an equal share of the
         # tokens, so sum over the world and divide by dp * cp * tp. Reduced before the update,
@@ -498,7 +512,7 @@ class TorchEngine(Engine):
             chunk = slice(i * mbs, (i + 1) * mbs)
             seg = None if segments is None else segments[chunk]
             with self._grad_sync(i == accum - 1), self._loss_context():
-                with self._autocast():
+                with self._autocast(), self._offloaded():
                     loss = self._model_loss(model, inputs[chunk], targets[chunk], seg, divisor)
                 scaled = loss / accum
                 torch.autograd.backward(
@@ -506,6 +520,10 @@ class TorchEngine(Engine):
                 )
             loss_sum += loss.detach()
         return loss_sum / accum
+
+    def _offloaded(self) -> contextlib.AbstractContextManager[Any]:
+        """train.activation_offload: the forward's saved tensors to host memory."""
+        return self.offload.hooks() if self.offload is not None else contextlib.nullcontext()
 
     def _pipeline(
         self, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool
