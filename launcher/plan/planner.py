@@ -27,6 +27,7 @@ from launcher.plan.memory import (
 from launcher.plan.memory_savers import saver_notes
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.model_states import moment_bytes
+from launcher.plan.padded_length import priced_length
 from launcher.plan.profile import ProfileChoice, ProfileError, choose, cpu_threads
 from launcher.plan.stage_activations import offloaded_bytes
 from launcher.plan.timing import TimePlan, estimate_time
@@ -71,6 +72,8 @@ class Plan:
     sources: tuple[tuple[str, str], ...] = ()
     # One line per memory saver in force (plan/memory_savers.py saver_notes).
     savers: tuple[str, ...] = ()
+    # data.packing=false: the length a micro-batch was priced at (plan/padded_length.py).
+    priced_length: str | None = None
 
 
 def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
@@ -341,16 +344,22 @@ def make_plan(
     *,
     accept: Callable[[LLMTrainConfig], bool] | None = None,
     with_fixes: bool = True,
+    padded_batches: bool = True,
 ) -> Plan:
     """Plan a validated configuration: memory per stage, FLOPs, step time, totals, fixes.
     `accept` judges each fix's configuration (``launcher.validate.rules.passes``, given by the
     commands that show fixes); without it every fix that fits is offered. `with_fixes=False`:
-    none looked for (the search's configuration as given, which shows none)."""
+    none looked for (the search's configuration as given, which shows none).
+    `padded_batches=False`: rows priced at model.seq_length even where the engines cut them
+    (the search, which prices every layout at whole rows)."""
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom must be in [0, 1), got {headroom}")
-    layout = derive_layout(cfg)
+    given, layout = cfg, derive_layout(cfg)
+    padded = priced_length(cfg, layout) if padded_batches else None
+    if padded is not None:  # activations and compute at the priced length; Plan.config as given
+        cfg = _with_sections(cfg, model={"seq_length": padded.tokens})
     hw, profile, profile_note = priced_hardware(cfg)
-    shape = ModelShape(cfg.model)
+    shape = ModelShape(given.model)
     memory = estimate_memory(cfg, layout, hw, headroom)
     flops = config_flops(cfg)
     time = estimate_time(cfg, layout, hw, flops, memory.stages)
@@ -376,7 +385,7 @@ def make_plan(
         )
         time_band = profile_band(time_band, sources, time)
     return Plan(
-        config=cfg,
+        config=given,
         layout=layout,
         hardware=hw,
         total_params=total_params,
@@ -393,6 +402,7 @@ def make_plan(
         profile_note=profile_note,
         sources=tuple(sources.items()),
         savers=tuple(saver_notes(cfg, layout, offloaded_bytes(cfg, layout, memory.heaviest.stage))),
+        priced_length=None if padded is None else padded.note,
     )
 
 

@@ -107,7 +107,7 @@ def _given(cfg: LLMTrainConfig, headroom: float) -> tuple[Candidate | None, str]
     errors = sorted({v.rule for v in check(cfg) if v.is_error})
     if errors:
         return None, "not valid (" + ", ".join(errors) + ")"
-    plan = make_plan(cfg, headroom=headroom, with_fixes=False)
+    plan = make_plan(cfg, headroom=headroom, with_fixes=False, padded_batches=False)
     # The word `plan` prints for the same configuration (MemoryPlan.verdict): tight is over the
     # headroom, within the GPU's memory; the search ranks only layouts that fit.
     verdict = VERDICT_WORDS[plan.memory.verdict]
@@ -122,7 +122,7 @@ def _verified(space: LayoutSpace, cand: Candidate, headroom: float) -> Candidate
     errors = [v for v in check(cfg) if v.is_error]
     if errors:
         raise AssertionError(f"search returned an invalid layout {cand.line}: {errors[0].message}")
-    plan = make_plan(cfg, headroom=headroom)
+    plan = make_plan(cfg, headroom=headroom, padded_batches=False)
     again = candidate_from_plan(plan, cand.choice, cand.overrides)
     if not plan.memory.fits or not math.isclose(again.tokens_per_s, cand.tokens_per_s):
         raise AssertionError(f"search and make_plan disagree on {cand.line}")

@@ -198,6 +198,8 @@ def _print_memory_bar(plan: Plan, console: Console) -> None:
     _print_legend(console, items)
     for note in plan.savers:  # the memory savers in force, each named
         console.print(f"[dim]saver:[/] {note}")
+    if plan.priced_length is not None:  # data.packing=false: the length a micro-batch costs
+        console.print(f"[dim]batches:[/] {plan.priced_length}", markup=True, highlight=False)
 
 
 def _print_headline_figures(plan: Plan, console: Console) -> None:

@@ -107,8 +107,10 @@ from launcher.train.init_from import copy_into
 from launcher.train.init_weights import init_weights
 from launcher.train.masked_loss import (
     LossFn,
+    Micro,
     is_chat_rows,
     loss_divisor,
+    micro_batches,
     trained_tokens,
     unpack,
 )
@@ -370,21 +372,18 @@ class TorchEngine(Engine):
                 f"got {tuple(rows.shape)}"
             )
         rows = rows.to(self.device, non_blocking=True)
-        inputs, targets, segments = unpack(rows)
-        if lay.cp > 1:
-            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
-            targets = shard_sequence(targets, lay.cp, self.cp_rank)
         trained, divisor = self._trained(rows)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if lay.pp > 1:
+            inputs, targets, segments = self._unpacked(rows)
             if segments is not None:  # the later stages would attend across examples
                 raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
             self.pipeline_loss.divisor = divisor
             with self._autocast(), self._loss_context():
                 loss = self._pipeline(inputs, targets, train=True)
         else:
-            loss = self._forward_backward(inputs, targets, segments, divisor)
+            loss = self._forward_backward(self._micro_batches(rows), divisor)
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
         if self.scaler is not None:
@@ -437,13 +436,30 @@ class TorchEngine(Engine):
         total = int(count)
         return total, loss_divisor(total, lay.dp * lay.cp, rows.shape[0] // lay.micro_batch_size)
 
+    def _unpacked(
+        self, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(inputs, targets, segments) of `rows`, this cp rank's share of the sequence."""
+        inputs, targets, segments = unpack(rows)
+        if self.layout.cp > 1:
+            inputs = shard_sequence(inputs, self.layout.cp, self.cp_rank)
+            targets = shard_sequence(targets, self.layout.cp, self.cp_rank)
+        return inputs, targets, segments
+
+    def _micro_batches(self, rows: torch.Tensor) -> list[Micro]:
+        """The unpacked micro-batches of a step (pp = 1); with cp > 1 whole rows, sharded (each
+        rank's two chunks need the full, evenly divisible sequence)."""
+        mbs = self.layout.micro_batch_size
+        if self.layout.cp == 1:
+            return micro_batches(rows, mbs)  # each cut to its longest example
+        inputs, targets, seg = self._unpacked(rows)
+        cut = [slice(i, i + mbs) for i in range(0, len(rows), mbs)]
+        return [(inputs[c], targets[c], None if seg is None else seg[c]) for c in cut]
+
     def evaluate(self, rows: torch.Tensor) -> float:
         lay = self.layout
         rows = rows.to(self.device, non_blocking=True)
-        inputs, targets, segments = unpack(rows)
-        if lay.cp > 1:
-            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
-            targets = shard_sequence(targets, lay.cp, self.cp_rank)
+        inputs, targets, segments = self._unpacked(rows)
         _, divisor = self._trained(rows)
         self.pipeline_loss.divisor = divisor
         if lay.pp > 1 and segments is not None:  # the later stages would attend across examples
@@ -455,16 +471,9 @@ class TorchEngine(Engine):
                 if lay.pp > 1:
                     loss = self._pipeline(inputs, targets, train=False)
                 else:
-                    mbs = lay.micro_batch_size
                     parts = [
-                        self._model_loss(
-                            self.parts[0],
-                            inputs[i : i + mbs],
-                            targets[i : i + mbs],
-                            None if segments is None else segments[i : i + mbs],
-                            divisor,
-                        ).float()
-                        for i in range(0, inputs.shape[0], mbs)
+                        self._model_loss(self.parts[0], i, t, seg, divisor).float()
+                        for i, t, seg in self._micro_batches(rows)
                     ]
                     loss = torch.stack(parts).mean()
         finally:
@@ -497,23 +506,14 @@ class TorchEngine(Engine):
     def _loss_context(self) -> contextlib.AbstractContextManager[None]:
         return loss_context(self.vocab_parallel)
 
-    def _forward_backward(
-        self,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        segments: torch.Tensor | None = None,
-        divisor: float | None = None,
-    ) -> torch.Tensor:
-        lay = self.layout
+    def _forward_backward(self, micro: list[Micro], divisor: float | None = None) -> torch.Tensor:
         model = self.parts[0]
-        mbs, accum = lay.micro_batch_size, lay.grad_accum
+        accum = len(micro)
         loss_sum = torch.zeros((), device=self.device)
-        for i in range(accum):
-            chunk = slice(i * mbs, (i + 1) * mbs)
-            seg = None if segments is None else segments[chunk]
+        for i, (inputs, targets, seg) in enumerate(micro):
             with self._grad_sync(i == accum - 1), self._loss_context():
                 with self._autocast(), self._offloaded():
-                    loss = self._model_loss(model, inputs[chunk], targets[chunk], seg, divisor)
+                    loss = self._model_loss(model, inputs, targets, seg, divisor)
                 scaled = loss / accum
                 torch.autograd.backward(
                     self.scaler.scale(scaled) if self.scaler is not None else scaled
