@@ -238,6 +238,12 @@ class TrainConfig:
     """Length of the run in optimizer steps; set this or tokens, not both."""
     tokens: int | None = field(default=None, metadata=_AT_LEAST_1)
     """Length of the run in tokens (converted to steps); set this or steps, not both."""
+    epochs: float | None = field(default=None, metadata=bounds(gt=0, example="1 (one pass)"))
+    """Length of the run in passes over the training data: steps = ceil(epochs * rows /
+    global_batch_size), rows counted on the opened data by the run, read from data.path's
+    index.json by plan (launcher/config/epoch_rows.py). It wins over train.steps / train.tokens,
+    which then only price a plan whose data size is unknown (no prepared data.path). Given on
+    the command line with either of them: refused; one of them alone there replaces it."""
     recompute: str = field(default="none", metadata=one_of("none", "selective", "full"))
     """Activation recomputation (docs/configuration.md says what each engine runs)."""
     activation_offload: bool = False

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.engine_choices import engine_choices
+from launcher.config.epoch_rows import budget_note
 from launcher.plan.bands import ErrorBand
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
@@ -233,6 +234,8 @@ def _print_headline_figures(plan: Plan, console: Console) -> None:
         f"{tot.checkpoint_bytes / 1e9:,.1f} GB every {_dur(tot.checkpoint_interval_s)} "
         "(Young/Daly)"
     )
+    if (budget := budget_note(plan.config, tot.steps)) is not None:  # train.epochs
+        console.print(f"[dim]budget:[/] {budget}", markup=True, highlight=False)
 
 
 def _print_memory_table(plan: Plan, console: Console) -> None:
