@@ -138,9 +138,13 @@ def budget_note(cfg: LLMTrainConfig, steps: int) -> str | None:
         if cfg.train.tokens is not None
         else f"train.steps={cfg.train.steps}"
     )
-    where = "no prepared data.path" if cfg.data.path is None else f"data.path={cfg.data.path}"
+    where = (
+        "no prepared data.path"
+        if cfg.data.path is None
+        else f"data.path={cfg.data.path} gives no example count"
+    )
     return (
-        f"train.epochs={epochs:g}: the data's size is unknown ({where} gives no example count), "
+        f"train.epochs={epochs:g}: the data's size is unknown ({where}), "
         f"so {steps:,} steps priced from {given}; `llmtrain data prepare` and data.path=DIR "
         "price the epochs"
     )
