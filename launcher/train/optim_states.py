@@ -106,6 +106,17 @@ class AdamBf16States(_EagerOffCuda):
     def _new_buffer(self, p: Tensor, signed: bool) -> Tensor:
         return torch.zeros_like(p, dtype=torch.bfloat16)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load_state_dict casts every floating state to its parameter's dtype
+        (Optimizer._process_value_according_to_param_policy): the moments come back bf16 here, so
+        a resumed run keeps half the bytes and steps bit-identically (bf16 -> fp32 -> bf16 is
+        exact)."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key] = state[key].to(torch.bfloat16)
+
 
 def state_optimizer(
     name: str, options: dict[str, Any]

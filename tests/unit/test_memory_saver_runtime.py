@@ -4,6 +4,8 @@ small-state Adam steps eagerly off CUDA."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -73,3 +75,28 @@ def test_small_state_adam_steps_on_the_cpu(name: str) -> None:
         assert type(state).__name__ == kind[name]
     else:
         assert state.dtype == torch.bfloat16
+
+
+def test_bf16_states_stay_bf16_through_load_state_dict() -> None:
+    """torch's load_state_dict casts floating states to the parameter's dtype: bf16 moments came
+    back fp32 (twice the bytes, and the resumed steps rounded differently)."""
+    from launcher.config.schema import OptimConfig
+    from launcher.train.optim import build_optimizer
+
+    optim = OptimConfig(name="adamw", state_dtype="bf16", lr=1e-2)
+    weights = [nn.Parameter(torch.randn(64, 64)) for _ in range(2)]
+    weights[1].data.copy_(weights[0].data)
+    first = build_optimizer([weights[0]], optim)
+    weights[0].square().sum().backward()
+    first.step()
+    weights[1].data.copy_(weights[0].data)
+    second = build_optimizer([weights[1]], optim)
+    second.load_state_dict(copy.deepcopy(first.state_dict()))  # not the step tensor itself
+    for _ in range(2):  # the same steps from the same state: the same bits
+        for weight, optimizer in zip(weights, (first, second), strict=True):
+            optimizer.zero_grad()
+            weight.square().sum().backward()
+            optimizer.step()
+    assert torch.equal(weights[0], weights[1])
+    mine, loaded = first.state[weights[0]]["exp_avg"], second.state[weights[1]]["exp_avg"]
+    assert loaded.dtype == mine.dtype == torch.bfloat16
