@@ -1,6 +1,6 @@
 """How many training rows one epoch of the prepared data is: what ``train.epochs`` multiplies.
 
-``train.epochs`` (launcher/config/schema.py) sets the run's optimizer steps from the data's size:
+``train.epochs`` (launcher/config/schema/) sets the run's optimizer steps from the data's size:
 
     steps = ceil(epochs * rows / train.global_batch_size)
 

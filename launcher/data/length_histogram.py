@@ -3,11 +3,11 @@ index.json (``chat.length_histogram``) and read by `plan` to price padded batche
 (``launcher.plan.padded_length``). Pure Python: no numpy needed to read it, no torch.
 
 With ``data.packing=false`` a micro-batch is padded to its longest example, the input length
-rounded up to a multiple of ``BUCKET`` tokens (``launcher.train.masked_loss.trim_to_longest``). An
-example of n tokens is n - 1 inputs (inputs row[:-1], targets row[1:]), so the histogram counts
-examples by that padded input length: key L (a multiple of BUCKET) holds the examples whose
-n - 1 lies in (L - BUCKET, L]. Lengths are as prepared, before ``data.overlong`` (the plan caps
-or drops them at model.seq_length itself).
+rounded up to a multiple of ``BUCKET`` tokens
+(``launcher.train.finetune.masked_loss.trim_to_longest``). An example of n tokens is n - 1 inputs
+(inputs row[:-1], targets row[1:]), so the histogram counts examples by that padded input length:
+key L (a multiple of BUCKET) holds the examples whose n - 1 lies in (L - BUCKET, L]. Lengths are as
+prepared, before ``data.overlong`` (the plan caps or drops them at model.seq_length itself).
 """
 
 from __future__ import annotations

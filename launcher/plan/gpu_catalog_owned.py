@@ -1,7 +1,7 @@
 """The GPU catalog's cards that people own or rent by the card: GeForce RTX 3090 / 4090 / 5090,
 the RTX A6000 workstation card and the cloud inference cards L40S, L4 and A10G. Data only, in
-``GPUSpec`` (launcher/plan/gpu_spec.py states units and conventions); launcher/plan/gpu_catalog.py
-joins them to the data-centre parts.
+``GPUSpec`` (launcher/plan/hardware/gpu_spec.py states units and conventions);
+launcher/plan/hardware/gpu_catalog.py joins them to the data-centre parts.
 
 Compute: the dense bf16 figure is the tensor-core rate **with fp32 accumulate** (what bf16
 training runs: PyTorch's bf16 GEMMs accumulate in fp32), never the sparse one. GeForce cards run
@@ -46,7 +46,7 @@ Sources (tags used below)
 
 from __future__ import annotations
 
-from launcher.plan.gpu_spec import GiB, GPUSpec, MiB
+from launcher.plan.hardware.gpu_spec import GiB, GPUSpec, MiB
 
 # Same fixed per-process overhead as the data-centre parts (gpu_catalog._GPU_FIXED_OVERHEAD):
 # 0.5 GiB driver reservation + 0.5 GiB CUDA context + 1.5 GiB NCCL ([MLE-MEM] there).

@@ -1,10 +1,10 @@
 """Batches as they are: the length `plan` prices a padded micro-batch at.
 
 With ``data.packing=false`` each row holds one example and the engines cut every micro-batch to
-its longest example, the inputs rounded up to a multiple of 8 (``launcher.train.masked_loss.
-trim_to_longest``; the torch engine with pp = cp = 1, DeepSpeed without its pipeline). The
-activations and the compute of a step then follow that length, not model.seq_length. `plan`
-reads the training split's length histogram that `data prepare` wrote
+its longest example, the inputs rounded up to a multiple of 8
+(``launcher.train.finetune.masked_loss. trim_to_longest``; the torch engine with pp = cp = 1,
+DeepSpeed without its pipeline). The activations and the compute of a step then follow that length,
+not model.seq_length. `plan` reads the training split's length histogram that `data prepare` wrote
 (``launcher.data.length_histogram``) and prices the expected longest of k = train.micro_batch_size
 examples:
 

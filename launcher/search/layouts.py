@@ -54,7 +54,7 @@ from collections.abc import Iterable
 
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
-from launcher.plan.memory import VERDICT_WORDS
+from launcher.plan.memory.estimate import VERDICT_WORDS
 from launcher.plan.planner import hardware_view, make_plan, priced_hardware, pricing_line
 from launcher.search.best_first import Search
 from launcher.search.results import (

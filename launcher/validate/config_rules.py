@@ -20,7 +20,7 @@ from launcher.validate.rule import RuleFn, Violation, error, warning
 
 
 def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
-    from launcher.plan.hardware import UnknownGPUError, cluster_gpu, missing_custom_keys
+    from launcher.plan.hardware.lookup import UnknownGPUError, cluster_gpu, missing_custom_keys
 
     prec, gpu_key = cfg.precision, cfg.cluster.gpu
     missing = missing_custom_keys(cfg.cluster)

@@ -64,11 +64,11 @@ def _straight_and_resumed(cases: dict[str, list[str]], save_root: str) -> dict[s
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
+    from launcher.train.checkpoint.safe_load import CheckpointFiles
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.engines.torch_state import engine_state
     from launcher.train.optim_in_backward import InBackwardOptimizer
-    from launcher.train.safe_load import CheckpointFiles
     from launcher.train.trainer import build_engine
 
     torch.set_num_threads(1)

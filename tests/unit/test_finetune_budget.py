@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.epoch_rows import epoch_rows, epoch_steps
 from launcher.config.layout import derive_layout
 from tests.cli import invoke

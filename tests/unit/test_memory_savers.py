@@ -10,14 +10,14 @@ import itertools
 import pytest
 
 from launcher.backends import raw_refusals
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.plan import memory_savers
-from launcher.plan.hardware import cluster_gpu, get_gpu
-from launcher.plan.memory import GIB, MemoryPlan, StageMemory
-from launcher.plan.model_states import bytes_per_param, moment_bytes, stage_states
+from launcher.plan.hardware.lookup import cluster_gpu, get_gpu
+from launcher.plan.memory.estimate import GIB, MemoryPlan, StageMemory
+from launcher.plan.memory.model_states import bytes_per_param, moment_bytes, stage_states
+from launcher.plan.memory.stage_activations import activation_parts, offloaded_bytes
 from launcher.plan.planner import make_plan
-from launcher.plan.stage_activations import activation_parts, offloaded_bytes
 from launcher.search.layouts import _given
 from launcher.validate.rules import check
 

@@ -1,6 +1,6 @@
 """Batches as they are (issue #40): data.packing=false cuts each micro-batch to its longest
-example (launcher.train.masked_loss.trim_to_longest), `data prepare` writes the length histogram
-(launcher.data.length_histogram) and `plan` prices the expected longest of a micro-batch
+example (launcher.train.finetune.masked_loss.trim_to_longest), `data prepare` writes the length
+histogram (launcher.data.length_histogram) and `plan` prices the expected longest of a micro-batch
 (launcher.plan.padded_length). Expected figures are derived by hand in the comments."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.data.length_histogram import length_histogram, padded_inputs, read_histogram
 from launcher.data.packing import ChatRows
 from launcher.plan.padded_length import capped, expected_longest, priced_length
 from launcher.plan.planner import make_plan
-from launcher.train.masked_loss import micro_batches, trim_to_longest, unpack
+from launcher.train.finetune.masked_loss import micro_batches, trim_to_longest, unpack
 from tests.unit.test_chat_packing import _Examples
 
 pytestmark = pytest.mark.unit
