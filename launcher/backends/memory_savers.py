@@ -6,14 +6,14 @@
   norm, accumulating micro-batches, loss scaling's skipped steps, withholding a non-finite step,
   and data / tensor / pipeline parallel reductions (DDP and FSDP reduce after the hook).
 - train.activation_offload: saved activations to pinned host memory
-  (launcher/train/activation_offload.py), in the engine's own forward (not the pipeline
+  (launcher/train/model/activation_offload.py), in the engine's own forward (not the pipeline
   schedules').
 - precision=bf16-pure (precision.master_weights=false, compute bf16): bf16 weights with no fp32
   master; DeepSpeed's bf16 optimizer and Megatron-Core's always keep fp32 masters.
 - optim.state_dtype=bf16 on backend=torch: torchao's Adam over bf16 moments (adam, adamw);
   adamw8bit / adamw4bit quantize their states already.
 The engines' tables list these refusals (docs/backends.md); the plan prices each saver
-(launcher/plan/memory_savers.py).
+(launcher/plan/memory/memory_savers.py).
 """
 
 from __future__ import annotations

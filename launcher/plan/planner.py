@@ -24,9 +24,9 @@ from launcher.plan.memory.estimate import (
     estimate_memory,
     fp8_weight_copy_bytes,
 )
+from launcher.plan.memory.memory_savers import saver_notes
 from launcher.plan.memory.model_states import moment_bytes
 from launcher.plan.memory.stage_activations import offloaded_bytes
-from launcher.plan.memory_savers import saver_notes
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.padded_length import priced_length
 from launcher.plan.timing.estimate import TimePlan, estimate_time

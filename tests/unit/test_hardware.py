@@ -41,7 +41,7 @@ EXPECTED_GPUS = {
     "mi300x",
     "tpu-v4",
     "tpu-v5p",
-    # The cards people own or rent one at a time (launcher/plan/gpu_catalog_owned.py).
+    # The cards people own or rent one at a time (launcher/plan/hardware/gpu_catalog_owned.py).
     "rtx3090",
     "rtx4090",
     "rtx5090",

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.train.activation_offload import ActivationOffload
+from launcher.train.model.activation_offload import ActivationOffload
 from launcher.train.optim_in_backward import InBackwardOptimizer
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The fine-tuners' memory savers as the planner prices them (launcher/plan/memory_savers.py),
+"""The fine-tuners' memory savers as the planner prices them (launcher/plan/memory/memory_savers.py),
 the engines' refusals (launcher/backends/memory_savers.py), the GPUs people own and one verdict.
 Expected bytes are written term by term in the comments (pure; no torch)."""
 
@@ -12,8 +12,8 @@ import pytest
 from launcher.backends import raw_refusals
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
-from launcher.plan import memory_savers
 from launcher.plan.hardware.lookup import cluster_gpu, get_gpu
+from launcher.plan.memory import memory_savers
 from launcher.plan.memory.estimate import GIB, MemoryPlan, StageMemory
 from launcher.plan.memory.model_states import bytes_per_param, moment_bytes, stage_states
 from launcher.plan.memory.stage_activations import activation_parts, offloaded_bytes

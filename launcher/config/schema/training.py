@@ -67,7 +67,7 @@ class TrainConfig:
     activation_offload: bool = False
     """Saved activations go to pinned host memory after the forward and come back for the
     backward, copied on a side CUDA stream (torchtune's OffloadActivations; backend=torch,
-    launcher/train/activation_offload.py). On the CPU it runs and trains identically, with no
+    launcher/train/model/activation_offload.py). On the CPU it runs and trains identically, with no
     memory to save. plan prices the device memory saved and the PCIe time it cannot hide."""
     chunked_loss: bool | None = None
     """The loss over chunks of tokens, never the full fp32 logits (backend=torch with tp=1, pp=1;

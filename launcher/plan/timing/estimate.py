@@ -46,9 +46,9 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.memory.estimate import HardwareView, StageMemory
+from launcher.plan.memory.memory_savers import offload_exposed_s
 from launcher.plan.memory.model_states import bytes_per_param
 from launcher.plan.memory.stage_activations import offloaded_bytes
-from launcher.plan.memory_savers import offload_exposed_s
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import bubble_overhead
 from launcher.plan.timing.comm import Collective

@@ -92,7 +92,6 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
-from launcher.train.activation_offload import ActivationOffload
 from launcher.train.checkpoint.init_from import copy_into
 from launcher.train.checkpoint.safe_load import CheckpointFiles, read_json
 from launcher.train.engines import torch_grads
@@ -115,6 +114,7 @@ from launcher.train.finetune.masked_loss import (
     unpack,
 )
 from launcher.train.model import fp8
+from launcher.train.model.activation_offload import ActivationOffload
 from launcher.train.model.init_weights import init_weights
 from launcher.train.model.transformer import (
     apply_context_parallel,
