@@ -13,8 +13,9 @@ from launcher.backends.common import backend_of, expert_data_parallel, expert_te
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import mtp_stage
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan import finetune, memory_savers
+from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
+from launcher.plan.memory import memory_savers
 from launcher.plan.memory.offload import gradient_placement
 from launcher.plan.model_shape import ModelShape
 

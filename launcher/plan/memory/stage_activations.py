@@ -16,8 +16,9 @@ from launcher.backends.speed_features import graphed
 from launcher.config.layout import Layout
 from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan import finetune, memory_savers
+from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
+from launcher.plan.memory import memory_savers
 from launcher.plan.memory.layer_activations import layer_activation_bytes, uses_dropout
 from launcher.plan.memory.mcore_activations import applies as mcore_applies
 from launcher.plan.memory.mcore_activations import layer_activations as mcore_layer_activations
