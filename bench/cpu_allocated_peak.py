@@ -103,11 +103,11 @@ def live_tensor_bytes() -> int:
     seen: dict[int, int] = {}
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and not obj.is_meta:
-            try:
-                storage = obj.untyped_storage()
+            try:  # a wrapper subclass (torchao's 8/4-bit states) has no storage of its own:
+                storage = obj.untyped_storage()  # its inner tensors are counted themselves
+                seen[storage.data_ptr()] = storage.nbytes()
             except (RuntimeError, NotImplementedError):
                 continue
-            seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
 

@@ -17,6 +17,19 @@ bf16, seq 2048, micro-batch 1, cluster=h100-80gb pricing (the memory arithmetic 
 on the GPU), no network and nothing downloaded; about a minute on an H100.
 
 Exit status: 1 when |predicted saving - measured saving| / measured saving exceeds --limit.
+
+    python bench/lora_memory.py --savers [--savers-limit 0.10]     # CPU, one process
+
+The memory savers of issue #40 (none, optim.state_dtype=bf16, adamw8bit, adamw4bit,
+optim.in_backward, train.activation_offload, precision=bf16-pure), each on the same model
+(bench/cpu_allocated_peak.py's `grads` shape, ~15M parameters, bf16, full training), all in
+this one process. Convention (bench/cpu_allocated_peak.measure): the CPU allocator's allocated
+bytes, not the resident set: the storages live when a steady-state step begins plus the peak of
+torch.profiler's +/- allocation events up to the optimizer's step; the step's own peak is printed
+apart ("opt step") and not compared, as the plan prices the step CUDA runs (fused Adam, torchao
+compiled), which allocates next to nothing, where the CPU engine runs eager code that
+materialises temporaries (foreach sqrt(v); torchao's dequantized fp32 copy of each state).
+Exit status 1 when any |plan - measured| / measured exceeds --savers-limit.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 MIB = 2**20
 
 CPU_MODEL = [
@@ -140,13 +154,66 @@ def predicted(gpu: bool, method: str, steps: int) -> float:
     return float(make_plan(cfg).memory.heaviest.allocated)
 
 
+SAVER_BASE = ["precision=bf16", "optim.grad_clip=0", "optim.name=adamw"]
+SAVERS = {
+    "none": [],
+    "bf16-states": ["optim.state_dtype=bf16"],
+    "adamw8bit": ["optim.name=adamw8bit"],
+    "adamw4bit": ["optim.name=adamw4bit"],
+    "in-backward": ["optim.in_backward=true"],
+    "act-offload": ["train.activation_offload=true"],
+    "bf16-pure": ["precision=bf16-pure"],
+}
+
+
+def savers(limit: float) -> int:
+    """Each saver's allocated peak, plan vs measured (the --savers convention above)."""
+    import cpu_allocated_peak as peak  # bench/, beside this file
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    os.environ["LLMTRAIN_DEVICE"] = "cpu"
+    base = [*peak.COMMON, *peak.SHAPES["grads"], *SAVER_BASE]
+    print(f"{'saver':<12} {'plan MiB':>9} {'measured':>9} {'error':>7} {'opt step':>9}")
+    worst = 0.0
+    for name, extra in SAVERS.items():
+        overrides = [*base, *extra]
+        plan, _ = peak.planned(overrides)
+        got = peak.measure(overrides)
+        error = (plan - got["peak"]) / got["peak"]
+        worst = max(worst, abs(error))
+        print(
+            f"{name:<12} {plan / MIB:9.2f} {got['peak'] / MIB:9.2f} {error:+7.1%} "
+            f"{got['opt_step'] / MIB:9.2f}"
+        )
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    print(
+        "measured: CPU allocator bytes up to the optimizer step (torch.profiler events); "
+        "'opt step': the eager CPU step's own peak, not compared (the plan prices CUDA's)"
+    )
+    print(f"worst |error| {worst:.1%} (limit {limit:.0%})")
+    return 1 if worst > limit else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpu", action="store_true", help="one CUDA GPU, llama3-1b in bf16")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (4 CPU, 10 GPU)")
     parser.add_argument("--limit", type=float, default=None, help="0.15 CPU, 0.10 GPU")
+    parser.add_argument("--savers", action="store_true", help="each memory saver, CPU")
+    parser.add_argument("--savers-limit", type=float, default=0.10)
     parser.add_argument("--child", choices=("full", "lora"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.savers:
+        return savers(args.savers_limit)
     args.steps = args.steps or (10 if args.gpu else 4)
     if args.child:
         child(args)

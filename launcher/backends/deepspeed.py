@@ -20,6 +20,7 @@ from launcher.backends.activation_modules import activation_modules_not_run
 from launcher.backends.common import Backend, Refusal
 from launcher.backends.engine_choices import chunked_loss_elsewhere
 from launcher.backends.fp8_params import fp8_param_gather_not_run
+from launcher.backends.memory_savers import savers_not_run
 from launcher.backends.moe_overlap import moe_overlap_not_run
 from launcher.backends.optimizer_precision import state_dtype_not_run
 from launcher.backends.speed_features import speed_features_not_run
@@ -142,6 +143,7 @@ BACKEND = Backend(
     combos=(
         fp8_param_gather_not_run,
         state_dtype_not_run,
+        savers_not_run,
         moe_overlap_not_run,
         activation_modules_not_run,
         speed_features_not_run,

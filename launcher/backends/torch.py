@@ -21,8 +21,8 @@ from launcher.backends.engine_choices import (
     compile_in_force,
 )
 from launcher.backends.fp8_params import fp8_param_gather_not_run
+from launcher.backends.memory_savers import torch_savers
 from launcher.backends.moe_overlap import moe_overlap_not_run
-from launcher.backends.optimizer_precision import state_dtype_not_run
 from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
@@ -274,14 +274,14 @@ BACKEND = Backend(
         3: "FSDP2 full shard",
     },
     precisions=("bf16", "fp16", "fp32", "fp8"),
-    optimizers=("adamw", "adam", "sgd", "lion"),
+    optimizers=("adamw", "adam", "sgd", "lion", "adamw8bit", "adamw4bit"),
     offload_optimizer_stages=(3,),
     offload_params_stages=(3,),
     schedules=("1f1b", "gpipe", "interleaved"),
     features=frozenset({"moe", "moe+tp", "mla", "mla+tp", "kv-replication", "sequence-parallel"}),
     combos=(
         fp8_param_gather_not_run,
-        state_dtype_not_run,
+        torch_savers,
         moe_overlap_not_run,
         activation_modules_not_run,
         speed_features_not_run,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
+from launcher.config.epoch_rows import epoch_rows, epoch_steps
 from launcher.config.pipeline_split import SplitError, SplitKeys, megatron_split
 from launcher.config.schema import LLMTrainConfig
 
@@ -179,7 +180,13 @@ def derive_layout(cfg: LLMTrainConfig) -> Layout:
 
 
 def train_steps(cfg: LLMTrainConfig, global_batch_size: int) -> int:
-    """Optimizer steps of the run: train.steps, or train.tokens rounded up to whole steps."""
+    """Optimizer steps of the run: train.epochs over data.path's rows where their number can be
+    read (launcher/config/epoch_rows.py; the trainer counts them on the opened data), else
+    train.steps, or train.tokens rounded up to whole steps."""
+    if cfg.train.epochs is not None:
+        rows = epoch_rows(cfg)
+        if rows is not None:
+            return epoch_steps(cfg.train.epochs, rows.rows, global_batch_size)
     if cfg.train.tokens is not None:
         per_step = max(1, global_batch_size * cfg.model.seq_length)
         return max(1, math.ceil(cfg.train.tokens / per_step))

@@ -41,6 +41,7 @@ from launcher.data.chat_template import (
     token_mask,
 )
 from launcher.data.hf_tokenizer import HFTokenizerFile
+from launcher.data.length_histogram import HISTOGRAM_KEY, length_histogram
 from launcher.errors import UserError
 
 CHAT_LAYOUT = "chat"
@@ -147,6 +148,7 @@ class _Split:
     examples: int = 0
     tokens_total: int = 0
     assistant_tokens: int = 0
+    lengths: list[int] = field(default_factory=list)
 
 
 def prepare_chat(
@@ -189,6 +191,7 @@ def prepare_chat(
         split.roles.add_document(example.roles)
         split.examples += 1
         split.tokens_total += int(example.ids.size)
+        split.lengths.append(int(example.ids.size))
         split.assistant_tokens += int((example.roles > 0).sum())
         count += 1
         if report is not None and count % 10_000 == 0:
@@ -223,6 +226,8 @@ def prepare_chat(
             "train_examples": train.examples,
             "valid_examples": valid.examples,
             "assistant_tokens": train.assistant_tokens,
+            # The training examples by padded length: what plan prices data.packing=false with.
+            HISTOGRAM_KEY: length_histogram(train.lengths),
             "pad_id": tok.tokenizer.eod_id if tok.tokenizer.eod_id is not None else 0,
         },
         "source": {**source, "documents": count},

@@ -15,7 +15,8 @@ A row holds seq_length + 1 tokens (inputs row[:-1], targets row[1:], as for pre-
 ``ChatRows.batch`` returns int64 arrays [n, 3, seq_length + 1]: channel 0 the tokens, channel 1 1
 where the token is a trained target (never the first token of an example, which nothing in its
 example predicts, nor padding), channel 2 the example's number within the row (1, 2, ...; padding
-counts as one more example; all zeros without packing). The engines read that layout
+counts as one more example; without packing 0 on the example and PADDING (-1) on its padding, so
+that a micro-batch can be cut to its longest example). The engines read that layout
 (``launcher.train.finetune.masked_loss``).
 """
 
@@ -31,6 +32,7 @@ from launcher.data.chat_prepare import OVERLONG, ROLE_FINAL, TRAIN_ON
 from launcher.errors import UserError
 
 TOKENS, TRAINED, SEGMENT = 0, 1, 2  # the channels of a batch
+PADDING = -1  # SEGMENT of an unpacked row's padding
 
 
 def trained_roles(roles: np.ndarray, train_on: str) -> np.ndarray:
@@ -185,6 +187,8 @@ class ChatRows:
             at += take
         if self.packing and at < width:
             out[SEGMENT, at:] = len(self.rows[r]) + 1
+        elif at < width:
+            out[SEGMENT, at:] = PADDING
         return out
 
     def batch(self, indices: Sequence[int] | np.ndarray, seq_len: int) -> np.ndarray:

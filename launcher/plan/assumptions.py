@@ -104,8 +104,7 @@ def _compute_assumptions() -> list[str]:
         "at the kernel's published rate x one fitted factor, norms/activations/rotary/casts/"
         "routing as bytes over HBM; constants fitted on calibration.csv (fitted.py).",
         "Error bands: leave-one-source-out cross-validation on calibration.csv, by regime; "
-        "'tight' = does not fit with headroom but within the memory band's worst error of "
-        "capacity.",
+        "'tight' = over the headroom but within the GPU's memory; above it, 'does not fit'.",
     ]
 
 

@@ -14,7 +14,7 @@ from launcher.plan import finetune
 from launcher.plan.assumptions import assumptions
 from launcher.plan.calibration.bands import ErrorBand, error_band
 from launcher.plan.flops import FlopsPerToken, config_flops
-from launcher.plan.hardware.lookup import get_gpu
+from launcher.plan.hardware.lookup import cluster_gpu
 from launcher.plan.hardware.profile import ProfileChoice, ProfileError, choose, cpu_threads
 from launcher.plan.memory.estimate import (
     GIB,
@@ -24,8 +24,11 @@ from launcher.plan.memory.estimate import (
     estimate_memory,
     fp8_weight_copy_bytes,
 )
+from launcher.plan.memory.memory_savers import saver_notes
 from launcher.plan.memory.model_states import moment_bytes
+from launcher.plan.memory.stage_activations import offloaded_bytes
 from launcher.plan.model_shape import ModelShape
+from launcher.plan.padded_length import priced_length
 from launcher.plan.timing.estimate import TimePlan, estimate_time
 from launcher.plan.timing.measured import coverage
 from launcher.plan.totals import Totals, estimate_totals
@@ -38,6 +41,8 @@ class Fix:
     overrides: tuple[str, ...]
     device_bytes: float
     fits: bool
+    # The step time with the fix (what it costs in speed beside what it saves); 0: not priced.
+    step_s: float = 0.0
 
     @property
     def line(self) -> str:
@@ -65,11 +70,15 @@ class Plan:
     profile: ProfileChoice | None = None
     profile_note: str | None = None
     sources: tuple[tuple[str, str], ...] = ()
+    # One line per memory saver in force (plan/memory_savers.py saver_notes).
+    savers: tuple[str, ...] = ()
+    # data.packing=false: the length a micro-batch was priced at (plan/padded_length.py).
+    priced_length: str | None = None
 
 
 def hardware_view(cfg: LLMTrainConfig) -> HardwareView:
     """Catalog figures for cluster.gpu with the cluster's overrides applied."""
-    gpu = get_gpu(cfg.cluster.gpu)
+    gpu = cluster_gpu(cfg.cluster)
     c = cfg.cluster
     p = cfg.precision
     dtype = "tf32" if p.compute_dtype == "fp32" and gpu.supports("tf32") else p.compute_dtype
@@ -185,11 +194,11 @@ def suggest_fixes(
     # Only what validate accepts is offered: the same rules (and the backend's refusals) judge
     # every candidate before its memory is priced (a fix that validate refuses is no fix).
     candidates = [(o, c) for o, c in candidates if valid(c)]
-    fixes: list[Fix] = []
+    fixes: list[tuple[Fix, LLMTrainConfig, MemoryPlan]] = []
     for overrides, changed in candidates:
         mem = _memory_only(changed, hw, headroom)
-        fixes.append(Fix(overrides, mem.heaviest.device_total, mem.fits))
-    fitting = [f for f in fixes if f.fits]
+        fixes.append((Fix(overrides, mem.heaviest.device_total, mem.fits), changed, mem))
+    fitting = [f for f in fixes if f[0].fits]
     if not fitting:
         # Pairs of the single changes, cheapest first.
         for i, (o1, c1) in enumerate(candidates):
@@ -201,10 +210,16 @@ def suggest_fixes(
                     continue
                 mem = _memory_only(merged, hw, headroom)
                 if mem.fits:
-                    fitting.append(Fix(o1 + o2, mem.heaviest.device_total, True))
+                    fitting.append((Fix(o1 + o2, mem.heaviest.device_total, True), merged, mem))
             if len(fitting) >= limit:
                 break
-    return tuple(fitting[:limit])
+    return tuple(_timed(fix, changed, hw, mem) for fix, changed, mem in fitting[:limit])
+
+
+def _timed(fix: Fix, cfg: LLMTrainConfig, hw: HardwareView, memory: MemoryPlan) -> Fix:
+    """`fix` with the step time of its configuration (the speed it costs)."""
+    time = estimate_time(cfg, derive_layout(cfg), hw, config_flops(cfg), memory.stages)
+    return dataclasses.replace(fix, step_s=time.step_s)
 
 
 def _fix_key(override: str) -> str:
@@ -328,15 +343,23 @@ def make_plan(
     headroom: float = 0.10,
     *,
     accept: Callable[[LLMTrainConfig], bool] | None = None,
+    with_fixes: bool = True,
+    padded_batches: bool = True,
 ) -> Plan:
     """Plan a validated configuration: memory per stage, FLOPs, step time, totals, fixes.
     `accept` judges each fix's configuration (``launcher.validate.rules.passes``, given by the
-    commands that show fixes); without it every fix that fits is offered."""
+    commands that show fixes); without it every fix that fits is offered. `with_fixes=False`:
+    none looked for (the search's configuration as given, which shows none).
+    `padded_batches=False`: rows priced at model.seq_length even where the engines cut them
+    (the search, which prices every layout at whole rows)."""
     if not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom must be in [0, 1), got {headroom}")
-    layout = derive_layout(cfg)
+    given, layout = cfg, derive_layout(cfg)
+    padded = priced_length(cfg, layout) if padded_batches else None
+    if padded is not None:  # activations and compute at the priced length; Plan.config as given
+        cfg = _with_sections(cfg, model={"seq_length": padded.tokens})
     hw, profile, profile_note = priced_hardware(cfg)
-    shape = ModelShape(cfg.model)
+    shape = ModelShape(given.model)
     memory = estimate_memory(cfg, layout, hw, headroom)
     flops = config_flops(cfg)
     time = estimate_time(cfg, layout, hw, flops, memory.stages)
@@ -349,7 +372,8 @@ def make_plan(
         checkpoint_bytes=checkpoint_bytes(cfg, total_params),
         storage_write_gbps=cfg.cluster.storage_write_gbps,
     )
-    fixes = () if memory.verdict == "fits" else suggest_fixes(cfg, hw, headroom, accept=accept)
+    wanted = with_fixes and memory.verdict != "fits"
+    fixes = suggest_fixes(cfg, hw, headroom, accept=accept) if wanted else ()
     catalog_band = error_band("time", cfg, hw.arch)
     time_band: ErrorBand | None = catalog_band
     sources: dict[str, str] = {}
@@ -364,7 +388,7 @@ def make_plan(
         # published figures' own band is not theirs; plan says so, views.plan.time_band_text).
         time_band = None if profile.noise else profile_band(catalog_band, sources, time)
     return Plan(
-        config=cfg,
+        config=given,
         layout=layout,
         hardware=hw,
         total_params=total_params,
@@ -380,6 +404,8 @@ def make_plan(
         profile=profile,
         profile_note=profile_note,
         sources=tuple(sources.items()),
+        savers=tuple(saver_notes(cfg, layout, offloaded_bytes(cfg, layout, memory.heaviest.stage))),
+        priced_length=None if padded is None else padded.note,
     )
 
 

@@ -54,6 +54,7 @@ from collections.abc import Iterable
 
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
+from launcher.plan.memory.estimate import VERDICT_WORDS
 from launcher.plan.planner import hardware_view, make_plan, priced_hardware, pricing_line
 from launcher.search.best_first import Search
 from launcher.search.results import (
@@ -106,10 +107,13 @@ def _given(cfg: LLMTrainConfig, headroom: float) -> tuple[Candidate | None, str]
     errors = sorted({v.rule for v in check(cfg) if v.is_error})
     if errors:
         return None, "not valid (" + ", ".join(errors) + ")"
-    plan = make_plan(cfg, headroom=headroom)
+    plan = make_plan(cfg, headroom=headroom, with_fixes=False, padded_batches=False)
+    # The word `plan` prints for the same configuration (MemoryPlan.verdict): tight is over the
+    # headroom, within the GPU's memory; the search ranks only layouts that fit.
+    verdict = VERDICT_WORDS[plan.memory.verdict]
     if not plan.memory.fits:
-        return None, "does not fit"
-    return candidate_from_plan(plan, None, ()), "fits"
+        return None, verdict
+    return candidate_from_plan(plan, None, ()), verdict
 
 
 def _verified(space: LayoutSpace, cand: Candidate, headroom: float) -> Candidate:
@@ -118,7 +122,7 @@ def _verified(space: LayoutSpace, cand: Candidate, headroom: float) -> Candidate
     errors = [v for v in check(cfg) if v.is_error]
     if errors:
         raise AssertionError(f"search returned an invalid layout {cand.line}: {errors[0].message}")
-    plan = make_plan(cfg, headroom=headroom)
+    plan = make_plan(cfg, headroom=headroom, padded_batches=False)
     again = candidate_from_plan(plan, cand.choice, cand.overrides)
     if not plan.memory.fits or not math.isclose(again.tokens_per_s, cand.tokens_per_s):
         raise AssertionError(f"search and make_plan disagree on {cand.line}")

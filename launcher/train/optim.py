@@ -11,6 +11,10 @@ from torch import nn
 
 from launcher.config.schema import OptimConfig
 
+# Optimizers with small Adam states (launcher.train.optim_states, on torchao, imported only
+# when one is asked for).
+SMALL_STATE_NAMES = ("adamw8bit", "adamw4bit")
+
 
 def param_groups(params: Iterable[nn.Parameter], optim: OptimConfig) -> list[dict[str, Any]]:
     """GPT-style weight decay: on matrices (dim >= 2: linear and embedding weights), not on norms
@@ -88,9 +92,17 @@ def optimizer_class(
     """The optimizer class for ``optim.name`` and its constructor options. SGD takes its momentum
     from ``optim.betas[0]`` (as Megatron's --sgd-momentum and DeepSpeed's SGD params do in the
     rendered jobs); Lion takes both betas and no epsilon. `fused`: Adam/AdamW with the fused
-    kernel (fused_on); other optimizers ignore it."""
+    kernel (fused_on); other optimizers ignore it. adamw8bit / adamw4bit, and Adam with
+    optim.state_dtype=bf16: torchao's small-state Adam (launcher.train.optim_states). (torch's
+    Adam keeps its states in the weights' dtype: bf16 already under precision=bf16-pure.)"""
     betas = (float(optim.betas[0]), float(optim.betas[1]))
     adam = {"lr": optim.lr, "betas": betas, "eps": optim.eps, **({"fused": True} if fused else {})}
+    if optim.name in SMALL_STATE_NAMES or (
+        optim.state_dtype == "bf16" and optim.name in ("adam", "adamw")
+    ):  # bf16, 8-bit or 4-bit moments
+        from launcher.train.optim_states import state_optimizer
+
+        return state_optimizer(optim.name, adam)
     if optim.name == "adam":
         return torch.optim.Adam, adam
     if optim.name == "adamw":
@@ -99,7 +111,10 @@ def optimizer_class(
         return torch.optim.SGD, {"lr": optim.lr, "momentum": betas[0]}
     if optim.name == "lion":
         return Lion, {"lr": optim.lr, "betas": betas}
-    raise ValueError(f"optim.name={optim.name!r}: the runtime has adamw, adam, sgd and lion")
+    raise ValueError(
+        f"optim.name={optim.name!r}: the runtime has adamw, adam, sgd, lion, adamw8bit and "
+        "adamw4bit"
+    )
 
 
 def build_optimizer(

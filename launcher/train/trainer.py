@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from launcher import fsio, runfiles
 from launcher.backends.common import backend_of
+from launcher.config.epoch_rows import epoch_steps
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.run_config import resumable_config
 from launcher.config.schema import LLMTrainConfig
@@ -258,6 +259,10 @@ class Trainer:
         )
         self.device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
         self.total = self.layout.steps
+        if cfg.train.epochs is not None:  # the rows counted on the opened data (epoch_rows.py)
+            rows = self.shards.num_sequences(cfg.model.seq_length)
+            self.total = epoch_steps(cfg.train.epochs, rows, self.layout.global_batch_size)
+            self.log(f"train.epochs={cfg.train.epochs:g} over {rows:,} rows: {self.total} steps")
         if cfg.checkpoint.resume:
             self._resume()
         if self.rank == 0 and source == run.pending_config:

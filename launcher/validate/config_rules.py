@@ -20,11 +20,22 @@ from launcher.validate.rule import RuleFn, Violation, error, warning
 
 
 def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
-    from launcher.plan.hardware.lookup import UnknownGPUError, get_gpu
+    from launcher.plan.hardware.lookup import UnknownGPUError, cluster_gpu, missing_custom_keys
 
     prec, gpu_key = cfg.precision, cfg.cluster.gpu
+    missing = missing_custom_keys(cfg.cluster)
+    if missing:
+        return [
+            error(
+                "precision-hardware",
+                ("cluster.gpu", *missing),
+                f"cluster.gpu=custom describes the GPU by keys; set {', '.join(missing)} (e.g. "
+                "cluster.gpu_memory_gib=24 cluster.gpu_bf16_tflops=165 "
+                "cluster.gpu_memory_gbps=1008 for an RTX 4090), or name a catalog GPU",
+            )
+        ]
     try:
-        gpu = get_gpu(gpu_key)
+        gpu = cluster_gpu(cfg.cluster)
     except UnknownGPUError as exc:
         return [error("precision-hardware", ("cluster.gpu",), str(exc))]
     out = []

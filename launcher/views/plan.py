@@ -6,10 +6,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.engine_choices import engine_choices
+from launcher.config.epoch_rows import budget_note
 from launcher.plan.calibration.bands import ErrorBand, error_band
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
-from launcher.plan.memory.estimate import GIB
+from launcher.plan.memory.estimate import GIB, VERDICT_WORDS
 from launcher.plan.planner import Plan, pricing_line
 from launcher.plan.schedule import timeline
 
@@ -93,7 +94,7 @@ def time_band_text(plan: Plan) -> str:
 
 VERDICT_TEXT = {
     "fits": "[bold green]fits[/]",
-    "tight": "[bold yellow]tight[/] (over the headroom, within the prediction's error band)",
+    "tight": "[bold yellow]tight[/] (over the headroom, within the GPU's memory)",
     "does_not_fit": "[bold red]does not fit[/]",
 }
 
@@ -108,7 +109,7 @@ def plan_headline(plan: Plan) -> str:
     """The plan in one sentence (`run --dry-run`, `submit --dry-run`): verdict, memory of the
     heaviest rank, step time, throughput and MFU."""
     mem, t = plan.memory, plan.time
-    verdict = {"fits": "fits", "tight": "tight", "does_not_fit": "does not fit"}[mem.verdict]
+    verdict = VERDICT_WORDS[mem.verdict]
     return (
         f"[bold]plan[/]: {verdict}, {_gib(mem.heaviest.device_total)} of {_gib(mem.capacity)} "
         f"per device (stage {mem.heaviest.stage}, {mem.headroom:.0%} headroom); step "
@@ -164,9 +165,11 @@ def _print_summary_panel(plan: Plan, console: Console) -> None:
 
 def _print_fixes(plan: Plan, console: Console) -> None:
     """The smallest changes that fit (at most five), or what was tried when none does."""
-    console.print("[bold]Smallest changes that fit[/] (device GiB):")
+    console.print("[bold]Smallest changes that fit[/] (device GiB, step time):")
+    now = plan.time.step_s
     for f in plan.fixes[:5]:
-        console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}")
+        cost = f", step {_dur(f.step_s)} ({f.step_s / now - 1:+.0%})" if f.step_s and now else ""
+        console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}{cost}")
     if not plan.fixes:
         console.print(
             "  none found among zero (stages, offload, its group options), recompute, "
@@ -206,6 +209,10 @@ def _print_memory_bar(plan: Plan, console: Console) -> None:
         item = Text(f"{GLYPHS[name]} " if plain else "■ ", style=colour)
         items.append(item + Text(f"{name} {value / GIB:.1f}"))
     _print_legend(console, items)
+    for note in plan.savers:  # the memory savers in force, each named
+        console.print(f"[dim]saver:[/] {note}")
+    if plan.priced_length is not None:  # data.packing=false: the length a micro-batch costs
+        console.print(f"[dim]batches:[/] {plan.priced_length}", markup=True, highlight=False)
 
 
 def _print_headline_figures(plan: Plan, console: Console) -> None:
@@ -239,6 +246,8 @@ def _print_headline_figures(plan: Plan, console: Console) -> None:
         f"{tot.checkpoint_bytes / 1e9:,.1f} GB every {_dur(tot.checkpoint_interval_s)} "
         "(Young/Daly)"
     )
+    if (budget := budget_note(plan.config, tot.steps)) is not None:  # train.epochs
+        console.print(f"[dim]budget:[/] {budget}", markup=True, highlight=False)
 
 
 def _print_memory_table(plan: Plan, console: Console) -> None:

@@ -96,8 +96,14 @@ def _train_padded(overrides: list[str], nproc: int) -> dict[str, Any]:
     packed = _chat_rows
 
     def padded(step: int, seq: int) -> Any:
+        """One example a row, of unequal lengths, padded as launcher.data.packing pads them
+        (segment -1, nothing trained): the torch and DeepSpeed engines without a pipeline cut a
+        micro-batch to its longest example, the pipelines keep whole rows."""
         rows = packed(step, seq)
         rows[:, 2] = 0
+        for r, length in enumerate((10, 20, 14, 25)):
+            rows[r, :, length:] = 0
+            rows[r, 2, length:] = -1
         return rows
 
     _chat_rows = padded
@@ -112,7 +118,10 @@ def test_pipeline_last_stage_masked_loss() -> None:
     is the same global token mean as one process without a pipeline."""
     common = ["model.tie_embeddings=false", "data.packing=false"]
     whole = run_ranks(1, _train_padded, ["train.micro_batch_size=4", *common], 1)[0]
+    # Micro-batches of one row, each cut to its own example (inputs 16, 24, 16, 24 tokens).
+    cut = run_ranks(1, _train_padded, ["train.micro_batch_size=1", *common], 1)[0]
     pipelines = [
+        cut,
         *run_ranks(2, _train_padded, ["train.micro_batch_size=2", "parallel.pp=2", *common], 2),
         *run_ranks(
             2,

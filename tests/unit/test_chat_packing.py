@@ -61,7 +61,8 @@ def test_unpacked_rows_are_padded_one_example_each() -> None:
     assert rows.report.rows == 2
     first = rows.batch([0], 9)[0]
     assert first[TOKENS].tolist() == [*TOKENS_OF[0], 0, 0, 0, 0, 0]
-    assert not first[SEGMENT].any()  # no document mask needed
+    # No document mask needed: 0 on the example, PADDING (-1) on its padding (trim_to_longest).
+    assert first[SEGMENT].tolist() == [0] * 5 + [-1] * 5
     assert rows.report.padding_share == pytest.approx((5 + 2) / 20)
 
 

@@ -140,6 +140,11 @@ def test_prepare_detects_chat_and_reports_packing(tmp_path: Path) -> None:
     report = document["packing"]["reports"][0]
     assert report["seq_length"] == 100 and report["kept"] == report["examples"]
     assert 0 < report["padding_share"] < 1
+    # The length histogram plan prices padded batches from: 20 equal examples, one bucket of
+    # their inputs (tokens - 1) rounded up to 8.
+    chat = document["chat"]
+    tokens = document["total_tokens"] // chat["train_examples"]
+    assert chat["length_histogram"] == {str(-(-(tokens - 1) // 8) * 8): chat["train_examples"]}
 
 
 def test_environment_matches_transformers_on_whitespace_and_filters(tmp_path: Path) -> None:

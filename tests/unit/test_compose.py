@@ -57,7 +57,7 @@ def test_plus_on_a_new_top_level_key_is_rejected() -> None:
 def test_bad_group_option_lists_options_and_suggests() -> None:
     text = problems(["precision=bf17"])
     assert "precision=bf17: no such precision (did you mean 'bf16'?)" in text
-    assert "available: bf16, fp16, fp32, fp8" in text
+    assert "available: bf16, bf16-pure, fp16, fp32, fp8" in text
 
 
 def test_bad_recipe_lists_recipes() -> None:

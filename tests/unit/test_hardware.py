@@ -41,6 +41,14 @@ EXPECTED_GPUS = {
     "mi300x",
     "tpu-v4",
     "tpu-v5p",
+    # The cards people own or rent one at a time (launcher/plan/hardware/gpu_catalog_owned.py).
+    "rtx3090",
+    "rtx4090",
+    "rtx5090",
+    "a6000",
+    "l40s",
+    "l4",
+    "a10g",
 }
 EXPECTED_PROFILES = (EXPECTED_GPUS - {"h100-sxm"}) | {"h100-80gb"}
 
@@ -126,7 +134,7 @@ def test_low_precision_is_never_slower_than_fp32(key: str) -> None:
 @pytest.mark.parametrize("key", sorted(EXPECTED_GPUS))
 def test_precision_flags_follow_the_architecture(key: str) -> None:
     spec = get_gpu(key)
-    assert spec.supports_fp8 == (spec.arch in ("hopper", "blackwell", "cdna3"))
+    assert spec.supports_fp8 == (spec.arch in ("ada", "hopper", "blackwell", "cdna3"))
     assert spec.supports_bf16 == (spec.arch != "volta")
     assert spec.supports_bf16 == spec.supports("bf16")
     assert spec.supports_fp8 == spec.supports("fp8")

@@ -71,7 +71,8 @@ def test_rendered_as_megatron_flags() -> None:
         (("optim.name=sgd",), "optim.name"),  # FusedAdam only (optimizer_config.py)
         (("zero.stage=0",), "zero.stage"),  # the distributed optimizer only
         (("zero.stage=3",), "zero.stage"),  # not with Megatron-FSDP
-        (("backend=torch",), "backend"),  # fp32 moments in llmtrain's own engines
+        # backend=torch keeps bf16 moments for adam/adamw (launcher/train/optim_states.py) only.
+        (("backend=torch", "optim.name=sgd"), "optim.name"),
         (("backend=deepspeed", "parallel.tp=1"), "backend"),
     ],
 )

@@ -367,6 +367,20 @@ def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, An
     for key, other in BUDGET_PARTNER.items():
         if key in given and other not in given:
             train[other.split(".")[1]] = None
+    # train.epochs (schema docstring): wins over the file's train.steps / train.tokens, which
+    # stay as the price of an unknown data size; either given alone on the command line means
+    # that length, so it replaces a file's epochs; both given there contradict each other.
+    length = sorted(k for k in BUDGET_PARTNER if k in given)
+    if "train.epochs" in given and length:
+        raise ConfigError(
+            [
+                f"train.epochs and {' and '.join(length)} are all given on the command line: "
+                f"the run's length is one of them; keep one, e.g. drop {length[0]} and keep "
+                f"train.epochs={train.get('epochs')}"
+            ]
+        )
+    if length:
+        train["epochs"] = None
 
 
 def config_from_values(values: dict[str, Any]) -> LLMTrainConfig:

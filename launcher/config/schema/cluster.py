@@ -32,6 +32,13 @@ class ClusterConfig:
     """Bandwidth between nodes per GPU, GB/s; None: the GPU catalog's figure."""
     price_per_gpu_hour: float | None = field(default=None, metadata=AT_LEAST_0)
     """Price of one GPU hour; None: the GPU catalog's figure."""
+    gpu_memory_gib: float | None = field(default=None, metadata=ABOVE_0)
+    """Device memory of one GPU, GiB (as nvidia-smi reports it); None: the catalog's figure.
+    With cluster.gpu=custom: required, with gpu_bf16_tflops and gpu_memory_gbps."""
+    gpu_bf16_tflops: float | None = field(default=None, metadata=ABOVE_0)
+    """Dense bf16 tensor-core TFLOP/s of one GPU (no sparsity); None: the catalog's figure."""
+    gpu_memory_gbps: float | None = field(default=None, metadata=ABOVE_0)
+    """Memory bandwidth of one GPU, GB/s; None: the catalog's figure."""
     storage_write_gbps: float = field(default=10.0, metadata=ABOVE_0)
     """Aggregate write bandwidth of the checkpoint storage, GB/s."""
     power_limit_w: float | None = None

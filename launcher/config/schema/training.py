@@ -12,12 +12,16 @@ from launcher.config.schema.common import AT_LEAST_0, AT_LEAST_1, MAX_SEED
 class PrecisionConfig:
     """Number formats. Selected as a group: precision=bf16|fp16|fp32|fp8."""
 
-    name: str = field(default="bf16", metadata=one_of("bf16", "fp16", "fp32", "fp8"))
-    """The precision option's name."""
+    name: str = field(default="bf16", metadata=one_of("bf16", "bf16-pure", "fp16", "fp32", "fp8"))
+    """The precision option's name (bf16-pure: bf16 weights, gradients and optimizer states with
+    no fp32 master copy, backend=torch; conf/precision/bf16-pure.yaml)."""
     compute_dtype: str = field(default="bf16", metadata=one_of("fp32", "bf16", "fp16"))
     """Format of the working weights and activations."""
     master_weights: bool = True
-    """The optimizer keeps an fp32 master copy of the weights (mixed precision)."""
+    """The optimizer keeps an fp32 master copy of the weights (mixed precision). false with
+    compute_dtype=bf16 (precision=bf16-pure): backend=torch stores the weights in bf16 and steps
+    them there, 2 bytes a parameter instead of 4 + 2 (torchtune's full fine-tuning default);
+    the other engines keep fp32 masters and refuse it."""
     grad_dtype: str = field(default="fp32", metadata=one_of("fp32", "bf16", "fp16"))
     """Format gradients are accumulated and reduced in."""
     loss_scaling: str = field(default="none", metadata=one_of("none", "dynamic"))
@@ -52,8 +56,19 @@ class TrainConfig:
     """Length of the run in optimizer steps; set this or tokens, not both."""
     tokens: int | None = field(default=None, metadata=AT_LEAST_1)
     """Length of the run in tokens (converted to steps); set this or steps, not both."""
+    epochs: float | None = field(default=None, metadata=bounds(gt=0, example="1 (one pass)"))
+    """Length of the run in passes over the training data: steps = ceil(epochs * rows /
+    global_batch_size), rows counted on the opened data by the run, read from data.path's
+    index.json by plan (launcher/config/epoch_rows.py). It wins over train.steps / train.tokens,
+    which then only price a plan whose data size is unknown (no prepared data.path). Given on
+    the command line with either of them: refused; one of them alone there replaces it."""
     recompute: str = field(default="none", metadata=one_of("none", "selective", "full"))
     """Activation recomputation (docs/configuration.md says what each engine runs)."""
+    activation_offload: bool = False
+    """Saved activations go to pinned host memory after the forward and come back for the
+    backward, copied on a side CUDA stream (torchtune's OffloadActivations; backend=torch,
+    launcher/train/model/activation_offload.py). On the CPU it runs and trains identically, with no
+    memory to save. plan prices the device memory saved and the PCIe time it cannot hide."""
     chunked_loss: bool | None = None
     """The loss over chunks of tokens, never the full fp32 logits (backend=torch with tp=1, pp=1;
     launcher/train/model/chunked_loss.py). null: wherever it applies; false: full logits."""
@@ -95,8 +110,12 @@ class TrainConfig:
 class OptimConfig:
     """The optimizer and its learning-rate schedule."""
 
-    name: str = field(default="adamw", metadata=one_of("adamw", "adam", "sgd", "lion"))
-    """The optimizer."""
+    name: str = field(
+        default="adamw", metadata=one_of("adamw", "adam", "sgd", "lion", "adamw8bit", "adamw4bit")
+    )
+    """The optimizer. adamw8bit / adamw4bit: AdamW with m and v block-quantized to 8 or 4 bits
+    (torchao.optim AdamW8bit, block 256 / AdamW4bit, block 128; Dettmers et al. 2022 and Li et
+    al. 2023), backend=torch; tensors under 4096 values keep fp32 states."""
     lr: float = field(default=3.0e-4, metadata=bounds(gt=0, example="3e-4"))
     """Peak learning rate (reached after warmup)."""
     weight_decay: float = field(default=0.1, metadata=bounds(ge=0, example="0.1 (0: no decay)"))
@@ -126,4 +145,12 @@ class OptimConfig:
     state_dtype: str = field(default="fp32", metadata=one_of("fp32", "bf16", "fp16"))
     """Format Adam's moments (m and v) are stored in; the update computes in fp32. Not fp32:
     Megatron-Core's precision-aware optimizer (--use-precision-aware-optimizer --exp-avg-dtype
-    --exp-avg-sq-dtype), backend=megatron with zero.stage=1 only."""
+    --exp-avg-sq-dtype), backend=megatron with zero.stage=1; bf16 on backend=torch with adam or
+    adamw (torchao's Adam step over bf16 states). With pure bf16 weights (precision=bf16-pure)
+    torch's Adam keeps its states in the weights' dtype, bf16, whatever this says."""
+    in_backward: bool = False
+    """Step each parameter in its post-accumulate-grad hook and free its gradient at once, so
+    only one gradient is alive (PyTorch's tutorial "How to save memory by fusing the optimizer
+    step into the backward pass"; torchtune's optimizer_in_bwd). backend=torch on one device (no
+    data, tensor or pipeline parallel), with optim.grad_clip=0, one micro-batch a step
+    (grad_accum=1) and train.max_nonfinite_skips=0: a step once taken cannot be withheld."""

@@ -10,8 +10,8 @@ constants. `typical` and `worst` are the 80% and 90% split-conformal levels of t
 probability at least 80% / 90% when its error is drawn like the rows'), pooled with the coarser
 regimes' rows where a regime has too few (worst: fewer than 9), and `worst` never below the
 regime's own largest error. A layout of a model kind with no cross-validated rows of its own
-(e.g. MoE memory) takes the worst as typical too. `memory.verdict` says "tight" only within the
-memory band's worst (memory.MemoryPlan.verdict).
+(e.g. MoE memory) takes the worst as typical too. The bands are printed beside the figures; the
+verdict (memory.MemoryPlan.verdict) does not widen "tight" by them.
 """
 
 from __future__ import annotations

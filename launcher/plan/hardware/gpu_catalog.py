@@ -79,6 +79,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from launcher.plan.hardware.gpu_catalog_owned import OWNED_SPECS
 from launcher.plan.hardware.gpu_spec import GiB, GPUSpec, MiB
 
 # Fixed per-process overhead on a CUDA/ROCm GPU, from [MLE-MEM] on an 80 GB GPU: 0.5 GiB between
@@ -435,4 +436,5 @@ SPECS: tuple[GPUSpec, ...] = (
     ),
 )
 
-CATALOG: Mapping[str, GPUSpec] = MappingProxyType({s.key: s for s in SPECS})
+# The cards people own or rent one at a time: launcher/plan/hardware/gpu_catalog_owned.py.
+CATALOG: Mapping[str, GPUSpec] = MappingProxyType({s.key: s for s in (*SPECS, *OWNED_SPECS)})

@@ -49,8 +49,17 @@ from typing import Literal
 GiB = 2**30
 MiB = 2**20
 
-Arch = Literal["volta", "ampere", "hopper", "blackwell", "cdna3", "tpu", "cpu"]
-ARCHES: tuple[str, ...] = ("volta", "ampere", "hopper", "blackwell", "cdna3", "tpu", "cpu")
+Arch = Literal["volta", "ampere", "ada", "hopper", "blackwell", "cdna3", "tpu", "cpu"]
+ARCHES: tuple[str, ...] = (
+    "volta",
+    "ampere",
+    "ada",
+    "hopper",
+    "blackwell",
+    "cdna3",
+    "tpu",
+    "cpu",
+)
 
 # The precisions a spec may list in peak_tflops.
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")

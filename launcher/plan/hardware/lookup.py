@@ -10,6 +10,7 @@ sources, are data in launcher/plan/hardware/gpu_catalog.py.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Sequence
 
@@ -19,12 +20,14 @@ from launcher.plan.hardware.gpu_spec import ARCHES, PRECISIONS, Arch, GiB, GPUSp
 __all__ = [
     "ARCHES",
     "CATALOG",
+    "CUSTOM",
     "PRECISIONS",
     "Arch",
     "GPUSpec",
     "GiB",
     "MiB",
     "UnknownGPUError",
+    "cluster_gpu",
     "get_gpu",
     "known_gpus",
 ]
@@ -58,7 +61,10 @@ class UnknownGPUError(KeyError):
 
     def __str__(self) -> str:
         hint = f"; did you mean {self.suggestion!r}?" if self.suggestion else ""
-        return f"unknown GPU {self.key!r}{hint} Known GPUs: {', '.join(self.known_keys)}"
+        return (
+            f"unknown GPU {self.key!r}{hint} Known GPUs: {', '.join(self.known_keys)}; or "
+            "cluster.gpu=custom with cluster.gpu_memory_gib, gpu_bf16_tflops and gpu_memory_gbps"
+        )
 
 
 def _normalize(key: str) -> str:
@@ -89,8 +95,74 @@ def known_gpus() -> list[str]:
 
 
 def get_gpu(key: str) -> GPUSpec:
-    """The catalog entry for ``key`` (case and ``_``/``-`` insensitive); UnknownGPUError if none."""
+    """The catalog entry for ``key`` (case and ``_``/``-`` insensitive); UnknownGPUError if none.
+    ``custom``: the base of a GPU described by keys (``cluster_gpu`` applies them)."""
+    if _normalize(key) == CUSTOM:
+        return _CUSTOM_BASE
     spec = CATALOG.get(_normalize(key))
     if spec is None:
         raise UnknownGPUError(key, known_gpus(), _suggest(key))
     return spec
+
+
+# cluster.gpu=custom: a GPU described by the cluster's keys alone (launcher/config/schema/
+# ClusterConfig gpu_memory_gib, gpu_bf16_tflops, gpu_memory_gbps, intra_node_bandwidth_gbps).
+CUSTOM = "custom"
+CUSTOM_KEYS = ("gpu_memory_gib", "gpu_bf16_tflops", "gpu_memory_gbps")
+# What a described GPU is assumed to have beside its keys (estimates, stated in the plan's
+# assumptions): fp32 matmuls at a quarter of bf16 (tf32 class on Ampere-type tensor cores, A100:
+# 78 of 312 counting tf32 at half), the A100 PCIe's measured matmul fraction ([MAMF-EST] in
+# gpu_catalog_owned.py), PCIe Gen4 x16 between GPUs, no price unless cluster.price_per_gpu_hour.
+_CUSTOM_BASE = GPUSpec(
+    key=CUSTOM,
+    name="custom GPU (cluster.gpu_* keys)",
+    vendor="generic",
+    arch="ampere",
+    memory_bytes=24 * GiB,
+    memory_bandwidth_gbps=1000.0,
+    peak_tflops={"fp32": 25.0, "bf16": 100.0, "fp16": 100.0},
+    supports_bf16=True,
+    supports_fp8=False,
+    matmul_efficiency=0.81,
+    intra_node_bandwidth_gbps=31.5,
+    inter_node_bandwidth_gbps=1.25,
+    default_gpus_per_node=1,
+    scale_up_domain=8,
+    price_per_gpu_hour=0.0,
+    cuda_context_bytes=int(2.5 * GiB),
+    intra_node_link="PCIe Gen4 x16 (assumed)",
+    inter_node_link="10 GbE (assumed)",
+)
+
+
+def missing_custom_keys(cluster: object) -> list[str]:
+    """The cluster.gpu_* keys cluster.gpu=custom needs and `cluster` leaves unset."""
+    if _normalize(str(getattr(cluster, "gpu", ""))) != CUSTOM:
+        return []
+    return [f"cluster.{k}" for k in CUSTOM_KEYS if getattr(cluster, k, None) is None]
+
+
+def cluster_gpu(cluster: object) -> GPUSpec:
+    """The GPU of a cluster section: the catalog entry of cluster.gpu (or the custom base) with
+    cluster.gpu_memory_gib, gpu_bf16_tflops and gpu_memory_gbps in place of its figures.
+    UnknownGPUError as get_gpu; ValueError when cluster.gpu=custom lacks a key."""
+    key = str(getattr(cluster, "gpu", ""))
+    missing = missing_custom_keys(cluster)
+    if missing:
+        raise ValueError(f"cluster.gpu=custom needs {', '.join(missing)}")
+    spec = _CUSTOM_BASE if _normalize(key) == CUSTOM else get_gpu(key)
+    memory = getattr(cluster, "gpu_memory_gib", None)
+    tflops = getattr(cluster, "gpu_bf16_tflops", None)
+    gbps = getattr(cluster, "gpu_memory_gbps", None)
+    changes: dict[str, object] = {}
+    if memory is not None:
+        changes["memory_bytes"] = int(float(memory) * GiB)
+    if gbps is not None:
+        changes["memory_bandwidth_gbps"] = float(gbps)
+    if tflops is not None:
+        # Every precision scales with the bf16 figure given (the card's own ratios kept).
+        scale = float(tflops) / spec.peak_tflops["bf16"] if spec.supports_bf16 else 1.0
+        peaks = {p: v * scale for p, v in spec.peak_tflops.items()}
+        peaks["bf16"] = float(tflops)
+        changes.update(peak_tflops=peaks, supports_bf16=True)
+    return dataclasses.replace(spec, **changes) if changes else spec  # type: ignore[arg-type]

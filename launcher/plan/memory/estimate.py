@@ -186,28 +186,30 @@ class MemoryPlan:
     def fits(self) -> bool:
         """reserved + overhead of the heaviest GPU within capacity x (1 - headroom).
 
-        Unchanged meaning: the layout fits with the headroom to spare. `verdict` refines the
-        other case into "tight" and "does_not_fit".
+        The layout fits with the headroom to spare. `verdict` refines the other case into
+        "tight" (within the physical memory) and "does_not_fit".
         """
         return self.heaviest.device_total <= self.usable
 
     @property
     def verdict(self) -> str:
-        """fits | tight | does_not_fit.
+        """fits | tight | does_not_fit: the one verdict `plan`, `plan --search` (the
+        configuration as given) and the dry runs print.
 
-        fits: as `fits`. tight: it does not fit with headroom, but allocated + overhead (what
-        must be resident; the caching allocator frees its cache before failing) is within the
-        prediction's error band of the capacity: (allocated + overhead) x (1 - band) <= capacity,
-        with the band's worst error (a refusal is said only when even the worst over-prediction
-        cross-validation has seen could not make it fit).
-        does_not_fit: even the band's optimistic end exceeds the capacity.
+        fits: as `fits`. tight: over the headroom but within the GPU's memory (reserved +
+        overhead <= capacity): it runs if the prediction holds, with no margin for its error.
+        does_not_fit: the planned device memory exceeds the GPU's physical memory; never called
+        "tight", however wide the prediction's error band (`band`, which the plan prints beside
+        the figure instead).
         """
         if self.fits:
             return "fits"
-        h = self.heaviest
-        if (h.allocated + h.overhead) * (1.0 - self.band) <= self.capacity:
+        if self.heaviest.device_total <= self.capacity:
             return "tight"
         return "does_not_fit"
+
+
+VERDICT_WORDS = {"fits": "fits", "tight": "tight", "does_not_fit": "does not fit"}
 
 
 # stage_memory is split in three parts so that the layout search (search.py) can reuse each part
@@ -277,6 +279,7 @@ __all__ = [
     "FRAGMENTATION",
     "GIB",
     "LOSS_PARALLEL_BACKWARD_BYTES",
+    "VERDICT_WORDS",
     "ActivationParts",
     "ActivationTerms",
     "BytesPerParam",

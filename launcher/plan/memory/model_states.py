@@ -15,6 +15,7 @@ from launcher.config.pipeline_split import mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
+from launcher.plan.memory import memory_savers
 from launcher.plan.memory.offload import gradient_placement
 from launcher.plan.model_shape import ModelShape
 
@@ -48,6 +49,7 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
         # --fp8-param-gather: the fp8 weight and its transpose are the only compute copy.
         weights = 2.0
     gradients = float(DTYPE_BYTES[p.grad_dtype])
+    gradients = memory_savers.pure_bf16_gradient_bytes(cfg) or gradients
     master = 4.0 if p.master_weights and p.compute_dtype != "fp32" else 0.0
     if master and backend_of(cfg).fp32_sharded_params(cfg):
         # torch FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are
@@ -64,11 +66,15 @@ def bytes_per_param(cfg: LLMTrainConfig) -> BytesPerParam:
 
 
 def moment_bytes(cfg: LLMTrainConfig) -> float:
-    """Optimizer-state bytes per parameter besides the master copy, in optim.state_dtype (fp32
-    unless Megatron's precision-aware optimizer stores Adam's m and v in 16 bits,
-    backends/optimizer_precision.py, which refuses it for the other optimizers)."""
+    """Optimizer-state bytes per parameter besides the master copy: block-quantized for
+    adamw8bit / adamw4bit, else in the states' dtype (plan/memory_savers.py state_dtype: fp32
+    unless Megatron's precision-aware optimizer or torch's bf16 states store Adam's m and v in
+    16 bits; backends/optimizer_precision.py and memory_savers.py refuse the other optimizers)."""
+    quantized = memory_savers.quantized_state_bytes(cfg)
+    if quantized is not None:
+        return quantized
     fp32 = OPTIMIZER_STATE_BYTES[cfg.optim.name]
-    return fp32 * DTYPE_BYTES[cfg.optim.state_dtype] / DTYPE_BYTES["fp32"]
+    return fp32 * DTYPE_BYTES[memory_savers.state_dtype(cfg)] / DTYPE_BYTES["fp32"]
 
 
 def stores_master_remainders(cfg: LLMTrainConfig) -> bool:
@@ -220,6 +226,8 @@ def stage_states(
         # ColumnParallelLinear) run in bf16 outside it (Megatron-Core gpt_model.py).
         weights -= copy * vocab_params(cfg, layout, stage) / (shard if z.stage >= 3 else 1)
     gradients = sharded(bpp.gradients, z.stage >= 2)
+    if cfg.optim.in_backward:  # one tensor's gradient at a time (plan/memory_savers.py)
+        gradients = memory_savers.in_backward_gradients(cfg, layout, bpp.gradients)
     # Offloading engines keep (part of) the gradients on the host (plan/memory/offload.py).
     gradients, host = gradient_placement(cfg, gradients, sharded(4.0, True))
     if z.stage >= 2 and pipelined_fsdp_accumulates(cfg, layout):
@@ -259,6 +267,8 @@ def _finetune_states(
     weights = frozen / (shard if z.stage >= 3 else 1)
     weights += finetune.ADAPTER_WEIGHT_BYTES * adapters / (shard if z.stage >= 3 else 1)
     gradients = finetune.ADAPTER_GRAD_BYTES * adapters / (shard if z.stage >= 2 else 1)
+    if cfg.optim.in_backward:  # one adapter's gradient at a time (plan/memory_savers.py)
+        gradients = memory_savers.in_backward_gradients(cfg, layout, finetune.ADAPTER_GRAD_BYTES)
     optimizer = moment_bytes(cfg) * adapters / (shard if z.stage >= 1 else 1)
     host = 0.0
     if z.offload_optimizer == "cpu":

@@ -18,6 +18,7 @@ from launcher.config.pipeline_split import layers_in_flight, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
+from launcher.plan.memory import memory_savers
 from launcher.plan.memory.layer_activations import layer_activation_bytes, uses_dropout
 from launcher.plan.memory.mcore_activations import applies as mcore_applies
 from launcher.plan.memory.mcore_activations import layer_activations as mcore_layer_activations
@@ -185,6 +186,17 @@ def _head(cfg: LLMTrainConfig, layout: Layout, here: _StageLayers, stage: int) -
     return head
 
 
+def offloaded_bytes(cfg: LLMTrainConfig, layout: Layout, stage: int) -> float:
+    """Activation bytes one micro-batch sends to host memory under train.activation_offload
+    (and brings back): the kept activations the device does not hold (0 without offload)."""
+    if not memory_savers.offloads(cfg):
+        return 0.0
+    here = _stage_layers(cfg, layout, stage)
+    kept, _ = _layers_kept_and_rebuilt(cfg, layout, here)
+    per_microbatch = kept / max(1, here.in_flight)
+    return per_microbatch - memory_savers.device_kept(cfg, per_microbatch, here.held)
+
+
 def activation_parts(cfg: LLMTrainConfig, layout: Layout, stage: int) -> ActivationParts:
     """The parts of ``stage_activations``.
 
@@ -194,6 +206,8 @@ def activation_parts(cfg: LLMTrainConfig, layout: Layout, stage: int) -> Activat
     """
     here = _stage_layers(cfg, layout, stage)
     kept, transient = _layers_kept_and_rebuilt(cfg, layout, here)
+    # train.activation_offload: the layers' saved tensors to host memory (memory_savers.py).
+    kept = memory_savers.device_kept(cfg, kept, here.held)
     if graphed(cfg):
         # CUDA graphs' static inputs, one per graphed layer-forward in flight (speed_features.py).
         kept += cuda_graph_static_bytes(cfg, layout, here.held)

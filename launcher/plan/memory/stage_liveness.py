@@ -35,6 +35,8 @@ def stage_not_coexisting(
     into the output layer's in place: AccumulateGrad adds to an existing .grad)."""
     if layout.pp > 1 or layout.num_microbatches != 1 or not lazy_gradients(cfg, layout):
         return 0.0
+    if cfg.optim.in_backward:  # the gradient bucket is already the one alive (memory_savers)
+        return 0.0
     parts = activation_parts(cfg, layout, stage)
     shape = ModelShape(cfg.model)
     m = cfg.model

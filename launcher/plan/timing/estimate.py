@@ -30,6 +30,8 @@
 - Bubble: (p-1)/(v*m) of the per-micro-batch pipeline time (schedule.py).
 - Optimizer step: memory-bound, (2 * optimizer + gradients + weights) bytes over HBM bandwidth; with
   CPU offload over HOST_GBPS, plus gradients down and weights up over PCIE_GBPS.
+- Activation offload (train.activation_offload): the PCIe copies beyond what the compute hides
+  (plan/memory_savers.py offload_exposed_s).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.memory.estimate import HardwareView, StageMemory
+from launcher.plan.memory.memory_savers import offload_exposed_s
 from launcher.plan.memory.model_states import bytes_per_param
+from launcher.plan.memory.stage_activations import offloaded_bytes
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import bubble_overhead
 from launcher.plan.timing.comm import Collective
@@ -313,8 +317,12 @@ def estimate_time(
     if extra is not None:  # measured: what a step of this layout costs beyond the terms above
         colls.append(extra)
         dp_exposed += extra.exposed_s
-    exposed = per_mb_exposed * mb + dp_exposed
-    step_s = pipeline_s + bubble_s + dp_exposed + optimizer_s
+    # train.activation_offload: PCIe time the side stream cannot hide (plan/memory_savers.py).
+    offload_s = mb * offload_exposed_s(
+        offloaded_bytes(cfg, layout, stage), t_compute_mb, cfg.train.recompute, PCIE_GBPS
+    )
+    exposed = per_mb_exposed * mb + dp_exposed + offload_s
+    step_s = pipeline_s + bubble_s + dp_exposed + optimizer_s + offload_s
     tokens_per_s = layout.global_batch_size * m.seq_length / step_s
     per_gpu = tokens_per_s / max(1, layout.world_size)
     model_tflops = flops.model * per_gpu

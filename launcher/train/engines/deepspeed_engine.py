@@ -65,6 +65,7 @@ from launcher.train.finetune.masked_loss import (
     loss_divisor,
     masked_loss,
     trained_tokens,
+    trim_to_longest,
     unpack,
 )
 from launcher.train.model.transformer import Transformer, apply_recompute, build_model
@@ -351,8 +352,9 @@ class DeepSpeedEngine(Engine):
         return self._result(loss, trained)
 
     def _micro_loss(self, micro: torch.Tensor, divisor: float | None) -> torch.Tensor:
-        """One micro-batch's loss: the plain mean, or over trained targets / `divisor`."""
-        inputs, targets, segments = unpack(micro)
+        """One micro-batch's loss: the plain mean, or over trained targets / `divisor`; unpacked
+        chat rows cut to their longest example first (masked_loss.trim_to_longest)."""
+        inputs, targets, segments = unpack(trim_to_longest(micro))
         logits = self.engine(inputs) if segments is None else self.engine(inputs, segments=segments)
         return masked_loss(logits, targets, divisor)
 

@@ -86,7 +86,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.backends import raw_refusals
+from launcher.backends import memory_savers, raw_refusals
 from launcher.backends.common import precision_of
 from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
@@ -106,12 +106,15 @@ from launcher.train.engines.torch_state import load_state, save_state
 from launcher.train.finetune import lora
 from launcher.train.finetune.masked_loss import (
     LossFn,
+    Micro,
     is_chat_rows,
     loss_divisor,
+    micro_batches,
     trained_tokens,
     unpack,
 )
 from launcher.train.model import fp8
+from launcher.train.model.activation_offload import ActivationOffload
 from launcher.train.model.init_weights import init_weights
 from launcher.train.model.transformer import (
     apply_context_parallel,
@@ -120,6 +123,7 @@ from launcher.train.model.transformer import (
     build_model,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
+from launcher.train.optim_in_backward import InBackwardOptimizer
 from launcher.train.parallel.expert_parallel import ExpertParallel
 from launcher.train.parallel.ring_attention import ContextParallel, shard_sequence
 from launcher.validate import finetune_rules
@@ -165,6 +169,9 @@ class TorchEngine(Engine):
         # base weights' digest is computed before sharding, from this rank's share of them.
         self.finetune = cfg.finetune.name != "full"
         self.base_digests: dict[str, str] = {}
+        # Memory savers (train.activation_offload, optim.in_backward, precision=bf16-pure).
+        self.pure_bf16 = memory_savers.pure_bf16(cfg)
+        self.offload = ActivationOffload() if cfg.train.activation_offload else None
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
         self.init_state = None
         self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
@@ -234,6 +241,8 @@ class TorchEngine(Engine):
         init_weights(model, seed)
         if self.init_state is not None:
             copy_into(model, self.init_state)
+        if self.pure_bf16:  # no fp32 master: the weights themselves are bf16
+            model.to(torch.bfloat16)
         if self.finetune:
             self._apply_lora(model, seed)
         if self.fp8:
@@ -277,12 +286,16 @@ class TorchEngine(Engine):
             for param in part.parameters():
                 yield param.to_local() if isinstance(param, DTensor) else param
 
-    def _build_optimizer(self) -> torch.optim.Optimizer:
+    def _build_optimizer(self) -> Any:
         params = [param for part in self.parts for param in part.parameters()]
         params = [p for p in params if p.requires_grad]  # finetune: the adapters alone
         # With CPUOffloadPolicy the sharded parameters and their optimizer states live on the
         # host: the foreach implementation steps them there as before.
         fused = fused_on(self.device) and self.cfg.zero.offload_params == "none"
+        if self.cfg.optim.in_backward:  # one optimizer a parameter, stepped in the backward
+            return InBackwardOptimizer(
+                params, lambda one: build_optimizer(one, self.cfg.optim, fused=fused)
+            )
         if self.zero == 1:
             cls, options = optimizer_class(self.cfg.optim, fused)
             return ZeroRedundancyOptimizer(
@@ -362,26 +375,26 @@ class TorchEngine(Engine):
                 f"got {tuple(rows.shape)}"
             )
         rows = rows.to(self.device, non_blocking=True)
-        inputs, targets, segments = unpack(rows)
-        if lay.cp > 1:
-            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
-            targets = shard_sequence(targets, lay.cp, self.cp_rank)
         trained, divisor = self._trained(rows)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if lay.pp > 1:
+            inputs, targets, segments = self._unpacked(rows)
             if segments is not None:  # the later stages would attend across examples
                 raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
             self.pipeline_loss.divisor = divisor
             with self._autocast(), self._loss_context():
                 loss = self._pipeline(inputs, targets, train=True)
         else:
-            loss = self._forward_backward(inputs, targets, segments, divisor)
+            loss = self._forward_backward(self._micro_batches(rows), divisor)
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = self._clip()
+        if isinstance(self.optimizer, InBackwardOptimizer):  # stepped already; nothing to clip
+            grad_norm = self.optimizer.take_grad_norm()
+        else:
+            grad_norm = self._clip()
         # Mean over the global batch: the loss lives on the last pipeline stage (zero elsewhere);
         # every tp peer holds the same value and each cp rank the mean over an equal share of the
         # tokens, so sum over the world and divide by dp * cp * tp. Reduced before the update,
@@ -426,13 +439,30 @@ class TorchEngine(Engine):
         total = int(count)
         return total, loss_divisor(total, lay.dp * lay.cp, rows.shape[0] // lay.micro_batch_size)
 
+    def _unpacked(
+        self, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(inputs, targets, segments) of `rows`, this cp rank's share of the sequence."""
+        inputs, targets, segments = unpack(rows)
+        if self.layout.cp > 1:
+            inputs = shard_sequence(inputs, self.layout.cp, self.cp_rank)
+            targets = shard_sequence(targets, self.layout.cp, self.cp_rank)
+        return inputs, targets, segments
+
+    def _micro_batches(self, rows: torch.Tensor) -> list[Micro]:
+        """The unpacked micro-batches of a step (pp = 1); with cp > 1 whole rows, sharded (each
+        rank's two chunks need the full, evenly divisible sequence)."""
+        mbs = self.layout.micro_batch_size
+        if self.layout.cp == 1:
+            return micro_batches(rows, mbs)  # each cut to its longest example
+        inputs, targets, seg = self._unpacked(rows)
+        cut = [slice(i, i + mbs) for i in range(0, len(rows), mbs)]
+        return [(inputs[c], targets[c], None if seg is None else seg[c]) for c in cut]
+
     def evaluate(self, rows: torch.Tensor) -> float:
         lay = self.layout
         rows = rows.to(self.device, non_blocking=True)
-        inputs, targets, segments = unpack(rows)
-        if lay.cp > 1:
-            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
-            targets = shard_sequence(targets, lay.cp, self.cp_rank)
+        inputs, targets, segments = self._unpacked(rows)
         _, divisor = self._trained(rows)
         self.pipeline_loss.divisor = divisor
         if lay.pp > 1 and segments is not None:  # the later stages would attend across examples
@@ -444,16 +474,9 @@ class TorchEngine(Engine):
                 if lay.pp > 1:
                     loss = self._pipeline(inputs, targets, train=False)
                 else:
-                    mbs = lay.micro_batch_size
                     parts = [
-                        self._model_loss(
-                            self.parts[0],
-                            inputs[i : i + mbs],
-                            targets[i : i + mbs],
-                            None if segments is None else segments[i : i + mbs],
-                            divisor,
-                        ).float()
-                        for i in range(0, inputs.shape[0], mbs)
+                        self._model_loss(self.parts[0], i, t, seg, divisor).float()
+                        for i, t, seg in self._micro_batches(rows)
                     ]
                     loss = torch.stack(parts).mean()
         finally:
@@ -486,29 +509,24 @@ class TorchEngine(Engine):
     def _loss_context(self) -> contextlib.AbstractContextManager[None]:
         return loss_context(self.vocab_parallel)
 
-    def _forward_backward(
-        self,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        segments: torch.Tensor | None = None,
-        divisor: float | None = None,
-    ) -> torch.Tensor:
-        lay = self.layout
+    def _forward_backward(self, micro: list[Micro], divisor: float | None = None) -> torch.Tensor:
         model = self.parts[0]
-        mbs, accum = lay.micro_batch_size, lay.grad_accum
+        accum = len(micro)
         loss_sum = torch.zeros((), device=self.device)
-        for i in range(accum):
-            chunk = slice(i * mbs, (i + 1) * mbs)
-            seg = None if segments is None else segments[chunk]
+        for i, (inputs, targets, seg) in enumerate(micro):
             with self._grad_sync(i == accum - 1), self._loss_context():
-                with self._autocast():
-                    loss = self._model_loss(model, inputs[chunk], targets[chunk], seg, divisor)
+                with self._autocast(), self._offloaded():
+                    loss = self._model_loss(model, inputs, targets, seg, divisor)
                 scaled = loss / accum
                 torch.autograd.backward(
                     self.scaler.scale(scaled) if self.scaler is not None else scaled
                 )
             loss_sum += loss.detach()
         return loss_sum / accum
+
+    def _offloaded(self) -> contextlib.AbstractContextManager[Any]:
+        """train.activation_offload: the forward's saved tensors to host memory."""
+        return self.offload.hooks() if self.offload is not None else contextlib.nullcontext()
 
     def _pipeline(
         self, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool

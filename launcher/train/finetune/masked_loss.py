@@ -2,9 +2,14 @@
 
 Rows (``launcher.data.packing``): pre-training rows are [n, seq + 1] token ids; chat rows are
 [n, 3, seq + 1]: tokens, 1 where a token is a trained target, the example number within the row
-(0 everywhere: one example, no document mask needed). ``unpack`` gives inputs [n, seq], targets
-[n, seq] with ``IGNORE_INDEX`` where a target carries no loss, and the segment ids of the inputs
-(None for pre-training rows and for padded, unpacked rows).
+(unpacked rows: 0 on the example, -1 on its padding; no document mask needed). ``unpack`` gives
+inputs [n, seq], targets [n, seq] with ``IGNORE_INDEX`` where a target carries no loss, and the
+segment ids of the inputs (None for pre-training rows and for padded, unpacked rows).
+
+Batches as they are: ``trim_to_longest`` cuts a micro-batch of unpacked rows to its longest
+example, the inputs rounded up to a multiple of 8 (``launcher.data.length_histogram``, which the
+plan prices from). The columns cut hold padding only: untrained targets, and inputs that causal
+attention lets no kept position see, so the loss and the gradients are those of the full rows.
 
 The convention (one place): the loss of a step is the mean over every trained token of the global
 batch, all micro-batches and data-parallel ranks together: sum of the token losses / N, N the
@@ -22,6 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from launcher.data.length_histogram import padded_inputs
+from launcher.data.packing import PADDING
+
 IGNORE_INDEX = -100  # the targets of untrained tokens (torch's cross_entropy default)
 
 
@@ -38,6 +46,25 @@ def unpack(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     segments = segment[:, :-1]
     packed = bool((segments > 0).any())
     return tokens[:, :-1], targets, segments if packed else None
+
+
+def trim_to_longest(micro: torch.Tensor) -> torch.Tensor:
+    """An unpacked micro-batch of chat rows cut to its longest example (inputs rounded up to a
+    multiple of 8, never wider than given); any other rows unchanged."""
+    if not is_chat_rows(micro) or micro.shape[0] == 0 or bool((micro[:, 2] > 0).any()):
+        return micro
+    longest = int((micro[:, 2] != PADDING).sum(dim=1).max())
+    width = min(micro.shape[-1], padded_inputs(longest) + 1)
+    return micro[..., :width]
+
+
+# One micro-batch unpacked: (inputs, targets, segments).
+Micro = tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+
+
+def micro_batches(rows: torch.Tensor, mbs: int) -> list[Micro]:
+    """The micro-batches of `mbs` rows, each cut to its longest example and unpacked."""
+    return [unpack(trim_to_longest(rows[i : i + mbs])) for i in range(0, len(rows), mbs)]
 
 
 def trained_tokens(rows: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,91 @@
+"""train.activation_offload: the tensors autograd saves for the backward go to pinned host memory
+during the forward and come back when the backward needs them (torchtune's OffloadActivations,
+torchtune/training/_activation_offloading.py, v0.6; PyTorch's
+``torch.autograd.graph.saved_tensors_hooks``, of which ``save_on_cpu`` is the synchronous form).
+
+On a GPU each copy runs on a side stream: the device-to-host copy of a saved tensor starts once
+the compute stream has produced it (an event), and the compute stream does not wait for it; the
+tensor's device memory is released when the copy's event completes (the caching allocator is
+told the side stream uses it, ``record_stream``). On the backward the host copy comes back on the
+side stream and the compute stream waits for that copy alone.
+
+What stays on the device: parameters (autograd saves the weight itself, which the device keeps
+anyway), and tensors under MIN_OFFLOAD_BYTES (torchtune's threshold too: copies that small cost
+more in launches than they free). On the CPU the hooks run but keep every tensor where it is
+(there is no other memory to move it to): training is identical, the loss bit for bit.
+launcher/plan/activation_offload.py prices what it frees and the PCIe time it cannot hide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+# Saved tensors smaller than this stay on the device (torchtune's min_offload_size, 1024 bytes).
+MIN_OFFLOAD_BYTES = 1024
+
+
+@dataclass
+class OffloadStats:
+    """What the hooks saw in one forward: tensors and bytes saved, and moved to the host."""
+
+    saved: int = 0
+    saved_bytes: int = 0
+    moved: int = 0
+    moved_bytes: int = 0
+
+
+@dataclass
+class ActivationOffload:
+    """The saved-tensor hooks of one engine (one side stream, reused every forward)."""
+
+    stream: Any = None
+    stats: OffloadStats = field(default_factory=OffloadStats)
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.stats.saved += 1
+        self.stats.saved_bytes += nbytes
+        if (
+            tensor.device.type != "cuda"
+            or isinstance(tensor, nn.Parameter)
+            or nbytes < MIN_OFFLOAD_BYTES
+        ):
+            return tensor
+        self.stats.moved += 1
+        self.stats.moved_bytes += nbytes
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(tensor.device)  # type: ignore[no-untyped-call]
+        compute = torch.cuda.current_stream(tensor.device)
+        self.stream.wait_stream(compute)
+        with torch.cuda.stream(self.stream):
+            host = torch.empty(tensor.size(), dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            tensor.record_stream(self.stream)  # freed once the copy is done
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self.stream)
+        return (tensor.device, host, done)
+
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        device, host, done = packed
+        compute = torch.cuda.current_stream(device)
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(done)
+            back: torch.Tensor = host.to(device, non_blocking=True)
+            back.record_stream(compute)
+        compute.wait_stream(self.stream)
+        return back
+
+    @contextlib.contextmanager
+    def hooks(self) -> Iterator[None]:
+        """Offload what the forward inside saves (the backward unpacks it wherever it runs)."""
+        self.stats = OffloadStats()
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield

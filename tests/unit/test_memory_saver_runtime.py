@@ -1,0 +1,102 @@
+"""The savers' runtime pieces on the CPU, in-process: activation offload changes nothing there
+(same gradients bit for bit), the in-backward optimizer equals the plain step, and torchao's
+small-state Adam steps eagerly off CUDA."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from launcher.train.model.activation_offload import ActivationOffload
+from launcher.train.optim_in_backward import InBackwardOptimizer
+
+pytestmark = pytest.mark.unit
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+def test_activation_offload_hooks_run_and_change_nothing_on_the_cpu() -> None:
+    x = torch.randn(8, 16)
+    plain, hooked = _model(), _model()
+    plain(x).square().sum().backward()
+    offload = ActivationOffload()
+    with offload.hooks():
+        loss = hooked(x).square().sum()
+    loss.backward()
+    assert offload.stats.saved > 0 and offload.stats.moved == 0  # nowhere to move them
+    for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_in_backward_steps_equal_the_plain_step_and_free_the_gradients() -> None:
+    x = torch.randn(8, 16)
+    plain, fused = _model(), _model()
+    optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-2, foreach=False)
+    in_bwd = InBackwardOptimizer(
+        list(fused.parameters()),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
+    )
+    for _ in range(3):
+        plain(x).square().sum().backward()
+        norm = torch.nn.utils.clip_grad_norm_(plain.parameters(), float("inf"))
+        optimizer.step()
+        optimizer.zero_grad()
+        fused(x).square().sum().backward()
+        assert all(p.grad is None for p in fused.parameters())  # freed in the hooks
+        assert in_bwd.take_grad_norm() == pytest.approx(float(norm), rel=1e-5)
+    for a, b in zip(plain.parameters(), fused.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert len(list(in_bwd)) == 4  # one optimizer a parameter: DCP checkpoints them as a list
+
+
+@pytest.mark.parametrize("name", ["adamw8bit", "adamw4bit", "adamw"])
+def test_small_state_adam_steps_on_the_cpu(name: str) -> None:
+    from launcher.config.schema import OptimConfig
+    from launcher.train.optim import build_optimizer
+
+    weight = nn.Parameter(torch.randn(64, 64))  # 4096 values: quantized states
+    optim = OptimConfig(name=name, state_dtype="bf16" if name == "adamw" else "fp32", lr=1e-2)
+    optimizer = build_optimizer([weight], optim)
+    before = weight.detach().clone()
+    for _ in range(2):
+        weight.square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert weight.square().sum() < before.square().sum()
+    state = optimizer.state[weight]["exp_avg"]
+    kind = {"adamw8bit": "OptimState8bit", "adamw4bit": "OptimState4bit"}
+    if name in kind:
+        assert type(state).__name__ == kind[name]
+    else:
+        assert state.dtype == torch.bfloat16
+
+
+def test_bf16_states_stay_bf16_through_load_state_dict() -> None:
+    """torch's load_state_dict casts floating states to the parameter's dtype: bf16 moments came
+    back fp32 (twice the bytes, and the resumed steps rounded differently)."""
+    from launcher.config.schema import OptimConfig
+    from launcher.train.optim import build_optimizer
+
+    optim = OptimConfig(name="adamw", state_dtype="bf16", lr=1e-2)
+    weights = [nn.Parameter(torch.randn(64, 64)) for _ in range(2)]
+    weights[1].data.copy_(weights[0].data)
+    first = build_optimizer([weights[0]], optim)
+    weights[0].square().sum().backward()
+    first.step()
+    weights[1].data.copy_(weights[0].data)
+    second = build_optimizer([weights[1]], optim)
+    second.load_state_dict(copy.deepcopy(first.state_dict()))  # not the step tensor itself
+    for _ in range(2):  # the same steps from the same state: the same bits
+        for weight, optimizer in zip(weights, (first, second), strict=True):
+            optimizer.zero_grad()
+            weight.square().sum().backward()
+            optimizer.step()
+    assert torch.equal(weights[0], weights[1])
+    mine, loaded = first.state[weights[0]]["exp_avg"], second.state[weights[1]]["exp_avg"]
+    assert loaded.dtype == mine.dtype == torch.bfloat16
