@@ -54,6 +54,7 @@ from launcher.train.rank_log import rank_logger
 from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
 from launcher.train.sampler import ShardedSampler
 from launcher.train.summary import format_summary, summarize
+from launcher.train.tensor_parts import all_finite
 from launcher.train.trackers import Trackers
 
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
@@ -407,7 +408,9 @@ class Trainer:
     def _weights_finite(self) -> bool:
         """Every rank's parameters are finite (a collective): a non-finite state is never
         checkpointed, so it can never prune a good checkpoint either."""
-        bad = any(not bool(torch.isfinite(t.detach()).all()) for t in self.engine.local_tensors())
+        # Every kind of tensor the engines hold (NF4 bases, DTensor shards, fp8 weights): their
+        # stored parts, never dequantized (launcher.train.tensor_parts).
+        bad = not all_finite(self.engine.local_tensors())
         flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() == 0
