@@ -78,7 +78,7 @@ class TrainingDiverged(RuntimeError):
 assert TrainingDiverged.__name__ == DIVERGED  # the launcher recognises the rank's error by it
 
 
-def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None = None) -> Engine:
+def build_engine(cfg: LLMTrainConfig, init_state: Any = None) -> Engine:
     """The configured backend's engine (Backend.engine names its class, imported here)."""
     backend = backend_of(cfg)
     if not backend.engine:
@@ -295,7 +295,7 @@ class Trainer:
                 f"{cfg.model.seq_length} tokens per step; {self.policy.describe()}"
             )
 
-    def _init_state(self) -> dict[str, torch.Tensor] | None:
+    def _init_state(self) -> Any:
         """train.init_from's weights, unless this run has checkpoints to resume (resume wins)."""
         source = self.cfg.train.init_from
         if source is None:
@@ -309,9 +309,10 @@ class Trainer:
         ):
             self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
             return None
-        from launcher.train.init_from import load_state
+        from launcher.train.init_from import open_source
 
-        state = load_state(self.cfg)
+        # Each rank reads the slices it holds (launcher.train.build), not the whole checkpoint.
+        state = open_source(self.cfg)
         self.log(f"initialised from {source} ({len(state)} tensors; step 0, fresh optimizer)")
         return state
 
