@@ -1,8 +1,9 @@
 """Build a model part shard by shard: every engine, every layout, the same order.
 
     meta -> expert / pipeline split -> fine-tuning adapters (and fp8 layers) -> context and
-    tensor parallel -> recompute, compile -> FSDP2 -> materialise the local shard -> fill it
-    (drawn from the initialiser, or read from train.init_from) -> NF4 (qlora) -> DDP
+    tensor parallel -> recompute, compile -> [NF4 on meta: qlora under FSDP2] -> FSDP2 ->
+    materialise the local shard -> fill it (drawn from the initialiser, or read from
+    train.init_from; an NF4 shard from its whole tensor quantized) -> NF4 (qlora) -> DDP
 
 as torchtitan builds (``torchtitan/train.py``, v0.1.0: the model on ``meta``, ``parallelize_fn``,
 then ``to_empty`` and ``init_weights`` on the local shards) and torchtune loads
@@ -139,6 +140,35 @@ def fill(region_: Region, values: torch.Tensor) -> None:
     region_.target.copy_(values.to(dtype=region_.target.dtype, device=region_.target.device))
 
 
+def nf4_before_sharding(model: nn.Module, cfg: Any) -> None:
+    """qlora under FSDP2: the NF4 weights made NF4 on meta, before ``fully_shard``, so that
+    FSDP2 shards them as NF4 (torchao's ``NF4Tensor`` splits by rows and implements FSDP2's
+    ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``, torchao 0.18 nf4_tensor.py; torchtune
+    v0.6.0 builds its QLoRA models so); each shard is filled by ``fill_nf4``."""
+    for _, unit, in_block in units(model):
+        finetune.quantize(unit, cfg, in_block)
+
+
+@torch.no_grad()
+def fill_nf4(region_: Region, whole: torch.Tensor) -> None:
+    """qlora under FSDP2: the NF4 shard `region_.target` (quantized on meta before sharding) from
+    the whole tensor quantized as one process quantizes it (``lora.to_nf4_param``: from bf16),
+    this rank's rows kept: the same codes and scalers whatever the layout, and the scaler mean
+    of the whole tensor, which torchao's NF4 row split copies to every shard (``nf4_split``)
+    and ``to_empty`` leaves on meta (it reaches the sharded inner tensors only)."""
+    from launcher.train.lora import to_nf4_param
+
+    rows = region_.shape[0]
+    part: Any = torch.chunk(to_nf4_param(whole).data, whole.shape[0] // rows, dim=0)[
+        region_.offsets[0] // rows
+    ]
+    target: Any = region_.target  # an NF4Tensor
+    device = target.quantized_data.device
+    target.copy_(part.to(device))
+    target.scaler_mean = part.scaler_mean.to(device).clone()
+    target.nf4 = part.nf4.to(device).clone()
+
+
 def named_params(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Parameter]]:
     """`module`'s parameters under their model names (wrappers' names removed)."""
     for name, param in module.named_parameters():
@@ -163,7 +193,16 @@ class Filler:
 
     def fill_param(self, name: str, param: torch.Tensor) -> None:
         where = region(param)
-        if math.prod(where.shape) > 0:
+        if finetune.nf4_param(where.target):
+            whole = _whole_shape(param)
+            # The DTensor's own local NF4 (to_local gives an alias: a new NF4Tensor object
+            # whose scaler mean FSDP2's all-gather would not see).
+            local = getattr(param, "_local_tensor", where.target)
+            fill_nf4(
+                Region(local, where.offsets, where.shape),
+                self.source.box(name, (0,) * len(whole), whole),
+            )
+        elif math.prod(where.shape) > 0:
             fill(where, self.source.box(name, where.offsets, where.shape))
         if self.share is not None and not finetune.is_adapter(name) and self.share(name):
             whole = _whole_shape(param)

@@ -209,7 +209,9 @@ def quantize_bases(module: nn.Module) -> int:
 
 
 def nf4_param(param: torch.Tensor) -> bool:
-    return callable(getattr(param, "get_original_weight", None))
+    """An NF4 weight, or an FSDP2 shard (DTensor) of one."""
+    local = getattr(param, "_local_tensor", param)
+    return callable(getattr(local, "get_original_weight", None))
 
 
 def _has(module: nn.Module, path: str) -> bool:

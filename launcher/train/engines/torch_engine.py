@@ -250,6 +250,8 @@ class TorchEngine(Engine):
             for name, block in list(model.layers.items()):
                 model.layers[name] = cast(nn.Module, torch.compile(block))
         dtypes = (self.compute_dtype, self.grad_dtype)
+        if self.fsdp:  # qlora: NF4 before FSDP2, which shards it as NF4
+            build.nf4_before_sharding(model, cfg)
         if self.fsdp:  # sharded on meta: each rank materialises its shards alone
             sharded = apply_dp(model, cfg, self.dp_mesh, self.device, dtypes, self.manual_dp_sync)
             self._materialise(sharded, seed)
