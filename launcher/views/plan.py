@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends.engine_choices import engine_choices
 from launcher.plan.bands import ErrorBand
+from launcher.plan.build_peak import build_line
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
 from launcher.plan.memory import GIB
@@ -194,6 +195,7 @@ def _print_memory_bar(plan: Plan, console: Console) -> None:
         item = Text(f"{GLYPHS[name]} " if plain else "■ ", style=colour)
         items.append(item + Text(f"{name} {value / GIB:.1f}"))
     _print_legend(console, items)
+    console.print(build_line(plan.config, plan.layout, h), style="dim")
 
 
 def _print_headline_figures(plan: Plan, console: Console) -> None:
