@@ -17,10 +17,12 @@ Priced from what ``launcher.train.build`` does (its docstring has the order), pe
     receives the rank's NF4 rows, which are the steady state.
 - Host, per rank: the initialiser draws each parameter whole in fp32 on the CPU and keeps the box
   (``init_weights.InitRule.full``), one tensor at a time; train.init_from reads the box alone
-  (``init_from.HFSlices``; the file's dtype is not known to the plan: priced in fp32, its upper
-  bound) and draws only what the files lack (the adapters); fine-tuning digests the frozen base
-  one whole tensor at a time (fp32, ``build.Filler``); qlora under FSDP2 quantizes the whole
-  tensor on the host (a bf16 copy and its NF4). Per node: x ranks per node.
+  (``init_from.HFSlices``, plain file reads, nothing mapped; the file's dtype is not known to the
+  plan: priced in fp32, its upper bound) and draws only what the files lack (the adapters);
+  fine-tuning digests each frozen tensor of its share, from the initialiser's whole tensor or
+  from the file in chunks of rows (``DIGEST_CHUNK_BYTES``, read and as fp32); qlora under FSDP2
+  quantizes the whole tensor on the host (a bf16 copy and its NF4). Per node: x ranks per node.
+  Not priced: train.init_from a GPT-2 folder or one of our checkpoints, read whole on each rank.
 
 Never imports torch (plan, validate).
 """
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from launcher.plan.memory import StageMemory
 
 FP32, BF16 = 4.0, 2.0
+# The most a rank reads at once to digest a frozen tensor of train.init_from (fp32 bytes), used by
+# launcher/train/safetensors_slices.py.
+DIGEST_CHUNK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -113,9 +118,12 @@ def build_peak(cfg: LLMTrainConfig, layout: Layout, weights: float) -> BuildPeak
     elif qlora:
         device = local * NF4_BYTES_PER_WEIGHT
         mechanism = "NF4 rows from the host"
-    # Host: the whole fp32 tensor drawn (no init_from) or digested (fine-tuning), and the box.
-    whole = largest * FP32 if (cfg.train.init_from is None or tuned) else 0.0
-    host = whole + local * FP32
+    # Host: the whole fp32 tensor drawn (no init_from), the box; with init_from, fine-tuning
+    # digests each frozen tensor in chunks of rows (read, and as fp32).
+    loaded = cfg.train.init_from is not None
+    host = (0.0 if loaded else largest * FP32) + local * FP32
+    if loaded and tuned:
+        host += 2 * DIGEST_CHUNK_BYTES
     if qlora and fsdp:
         host += largest * (BF16 + NF4_BYTES_PER_WEIGHT)
     return BuildPeak(weights, device, host, max(1, cfg.cluster.gpus_per_node), mechanism)

@@ -205,10 +205,20 @@ class Filler:
         elif math.prod(where.shape) > 0:
             fill(where, self.source.box(name, where.offsets, where.shape))
         if self.share is not None and not finetune.is_adapter(name) and self.share(name):
-            whole = _whole_shape(param)
-            values = self.source.box(name, (0,) * len(whole), whole).float()
             assert self.digests is not None
-            self.digests.update(base_digest({plain_name(name): values}))
+            self.digests[plain_name(name)] = digest_of(self.source, name, _whole_shape(param))
+
+
+def digest_of(source: Source, name: str, whole: tuple[int, ...]) -> str:
+    """``lora.base_digest``'s hex of the whole tensor `name`: from the source's own bounded
+    reader where it has one (``init_from.HFSlices.digest``), else from the whole tensor."""
+    for one in getattr(source, "sources", (source,)):
+        if one.has(name):
+            if hasattr(one, "digest"):
+                return str(one.digest(name))
+            values = one.box(name, (0,) * len(whole), whole).float()
+            return base_digest({plain_name(name): values})[plain_name(name)]
+    raise KeyError(name)
 
 
 def _whole_shape(param: Any) -> tuple[int, ...]:

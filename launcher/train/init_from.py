@@ -202,19 +202,19 @@ def copy_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> int:
 
 class HFSlices:
     """train.init_from's Hugging Face safetensors (one file or index-sharded), read slice by
-    slice: each rank reads only the boxes it holds (``safe_open(...).get_slice``, the file
-    memory-mapped, so the ranks of a node share one copy in the page cache), converted to the
-    parameter's dtype per slice (``launcher.train.build``). Safetensors never unpickles."""
+    slice: each rank reads only the boxes it holds, with plain file reads into the tensor it
+    returns (``launcher.train.safetensors_slices``: no memory mapping, whose pages would stay in
+    the rank's resident set), converted to the parameter's dtype per slice
+    (``launcher.train.build``); a frozen tensor's digest is read in bounded chunks of rows.
+    Safetensors never unpickles."""
 
     def __init__(self, path: Path, renames: dict[str, str]):
-        from safetensors import safe_open
+        from launcher.train.safetensors_slices import read_header
 
         self.path, self.renames = path, renames
         self.where: dict[str, Any] = {}
         for file in _hf_files(path):
-            handle = safe_open(str(file), framework="pt")
-            for theirs in handle.keys():  # type: ignore[no-untyped-call]  # noqa: SIM118
-                self.where[theirs] = handle
+            self.where.update(read_header(file))
 
     def has(self, name: str) -> bool:
         from launcher.train.lora import plain_name
@@ -223,15 +223,16 @@ class HFSlices:
 
     def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
         from launcher.train.lora import plain_name
+        from launcher.train.safetensors_slices import read_box
 
-        theirs = self.renames[plain_name(name)]
-        index = tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
-        part: torch.Tensor = (
-            self.where[theirs].get_slice(theirs)[index]
-            if index
-            else (self.where[theirs].get_tensor(theirs))
-        )
-        return part
+        return read_box(self.where[self.renames[plain_name(name)]], offsets, shape)
+
+    def digest(self, name: str) -> str:
+        """``lora.base_digest``'s hex of the whole tensor (its values as fp32 bytes)."""
+        from launcher.train.lora import plain_name
+        from launcher.train.safetensors_slices import fp32_digest
+
+        return fp32_digest(self.where[self.renames[plain_name(name)]])
 
     def __len__(self) -> int:
         return len(self.renames)

@@ -26,9 +26,10 @@ def test_fsdp2_lora_holds_one_box_on_the_device_and_whole_tensors_on_the_host() 
     assert largest_tensor(cfg) == EMBED
     # FSDP2 over 8: a box of 1,050,673,152 / 8 = 131,334,144 fp32 elements = 525,336,576 B.
     assert peak.device_transient == 525_336_576
-    # Host: the base digest's whole fp32 tensor (4,202,692,608 B) + the box; x 8 ranks a node.
-    assert peak.host_per_rank == 4_202_692_608 + 525_336_576
-    assert peak.host_per_node == 8 * (4_202_692_608 + 525_336_576)
+    # Host (the recipe sets train.init_from): the box + the base digest's chunk of rows, read
+    # and as fp32, 2 x 64 MiB = 134,217,728 B; x 8 ranks a node.
+    assert peak.host_per_rank == 525_336_576 + 134_217_728
+    assert peak.host_per_node == 8 * (525_336_576 + 134_217_728)
 
 
 def test_qlora_without_fsdp_holds_a_block_in_fp32() -> None:
@@ -41,7 +42,9 @@ def test_qlora_without_fsdp_holds_a_block_in_fp32() -> None:
 
 
 def test_qlora_under_fsdp2_quantizes_on_the_host() -> None:
-    _, peak = _peak("recipe=llama3-70b-qlora", "zero.stage=3", "cluster.gpus_per_node=8")
+    _, peak = _peak(
+        "recipe=llama3-70b-qlora", "zero.stage=3", "cluster.gpus_per_node=8", "train.init_from=null"
+    )
     nf4 = 0.5 + 1 / 64 + 2 / (64 * 256)  # bytes a weight: codes, scalers, factors
     assert peak.device_transient == EMBED / 8 * nf4
     # Host: the whole fp32 tensor, its bf16 copy and NF4, and the box.

@@ -93,3 +93,54 @@ def test_a_folder_of_another_shape_is_refused_before_reading(tmp_path: Path) -> 
     )
     with pytest.raises(InitFromError, match="does not fit the model"):
         open_source(cfg)
+
+
+def test_slices_are_read_without_mapping_the_file(tmp_path: Path) -> None:
+    """Mapped pages a rank touches count in its resident set (issue #39's bench: ~2x the plan):
+    the boxes and digests are read with plain file reads, the file never mapped."""
+    cfg, state = _export(tmp_path / "hf", sharded=False)
+    source = HFSlices(tmp_path / "hf", hf_renames(cfg.model))  # type: ignore[attr-defined]
+    name = "layers.0.feed_forward.w1.weight"
+    assert torch.equal(source.box(name, (0, 0), (8, 64)), state[name][:8].to(torch.bfloat16))
+    maps = Path("/proc/self/maps").read_text()
+    assert str(tmp_path / "hf" / "model.safetensors") not in maps
+    digest = source.digest(name)
+    # The digest of the whole tensor, as lora.base_digest takes it from the values in fp32.
+    from launcher.train.lora import base_digest
+
+    whole = state[name].to(torch.bfloat16).float()
+    assert digest == base_digest({name: whole})[name]
+
+
+def test_every_box_of_every_rank_reads_back_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Boxes of 1-, 2- and 3-d tensors and a scalar, at every offset and extent, in two dtypes;
+    digests read in chunks of rows smaller than the tensor."""
+    import itertools
+
+    from launcher.train import safetensors_slices as slices
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "a": torch.randn(6, 5, generator=g),
+        "b": torch.randn(3, 4, 5, generator=g).to(torch.bfloat16),
+        "c": torch.tensor(3.0),
+        "e": torch.randn(7, generator=g),
+    }
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    header = slices.read_header(tmp_path / "m.safetensors")
+    for name, x in tensors.items():
+        dims = tuple(x.shape)
+        for offsets in itertools.product(*[range(n) for n in dims]):
+            for shape in itertools.product(
+                *[range(1, n - o + 1) for n, o in zip(dims, offsets, strict=True)]
+            ):
+                got = slices.read_box(header[name], offsets, shape)
+                want = x[tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))]
+                assert torch.equal(got, want), (name, offsets, shape)
+    from launcher.train.lora import base_digest
+
+    monkeypatch.setattr(slices, "CHUNK_BYTES", 80)  # one row of b (4 x 5 fp32) a read
+    for name, x in tensors.items():
+        assert slices.fp32_digest(header[name]) == base_digest({name: x.float()})[name], name
