@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from launcher.train import finetune
+from launcher.train import adapters
 from launcher.train.init_weights import InitRule, clean_name, init_rules
 from launcher.train.lora import base_digest, plain_name
 
@@ -146,7 +146,7 @@ def nf4_before_sharding(model: nn.Module, cfg: Any) -> None:
     ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``, torchao 0.18 nf4_tensor.py; torchtune
     v0.6.0 builds its QLoRA models so); each shard is filled by ``fill_nf4``."""
     for _, unit, in_block in units(model):
-        finetune.quantize(unit, cfg, in_block)
+        adapters.quantize(unit, cfg, in_block)
 
 
 @torch.no_grad()
@@ -193,7 +193,7 @@ class Filler:
 
     def fill_param(self, name: str, param: torch.Tensor) -> None:
         where = region(param)
-        if finetune.nf4_param(where.target):
+        if adapters.nf4_param(where.target):
             whole = _whole_shape(param)
             # The DTensor's own local NF4 (to_local gives an alias: a new NF4Tensor object
             # whose scaler mean FSDP2's all-gather would not see).
@@ -204,7 +204,7 @@ class Filler:
             )
         elif math.prod(where.shape) > 0:
             fill(where, self.source.box(name, where.offsets, where.shape))
-        if self.share is not None and not finetune.is_adapter(name) and self.share(name):
+        if self.share is not None and not adapters.is_adapter(name) and self.share(name):
             assert self.digests is not None
             self.digests[plain_name(name)] = digest_of(self.source, name, _whole_shape(param))
 
@@ -294,7 +294,7 @@ def as_source(init_state: Any) -> Source | None:
 def base_share(names: list[str], ranks: int, place: int) -> Callable[[str], bool]:
     """Which frozen tensors this rank digests: every `ranks`-th of the base's names, sorted
     (the union over the ranks is every name once, whatever the layout)."""
-    base = sorted(n for n in names if not finetune.is_adapter(n))
+    base = sorted(n for n in names if not adapters.is_adapter(n))
     mine = {n for i, n in enumerate(base) if i % ranks == place}
     return mine.__contains__
 

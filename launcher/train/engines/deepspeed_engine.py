@@ -48,7 +48,7 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
 from launcher.render.ds_config import runtime_ds_config
-from launcher.train import build, finetune, lora
+from launcher.train import adapters, build, lora
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.init_weights import skip_default_init
@@ -256,18 +256,18 @@ class DeepSpeedEngine(Engine):
         # checkpoints hold the adapters alone (save_checkpoint(exclude_frozen_parameters)).
         digests: dict[str, str] = {}
         share = None
-        if finetune.enabled(cfg):
+        if adapters.enabled(cfg):
             names = [n for n, _ in build.named_params(model)]
             share = build.base_share(names, self.info.world_size, self.info.rank)
         build.Filler(source, share, digests).fill_module(model)
-        if finetune.enabled(cfg):
+        if adapters.enabled(cfg):
             self.base_digest = lora.gathered_digest(digests)
             frozen = next(model.parameters()).dtype
-            finetune.add_adapters(model, cfg, frozen)
+            adapters.add_adapters(model, cfg, frozen)
             adapters = build.drawn(model, seed)
             filler = build.Filler(adapters)
             for name, param in build.named_params(model):
-                if finetune.is_adapter(name):
+                if adapters.is_adapter(name):
                     filler.fill_param(name, param)
         apply_recompute(model, cfg.train.recompute)
         return model

@@ -91,7 +91,7 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
-from launcher.train import build, finetune, fp8, lora
+from launcher.train import adapters, build, fp8, lora
 from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
 from launcher.train.engines.dist import engine_device
@@ -228,7 +228,7 @@ class TorchEngine(Engine):
         if self.finetune:
             # Frozen weights in the compute dtype on a GPU, fp32 on the CPU (no native bf16).
             frozen = self.compute_dtype if self.device.type == "cuda" else torch.float32
-            finetune.add_adapters(model, cfg, frozen)
+            adapters.add_adapters(model, cfg, frozen)
         if self.fp8:
             # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
             fp8.convert(
@@ -279,7 +279,7 @@ class TorchEngine(Engine):
         device = torch.device("cpu") if offload else self.device
 
         def quantize(unit: nn.Module, in_block: bool) -> None:
-            finetune.quantize(unit, cfg, in_block)
+            adapters.quantize(unit, cfg, in_block)
 
         build.materialise(model, device, filler, quantize, whole=self.fsdp)
 
