@@ -63,11 +63,11 @@ def rank_main(overrides: list[str], steps: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
+    from launcher.train.checkpoint.init_from import open_source
     from launcher.train.engines.dist import init_process_group_from_env
-    from launcher.train.init_from import open_source
-    from launcher.train.metrics import current_rss
+    from launcher.train.reporting.metrics import current_rss
     from launcher.train.trainer import build_engine
 
     os.environ["LLMTRAIN_DEVICE"] = "cpu"
@@ -109,9 +109,9 @@ def write_export(folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.export.hf_layout import hf_renames
-    from launcher.train.model import build_model
+    from launcher.train.model.transformer import build_model
 
     cfg = compose_config([*MODEL, "finetune=full"]).config
     renames = hf_renames(cfg.model)

@@ -36,11 +36,11 @@ from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.finetune import NF4_BYTES_PER_WEIGHT, projections, targets
+from launcher.plan.memory.model_states import zero_shard
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.model_states import zero_shard
 
 if TYPE_CHECKING:
-    from launcher.plan.memory import StageMemory
+    from launcher.plan.memory.estimate import StageMemory
 
 FP32, BF16 = 4.0, 2.0
 # The most a rank reads at once to digest a frozen tensor of train.init_from (fp32 bytes), used by

@@ -1,6 +1,6 @@
 """Fine-tuning state behind one small interface (finetune=lora|qlora; docs/finetuning.md): the
 engines, the build, export and sample ask this module, not LoRA's internals
-(``launcher.train.lora`` holds those: the adapter module, seeds, merging, digests).
+(``launcher.train.finetune.lora`` holds those: the adapter module, seeds, merging, digests).
 
 The interface, after torchtune's ``modules/peft`` (an adapter module type, ``get_adapter_params``,
 ``disable_adapter``; torchtune v0.6.0 ``torchtune/modules/peft/_utils.py``):
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from launcher.config.schema import LLMTrainConfig
-from launcher.train import lora
-from launcher.train.lora import (
+from launcher.train.finetune import lora
+from launcher.train.finetune.lora import (
     BASE_FILE,
     LoRALinear,
     adapted,

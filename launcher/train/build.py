@@ -16,7 +16,7 @@ What a rank holds of a parameter is a ``Region``: a box of the whole tensor (off
 DTensor shards: torch's ``compute_local_shape_and_global_offset``, the function DCP plans its
 reads with) and, for a ZeRO-3 partition, a range of that box flattened. A ``Source`` gives the
 values of a box: the initialiser draws the whole tensor of one parameter (seeded by its name,
-``launcher.train.init_weights``) and keeps the box, so the weights are the same whatever the
+``launcher.train.model.init_weights``) and keeps the box, so the weights are the same whatever the
 layout and at most one whole tensor exists at a time; train.init_from reads the box alone from
 the files (``launcher.train.weight_source``). The frozen base's digest (fine-tuning) is taken
 over whole tensors, each rank hashing its share, one tensor at a time.
@@ -34,8 +34,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from launcher.train import adapters
-from launcher.train.init_weights import InitRule, clean_name, init_rules
-from launcher.train.lora import base_digest, plain_name
+from launcher.train.finetune.lora import base_digest, plain_name
+from launcher.train.model.init_weights import InitRule, clean_name, init_rules
 
 
 class Source(Protocol):
@@ -156,7 +156,7 @@ def fill_nf4(region_: Region, whole: torch.Tensor) -> None:
     this rank's rows kept: the same codes and scalers whatever the layout, and the scaler mean
     of the whole tensor, which torchao's NF4 row split copies to every shard (``nf4_split``)
     and ``to_empty`` leaves on meta (it reaches the sharded inner tensors only)."""
-    from launcher.train.lora import to_nf4_param
+    from launcher.train.finetune.lora import to_nf4_param
 
     rows = region_.shape[0]
     part: Any = torch.chunk(to_nf4_param(whole).data, whole.shape[0] // rows, dim=0)[
@@ -319,6 +319,6 @@ def whole_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def lora_dequantized(tensor: torch.Tensor) -> torch.Tensor:
-    from launcher.train.lora import dequantized
+    from launcher.train.finetune.lora import dequantized
 
     return dequantized(tensor)

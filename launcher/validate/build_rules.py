@@ -18,8 +18,8 @@ GIB = 1024**3
 def _totals(cfg: LLMTrainConfig, layout: Layout) -> tuple[float, float, float, str] | None:
     """(steady device total, build device total, capacity, mechanism), or None: no figure."""
     from launcher.plan.build_peak import of_plan
-    from launcher.plan.hardware import UnknownGPUError
-    from launcher.plan.memory import stage_memory
+    from launcher.plan.hardware.lookup import UnknownGPUError
+    from launcher.plan.memory.estimate import stage_memory
     from launcher.plan.planner import hardware_view
 
     try:

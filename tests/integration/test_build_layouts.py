@@ -31,7 +31,7 @@ def _whole_digests(overrides: list[str], nproc: int, steps: int, opts: dict[str,
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.train.build import whole_tensors
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.trainer import build_engine
@@ -62,10 +62,10 @@ def _whole_digests(overrides: list[str], nproc: int, steps: int, opts: dict[str,
 
 def _reference(overrides: list[str]) -> dict[str, str]:
     """The whole model drawn in this process, as one process would hold it."""
-    from launcher.config.compose import compose_config
-    from launcher.train.init_weights import clean_name
-    from launcher.train.lora import wrap_adapters
-    from launcher.train.model import build_model
+    from launcher.config.composition.compose import compose_config
+    from launcher.train.finetune.lora import wrap_adapters
+    from launcher.train.model.init_weights import clean_name
+    from launcher.train.model.transformer import build_model
 
     cfg = compose_config(overrides).config
     model = build_model(cfg.model, "meta")
@@ -73,7 +73,7 @@ def _reference(overrides: list[str]) -> dict[str, str]:
         import torch
 
         wrap_adapters(model, cfg.model, cfg.finetune, torch.float32)
-    from launcher.train.init_weights import init_rules
+    from launcher.train.model.init_weights import init_rules
 
     rules = init_rules(model, cfg.train.seed)
     return {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.plan.build_peak import build_peak, largest_tensor
 from tests.cli import invoke

@@ -16,11 +16,11 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import save_file  # noqa: E402
 
-from launcher.config.compose import compose_config  # noqa: E402
+from launcher.config.composition.compose import compose_config  # noqa: E402
 from launcher.export.hf_layout import hf_renames  # noqa: E402
 from launcher.train.build import Chain, Filler, drawn, region  # noqa: E402
-from launcher.train.init_from import HFSlices, InitFromError, open_source  # noqa: E402
-from launcher.train.model import build_model  # noqa: E402
+from launcher.train.checkpoint.init_from import HFSlices, InitFromError, open_source  # noqa: E402
+from launcher.train.model.transformer import build_model  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -106,7 +106,7 @@ def test_slices_are_read_without_mapping_the_file(tmp_path: Path) -> None:
     assert str(tmp_path / "hf" / "model.safetensors") not in maps
     digest = source.digest(name)
     # The digest of the whole tensor, as lora.base_digest takes it from the values in fp32.
-    from launcher.train.lora import base_digest
+    from launcher.train.finetune.lora import base_digest
 
     whole = state[name].to(torch.bfloat16).float()
     assert digest == base_digest({name: whole})[name]
@@ -139,7 +139,7 @@ def test_every_box_of_every_rank_reads_back_exactly(
                 got = slices.read_box(header[name], offsets, shape)
                 want = x[tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))]
                 assert torch.equal(got, want), (name, offsets, shape)
-    from launcher.train.lora import base_digest
+    from launcher.train.finetune.lora import base_digest
 
     monkeypatch.setattr(slices, "CHUNK_BYTES", 80)  # one row of b (4 x 5 fp32) a read
     for name, x in tensors.items():
