@@ -14,8 +14,8 @@ from typing import Any
 
 from launcher.backends.engine_choices import engine_json
 from launcher.plan import finetune
-from launcher.plan.build_peak import build_json
 from launcher.plan.calibration.bands import ErrorBand
+from launcher.plan.memory.build_peak import build_json
 from launcher.plan.planner import Plan
 
 

@@ -44,6 +44,7 @@ from launcher.train.checkpoint.store import (
     complete_checkpoints,
     valid_checkpoints,
 )
+from launcher.train.checkpoint.tensor_parts import all_finite
 from launcher.train.data import training_data, validation_data
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
@@ -55,7 +56,6 @@ from launcher.train.reporting.rank_log import rank_logger
 from launcher.train.reporting.summary import format_summary, summarize
 from launcher.train.reporting.trackers import Trackers
 from launcher.train.sampler import ShardedSampler
-from launcher.train.tensor_parts import all_finite
 
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
@@ -311,7 +311,7 @@ class Trainer:
             return None
         from launcher.train.checkpoint.init_from import open_source
 
-        # Each rank reads the slices it holds (launcher.train.build), not the whole checkpoint.
+        # Each rank reads the slices it holds (train/parallel/build.py), not the whole checkpoint.
         state = open_source(self.cfg)
         self.log(f"initialised from {source} ({len(state)} tensors; step 0, fresh optimizer)")
         return state
@@ -410,7 +410,7 @@ class Trainer:
         """Every rank's parameters are finite (a collective): a non-finite state is never
         checkpointed, so it can never prune a good checkpoint either."""
         # Every kind of tensor the engines hold (NF4 bases, DTensor shards, fp8 weights): their
-        # stored parts, never dequantized (launcher.train.tensor_parts).
+        # stored parts, never dequantized (launcher.train.checkpoint.tensor_parts).
         bad = not all_finite(self.engine.local_tensors())
         flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

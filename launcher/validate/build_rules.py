@@ -1,6 +1,6 @@
 """The rule build-memory: a layout whose build or load cannot fit on the device although its
-steady state would (``launcher.plan.build_peak`` prices the build from what
-``launcher.train.build`` does). Where the steady state does not fit either, the plan's verdict
+steady state would (``launcher.plan.memory.build_peak`` prices the build from what
+``train.parallel.build`` does). Where the steady state does not fit either, the plan's verdict
 already says so; this rule speaks only of the build. Never imports torch.
 """
 
@@ -17,8 +17,8 @@ GIB = 1024**3
 
 def _totals(cfg: LLMTrainConfig, layout: Layout) -> tuple[float, float, float, str] | None:
     """(steady device total, build device total, capacity, mechanism), or None: no figure."""
-    from launcher.plan.build_peak import of_plan
     from launcher.plan.hardware.lookup import UnknownGPUError
+    from launcher.plan.memory.build_peak import of_plan
     from launcher.plan.memory.estimate import stage_memory
     from launcher.plan.planner import hardware_view
 

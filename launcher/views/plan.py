@@ -6,10 +6,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.engine_choices import engine_choices
-from launcher.plan.build_peak import build_line
 from launcher.plan.calibration.bands import ErrorBand
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
+from launcher.plan.memory.build_peak import build_line
 from launcher.plan.memory.estimate import GIB
 from launcher.plan.planner import Plan, pricing_line
 from launcher.plan.schedule import timeline

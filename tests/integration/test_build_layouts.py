@@ -2,7 +2,7 @@
 under one process, FSDP2 over 4, tensor parallel 2, pipeline parallel 2 and DeepSpeed ZeRO-3
 over 2 holds, parameter by parameter, the tensors ``init_weights`` draws for the whole model in
 this process; LoRA adapters too. Each rank materialises its shard alone
-(``launcher.train.build``)."""
+(``launcher.train.parallel.build``)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def _whole_digests(overrides: list[str], nproc: int, steps: int, opts: dict[str,
     import torch.distributed as dist
 
     from launcher.config.composition.compose import compose_config
-    from launcher.train.build import whole_tensors
     from launcher.train.engines.dist import init_process_group_from_env
+    from launcher.train.parallel.build import whole_tensors
     from launcher.train.trainer import build_engine
 
     torch.set_num_threads(1)

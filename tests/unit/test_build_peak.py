@@ -1,6 +1,6 @@
-"""The plan prices the build (launcher/plan/build_peak.py): each rank's peak while building and
+"""The plan prices the build (plan/memory/build_peak.py): each rank's peak while building and
 loading beside the steady state, host memory per node, and validate's build-memory rule. Bytes
-derived by hand from the mechanism (launcher/train/build.py) in the comments."""
+derived by hand from the mechanism (launcher/train/parallel/build.py) in the comments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
-from launcher.plan.build_peak import build_peak, largest_tensor
+from launcher.plan.memory.build_peak import build_peak, largest_tensor
 from tests.cli import invoke
 
 GIB = 1024**3

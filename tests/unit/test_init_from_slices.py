@@ -1,5 +1,5 @@
 """train.init_from reads a Hugging Face folder slice by slice: each rank asks for the boxes it
-holds (``launcher.train.build``) and gets those values alone, from one safetensors file or an
+holds (``train.parallel.build``) and gets those values alone, from one safetensors file or an
 index-sharded folder, in the file's dtype (converted per slice when filled); a model that does
 not fit is refused from the headers before anything is read."""
 
@@ -18,9 +18,9 @@ from safetensors.torch import save_file  # noqa: E402
 
 from launcher.config.composition.compose import compose_config  # noqa: E402
 from launcher.export.hf_layout import hf_renames  # noqa: E402
-from launcher.train.build import Chain, Filler, drawn, region  # noqa: E402
 from launcher.train.checkpoint.init_from import HFSlices, InitFromError, open_source  # noqa: E402
 from launcher.train.model.transformer import build_model  # noqa: E402
+from launcher.train.parallel.build import Chain, Filler, drawn, region  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -119,7 +119,7 @@ def test_every_box_of_every_rank_reads_back_exactly(
     digests read in chunks of rows smaller than the tensor."""
     import itertools
 
-    from launcher.train import safetensors_slices as slices
+    from launcher.train.checkpoint import safetensors_slices as slices
 
     g = torch.Generator().manual_seed(0)
     tensors = {

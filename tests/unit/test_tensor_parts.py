@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 pytest.importorskip("torchao")
 
-from launcher.train.tensor_parts import plain_parts, tensor_bytes  # noqa: E402
+from launcher.train.checkpoint.tensor_parts import plain_parts, tensor_bytes  # noqa: E402
 from launcher.train.trainer import Trainer  # noqa: E402
 from tests.unit.test_weights_digest import Fixed  # noqa: E402
 

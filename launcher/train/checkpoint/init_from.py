@@ -203,13 +203,13 @@ def copy_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> int:
 class HFSlices:
     """train.init_from's Hugging Face safetensors (one file or index-sharded), read slice by
     slice: each rank reads only the boxes it holds, with plain file reads into the tensor it
-    returns (``launcher.train.safetensors_slices``: no memory mapping, whose pages would stay in
+    returns (``checkpoint.safetensors_slices``: no memory mapping, whose pages would stay in
     the rank's resident set), converted to the parameter's dtype per slice
-    (``launcher.train.build``); a frozen tensor's digest is read in bounded chunks of rows.
+    (``launcher.train.parallel.build``); a frozen tensor's digest is read in bounded chunks of rows.
     Safetensors never unpickles."""
 
     def __init__(self, path: Path, renames: dict[str, str]):
-        from launcher.train.safetensors_slices import read_header
+        from launcher.train.checkpoint.safetensors_slices import read_header
 
         self.path, self.renames = path, renames
         self.where: dict[str, Any] = {}
@@ -222,15 +222,15 @@ class HFSlices:
         return plain_name(name) in self.renames
 
     def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+        from launcher.train.checkpoint.safetensors_slices import read_box
         from launcher.train.finetune.lora import plain_name
-        from launcher.train.safetensors_slices import read_box
 
         return read_box(self.where[self.renames[plain_name(name)]], offsets, shape)
 
     def digest(self, name: str) -> str:
         """``lora.base_digest``'s hex of the whole tensor (its values as fp32 bytes)."""
+        from launcher.train.checkpoint.safetensors_slices import fp32_digest
         from launcher.train.finetune.lora import plain_name
-        from launcher.train.safetensors_slices import fp32_digest
 
         return fp32_digest(self.where[self.renames[plain_name(name)]])
 
@@ -239,7 +239,7 @@ class HFSlices:
 
 
 def open_source(cfg: LLMTrainConfig) -> Any:
-    """train.init_from for the engines' build (``launcher.train.build``), checked against the
+    """train.init_from for the engines' build (``train.parallel.build``), checked against the
     model first (every name and shape, from the headers alone): Hugging Face Llama-layout
     folders read by slice (``HFSlices``); a GPT-2 folder or one of our checkpoints as whole
     tensors (``load_state``)."""

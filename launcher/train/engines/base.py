@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from launcher.train.tensor_parts import tensor_bytes
+from launcher.train.checkpoint.tensor_parts import tensor_bytes
 
 if TYPE_CHECKING:
     from launcher.train.checkpoint.safe_load import CheckpointFiles

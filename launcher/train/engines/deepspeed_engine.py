@@ -49,7 +49,6 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
 from launcher.render.ds_config import runtime_ds_config
-from launcher.train import adapters, build
 from launcher.train.checkpoint.safe_load import (
     CheckpointFiles,
     deepspeed_loading,
@@ -58,7 +57,7 @@ from launcher.train.checkpoint.safe_load import (
 )
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
-from launcher.train.finetune import lora
+from launcher.train.finetune import adapters, lora
 from launcher.train.finetune.masked_loss import (
     LossFn,
     is_chat_rows,
@@ -70,6 +69,7 @@ from launcher.train.finetune.masked_loss import (
 from launcher.train.model.init_weights import skip_default_init
 from launcher.train.model.transformer import Transformer, apply_recompute
 from launcher.train.optim import build_optimizer, fused_on
+from launcher.train.parallel import build
 from launcher.validate import finetune_rules
 
 # DeepSpeed 0.19.8 (ZeRO 1-3) calls torch.distributed.all_gather_into_tensor and
@@ -243,7 +243,7 @@ class DeepSpeedEngine(Engine):
         self.info = self._parallel_info(tensor_parallel=layout.tp > 1)
 
     def _build_model(self, cfg: LLMTrainConfig, seed: int, init_state: Any) -> Transformer:
-        """This rank's model, built and filled by ``launcher.train.build``: under ZeRO-3 inside
+        """This rank's model, built and filled by ``train.parallel.build``: under ZeRO-3 inside
         ``deepspeed.zero.Init`` (each module's parameters partitioned as it is constructed, then
         each rank's flat partition filled), elsewhere whole on the device as DeepSpeed keeps it;
         adapters and recomputation applied before DeepSpeed wraps anything."""
@@ -266,8 +266,8 @@ class DeepSpeedEngine(Engine):
             self.base_digest = lora.gathered_digest(digests)
             frozen = next(model.parameters()).dtype
             adapters.add_adapters(model, cfg, frozen)
-            adapters = build.drawn(model, seed)
-            filler = build.Filler(adapters)
+            drawn = build.drawn(model, seed)
+            filler = build.Filler(drawn)
             for name, param in build.named_params(model):
                 if adapters.is_adapter(name):
                     filler.fill_param(name, param)

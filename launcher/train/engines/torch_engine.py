@@ -92,7 +92,6 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
-from launcher.train import adapters, build
 from launcher.train.checkpoint.safe_load import CheckpointFiles, read_json
 from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
@@ -103,7 +102,7 @@ from launcher.train.engines.torch_mesh import build_meshes
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
-from launcher.train.finetune import lora
+from launcher.train.finetune import adapters, lora
 from launcher.train.finetune.masked_loss import (
     LossFn,
     is_chat_rows,
@@ -119,6 +118,7 @@ from launcher.train.model.transformer import (
     build_model,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
+from launcher.train.parallel import build
 from launcher.train.parallel.expert_parallel import ExpertParallel
 from launcher.train.parallel.ring_attention import ContextParallel, shard_sequence
 from launcher.validate import finetune_rules
@@ -218,7 +218,7 @@ class TorchEngine(Engine):
 
     # --- model construction ---------------------------------------------------------------------
     def _build_part(self, chunk: int, seed: int) -> nn.Module:
-        """One model part, built in ``launcher.train.build``'s order: on meta, split, adapted,
+        """One model part, built in ``train.parallel.build``'s order: on meta, split, adapted,
         parallelized, then only this rank's shard materialised and filled."""
         lay, cfg = self.layout, self.cfg
         model = build_model(cfg.model, "meta")

@@ -143,7 +143,7 @@ def apply_lora(
     """Freeze `model` and put adapters on its target projections (in place); returns how many.
     For a materialised model: the adapters drawn (``reset_adapters``) and, with qlora, the base
     weights quantized to NF4 from the weights as loaded. The engines build on the meta device
-    instead (``wrap_adapters``, then ``launcher.train.build`` draws and quantizes per shard)."""
+    instead (``wrap_adapters``, then ``train.parallel.build`` draws and quantizes per shard)."""
     count = wrap_adapters(model, m, ft, frozen_dtype)
     for name, module in adapted(model):
         module.reset_adapters(adapter_seed(seed, name))

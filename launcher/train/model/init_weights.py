@@ -107,7 +107,7 @@ def init_weights(model: nn.Module, seed: int | None = None) -> None:
     docstring), whole on this process. seed None: ``torch.initial_seed()``.
 
     Call after ``to_empty`` when the model was built on the meta device; a sharded model is
-    initialised slice by slice by ``launcher.train.build`` from the same ``init_rules``."""
+    initialised slice by slice by ``launcher.train.parallel.build`` from the same ``init_rules``."""
     rules = init_rules(model, seed)
     for name, param in model.named_parameters():
         param.copy_(rules[clean_name(name)].full(tuple(param.shape)))

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from launcher.train import adapters
+from launcher.train.finetune import adapters
 from launcher.train.finetune.lora import base_digest, plain_name
 from launcher.train.model.init_weights import InitRule, clean_name, init_rules
 

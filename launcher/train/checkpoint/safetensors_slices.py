@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from launcher.plan.build_peak import DIGEST_CHUNK_BYTES
+from launcher.plan.memory.build_peak import DIGEST_CHUNK_BYTES
 
 # safetensors' dtype names (safetensors/src/tensor.rs, Dtype).
 DTYPES = {
@@ -43,7 +43,7 @@ DTYPES = {
     "F8_E5M2": torch.float8_e5m2,
 }
 # The most read at once for a digest: rows of a whole tensor, converted to fp32 one chunk at a time
-# (the plan prices it: launcher.plan.build_peak).
+# (the plan prices it: launcher.plan.memory.build_peak).
 CHUNK_BYTES = DIGEST_CHUNK_BYTES
 MAX_HEADER = 100 << 20  # safetensors refuses headers over 100 MB (MAX_HEADER_SIZE)
 

@@ -7,7 +7,7 @@ The interface, after torchtune's ``modules/peft`` (an adapter module type, ``get
 
 - ``enabled(cfg)``: whether the run trains adapters over a frozen base;
 - ``add_adapters(model, cfg, frozen_dtype)``: a build step, on the meta device: the base frozen,
-  the target projections wrapped (``launcher.train.build`` then draws or loads each shard);
+  the target projections wrapped (``launcher.train.parallel.build`` then draws or loads each shard);
 - ``quantize(unit, cfg)``: the NF4 step of qlora, on a materialised unit (a block), so that the
   build never holds more than one block's base in bf16 (finetune.quantize: the adapted
   projections, or every linear of the blocks);

@@ -1,6 +1,6 @@
 """Each rank's peak while the engine builds and loads the model, beside the steady state.
 
-Priced from what ``launcher.train.build`` does (its docstring has the order), per rank:
+Priced from what ``launcher.train.parallel.build`` does (its docstring has the order), per rank:
 
 - Steady weights: the heaviest stage's ``weights`` bucket (``model_states.stage_states``): the
   whole build ends holding them; gradients and optimizer states come at the first step.
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 FP32, BF16 = 4.0, 2.0
 # The most a rank reads at once to digest a frozen tensor of train.init_from (fp32 bytes), used by
-# launcher/train/safetensors_slices.py.
+# launcher/train/checkpoint/safetensors_slices.py.
 DIGEST_CHUNK_BYTES = 64 << 20
 
 
