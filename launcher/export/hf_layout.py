@@ -164,6 +164,15 @@ def from_hf(tensors: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
     return {ours: tensors[theirs] for ours, theirs in names.items()}
 
 
+def hf_renames(m: ModelConfig) -> dict[str, str] | None:
+    """llmtrain name -> HF name where the HF layout renames tensors and nothing else (Llama,
+    Mixtral: a rank can read its slice of each tensor from the file); None where tensors are
+    transformed (GPT-2's fused, transposed attention)."""
+    if hf_architecture(m) == "GPT2LMHeadModel":
+        return None
+    return _llama_names(m)
+
+
 def _check_names(have: Mapping[str, Array], want: Any, what: str) -> None:
     missing = sorted(set(want) - set(have))
     if missing:

@@ -15,6 +15,7 @@ from typing import Any
 from launcher.backends.engine_choices import engine_json
 from launcher.plan import finetune
 from launcher.plan.calibration.bands import ErrorBand
+from launcher.plan.memory.build_peak import build_json
 from launcher.plan.planner import Plan
 
 
@@ -101,6 +102,7 @@ def _memory_json(plan: Plan) -> dict[str, Any]:
         "heaviest_stage": h.stage,
         "host_bytes_per_gpu": int(h.host_bytes),
         "host_bytes_per_node": int(h.host_bytes * plan.hardware.gpus_per_node),
+        "build": build_json(plan.config, plan.layout, h),
         "stages": [
             {
                 "stage": s.stage,

@@ -45,6 +45,7 @@ from launcher.train.checkpoint.store import (
     complete_checkpoints,
     valid_checkpoints,
 )
+from launcher.train.checkpoint.tensor_parts import all_finite
 from launcher.train.data import training_data, validation_data
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
@@ -78,7 +79,7 @@ class TrainingDiverged(RuntimeError):
 assert TrainingDiverged.__name__ == DIVERGED  # the launcher recognises the rank's error by it
 
 
-def build_engine(cfg: LLMTrainConfig, init_state: dict[str, torch.Tensor] | None = None) -> Engine:
+def build_engine(cfg: LLMTrainConfig, init_state: Any = None) -> Engine:
     """The configured backend's engine (Backend.engine names its class, imported here)."""
     backend = backend_of(cfg)
     if not backend.engine:
@@ -299,7 +300,7 @@ class Trainer:
                 f"{cfg.model.seq_length} tokens per step; {self.policy.describe()}"
             )
 
-    def _init_state(self) -> dict[str, torch.Tensor] | None:
+    def _init_state(self) -> Any:
         """train.init_from's weights, unless this run has checkpoints to resume (resume wins)."""
         source = self.cfg.train.init_from
         if source is None:
@@ -313,9 +314,10 @@ class Trainer:
         ):
             self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
             return None
-        from launcher.train.checkpoint.init_from import load_state
+        from launcher.train.checkpoint.init_from import open_source
 
-        state = load_state(self.cfg)
+        # Each rank reads the slices it holds (train/parallel/build.py), not the whole checkpoint.
+        state = open_source(self.cfg)
         self.log(f"initialised from {source} ({len(state)} tensors; step 0, fresh optimizer)")
         return state
 
@@ -412,7 +414,9 @@ class Trainer:
     def _weights_finite(self) -> bool:
         """Every rank's parameters are finite (a collective): a non-finite state is never
         checkpointed, so it can never prune a good checkpoint either."""
-        bad = any(not bool(torch.isfinite(t.detach()).all()) for t in self.engine.local_tensors())
+        # Every kind of tensor the engines hold (NF4 bases, DTensor shards, fp8 weights): their
+        # stored parts, never dequantized (launcher.train.checkpoint.tensor_parts).
+        bad = not all_finite(self.engine.local_tensors())
         flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() == 0

@@ -14,6 +14,7 @@ from launcher.backends import refusals
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.script_values import script_problems
+from launcher.validate.build_rules import build_memory
 from launcher.validate.chat_rules import chat_problems
 from launcher.validate.finetune_rules import finetune_problems
 from launcher.validate.rule import RuleFn, Violation, error, warning
@@ -229,4 +230,5 @@ CONFIG_RULES: dict[str, RuleFn] = {
     "optimizer-values": optimizer_values,
     "chat-data": chat_data,
     "finetune": finetune,
+    "build-memory": build_memory,
 }

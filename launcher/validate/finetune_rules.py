@@ -9,8 +9,10 @@ What runs (each checked on CPU by tests/integration/test_lora.py or the engine's
   no tp/pp. Refused: sequence parallel with tp (the adapters' sequence shards would need their
   own reduction), fewer kv heads than tp with k/v targets (replicated kv heads), fp8, MoE models
   (expert weights are grouped-GEMM tensors, not linears), multi-head latent attention, Megatron-LM.
-- qlora: as lora on backend=torch without tp, pp or FSDP (zero 0/1), every target weight a
-  multiple of torchao NF4's 64 x 256 = 16,384 elements (its blocks and scaler blocks).
+- qlora: as lora on backend=torch without tp, pp or cp, with DDP (zero 0/1) or FSDP2 (zero 2/3,
+  no parameter offload: torchao's NF4Tensor implements FSDP2's all-gather hooks), every NF4
+  weight a multiple of torchao NF4's 64 x 256 = 16,384 elements (its blocks and scaler blocks),
+  under FSDP2 in equal row shards of whole such blocks.
 """
 
 from __future__ import annotations
@@ -201,27 +203,59 @@ def _qlora(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
                     "(or finetune=lora)",
                 )
             )
-    if cfg.zero.stage >= 2:
+    fsdp = cfg.zero.stage >= 2
+    if fsdp and cfg.zero.offload_params != "none":
         out.append(
             _refuse(
-                ("finetune.name", "zero.stage"),
-                f"finetune=qlora runs with data parallel by DDP (zero.stage=0 or 1), not "
-                f"zero.stage={cfg.zero.stage}: the 4-bit base is already small",
+                ("finetune.name", "zero.offload_params"),
+                "finetune=qlora under FSDP2 keeps its NF4 shards on the device: "
+                "zero.offload_params=none",
             )
         )
+    out += _nf4_blocks(cfg, layout.dp if fsdp else 1)
+    return out
+
+
+def nf4_weights(cfg: LLMTrainConfig) -> list[str]:
+    """The projections qlora stores in NF4: its targets, or with finetune.quantize=all-linear
+    every projection of the blocks."""
+    if cfg.finetune.quantize == "all-linear":
+        return list(projection_dims(cfg.model))
+    return targets_of(cfg)
+
+
+def _nf4_blocks(cfg: LLMTrainConfig, shards: int) -> list[Problem]:
+    """Every NF4 weight splits into whole NF4 blocks, and under FSDP2 (`shards` ranks) into
+    equal row shards of whole scaler blocks: FSDP2 chunks dim 0 and torchao's NF4 ``aten.split``
+    splits each inner tensor evenly (nf4_tensor.py, ``nf4_split``)."""
     dims = projection_dims(cfg.model)
     block = NF4_BLOCK * NF4_SCALER_BLOCK
-    bad = [t for t in targets_of(cfg) if (dims[t][0] * dims[t][1]) % block]
+    names = nf4_weights(cfg)
+    key = "finetune.quantize" if cfg.finetune.quantize == "all-linear" else "finetune.targets"
+    bad = [t for t in names if (dims[t][0] * dims[t][1]) % block]
     if bad:
-        out.append(
+        return [
             _refuse(
-                ("finetune.targets",),
+                (key,),
                 f"finetune=qlora: the {', '.join(bad)} weight(s) are not a multiple of NF4's "
                 f"{NF4_BLOCK} x {NF4_SCALER_BLOCK} = {block} elements (torchao blocks and scaler "
-                "blocks): leave them out of finetune.targets or finetune=lora",
+                "blocks): leave them out of finetune.targets (finetune.quantize=targets) "
+                "or finetune=lora",
             )
-        )
-    return out
+        ]
+    uneven = [
+        t for t in names if dims[t][1] % shards or (dims[t][0] * dims[t][1]) % (block * shards)
+    ]
+    if shards > 1 and uneven:
+        return [
+            _refuse(
+                (key, "zero.stage"),
+                f"finetune=qlora under FSDP2 shards each NF4 weight in {shards} equal row blocks "
+                f"of whole {block}-element NF4 blocks; the {', '.join(uneven)} weight(s) do not "
+                f"split so: fewer data-parallel ranks, zero.stage=0 (DDP) or leave them out",
+            )
+        ]
+    return []
 
 
 def finetune_problems(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:

@@ -10,6 +10,7 @@ from launcher.config.epoch_rows import budget_note
 from launcher.plan.calibration.bands import ErrorBand, error_band
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
+from launcher.plan.memory.build_peak import build_line
 from launcher.plan.memory.estimate import GIB, VERDICT_WORDS
 from launcher.plan.planner import Plan, pricing_line
 from launcher.plan.schedule import timeline
@@ -213,6 +214,7 @@ def _print_memory_bar(plan: Plan, console: Console) -> None:
         console.print(f"[dim]saver:[/] {note}")
     if plan.priced_length is not None:  # data.packing=false: the length a micro-batch costs
         console.print(f"[dim]batches:[/] {plan.priced_length}", markup=True, highlight=False)
+    console.print(build_line(plan.config, plan.layout, h), style="dim")
 
 
 def _print_headline_figures(plan: Plan, console: Console) -> None:

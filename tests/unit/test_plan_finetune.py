@@ -98,6 +98,14 @@ def test_plan_answers_llama3_70b_lora_on_one_node_in_its_first_lines() -> None:
         (["finetune=lora", "finetune.targets=[qq]"], "finetune.targets"),
         (["finetune=lora", "finetune.targets=[gate]"], "finetune.targets"),  # GELU: no gate
         (["finetune=qlora", "parallel.tp=2", "cluster.gpus_per_node=2"], "parallel.tp=1"),
+        (
+            ["finetune=qlora", "zero.stage=3", "zero.offload_params=cpu"],
+            "zero.offload_params=none",
+        ),
+        (  # FSDP2 over 6: 8192 rows do not split in 6 (launcher.validate.finetune_rules)
+            ["recipe=llama3-70b-qlora", "zero.stage=3", "cluster.gpus_per_node=6"],
+            "zero.stage=0",
+        ),
         (["finetune=lora", "model.num_experts=4", "model.moe_top_k=2"], "finetune=full"),
         (["finetune=lora", "backend=deepspeed", "parallel.tp=2", "cluster.gpus_per_node=2"], "tp"),
         (
@@ -110,6 +118,14 @@ def test_bad_finetune_keys_exit_2_naming_the_key(overrides: list[str], key: str)
     result = runner.invoke(app, ["validate", *overrides], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert key in result.output and "Traceback" not in result.output, result.output
+
+
+def test_qlora_runs_under_fsdp2() -> None:
+    """The NF4 base sharded by FSDP2 (torchao's NF4 all-gather hooks): 8 x 8192 rows of whole
+    NF4 blocks, accepted (before: refused as zero.stage >= 2)."""
+    args = ["validate", "recipe=llama3-70b-qlora", "zero.stage=3", "cluster.gpus_per_node=8"]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
 
 
 def test_search_prices_and_prunes_finetune_layouts() -> None:

@@ -26,3 +26,6 @@ class FinetuneConfig:
     targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "o"])
     """Projections to adapt: q k v o (attention), gate up down (MLP; gate only with swiglu), or
     all-linear (every one of them the model has)."""
+    quantize: str = field(default="targets", metadata=one_of("targets", "all-linear"))
+    """qlora: which frozen weights are stored in NF4: the adapted projections (targets), or every
+    linear of the transformer blocks (all-linear), adapted or not."""

@@ -13,6 +13,7 @@ checkpoints of its own resumes from them instead (the trainer logs that init_fro
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,14 +62,10 @@ def _checkpoint(path: Path, kind: str) -> Path:
     return found.path
 
 
-def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
-    """The folder's tensors; with `meta`, shape-only stand-ins (nothing read but the headers)."""
-    from safetensors import safe_open
+def _hf_files(path: Path) -> list[Path]:
+    """The folder's safetensors files (one, or the shards its index lists, inside it)."""
+    from launcher.export.hf_files import INDEX_FILE, SINGLE_FILE
 
-    from launcher.export.hf_files import INDEX_FILE, SINGLE_FILE, read_hf_folder
-
-    if not meta:
-        return read_hf_folder(path)[0]
     if (path / SINGLE_FILE).is_file():
         files = [path / SINGLE_FILE]
     elif (path / INDEX_FILE).is_file():
@@ -82,10 +79,22 @@ def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
         files = [path / name for name in sorted(set(weight_map.values()))]
     else:
         raise InitFromError(f"{KEY}={path}: no {SINGLE_FILE} or {INDEX_FILE}")
-    out: dict[str, torch.Tensor] = {}
     for file in files:
         if file.resolve().parent != path.resolve():
             raise InitFromError(f"{KEY}={path}: shard {file.name!r} lies outside the folder")
+    return files
+
+
+def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
+    """The folder's tensors; with `meta`, shape-only stand-ins (nothing read but the headers)."""
+    from safetensors import safe_open
+
+    from launcher.export.hf_files import read_hf_folder
+
+    if not meta:
+        return read_hf_folder(path)[0]
+    out: dict[str, torch.Tensor] = {}
+    for file in _hf_files(path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 shape = f.get_slice(name).get_shape()
@@ -189,3 +198,63 @@ def copy_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> int:
         tensor.copy_(state[name].to(dtype=tensor.dtype, device=tensor.device))
         copied += 1
     return copied
+
+
+class HFSlices:
+    """train.init_from's Hugging Face safetensors (one file or index-sharded), read slice by
+    slice: each rank reads only the boxes it holds, with plain file reads into the tensor it
+    returns (``checkpoint.safetensors_slices``: no memory mapping, whose pages would stay in
+    the rank's resident set), converted to the parameter's dtype per slice
+    (``launcher.train.parallel.build``); a frozen tensor's digest is read in bounded chunks of rows.
+    Safetensors never unpickles."""
+
+    def __init__(self, path: Path, renames: dict[str, str]):
+        from launcher.train.checkpoint.safetensors_slices import read_header
+
+        self.path, self.renames = path, renames
+        self.where: dict[str, Any] = {}
+        for file in _hf_files(path):
+            self.where.update(read_header(file))
+
+    def has(self, name: str) -> bool:
+        from launcher.train.finetune.lora import plain_name
+
+        return plain_name(name) in self.renames
+
+    def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+        from launcher.train.checkpoint.safetensors_slices import read_box
+        from launcher.train.finetune.lora import plain_name
+
+        return read_box(self.where[self.renames[plain_name(name)]], offsets, shape)
+
+    def digest(self, name: str) -> str:
+        """``lora.base_digest``'s hex of the whole tensor (its values as fp32 bytes)."""
+        from launcher.train.checkpoint.safetensors_slices import fp32_digest
+        from launcher.train.finetune.lora import plain_name
+
+        return fp32_digest(self.where[self.renames[plain_name(name)]])
+
+    def __len__(self) -> int:
+        return len(self.renames)
+
+
+def open_source(cfg: LLMTrainConfig) -> Any:
+    """train.init_from for the engines' build (``train.parallel.build``), checked against the
+    model first (every name and shape, from the headers alone): Hugging Face Llama-layout
+    folders read by slice (``HFSlices``); a GPT-2 folder or one of our checkpoints as whole
+    tensors (``load_state``)."""
+    from launcher.export.hf_layout import hf_renames
+
+    assert cfg.train.init_from is not None
+    path = Path(cfg.train.init_from).expanduser()
+    renames = hf_renames(cfg.model)
+    if _kind(path) != "hf" or renames is None:
+        return load_state(cfg)
+    have = {k: tuple(v.shape) for k, v in _read(path, cfg.model, meta=True).items()}
+    found = mismatches(have, expected_shapes(cfg.model))
+    if found:
+        raise InitFromError(f"{KEY}={path} does not fit the model: " + "; ".join(found[:5]))
+    try:
+        return HFSlices(path, renames)
+    except (OSError, ValueError) as exc:
+        raise InitFromError(f"{KEY}={path}: {exc}") from None

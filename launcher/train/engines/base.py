@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from launcher.train.checkpoint.tensor_parts import tensor_bytes
+
 if TYPE_CHECKING:
     from launcher.train.checkpoint.safe_load import CheckpointFiles
 
@@ -95,9 +97,8 @@ class Engine(ABC):
         Two runs with the same layout end with the same digest exactly when their weights are
         bit-for-bit equal: the check that a killed and resumed run matches an uninterrupted one."""
         digest = hashlib.sha256()
-        for tensor in self.local_tensors():
-            data = tensor.detach().to("cpu").contiguous().reshape(-1)
-            digest.update(data.view(torch.uint8).numpy().tobytes())
+        for tensor in self.local_tensors():  # NF4, DTensor, fp8: their stored bytes
+            digest.update(tensor_bytes(tensor))
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, digest.hexdigest())
         return hashlib.sha256("".join(everyone).encode()).hexdigest()

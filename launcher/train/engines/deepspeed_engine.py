@@ -49,7 +49,6 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
 from launcher.render.ds_config import runtime_ds_config
-from launcher.train.checkpoint.init_from import copy_into
 from launcher.train.checkpoint.safe_load import (
     CheckpointFiles,
     deepspeed_loading,
@@ -58,7 +57,7 @@ from launcher.train.checkpoint.safe_load import (
 )
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
-from launcher.train.finetune import lora
+from launcher.train.finetune import adapters, lora
 from launcher.train.finetune.masked_loss import (
     LossFn,
     is_chat_rows,
@@ -68,8 +67,10 @@ from launcher.train.finetune.masked_loss import (
     trim_to_longest,
     unpack,
 )
-from launcher.train.model.transformer import Transformer, apply_recompute, build_model
+from launcher.train.model.init_weights import skip_default_init
+from launcher.train.model.transformer import Transformer, apply_recompute
 from launcher.train.optim import build_optimizer, fused_on
+from launcher.train.parallel import build
 from launcher.validate import finetune_rules
 
 # DeepSpeed 0.19.8 (ZeRO 1-3) calls torch.distributed.all_gather_into_tensor and
@@ -188,9 +189,7 @@ def _engine_ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
 
 
 class DeepSpeedEngine(Engine):
-    def __init__(
-        self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
-    ):
+    def __init__(self, cfg: LLMTrainConfig, seed: int, init_state: Any = None):
         import deepspeed
 
         # DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce when it starts on CPU
@@ -244,25 +243,50 @@ class DeepSpeedEngine(Engine):
         )
         self.info = self._parallel_info(tensor_parallel=layout.tp > 1)
 
-    def _build_model(
-        self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None
-    ) -> Transformer:
-        """This rank's whole model: built, initialised from train.init_from, with adapters and
-        recomputation applied, before DeepSpeed partitions anything."""
-        model = build_model(cfg.model, device=engine_device(), seed=seed)
-        if init_state is not None:  # train.init_from, before DeepSpeed partitions anything
-            copy_into(model, init_state)
-        # finetune=lora|qlora (launcher.train.finetune.lora): the base's digest (each rank hashes
-        # its share of the tensors), then the base frozen and the adapters added; the optimizer and
+    def _build_model(self, cfg: LLMTrainConfig, seed: int, init_state: Any) -> Transformer:
+        """This rank's model, built and filled by ``train.parallel.build``: under ZeRO-3 inside
+        ``deepspeed.zero.Init`` (each module's parameters partitioned as it is constructed, then
+        each rank's flat partition filled), elsewhere whole on the device as DeepSpeed keeps it;
+        adapters and recomputation applied before DeepSpeed wraps anything."""
+        device = engine_device()
+        with self._zero3_init(cfg), device, skip_default_init():
+            model = Transformer(cfg.model)
+        initial = build.drawn(model, seed)
+        loaded = build.as_source(init_state)
+        source: build.Source = initial if loaded is None else build.Chain(loaded, initial)
+        # finetune=lora|qlora: the base's digest (each rank hashes its share of the whole
+        # tensors while filling), the base frozen, the adapters added; the optimizer and
         # checkpoints hold the adapters alone (save_checkpoint(exclude_frozen_parameters)).
-        if cfg.finetune.name != "full":
-            rank, world = self.info.rank, self.info.world_size
-            named = sorted(model.named_parameters())
-            mine = {n: p for i, (n, p) in enumerate(named) if i % world == rank}
-            self.base_digest = lora.gathered_digest(lora.base_digest(mine))
-            lora.apply_lora(model, cfg.model, cfg.finetune, seed, torch.float32)
+        digests: dict[str, str] = {}
+        share = None
+        if adapters.enabled(cfg):
+            names = [n for n, _ in build.named_params(model)]
+            share = build.base_share(names, self.info.world_size, self.info.rank)
+        build.Filler(source, share, digests).fill_module(model)
+        if adapters.enabled(cfg):
+            self.base_digest = lora.gathered_digest(digests)
+            frozen = next(model.parameters()).dtype
+            adapters.add_adapters(model, cfg, frozen)
+            drawn = build.drawn(model, seed)
+            filler = build.Filler(drawn)
+            for name, param in build.named_params(model):
+                if adapters.is_adapter(name):
+                    filler.fill_param(name, param)
         apply_recompute(model, cfg.train.recompute)
         return model
+
+    def _zero3_init(self, cfg: LLMTrainConfig) -> contextlib.AbstractContextManager[Any]:
+        """ZeRO-3: ``deepspeed.zero.Init`` with the run's ds_config (its dtype, its offload);
+        the other stages keep the whole model on every rank anyway."""
+        if cfg.zero.stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        init: contextlib.AbstractContextManager[Any] = deepspeed.zero.Init(
+            config_dict_or_path=_engine_ds_config(cfg)
+        )
+        return init
 
     def _pipeline_module(self, model: Transformer, stages: int) -> nn.Module:
         """`model` as DeepSpeed's PipelineModule of `stages` stages."""

@@ -92,7 +92,6 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
-from launcher.train.checkpoint.init_from import copy_into
 from launcher.train.checkpoint.safe_load import CheckpointFiles, read_json
 from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
@@ -103,7 +102,7 @@ from launcher.train.engines.torch_mesh import build_meshes
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
-from launcher.train.finetune import lora
+from launcher.train.finetune import adapters, lora
 from launcher.train.finetune.masked_loss import (
     LossFn,
     Micro,
@@ -115,7 +114,6 @@ from launcher.train.finetune.masked_loss import (
 )
 from launcher.train.model import fp8
 from launcher.train.model.activation_offload import ActivationOffload
-from launcher.train.model.init_weights import init_weights
 from launcher.train.model.transformer import (
     apply_context_parallel,
     apply_expert_parallel,
@@ -124,6 +122,7 @@ from launcher.train.model.transformer import (
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.optim_in_backward import InBackwardOptimizer
+from launcher.train.parallel import build
 from launcher.train.parallel.expert_parallel import ExpertParallel
 from launcher.train.parallel.ring_attention import ContextParallel, shard_sequence
 from launcher.validate import finetune_rules
@@ -132,9 +131,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TorchEngine(Engine):
-    def __init__(
-        self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
-    ):
+    def __init__(self, cfg: LLMTrainConfig, seed: int, init_state: Any = None):
         problems = [r.message for r in raw_refusals("torch", cfg)]
         problems += finetune_rules.engine_refusals(cfg)
         if problems:
@@ -164,7 +161,7 @@ class TorchEngine(Engine):
         )
         self._set_loss(cfg)
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
-        self.init_state = init_state  # train.init_from: copied in before any sharding
+        self.init_state = init_state  # train.init_from: each rank reads its shards (build)
         # finetune=lora|qlora: base frozen, adapters trained (launcher.train.finetune.lora); the
         # base weights' digest is computed before sharding, from this rank's share of them.
         self.finetune = cfg.finetune.name != "full"
@@ -228,6 +225,8 @@ class TorchEngine(Engine):
 
     # --- model construction ---------------------------------------------------------------------
     def _build_part(self, chunk: int, seed: int) -> nn.Module:
+        """One model part, built in ``train.parallel.build``'s order: on meta, split, adapted,
+        parallelized, then only this rank's shard materialised and filled."""
         lay, cfg = self.layout, self.cfg
         model = build_model(cfg.model, "meta")
         if self.ep_mesh is not None:
@@ -237,14 +236,12 @@ class TorchEngine(Engine):
             apply_expert_parallel(model, ep)
         if lay.pp > 1:
             keep_chunk(model, lay, chunk)
-        model.to_empty(device=self.device)
-        init_weights(model, seed)
-        if self.init_state is not None:
-            copy_into(model, self.init_state)
-        if self.pure_bf16:  # no fp32 master: the weights themselves are bf16
+        if self.pure_bf16:  # no fp32 master: the weights themselves bf16 (cast on meta)
             model.to(torch.bfloat16)
         if self.finetune:
-            self._apply_lora(model, seed)
+            # Frozen weights in the compute dtype on a GPU, fp32 on the CPU (no native bf16).
+            frozen = self.compute_dtype if self.device.type == "cuda" else torch.float32
+            adapters.add_adapters(model, cfg, frozen)
         if self.fp8:
             # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
             fp8.convert(
@@ -266,20 +263,38 @@ class TorchEngine(Engine):
             for name, block in list(model.layers.items()):
                 model.layers[name] = cast(nn.Module, torch.compile(block))
         dtypes = (self.compute_dtype, self.grad_dtype)
+        if self.fsdp:  # qlora: NF4 before FSDP2, which shards it as NF4
+            build.nf4_before_sharding(model, cfg)
+        if self.fsdp:  # sharded on meta: each rank materialises its shards alone
+            sharded = apply_dp(model, cfg, self.dp_mesh, self.device, dtypes, self.manual_dp_sync)
+            self._materialise(sharded, seed)
+            return sharded
+        self._materialise(model, seed)
         return apply_dp(model, cfg, self.dp_mesh, self.device, dtypes, self.manual_dp_sync)
 
-    def _apply_lora(self, model: nn.Module, seed: int) -> None:
-        """Digest this rank's share of the base weights (the tensors of index i with
-        i % ranks-per-stage == its place in the stage), then freeze them and add the adapters.
-        Frozen weights in the compute dtype on a GPU, fp32 on the CPU (no native bf16 there)."""
-        lay = self.layout
-        per_stage = lay.dp * lay.cp * lay.tp
-        place = dist.get_rank() - self.pp_rank * per_stage
-        named = dict(model.named_parameters())
-        mine = {n: t for i, (n, t) in enumerate(sorted(named.items())) if i % per_stage == place}
-        self.base_digests.update(lora.base_digest(mine))
-        frozen = self.compute_dtype if self.device.type == "cuda" else torch.float32
-        lora.apply_lora(model, self.cfg.model, self.cfg.finetune, seed, frozen)
+    def _materialise(self, model: nn.Module, seed: int) -> None:
+        """This rank's shard on the device, filled from train.init_from (the adapters drawn) or
+        drawn; qlora's bases to NF4 block by block; the frozen base's digest of this rank's
+        share of the tensors (i % ranks-per-stage == its place in the stage)."""
+        lay, cfg = self.layout, self.cfg
+        initial = build.drawn(model, seed)
+        loaded = build.as_source(self.init_state)
+        source: build.Source = initial if loaded is None else build.Chain(loaded, initial)
+        share = None
+        if self.finetune:
+            per_stage = lay.dp * lay.cp * lay.tp
+            place = dist.get_rank() - self.pp_rank * per_stage
+            names = [n for n, _ in build.named_params(model)]
+            share = build.base_share(names, per_stage, place)
+        filler = build.Filler(source, share, self.base_digests)
+        # CPUOffloadPolicy keeps the sharded parameters on the host.
+        offload = self.fsdp and cfg.zero.offload_params == "cpu"
+        device = torch.device("cpu") if offload else self.device
+
+        def quantize(unit: nn.Module, in_block: bool) -> None:
+            adapters.quantize(unit, cfg, in_block)
+
+        build.materialise(model, device, filler, quantize, whole=self.fsdp)
 
     def local_tensors(self) -> Iterator[torch.Tensor]:
         for part in self.parts:

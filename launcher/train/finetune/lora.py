@@ -88,6 +88,7 @@ class LoRALinear(nn.Module):
         self.lora_a = nn.Linear(self.in_features, rank, bias=False, device=device)
         self.lora_b = nn.Linear(rank, self.out_features, bias=False, device=device)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.enabled = True  # False: the frozen base alone (launcher.train.finetune)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.nf4:
@@ -98,6 +99,8 @@ class LoRALinear(nn.Module):
                 out = out + self.base.bias.to(out.dtype)
         else:
             out = self.base(x)
+        if not self.enabled:
+            return out
         update: torch.Tensor = self.lora_b(self.lora_a(self.dropout(x)))
         return out + update * self.scale
 
@@ -122,7 +125,8 @@ def dequantized(weight: torch.Tensor) -> torch.Tensor:
     return cast(torch.Tensor, get()) if callable(get) else weight
 
 
-def _seed(seed: int, name: str) -> int:
+def adapter_seed(seed: int, name: str) -> int:
+    """The seed of the A matrix of the adapter on projection `name` (``layers.0.attention.wq``)."""
     return (seed * 1_000_003 + zlib.crc32(f"{name}.lora_a".encode())) % (2**63 - 1)
 
 
@@ -137,10 +141,26 @@ def apply_lora(
     model: nn.Module, m: ModelConfig, ft: FinetuneConfig, seed: int, frozen_dtype: torch.dtype
 ) -> int:
     """Freeze `model` and put adapters on its target projections (in place); returns how many.
+    For a materialised model: the adapters drawn (``reset_adapters``) and, with qlora, the base
+    weights quantized to NF4 from the weights as loaded. The engines build on the meta device
+    instead (``wrap_adapters``, then ``train.parallel.build`` draws and quantizes per shard)."""
+    count = wrap_adapters(model, m, ft, frozen_dtype)
+    for name, module in adapted(model):
+        module.reset_adapters(adapter_seed(seed, name))
+    quantize_bases(model)
+    return count
+
+
+@torch.no_grad()
+def wrap_adapters(
+    model: nn.Module, m: ModelConfig, ft: FinetuneConfig, frozen_dtype: torch.dtype
+) -> int:
+    """Freeze `model` and wrap its target projections in ``LoRALinear`` (in place, on any device,
+    the meta device included: nothing is drawn or quantized here); returns how many.
 
     Frozen weights are cast to `frozen_dtype` (bf16 for bf16 training on a GPU, fp32 on the CPU;
-    the adapters stay fp32, the optimizer's master weights); with qlora the target projections'
-    weights become NF4 (from the weights as loaded)."""
+    the adapters stay fp32, the optimizer's master weights); with qlora the wrapped bases are
+    marked for NF4 (``quantize_bases``)."""
     names = set(target_modules(m, list(ft.targets)).values())
     nf4 = ft.name == "qlora"
     for param in model.parameters():
@@ -155,27 +175,43 @@ def apply_lora(
                 continue
             if block_name.count(".") != 1:  # a transformer block: "layers.N"
                 continue
-            if nf4:
-                from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
-
-                weight = linear.weight.detach().to(torch.bfloat16)
-                linear.weight = nn.Parameter(to_nf4(weight), requires_grad=False)
-            else:
+            if not nf4:
                 linear.to(frozen_dtype)
-            wrapped = LoRALinear(linear, ft.rank, ft.alpha, ft.dropout, nf4)
-            wrapped.reset_adapters(_seed(seed, f"{block_name}.{rel}"))
-            setattr(owner, leaf, wrapped)
+            setattr(owner, leaf, LoRALinear(linear, ft.rank, ft.alpha, ft.dropout, nf4))
             count += 1
     for name, param in model.named_parameters():
         if is_adapter(name):
             param.requires_grad_(True)
         elif param.dtype.is_floating_point and param.dtype != frozen_dtype and not nf4_param(param):
+            if nf4 and name.endswith(".base.weight"):
+                continue  # quantized from its loaded dtype (quantize_bases)
             param.data = param.data.to(frozen_dtype)
     return count
 
 
+def to_nf4_param(weight: torch.Tensor) -> nn.Parameter:
+    """A frozen NF4 parameter from `weight` (quantized from bf16, as QLoRA stores its base)."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    return nn.Parameter(to_nf4(weight.detach().to(torch.bfloat16)), requires_grad=False)
+
+
+@torch.no_grad()
+def quantize_bases(module: nn.Module) -> int:
+    """The bases of `module`'s qlora adapters (materialised, not yet NF4) to NF4, one at a time;
+    returns how many."""
+    count = 0
+    for _, wrapped in adapted(module):
+        if wrapped.nf4 and not nf4_param(wrapped.base.weight):
+            wrapped.base.weight = to_nf4_param(wrapped.base.weight)
+            count += 1
+    return count
+
+
 def nf4_param(param: torch.Tensor) -> bool:
-    return callable(getattr(param, "get_original_weight", None))
+    """An NF4 weight, or an FSDP2 shard (DTensor) of one."""
+    local = getattr(param, "_local_tensor", param)
+    return callable(getattr(local, "get_original_weight", None))
 
 
 def _has(module: nn.Module, path: str) -> bool:

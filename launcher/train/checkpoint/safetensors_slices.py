@@ -1,0 +1,148 @@
+"""Boxes of safetensors tensors read with plain file reads, never memory-mapped.
+
+``safe_open(...).get_slice`` maps the file: every page a rank touches stays in its resident set
+until the mapping is dropped, so a rank that reads its slices (and, fine-tuning, hashes whole
+tensors of its share of the base) ends up holding about as much of the file as it read (issue #39's
+bench: ~2x the plan's per-rank figure). Here each box is read with ``os.pread`` into the tensor it
+returns, one contiguous run at a time; the file's pages stay in the kernel's page cache (shared by
+the ranks of a node, reclaimable, not in any process's resident set). A whole tensor's digest is
+taken in bounded chunks of rows (``CHUNK_BYTES``), its bytes never all in memory at once.
+
+The format (https://huggingface.co/docs/safetensors, "Format"): 8 bytes, the header's length N
+(little-endian u64); N bytes of JSON, {name: {"dtype", "shape", "data_offsets": [begin, end]}} and
+an optional "__metadata__"; then the data, row-major, little-endian, offsets relative to its start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from launcher.plan.memory.build_peak import DIGEST_CHUNK_BYTES
+
+# safetensors' dtype names (safetensors/src/tensor.rs, Dtype).
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+# The most read at once for a digest: rows of a whole tensor, converted to fp32 one chunk at a time
+# (the plan prices it: launcher.plan.memory.build_peak).
+CHUNK_BYTES = DIGEST_CHUNK_BYTES
+MAX_HEADER = 100 << 20  # safetensors refuses headers over 100 MB (MAX_HEADER_SIZE)
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset of the tensor's data in the file
+
+
+def read_header(path: Path) -> dict[str, Entry]:
+    """The tensors of one safetensors file, from its header alone."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        if size > MAX_HEADER:
+            raise ValueError(f"{path}: a safetensors header of {size} bytes")
+        header = json.loads(f.read(size))
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: {name} has dtype {info['dtype']}, not read here")
+        begin, end = info["data_offsets"]
+        shape = tuple(int(n) for n in info["shape"])
+        if end - begin != math.prod(shape) * dtype.itemsize:
+            raise ValueError(f"{path}: {name}'s data_offsets do not match its shape")
+        out[name] = Entry(path, dtype, shape, 8 + size + int(begin))
+    return out
+
+
+def _read_into(fd: int, out: torch.Tensor, offset: int) -> None:
+    """`out.nbytes` bytes of the file at `offset` into the contiguous tensor `out`."""
+    view = memoryview(out.reshape(-1).view(torch.uint8).numpy().data).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"short read at byte {offset + done}")
+        done += n
+
+
+def read_box(entry: Entry, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+    """The box `offsets` + `shape` of the tensor, in the file's dtype, read run by run: the
+    box's contiguous runs are its innermost dims from the first one it does not cover whole."""
+    out = torch.empty(shape, dtype=entry.dtype)
+    if out.numel() == 0:
+        return out
+    full = entry.shape
+    if not full:  # a scalar
+        fd = os.open(entry.path, os.O_RDONLY)
+        try:
+            _read_into(fd, out, entry.begin)
+        finally:
+            os.close(fd)
+        return out
+    # dims after j covered whole by the box: a run is box[j] x those, contiguous in the file.
+    j = len(full) - 1
+    while j > 0 and shape[j] == full[j]:
+        j -= 1
+    inner = math.prod(full[j + 1 :])
+    run = shape[j] * inner
+    strides = [math.prod(full[k + 1 :]) for k in range(len(full))]
+    flat = out.reshape(-1)
+    fd = os.open(entry.path, os.O_RDONLY)
+    try:
+        for i, index in enumerate(_outer(shape[:j])):
+            start = sum((offsets[k] + index[k]) * strides[k] for k in range(j)) + offsets[j] * inner
+            _read_into(
+                fd, flat[i * run : (i + 1) * run], entry.begin + start * entry.dtype.itemsize
+            )
+    finally:
+        os.close(fd)
+    return out
+
+
+def _outer(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for n in shape:
+        out = [(*prefix, i) for prefix in out for i in range(n)]
+    return out
+
+
+def fp32_digest(entry: Entry) -> str:
+    """sha256 of the whole tensor's values as fp32 bytes (``lora.base_digest`` of it, the same
+    hex), read in chunks of rows of at most CHUNK_BYTES (fp32)."""
+    hasher = hashlib.sha256()
+    shape = entry.shape or (1,)
+    rows, row = shape[0], math.prod(shape[1:])
+    step = max(1, CHUNK_BYTES // max(1, row * 4))
+    for first in range(0, rows, step):
+        n = min(step, rows - first)
+        part = read_box(
+            Entry(entry.path, entry.dtype, shape, entry.begin),
+            (first,) + (0,) * (len(shape) - 1),
+            (n, *shape[1:]),
+        )
+        hasher.update(part.float().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()

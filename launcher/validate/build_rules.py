@@ -1,0 +1,85 @@
+"""The rule build-memory: a layout whose build or load cannot fit on the device although its
+steady state would (``launcher.plan.memory.build_peak`` prices the build from what
+``train.parallel.build`` does). Where the steady state does not fit either, the plan's verdict
+already says so; this rule speaks only of the build. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from launcher.config.layout import Layout
+from launcher.config.schema import LLMTrainConfig
+from launcher.validate.rule import Violation, error
+
+GIB = 1024**3
+
+
+def _totals(cfg: LLMTrainConfig, layout: Layout) -> tuple[float, float, float, str] | None:
+    """(steady device total, build device total, capacity, mechanism), or None: no figure."""
+    from launcher.plan.hardware.lookup import UnknownGPUError
+    from launcher.plan.memory.build_peak import of_plan
+    from launcher.plan.memory.estimate import stage_memory
+    from launcher.plan.planner import hardware_view
+
+    try:
+        hw = hardware_view(cfg)
+    except (UnknownGPUError, KeyError, ValueError):
+        return None
+    if hw.memory_bytes <= 0 or cfg.cluster.gpu == "cpu":
+        return None
+    stages = [stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp))]
+    heaviest = max(stages, key=lambda s: s.device_total)
+    peak, build = of_plan(cfg, layout, heaviest)
+    return heaviest.device_total, build, float(hw.memory_bytes), peak.mechanism
+
+
+def _fixes(cfg: LLMTrainConfig, layout: Layout) -> list[tuple[str, LLMTrainConfig, Layout]]:
+    """Changes that shard what the build holds whole, on backend=torch: FSDP2 (zero.stage=3)
+    over the GPUs given, else over 2, 4 or 8 GPUs of the node."""
+    from launcher.config.layout import derive_layout
+
+    if cfg.backend.name != "torch":
+        return []
+    zero = dataclasses.replace(cfg.zero, stage=3)
+    out = []
+    if layout.dp * layout.cp > 1 and cfg.zero.stage < 3:
+        out.append(("zero.stage=3", dataclasses.replace(cfg, zero=zero), layout))
+    for gpus in (2, 4, 8):
+        if gpus <= cfg.cluster.gpus_per_node * cfg.cluster.num_nodes:
+            continue
+        cluster = dataclasses.replace(cfg.cluster, gpus_per_node=gpus, num_nodes=1)
+        other = dataclasses.replace(cfg, zero=zero, cluster=cluster)
+        try:
+            out.append((f"cluster.gpus_per_node={gpus} zero.stage=3", other, derive_layout(other)))
+        except ValueError:
+            continue
+    return out
+
+
+def build_memory(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    from launcher.validate.finetune_rules import finetune_problems
+
+    found = _totals(cfg, layout)
+    if found is None:
+        return []
+    steady, build, capacity, mechanism = found
+    if steady > capacity or build <= capacity:
+        return []
+    works = [
+        text
+        for text, other, lay in _fixes(cfg, layout)
+        if not [p for p in finetune_problems(other, lay) if p[0] == "error"]
+        and (t := _totals(other, lay)) is not None
+        and max(t[:2]) <= capacity
+    ]
+    fix = works[0] if works else "a GPU with more memory (cluster.gpu)"
+    return [
+        error(
+            "build-memory",
+            ("zero.stage", "cluster.gpu"),
+            f"building the model needs {build / GIB:.1f} GiB per GPU ({mechanism}), more than "
+            f"the {capacity / GIB:.1f} GiB of cluster.gpu={cfg.cluster.gpu}, although training "
+            f"would fit ({steady / GIB:.1f} GiB): {fix}",
+        )
+    ]
