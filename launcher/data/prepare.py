@@ -32,7 +32,6 @@ Nothing here imports torch, and nothing is ever downloaded: a BPE is trained loc
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,8 +159,7 @@ def prepare(
         write_splits(documents(), len(files), tmp, tok, tokenizer_file, split, source or {}, report)
         outputs.install(tmp, output, "--output", COMMAND, found)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        outputs.discard(tmp)
     return PreparedIndex.load(output)
 
 
@@ -291,6 +289,5 @@ def _prepare_conversations(
         fsio.write_json_atomic(tmp / INDEX_FILE, index.to_json())
         outputs.install(tmp, output, "--output", COMMAND, found)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        outputs.discard(tmp)
     return PreparedIndex.load(output)
