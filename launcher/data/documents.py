@@ -33,6 +33,7 @@ from launcher import bounded_read
 from launcher.data.limits import RECORD_OPTION, DataLimits
 from launcher.errors import UserError
 from launcher.excerpt import excerpt
+from launcher.excerpt import message as quoted
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 STRUCTURED_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -254,8 +255,7 @@ def _column_texts(batches: Iterator[Any], text_key: str, where: str) -> Iterator
         names = list(batch.schema.names)
         if text_key not in names:
             raise UserError(
-                f"{where}: no {text_key!r} column (it has: {', '.join(names[:8])}); "
-                "pass --text-key NAME"
+                f"{where}: no {text_key!r} column (it has: {_names(names)}); pass --text-key NAME"
             )
         for value in batch.column(names.index(text_key)).to_pylist():
             if value is None:
@@ -270,33 +270,58 @@ def _parquet(path: Path, text_key: str) -> Iterator[str]:
     try:
         file = pa.parquet.ParquetFile(str(path))
     except Exception as exc:  # pyarrow raises its own ArrowInvalid
-        raise UserError(f"{path}: not a readable parquet file ({exc})") from None
+        raise UserError(f"{path}: not a readable parquet file ({quoted(str(exc))})") from None
     if text_key not in file.schema_arrow.names:
-        names = ", ".join(file.schema_arrow.names[:8])
+        names = _names(file.schema_arrow.names)
         raise UserError(f"{path}: no {text_key!r} column (it has: {names}); pass --text-key NAME")
     yield from _column_texts(
         file.iter_batches(batch_size=_BATCH_ROWS, columns=[text_key]), text_key, str(path)
     )
 
 
+def _names(names: Sequence[str]) -> str:
+    """Column names found in a file, for a message (the first 8, quoted short)."""
+    return ", ".join(excerpt(str(n)) for n in list(names)[:8])
+
+
+def _meta(file: Path) -> dict[str, Any]:
+    """A saved dataset's small JSON file (state.json, dataset_dict.json), read bounded."""
+    try:
+        document = bounded_read.read_json(file, max_bytes=16 << 20, follow_symlinks=True)
+    except (OSError, bounded_read.FileRefused) as exc:
+        raise UserError(f"{file}: {exc}") from None
+    if not isinstance(document, dict):
+        raise UserError(f"{file}: expected a JSON object")
+    return document
+
+
 def _saved_dataset(path: Path, text_key: str) -> Iterator[str]:
     pa = _pyarrow()
     if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
-        if "train" not in splits:
-            raise UserError(f"{path}: a DatasetDict without a 'train' split (has {splits})")
+        splits = _meta(path / "dataset_dict.json").get("splits", [])
+        if not isinstance(splits, list) or "train" not in splits:
+            raise UserError(
+                f"{path}: a DatasetDict without a 'train' split (has {excerpt(splits)})"
+            )
         yield from _saved_dataset(path / "train", text_key)
         return
-    state = json.loads((path / "state.json").read_text())
-    files = [path / entry["filename"] for entry in state.get("_data_files", [])]
+    entries = _meta(path / "state.json").get("_data_files", [])
+    try:
+        files = [path / str(entry["filename"]) for entry in entries]
+    except (TypeError, KeyError):
+        raise UserError(
+            f"{path / 'state.json'}: _data_files must list {{filename}} objects"
+        ) from None
     if not files:
         files = sorted(path.glob("*.arrow"))
     for file in files:
         if file.resolve().parent != path.resolve():
-            raise UserError(f"{path / 'state.json'}: data file {file.name!r} outside the folder")
+            raise UserError(
+                f"{path / 'state.json'}: data file {excerpt(file.name)} outside the folder"
+            )
         with pa.memory_map(str(file)) as source:
             try:
                 reader = pa.ipc.open_stream(source)
             except Exception as exc:
-                raise UserError(f"{file}: not an Arrow stream ({exc})") from None
+                raise UserError(f"{file}: not an Arrow stream ({quoted(str(exc))})") from None
             yield from _column_texts(iter(reader), text_key, str(file))

@@ -267,3 +267,24 @@ def test_a_fifo_input_is_not_a_regular_file_not_missing(tmp_path: Path) -> None:
     code, output = prepare("--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out"))
     clean(code, output, tmp_path)
     assert "in.jsonl: is a FIFO (named pipe), not a regular file" in " ".join(output.split())
+
+
+def test_column_names_and_saved_dataset_files_are_quoted_short(tmp_path: Path) -> None:
+    """A parquet column named with escapes and 20,000 characters, and a saved dataset whose
+    state.json is no object: exit 2, bounded and escaped, no traceback."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    (tmp_path / "in").mkdir()
+    table = pa.table({ESC + "C" * 20_000: ["x"]})
+    pq.write_table(table, tmp_path / "in" / "d.parquet")
+    code, output = prepare("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
+    clean(code, output, tmp_path)
+    assert "no 'text' column (it has: '\\x1b[2JCCC" in " ".join(output.split())
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "state.json").write_text("[1, 2]")
+    (saved / "dataset_info.json").write_text("{}")
+    code, output = prepare("--input", str(saved), "--output", str(tmp_path / "out"))
+    clean(code, output, tmp_path)
+    assert "state.json: expected a JSON object" in output
