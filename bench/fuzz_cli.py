@@ -1,6 +1,7 @@
 """Fuzz the command line with thousands of generated bad overrides and config files.
 
-    python bench/fuzz_cli.py [--cases 3000] [--seed 0] [--subprocess 20]
+    python bench/fuzz_cli.py [--cases 3000] [--seed 0] [--subprocess 20] [--templates 0]
+    python bench/fuzz_cli.py --only templates --templates 200 [--template-seconds 2]
 
 Uses the strategies of tests/unit/test_fuzz_cli.py (unknown keys, typos, keys under the wrong node,
 wrong types, out-of-range values, bad choices, bad group options, malformed overrides, combinations,
@@ -11,6 +12,15 @@ valid random text (accepted), and every failure with its input. Exit status 1 if
 
 Measured (2-core CPU box): --cases 3000 --seed 1: 3,020 cases (20 in child processes), all exit 2
 naming the key, 223 s; --cases 5000 --seed 2: 5,030 cases, all exit 2 naming the key, 385 s.
+
+`--templates N` adds N chat templates drawn from tests/unit/test_fuzz_templates.py's grammar
+(loops, repetition, widths, powers, padding, namespace doubling, recursion, raise_exception with
+escapes), each through `data prepare` as a user runs it: rendered by the template worker (a child
+process with its address-space limit and watchdog) under a `--template-seconds` time budget. A
+case passes when it exits 0, or 2 naming the records file and line, within the budget and 30 s,
+with no traceback, no escape byte, a message under 2,000 characters and no folder left behind.
+Measured (the shared 2-core box, loaded): --only templates --templates 100 --seed 1: 100 cases,
+all exit 2 naming the records file and line, 67 s.
 """
 
 from __future__ import annotations
@@ -71,12 +81,16 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=3000, help="in-process cases in all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--subprocess", type=int, default=20, help="cases in child processes")
-    parser.add_argument("--only", help="run one category")
+    parser.add_argument("--only", help="run one category (templates: only --templates)")
+    parser.add_argument("--templates", type=int, default=0, help="chat templates to run")
+    parser.add_argument("--template-seconds", type=float, default=2.0)
     args = parser.parse_args()
 
     fuzz = load_fuzz_module()
     tally = Tally()
     weights = {args.only: 1.0} if args.only else WEIGHTS
+    if args.only == "templates":
+        weights = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="llmtrain-fuzz-") as tmp:
         for category, weight in weights.items():
@@ -84,11 +98,14 @@ def main() -> None:
             copy = category == "config-file"
             with fuzz.fuzz_environment(Path(tmp) / category, data_copy=copy) as env:
                 run_category(fuzz, env, category, category, cases, args.seed, tally)
-        if args.subprocess:
+        if args.subprocess and args.only != "templates":
             with fuzz.fuzz_environment(Path(tmp) / "subprocess", data_copy=False) as env:
                 run_category(
                     fuzz, env, "combination", "subprocess", args.subprocess, args.seed, tally
                 )
+        if args.templates:
+            run_templates(Path(tmp) / "templates", args.templates, args.seed,
+                          args.template_seconds, tally)  # fmt: skip
     wall = time.perf_counter() - start
 
     t = tally
@@ -146,6 +163,65 @@ def run_category(
             tally.valid[label] += 1
         else:
             tally.named[label] += 1
+
+    one()
+
+
+def run_templates(root: Path, cases: int, seed_value: int, seconds: float, tally: Tally) -> None:
+    """`cases` generated chat templates through `data prepare` (see the module docstring)."""
+    import json
+    import shutil
+
+    from launcher.data.limits import DataLimits
+    from tests.chat_fixtures import build_tokenizer
+    from tests.cli import invoke
+
+    spec = importlib.util.spec_from_file_location(
+        "test_fuzz_templates", ROOT / "tests" / "unit" / "test_fuzz_templates.py"
+    )
+    assert spec is not None and spec.loader is not None
+    grammar = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grammar)
+    DataLimits.from_mib = classmethod(lambda cls, mib: cls(mib << 20, seconds))  # type: ignore[assignment]
+    tok = build_tokenizer("qwen2.5", root / "tok")
+    data = root / "chat.jsonl"
+    data.write_text(json.dumps({"messages": grammar.MESSAGES[1:]}) + "\n")
+    template, out = root / "t.jinja", root / "out"
+    label = "templates"
+
+    @seed(seed_value)
+    @settings(max_examples=cases, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(source=grammar.TEMPLATES)
+    def one(source: str) -> None:
+        template.write_text(source)
+        start = time.perf_counter()
+        done = invoke("data", "prepare", "--input", str(data), "--tokenizer", str(tok),
+                      "--chat-template", str(template), "--output", str(out),
+                      timeout=seconds + 60)  # fmt: skip
+        took = time.perf_counter() - start
+        tally.seconds[label] += took
+        tally.ran[label] += 1
+        said = done.stdout + done.stderr
+        problems = []
+        if done.returncode not in (0, 2) or "Traceback" in said:
+            problems.append(f"exit {done.returncode}: {said[-500:]!r}")
+        if done.returncode == 2 and f"{data}:1" not in said:
+            problems.append(f"the records file and line not named: {said[-300:]!r}")
+        if grammar.ESC in said or len(said) > 2000:
+            problems.append(f"unsafe message ({len(said)} characters)")
+        if took > seconds + 30:
+            problems.append(f"took {took:.0f} s")
+        if any(p.name.startswith(".out") for p in root.iterdir()):
+            problems.append("a temporary folder was left behind")
+        if problems:
+            tally.failed.append(f"[{label}] {source!r}: {problems}")
+        elif done.returncode == 0:
+            tally.valid[label] += 1
+        else:
+            tally.named[label] += 1
+        if out.exists():
+            shutil.rmtree(out)
 
     one()
 

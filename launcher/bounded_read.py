@@ -14,6 +14,10 @@ output markers) goes through ``read_regular``:
 A refusal is ``FileRefused`` (a ValueError) whose message says what the file is and why it was not
 read, never what it holds; a missing or unreadable file is the OSError the system gave (callers
 tell "absent" from "refused"). ``read_json`` adds a nesting bound checked before the parser runs.
+
+A file read line by line (a user's JSON Lines records, ``lines``) is opened the same way and each
+line is bounded: a line longer than the bound is ``LineTooLong`` once that many bytes are read,
+never read whole (a 200 MB line costs the bound, not 200 MB).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -51,6 +56,17 @@ def kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "a symbolic link"
     return "not a regular file"
+
+
+def not_regular(path: Path) -> str | None:
+    """Why `path` (followed through links) is there but is no regular file ("is a FIFO (named
+    pipe), not a regular file"); None when it is a regular file or is not there. Only stat(2):
+    nothing is opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else f"is {kind(mode)}, not a regular file"
 
 
 def open_regular(path: Path, *, follow_symlinks: bool = False) -> int:
@@ -92,6 +108,34 @@ def read_regular(path: Path, max_bytes: int, *, follow_symlinks: bool = False) -
     if len(data) > max_bytes:
         raise FileRefused(f"is larger than {max_bytes:,} bytes (it grew while it was read)")
     return data
+
+
+class LineTooLong(FileRefused):
+    """A line longer than the bound; `number` is its line number (from 1)."""
+
+    def __init__(self, number: int, max_bytes: int):
+        super().__init__(f"line {number} is longer than {max_bytes:,} bytes")
+        self.number = number
+        self.max_bytes = max_bytes
+
+
+def lines(
+    path: Path, max_line_bytes: int, *, follow_symlinks: bool = True
+) -> Iterator[tuple[int, bytes]]:
+    """(number, line) of each line of the regular file `path` (numbered from 1, the line end
+    kept), none longer than `max_line_bytes` bytes before its end: LineTooLong, raised once
+    that many bytes of it are read."""
+    fd = open_regular(path, follow_symlinks=follow_symlinks)
+    with os.fdopen(fd, "rb", buffering=1 << 20) as f:
+        number = 0
+        while True:
+            line = f.readline(max_line_bytes + 1)
+            if not line:
+                return
+            number += 1
+            if len(line) > max_line_bytes and not line.endswith(b"\n"):
+                raise LineTooLong(number, max_line_bytes)
+            yield number, line
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')

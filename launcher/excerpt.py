@@ -6,7 +6,9 @@ helps, they show ``excerpt(value)``: at most ``LIMIT`` characters, every control
 ANSI escape, a newline, a carriage return that would overwrite the terminal line) and every
 non-ASCII character escaped as Python writes it (``\\x1b``, ``\\n``, ``\\u202e``), a longer value
 cut with its length said. Nested values are shortened level by level (reprlib), never rendered
-whole first.
+whole first. A sentence a file writes for people to read (a chat template's ``raise_exception``
+message, a library's error about a file) is quoted the same way, up to ``MESSAGE_LIMIT``
+characters: real templates' messages run to about 110.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import reprlib
 from typing import Any
 
 LIMIT = 40
+MESSAGE_LIMIT = 200
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel = 2
@@ -54,3 +57,9 @@ def name(text: str, limit: int = 80) -> str:
     if len(shown) > limit:
         shown = shown[:limit] + f"... ({len(text):,} characters)"
     return shown
+
+
+def message(text: str) -> str:
+    """A sentence from a file (see the module docstring): escaped, at most MESSAGE_LIMIT
+    characters, quoted."""
+    return excerpt(text, MESSAGE_LIMIT)

@@ -3,12 +3,13 @@
 it wrote.
 
 - Written beside, renamed into place: the caller writes into ``temporary_sibling`` (a fresh
-  hidden folder next to the target); ``install`` writes the ownership marker (``MARKER``,
-  launcher/output_marker.py: the command, every file with its size and sha256, signed with the
-  user's key so that nobody else can forge it) and renames the folder to the target without
-  replacing anything (``rename_noreplace``): a target that appeared meanwhile (a folder someone
-  created, a concurrent prepare that finished first) makes this one fail with exit 2, and the
-  target is left as it is.
+  hidden folder next to the target, ``.NAME.tmp-HOST-PID-RANDOM``, flock'ed by the writer for as
+  long as it lives; ``discard`` removes it on failure); ``install`` writes the ownership marker
+  (``MARKER``, launcher/output_marker.py: the command, every file with its size and sha256,
+  signed with the user's key so that nobody else can forge it) and renames the folder to the
+  target without replacing anything (``rename_noreplace``): a target that appeared meanwhile (a
+  folder someone created, a concurrent prepare that finished first) makes this one fail with
+  exit 2, and the target is left as it is.
 - ``--overwrite`` replaces only a folder whose marker is signed by this user's llmtrain, names
   the same command, and lists exactly the files present with their sizes (a user's file put
   there is never deleted: refused). The old folder is renamed into a fresh private folder
@@ -16,6 +17,11 @@ it wrote.
   quarantine, its bytes checked against the marker's sha256 there, and only then unlinked; a file
   that changed is put back, a file nobody listed is never touched, and folders are removed only
   when empty (never a recursive delete of whatever is there).
+- A writer killed outright (SIGKILL, the OOM killer, a power cut) leaves its temporary folder
+  behind: the next ``temporary_sibling`` beside the same target removes each one it can prove
+  dead: written from this host (the name's HOST), by a pid that no longer exists, and whose flock
+  it can take. A live writer's (its flock held) and folders of other hosts or other names are
+  never touched.
 - Never a run directory, a folder inside one, the current or root directory, or a folder holding
   a run directory at any depth (the whole tree is searched, links not followed; a tree too large
   or unreadable to search is refused), with or without ``--overwrite``.
@@ -26,9 +32,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import os
+import re
 import secrets
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -174,10 +183,93 @@ def check_target(out: Path, option: str, command: str, overwrite: bool, what: st
     return REPLACE
 
 
+# Temporary folders this process writes, each with the descriptor holding its flock.
+_HELD: dict[Path, int] = {}
+_DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
 def temporary_sibling(out: Path) -> Path:
-    """A fresh hidden folder beside `out` to write the output into."""
+    """A fresh hidden folder beside `out` to write the output into, held (flock) until it is
+    installed or discarded; stale ones of dead writers beside it are removed first (see the
+    module docstring)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_stale_temporaries(out)
+    prefix = f".{out.name}.tmp-{_host_tag()}-{os.getpid()}-"
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+    fd = os.open(path, _DIRECTORY | _NOFOLLOW)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # just made: nobody else holds it
+    _HELD[path] = fd
+    return path
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _release(path: Path) -> None:
+    fd = _HELD.pop(path, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def discard(tmp: Path) -> None:
+    """Remove a temporary folder this process made (nothing when it is gone) and let it go."""
+    if os.path.lexists(tmp):
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    _release(tmp)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Remove the temporary folders beside `out` whose writers are proven dead (see the module
+    docstring); the ones removed."""
+    import shutil
+
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.tmp-([0-9a-f]{{8}})-(\d+)-[A-Za-z0-9_]+")
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(out.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        found = pattern.fullmatch(entry.name)
+        if found is None or found.group(1) != _host_tag():
+            continue
+        path = Path(entry.path)
+        if path in _HELD or _pid_alive(int(found.group(2))):
+            continue
+        try:
+            fd = os.open(path, _DIRECTORY | _NOFOLLOW)
+        except OSError:
+            continue  # a link, a file, or gone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live writer holds it
+        try:
+            if os.path.samestat(os.fstat(fd), os.lstat(path)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 _RENAME_NOREPLACE = 1
@@ -304,6 +396,14 @@ def install(
     output it accepted for --overwrite). Raises UserError, with `out` as it was, when `out`
     appeared meanwhile or changed since it was checked."""
     output_marker.write(tmp, command, extra or {})
+    try:
+        _install(tmp, out, option, command, found)
+    finally:
+        _release(tmp)
+        _release(tmp.parent)  # a folder inside the temporary one was installed
+
+
+def _install(tmp: Path, out: Path, option: str, command: str, found: str) -> None:
     old = aside = None
     if found == EMPTY:
         with contextlib.suppress(OSError):

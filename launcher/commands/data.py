@@ -3,6 +3,7 @@ records) into a train and a validation split that `data.path=` reads."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -72,6 +73,14 @@ ChatTemplate = Annotated[
         "tokenizer_config.json beside --tokenizer).",
     ),
 ]
+MaxRecordMib = Annotated[
+    int,
+    typer.Option(
+        "--max-record-mib",
+        help="Most MiB one JSON Lines record (and one document a BPE or tokenizer.json "
+        "encodes) may hold; a chat template's rendering may make twice that.",
+    ),
+]
 SeqLength = Annotated[
     int | None,
     typer.Option(
@@ -96,20 +105,25 @@ def data_prepare(
     input_format: InputFormat = None,
     chat_template: ChatTemplate = None,
     seq_length: SeqLength = None,
+    max_record_mib: MaxRecordMib = 16,
     as_json: JsonFlag = False,
 ) -> None:
     """Tokenize text into a train and a validation split with an index (then data.path=OUTPUT).
 
     Chat and instruct records (docs/finetuning.md) keep per-token loss roles; data.train_on,
     data.packing and data.overlong apply when a run reads them."""
-    if tokenizer not in ("byte", "bpe") and not Path(tokenizer).expanduser().is_file():
+    # A path that is there but is no regular file (a FIFO, a folder) is refused as what it is
+    # when it is read (launcher.data.hf_tokenizer), never called missing.
+    if tokenizer not in ("byte", "bpe") and not os.path.lexists(Path(tokenizer).expanduser()):
         raise UserError(
             f"--tokenizer={tokenizer}: must be byte, bpe, or the path of a tokenizer.json file"
         )
     if vocab_size < 256 + 1 and tokenizer == "bpe":
         raise UserError(f"--vocab-size={vocab_size}: a BPE vocabulary needs more than 256 entries")
+    from launcher.data.limits import DataLimits
     from launcher.data.prepare import prepare
 
+    limits = DataLimits.from_mib(max_record_mib)
     index = prepare(
         [Path(p) for p in inputs],
         Path(output),
@@ -125,6 +139,7 @@ def data_prepare(
         input_format=input_format,
         chat_template=chat_template,
         byte_eod=True,  # byte tokens: id 256 ends each document (vocabulary 257)
+        limits=limits,
     )
     document = index.to_json()
     if index.layout == "chat":

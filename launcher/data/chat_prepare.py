@@ -19,12 +19,19 @@ Layout of the output folder (index.json ``layout: "chat"``): per split, two Mega
 datasets with one sequence per conversation, the same lengths: ``{split}_chat_tokens.bin/.idx``
 (token ids) and ``{split}_chat_roles.bin/.idx`` (uint8 roles), plus ``tokenizer.json`` and
 ``tokenizer_config.json`` (the template) copied beside. Nothing here imports torch.
+
+Every conversation is rendered in one child process under the budget of ``launcher.data.limits``
+(``launcher.data.template_worker``), streamed while this process tokenizes; a conversation the
+template refuses, or one that runs over a budget, ends the command with exit 2 naming FILE:LINE,
+the template (and its line where known) and the budget.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,13 +43,16 @@ from launcher.data.chat_records import Conversation, detect_format, iter_convers
 from launcher.data.chat_template import (
     CONFIG_FILE,
     ChatTemplate,
+    TemplateBudgetExceeded,
     TemplateRenderError,
-    extend_over_turn_end,
     token_mask,
 )
 from launcher.data.hf_tokenizer import HFTokenizerFile
 from launcher.data.length_histogram import HISTOGRAM_KEY, length_histogram
+from launcher.data.limits import DataLimits
+from launcher.data.template_worker import TemplateWorker, refusal
 from launcher.errors import UserError
+from launcher.excerpt import message as quoted
 
 CHAT_LAYOUT = "chat"
 ROLE_PROMPT, ROLE_ASSISTANT, ROLE_FINAL = 0, 1, 2
@@ -73,25 +83,39 @@ class ChatTokenizer:
         added = raw.get_added_tokens_decoder().values()
         self.specials = tuple(t.content for t in added if t.special)
 
-    def encode(self, conversation: Conversation) -> Example:
+    def encode(self, conversation: Conversation, limits: DataLimits | None = None) -> Example:
+        """One conversation's ids and roles, rendered in this process (under the sandbox's own
+        guard; ``prepare_chat`` renders in the template worker)."""
         if self.template is None:
             return self._plain_pair(conversation)
+        limits = limits or DataLimits()
         messages = [dict(m) for m in conversation.messages]
+        where, origin = conversation.where, self.template.origin
         try:
-            text = self.template.render(messages)
-            spans = self.template.assistant_spans(messages, text)
+            text, spans = self.template.conversation(messages, self.specials, limits)
+        except TemplateBudgetExceeded as exc:
+            raise refusal(where, origin, str(exc), exc.kind, limits) from None
         except TemplateRenderError as exc:
-            raise UserError(
-                f"{conversation.where}: the chat template ({self.template.origin}) refuses this "
-                f"conversation: {exc}"
-            ) from None
-        spans = extend_over_turn_end(text, spans, self.specials)
+            raise refusal(where, origin, str(exc), None, limits) from None
+        return self.encode_rendered(conversation, text, spans)
+
+    def encode_rendered(
+        self, conversation: Conversation, text: str, spans: list[tuple[int, int, int]]
+    ) -> Example:
+        """Ids and roles of a rendered conversation (`spans`: its assistant turns, extended over
+        the turn ends)."""
         if not spans:
             raise UserError(
                 f"{conversation.where}: no assistant text to train on (only tool calls without "
                 "content)"
             )
-        encoding = self.tokenizer._tok.encode(text, add_special_tokens=False)
+        try:
+            encoding = self.tokenizer._tok.encode(text, add_special_tokens=False)
+        except Exception as exc:  # the library's TypeError / its own exceptions
+            raise UserError(
+                f"{conversation.where}: the tokenizer cannot encode this conversation "
+                f"({type(exc).__name__}: {quoted(str(exc))})"
+            ) from None
         marks = np.asarray(token_mask(encoding.offsets, spans), dtype=np.int64)
         roles = np.where(marks == 0, ROLE_PROMPT, ROLE_ASSISTANT).astype(np.uint8)
         roles[marks == len(spans)] = ROLE_FINAL
@@ -130,8 +154,6 @@ def load_chat_tokenizer(
     tok = HFTokenizerFile(path, eod_token)
     config = path.parent / CONFIG_FILE
     template_file = Path(chat_template).expanduser() if chat_template else None
-    if template_file is not None and not template_file.is_file():
-        raise UserError(f"--chat-template {chat_template}: no such file (a Jinja template)")
     try:
         template: ChatTemplate | None = ChatTemplate.from_tokenizer_config(config, template_file)
     except UserError:
@@ -163,13 +185,18 @@ def prepare_chat(
     is_valid: Callable[[int, float], bool],
     tokenizer_file: str = "tokenizer.json",
     report: Any = None,
+    limits: DataLimits | None = None,
 ) -> dict[str, Any]:
     """Write the chat splits into `tmp` (the caller installs it); the index fields they need.
-    `is_valid(i, fraction)`: whether example i is held out (``prepare.is_valid_document``)."""
+    `is_valid(i, fraction)`: whether example i is held out (``prepare.is_valid_document``);
+    `limits`: what one record and its rendering may cost."""
     from launcher.data.megatron_indexed import IndexedDatasetWriter
 
-    fmt = input_format or detect_format(list(files))
+    limits = limits or DataLimits()
+    fmt = input_format or detect_format(list(files), limits)
     tok = load_chat_tokenizer(tokenizer, chat_template, eod_token, fmt)
+    if tok.template is not None:
+        tok.template.check()
     tok.tokenizer.save(tmp / tokenizer_file)
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     if tok.template is not None:
@@ -183,19 +210,10 @@ def prepare_chat(
         roles = IndexedDatasetWriter(tmp / names["roles"], 256)
         roles.dtype = np.dtype(np.uint8)
         splits[name] = _Split(IndexedDatasetWriter(tmp / names["tokens"], vocab), roles)
-    count = 0
-    for conversation in iter_conversations(list(files), fmt):
-        example = tok.encode(conversation)
-        split = splits["valid" if is_valid(count, valid_fraction) else "train"]
-        split.tokens.add_document(example.ids)
-        split.roles.add_document(example.roles)
-        split.examples += 1
-        split.tokens_total += int(example.ids.size)
-        split.lengths.append(int(example.ids.size))
-        split.assistant_tokens += int((example.roles > 0).sum())
-        count += 1
-        if report is not None and count % 10_000 == 0:
-            report(f"{count:,} conversations")
+    conversations = iter_conversations(list(files), fmt, limits)
+    examples = _examples(tok, conversations, limits)
+    with contextlib.closing(examples) as encoded:  # stops the worker on any error
+        count = _write_examples(encoded, splits, is_valid, valid_fraction, report)
     for split in splits.values():
         split.tokens.finish()
         split.roles.finish()
@@ -232,3 +250,45 @@ def prepare_chat(
         },
         "source": {**source, "documents": count},
     }
+
+
+def _examples(
+    tok: ChatTokenizer, conversations: Iterable[Conversation], limits: DataLimits
+) -> Generator[Example, None, None]:
+    """Each conversation's example, in order: rendered by the template worker (started at the
+    first conversation, so that a bad first record costs no process), or a plain instruct pair
+    when there is no template."""
+    if tok.template is None:
+        for conversation in conversations:
+            yield tok.encode(conversation, limits)
+        return
+    records = iter(conversations)
+    first = next(records, None)
+    if first is None:
+        return
+    with TemplateWorker(tok.template, tok.specials, limits) as worker:
+        for conversation, text, spans in worker.render_all(itertools.chain([first], records)):
+            yield tok.encode_rendered(conversation, text, spans)
+
+
+def _write_examples(
+    examples: Iterable[Example],
+    splits: dict[str, _Split],
+    is_valid: Callable[[int, float], bool],
+    valid_fraction: float,
+    report: Any,
+) -> int:
+    """Append each example to its split; how many there were."""
+    count = 0
+    for example in examples:
+        split = splits["valid" if is_valid(count, valid_fraction) else "train"]
+        split.tokens.add_document(example.ids)
+        split.roles.add_document(example.roles)
+        split.examples += 1
+        split.tokens_total += int(example.ids.size)
+        split.lengths.append(int(example.ids.size))
+        split.assistant_tokens += int((example.roles > 0).sum())
+        count += 1
+        if report is not None and count % 10_000 == 0:
+            report(f"{count:,} conversations")
+    return count

@@ -14,7 +14,10 @@ One record a line (blank lines skipped), in one of three shapes:
 
 ``detect_format`` tells chat from instruct by the first record. Every problem is a ``UserError``
 naming the file and line: bad JSON, a record of another shape, an unknown role, a message without
-text, a conversation without an assistant message, an assistant message with empty content.
+text, a conversation without an assistant message, an assistant message with empty content, a
+line over the record budget (``--max-record-mib``, read no further), a string holding a lone
+surrogate (named by its field: ``messages[1].content``). What a record holds is quoted only
+through ``launcher.excerpt``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.data.documents import json_line
+from launcher.data.documents import json_line, record_lines
+from launcher.data.limits import DataLimits
 from launcher.errors import UserError
+from launcher.excerpt import excerpt
 
 INPUT_FORMATS = ("chat", "instruct")
 ROLES = ("system", "user", "assistant", "tool")
@@ -50,24 +55,12 @@ class Conversation:
     pair: tuple[str, str] | None = None
 
 
-def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    try:
-        handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed below)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
-    with handle:
-        number = 0
-        try:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                record = json_line(line, where)
-                if not isinstance(record, dict):
-                    raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
-                yield where, record
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{path}:{number + 1}: not UTF-8 text ({exc.reason})") from None
+def _records(path: Path, limits: DataLimits) -> Iterator[tuple[str, dict[str, Any]]]:
+    for where, line in record_lines(path, limits):
+        record = json_line(line, where)
+        if not isinstance(record, dict):
+            raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        yield where, record
 
 
 def record_format(record: dict[str, Any]) -> str | None:
@@ -80,10 +73,10 @@ def record_format(record: dict[str, Any]) -> str | None:
     return None
 
 
-def detect_format(files: list[Path]) -> str:
+def detect_format(files: list[Path], limits: DataLimits | None = None) -> str:
     """chat or instruct, from the first record of the first file that has one."""
     for path in files:
-        for where, record in _records(path):
+        for where, record in _records(path, limits or DataLimits()):
             found = record_format(record)
             if found is None:
                 raise UserError(_shape_error(where, record))
@@ -92,7 +85,7 @@ def detect_format(files: list[Path]) -> str:
 
 
 def _shape_error(where: str, record: dict[str, Any], expected: str | None = None) -> str:
-    keys = ", ".join(sorted(map(str, record))[:8]) or "none"
+    keys = ", ".join(excerpt(k) for k in sorted(map(str, record))[:8]) or "none"
     wanted = {
         "chat": '"messages" (role/content) or "conversations" (from/value)',
         "instruct": '"prompt" and "completion" (or "instruction" and "output")',
@@ -123,7 +116,9 @@ def _chat(where: str, record: dict[str, Any]) -> Conversation:
         role = item.get(role_key)
         known = ROLES if roles is None else tuple(roles)
         if role not in known:
-            raise UserError(f"{at}: unknown role {role!r}; expected one of {', '.join(known)}")
+            raise UserError(
+                f"{at}: unknown role {excerpt(role)}; expected one of {', '.join(known)}"
+            )
         role = role if roles is None else roles[role]
         message = {k: v for k, v in item.items() if k not in (role_key, text_key)}
         content = item.get(text_key)
@@ -158,7 +153,9 @@ def _instruct(where: str, record: dict[str, Any]) -> Conversation:
     return Conversation(where, messages, (prompt, completion))
 
 
-def iter_conversations(files: list[Path], input_format: str) -> Iterator[Conversation]:
+def iter_conversations(
+    files: list[Path], input_format: str, limits: DataLimits | None = None
+) -> Iterator[Conversation]:
     """Every record of `files` (in order) as a Conversation; UserError naming FILE:LINE."""
     if input_format not in INPUT_FORMATS:
         raise UserError(f"--input-format={input_format}: must be one of {', '.join(INPUT_FORMATS)}")
@@ -168,7 +165,7 @@ def iter_conversations(files: list[Path], input_format: str) -> Iterator[Convers
                 f"--input {path}: chat and instruct data are read from JSON Lines files "
                 "(*.jsonl, one record a line)"
             )
-        for where, record in _records(path):
+        for where, record in _records(path, limits or DataLimits()):
             found = record_format(record)
             if found != input_format:
                 raise UserError(_shape_error(where, record, input_format))

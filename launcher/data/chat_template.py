@@ -1,13 +1,10 @@
 """A model's chat template, rendered as Hugging Face transformers' ``apply_chat_template`` renders
 it, and the character spans of the assistant turns in the result.
 
-Rendering (what transformers 4.4x-5.x do in ``utils/chat_template_utils.py``, re-stated here so that
-llmtrain never imports transformers): a Jinja2 ``ImmutableSandboxedEnvironment`` with
-``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension and a ``{% generation %}``
-block tag (rendered as its body); the ``tojson`` filter is ``json.dumps`` without ASCII escaping
-(keyword arguments ``indent``, ``separators``, ``sort_keys``); the globals ``raise_exception``
-(a template error), ``strftime_now`` (the local time formatted), ``dict`` and ``namespace``
-(which refuses underscore-prefixed names). The template sees ``messages``, ``tools`` (None),
+Rendering is what transformers 4.4x-5.x do in ``utils/chat_template_utils.py`` (the environment:
+``launcher.data.template_sandbox``, which also keeps a template inside its time and size budget,
+``launcher.data.limits``; ``data prepare`` renders in a child process besides,
+``launcher.data.template_worker``). The template sees ``messages``, ``tools`` (None),
 ``documents`` (None), ``add_generation_prompt`` and the tokenizer's named special tokens
 (``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``,
 ``mask_token``: those tokenizer_config.json names) as strings; keys of a message whose value is
@@ -26,20 +23,27 @@ that closes the turn when the text right after the content starts with one (``<|
 inserts an assistant's content once, as is, or trimmed (Llama 3, ChatML / Qwen2.5 and Mistral
 among them), wherever the template puts system messages. Tokens are then marked when their
 character offsets overlap a span (the rule transformers' ``return_assistant_tokens_mask`` uses).
+
+What a template says when it refuses a conversation (``raise_exception``), and any error it ends
+in, is quoted through ``launcher.excerpt`` (escaped, at most 200 characters), with the template
+line where known.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from launcher import bounded_read
+from launcher.data import template_sandbox
+from launcher.data.documents import SURROGATE
+from launcher.data.limits import DataLimits
+from launcher.data.template_sandbox import TemplateBudgetError
 from launcher.errors import UserError
+from launcher.excerpt import message as quoted
 
 # tokenizer_config.json's named special tokens (transformers' SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES = (
@@ -59,13 +63,65 @@ _SENTINEL = "\ue000llmtrain-assistant-{}\ue001"
 _MAX_FILE_BYTES = 16 << 20
 
 
-def _read_text(path: Path) -> str:
-    """A template file's text through the bounded reader (UnicodeDecodeError is a ValueError)."""
-    return bounded_read.read_regular(path, _MAX_FILE_BYTES, follow_symlinks=True).decode("utf-8")
+def _read_text(path: Path, what: str) -> str | None:
+    """A template file's text through the bounded reader; None when there is no such file.
+    `what` names the file in messages (a FIFO or folder there is refused, never waited on)."""
+    try:
+        data = bounded_read.read_regular(path, _MAX_FILE_BYTES, follow_symlinks=True)
+        return data.decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what}: not UTF-8 text (byte {exc.start})") from None
+    except bounded_read.FileRefused as exc:
+        raise UserError(f"{what}: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"{what}: cannot read it ({exc.strerror})") from None
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    """tokenizer_config.json as a dict; None when there is no such file."""
+    try:  # bounded: a FIFO or /dev/zero in its place is refused, never waited on
+        config = bounded_read.read_json(path, max_bytes=_MAX_FILE_BYTES, follow_symlinks=True)
+    except FileNotFoundError:
+        return None
+    except bounded_read.FileRefused as exc:
+        raise UserError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return config
 
 
 class TemplateRenderError(ValueError):
-    """The template raised (raise_exception) or failed while rendering a conversation."""
+    """The template raised (raise_exception) or failed while rendering a conversation; the
+    message quotes what the template said through launcher.excerpt."""
+
+
+class TemplateBudgetExceeded(TemplateRenderError):
+    """The template went over its time or size budget (launcher.data.limits)."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _render_error(exc: BaseException) -> TemplateRenderError:
+    """What a template's failure is said as: its own words quoted, the line where known."""
+    import jinja2
+
+    line = template_sandbox.template_line(exc)
+    if isinstance(exc, TemplateBudgetError) and exc.line is not None:
+        line = exc.line  # where the output ran over, found from the generator's frame
+    at = f" at line {line}" if line is not None else ""
+    if isinstance(exc, TemplateBudgetError):
+        return TemplateBudgetExceeded(f"stopped{at}: {exc}", exc.kind)
+    if isinstance(exc, MemoryError):
+        return TemplateBudgetExceeded(f"stopped{at}: it ran out of memory", "memory")
+    if type(exc) is jinja2.exceptions.TemplateError:  # raise_exception(...)
+        return TemplateRenderError(f"it says{at}: {quoted(str(exc))}")
+    return TemplateRenderError(f"{type(exc).__name__}{at}: {quoted(str(exc))}")
 
 
 def _token_text(value: Any) -> str | None:
@@ -88,66 +144,74 @@ class ChatTemplate:
     @classmethod
     def from_tokenizer_config(cls, path: Path, template_file: Path | None = None) -> ChatTemplate:
         """The chat_template (and special tokens) of a tokenizer_config.json; `template_file`: a
-        Jinja file that replaces its chat_template (a named "default" one of a list is taken)."""
-        config: dict[str, Any] = {}
-        if path.is_file():
-            try:  # bounded: a FIFO or /dev/zero in its place is refused, never waited on
-                config = bounded_read.read_json(
-                    path, max_bytes=_MAX_FILE_BYTES, follow_symlinks=True
-                )
-            except (OSError, ValueError) as exc:  # FileRefused is a ValueError
-                raise UserError(f"{path}: not valid JSON ({exc})") from None
-            if not isinstance(config, dict):
-                raise UserError(f"{path}: expected a JSON object")
+        Jinja file that replaces its chat_template (a named "default" one of a list is taken).
+        A file that is there but is not a regular file (a FIFO, a folder) is refused as such."""
+        config = _read_config(path)
         special = {
             name: text
             for name in SPECIAL_TOKEN_NAMES
-            if (text := _token_text(config.get(name))) is not None
+            if (text := _token_text((config or {}).get(name))) is not None
         }
         if template_file is not None:
-            try:
-                source = _read_text(template_file)
-            except (OSError, ValueError) as exc:
-                raise UserError(
-                    f"--chat-template {template_file}: cannot read it ({exc})"
-                ) from None
+            source = _read_text(template_file, f"--chat-template {template_file}")
+            if source is None:
+                raise UserError(f"--chat-template {template_file}: no such file (a Jinja template)")
             return cls(source, special, str(template_file))
-        raw = config.get("chat_template")
+        raw = (config or {}).get("chat_template")
         if isinstance(raw, list):  # [{"name": "default", "template": ...}, {"name": "tool_use"...}]
             named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
             raw = named.get("default")
         if not isinstance(raw, str) or not raw.strip():
             jinja = path.parent / "chat_template.jinja"  # transformers 4.4x+ save it beside
-            if jinja.is_file():
-                try:
-                    text = _read_text(jinja)
-                except (OSError, ValueError) as exc:
-                    raise UserError(f"{jinja}: cannot read it ({exc})") from None
+            text = _read_text(jinja, str(jinja))
+            if text is not None:
                 return cls(text, special, str(jinja))
             raise UserError(
                 f"no chat template: {path} has no chat_template"
-                + ("" if path.is_file() else " (the file does not exist)")
+                + ("" if config is not None else " (the file does not exist)")
                 + "; give one with --chat-template FILE.jinja"
             )
         return cls(raw, special, f"{path} chat_template")
 
+    def check(self) -> None:
+        """Compile the template now (UserError naming the line where it does not parse)."""
+        _compile(self.source)
+
     def render(
         self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False
     ) -> str:
+        """The template's text for `messages`, under the default budget unless a conversation's
+        is open (``conversation``); TemplateRenderError when it refuses or fails."""
         compiled = _compile(self.source)
         plain = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        context = {
+            "messages": plain,
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+            **self.special_tokens,
+        }
         try:
-            return str(
-                compiled.render(
-                    messages=plain,
-                    tools=None,
-                    documents=None,
-                    add_generation_prompt=add_generation_prompt,
-                    **self.special_tokens,
-                )
+            with template_sandbox.watching(DataLimits()):
+                text = template_sandbox.stream(compiled, context)
+        except Exception as exc:  # jinja2's TemplateError, the guard's, the template's code's
+            raise _render_error(exc) from None
+        if SURROGATE.search(text) is not None:
+            raise TemplateRenderError(
+                "it writes a lone surrogate (U+D800-U+DFFF), which is no character: the "
+                "tokenizer cannot read it"
             )
-        except Exception as exc:  # jinja2's TemplateError, and whatever the template's code raises
-            raise TemplateRenderError(f"{type(exc).__name__}: {exc}") from None
+        return text
+
+    def conversation(
+        self, messages: Sequence[dict[str, Any]], specials: Sequence[str], limits: DataLimits
+    ) -> tuple[str, list[tuple[int, int, int]]]:
+        """(text, spans extended over the turn ends) of one conversation, every rendering of it
+        under one budget (`limits`)."""
+        with template_sandbox.watching(limits):
+            text = self.render(messages)
+            spans = self.assistant_spans(messages, text)
+        return text, extend_over_turn_end(text, spans, specials)
 
     def assistant_spans(
         self, messages: Sequence[dict[str, Any]], rendered: str
@@ -219,99 +283,17 @@ def token_mask(
     return out
 
 
-# --- the Jinja environment -----------------------------------------------------------------------
-def _raise_exception(message: str) -> None:
-    import jinja2
-
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-@cache
-def _environment() -> Any:
-    try:
-        import jinja2
-        import jinja2.ext
-        import jinja2.nodes
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise UserError(
-            "chat templates need jinja2: pip install 'llmtrain[train]' (or pip install jinja2)"
-        ) from None
-
-    class GenerationBlock(jinja2.ext.Extension):
-        """``{% generation %}...{% endgeneration %}``: rendered as its body."""
-
-        tags = {"generation"}  # noqa: RUF012 (jinja2's Extension declares a set)
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            call = self.call_method("_body")
-            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-        def _body(self, caller: Callable[[], str]) -> str:
-            return caller()
-
-    class Namespace(jinja2.utils.Namespace):
-        """jinja's namespace, refusing underscore-prefixed attribute names."""
-
-        def __init__(*args: Any, **kwargs: Any) -> None:
-            self, rest = args[0], args[1:]
-            attrs = dict(*rest, **kwargs)
-            for name in attrs:
-                Namespace._check(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name: str, value: Any) -> None:
-            Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check(name: Any) -> None:
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(
-                    f"a chat template cannot set the underscore-prefixed attribute {name!r}"
-                )
-
-    class TemplateDict:
-        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-            return dict.fromkeys(*args, **kwargs)
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = TemplateDict()
-    env.globals["namespace"] = Namespace
-    return env
-
-
 @cache
 def _compile(source: str) -> Any:
     import jinja2
 
     try:
-        return _environment().from_string(source)
+        return template_sandbox.environment().from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise UserError(f"the chat template does not parse: line {exc.lineno}: {exc}") from None
+        raise UserError(
+            f"the chat template does not parse: line {exc.lineno}: {quoted(exc.message or '')}"
+        ) from None
+    except (RecursionError, MemoryError, SyntaxError, ValueError) as exc:  # nested too deeply
+        raise UserError(
+            f"the chat template cannot be compiled ({type(exc).__name__}: {quoted(str(exc))})"
+        ) from None

@@ -4,7 +4,9 @@ Loaded with the ``tokenizers`` library (no ``transformers``, nothing downloaded)
 end-of-document token appended after every document is ``eod_token`` when given, else the first of
 ``EOD_CANDIDATES`` the vocabulary holds (GPT-2 / Llama 3 / Llama 2 / Gemma conventions); a
 tokenizer with none of them needs ``--eod-token``. ``encode_batch`` runs the library's own thread
-pool, so a batch of documents uses every core.
+pool, so a batch of documents uses every core. The file is read through the bounded reader (a
+FIFO or folder in its place is refused as such, never waited on; at most ``MAX_FILE_BYTES``),
+and what the library says about a malformed one is quoted through ``launcher.excerpt``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,28 @@ from typing import Any
 
 import numpy as np
 
+from launcher import bounded_read
 from launcher.errors import UserError
+from launcher.excerpt import message as quoted
 
+# Real tokenizer.json files are 2-40 MB (Llama 3: 9 MB, Gemma 3: 33 MB).
+MAX_FILE_BYTES = 512 << 20
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+
+
+def read_tokenizer_json(path: Path, what: str) -> str:
+    """The text of a tokenizer.json, read bounded; UserError starting with `what` when it is
+    missing, not a regular file (a FIFO is refused, never waited on), too large or not UTF-8."""
+    try:
+        return bounded_read.read_regular(path, MAX_FILE_BYTES, follow_symlinks=True).decode()
+    except FileNotFoundError:
+        raise UserError(f"{what}: no such file (a Hugging Face tokenizer.json)") from None
+    except bounded_read.FileRefused as exc:
+        raise UserError(f"{what}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"{what}: cannot read it ({exc.strerror})") from None
 
 
 class HFTokenizerFile:
@@ -32,13 +53,12 @@ class HFTokenizerFile:
         from tokenizers import Tokenizer
 
         self.path = Path(path)
-        if not self.path.is_file():
-            raise UserError(f"--tokenizer {path}: no such file (a Hugging Face tokenizer.json)")
+        text = read_tokenizer_json(self.path, f"--tokenizer {path}")
         try:
-            self._tok: Any = Tokenizer.from_file(str(self.path))
+            self._tok: Any = Tokenizer.from_str(text)
         except Exception as exc:  # the library raises a bare Exception on a malformed file
             raise UserError(
-                f"--tokenizer {path}: not a tokenizer.json the library reads ({exc})"
+                f"--tokenizer {path}: not a tokenizer.json the library reads ({quoted(str(exc))})"
             ) from None
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.eod_id: int | None = self._find_eod(eod_token)

@@ -32,7 +32,6 @@ Nothing here imports torch, and nothing is ever downloaded: a BPE is trained loc
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import numpy as np
 from launcher import fsio, outputs
 from launcher.data.documents import find_inputs, is_saved_dataset, iter_documents, looks_binary
 from launcher.data.hf_tokenizer import HFTokenizerFile
+from launcher.data.limits import DataLimits
 from launcher.data.megatron_indexed import optimal_dtype
 from launcher.data.token_index import INDEX_FILE, PreparedIndex
 from launcher.data.token_writer import FORMATS, SplitSpec, is_valid_document, write_splits
@@ -97,6 +97,7 @@ def prepare(
     input_format: str | None = None,
     chat_template: str | None = None,
     byte_eod: bool = False,
+    limits: DataLimits | None = None,
 ) -> PreparedIndex:
     """Tokenize documents into token shards + index.json under `output` (written atomically).
 
@@ -110,16 +111,18 @@ def prepare(
     None: told from the records (``detect_input_format``).
 
     `tokenizer`: "byte", "bpe" (trained here with `vocab_size`) or the path of a Hugging Face
-    tokenizer.json. `report(line)` receives a progress line now and then. Raises UserError for
-    missing inputs, inputs with no text, binary inputs (unless `allow_binary`), and an output that
-    overlaps an input or is an existing non-empty folder (with `overwrite`: unless it is a prepared
-    dataset)."""
+    tokenizer.json. `limits`: what one record or document may hold (``launcher.data.limits``:
+    a JSON Lines line always; a whole document too when a BPE or tokenizer.json encodes it).
+    `report(line)` receives a progress line now and then. Raises UserError for missing inputs,
+    inputs with no text, binary inputs (unless `allow_binary`), and an output that overlaps an
+    input or is an existing non-empty folder (with `overwrite`: unless it is a prepared dataset)."""
     output = Path(output)
-    kind = input_format or detect_input_format(inputs, text_key)
+    limits = limits or DataLimits()
+    kind = input_format or detect_input_format(inputs, text_key, limits)
     if kind != "text":
         return _prepare_conversations(
             inputs, output, kind, tokenizer, chat_template, eod_token, overwrite, fmt,
-            valid_fraction, source or {}, report,
+            valid_fraction, source or {}, report, limits,
         )  # fmt: skip
     if chat_template is not None:
         raise UserError(
@@ -134,9 +137,13 @@ def prepare(
     output = output.expanduser().resolve()
     _check_text_inputs(inputs, files, allow_binary)
 
+    # The tokenizers library (a BPE, a tokenizer.json) holds ~160 bytes per character it encodes:
+    # a document over the record budget is refused before it gets there.
+    longest = None if tokenizer == "byte" else limits.record_bytes
+
     def documents() -> Iterator[str]:
         # Binary inputs were refused above, or are allowed: decode what is there.
-        return iter_documents(files, text_key=text_key, allow_binary=True)
+        return iter_documents(files, text_key, True, limits, longest)
 
     tmp = outputs.temporary_sibling(output)
     try:
@@ -152,8 +159,7 @@ def prepare(
         write_splits(documents(), len(files), tmp, tok, tokenizer_file, split, source or {}, report)
         outputs.install(tmp, output, "--output", COMMAND, found)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        outputs.discard(tmp)
     return PreparedIndex.load(output)
 
 
@@ -205,10 +211,14 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 INPUT_FORMATS = ("text", "chat", "instruct")
 
 
-def detect_input_format(inputs: Sequence[Path], text_key: str = "text") -> str:
+def detect_input_format(
+    inputs: Sequence[Path], text_key: str = "text", limits: DataLimits | None = None
+) -> str:
     """text, chat or instruct: chat/instruct when every input is JSON Lines whose first record has
-    no `text_key` but the keys of a conversation (``launcher.data.chat_records``)."""
+    no `text_key` but the keys of a conversation (``launcher.data.chat_records``). The first line
+    is read bounded; a file that cannot be read is "text" (whose reader says why)."""
     from launcher.data.chat_records import record_format
+    from launcher.data.documents import record_lines
 
     try:
         files = find_inputs(inputs)
@@ -216,10 +226,8 @@ def detect_input_format(inputs: Sequence[Path], text_key: str = "text") -> str:
         return "text"  # prepare() says what is missing
     if not files or any(f.suffix != ".jsonl" for f in files):
         return "text"
-    with open(files[0], encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
+    try:
+        for _, line in record_lines(files[0], limits or DataLimits()):
             try:
                 record = json.loads(line)
             except (json.JSONDecodeError, RecursionError):
@@ -227,6 +235,8 @@ def detect_input_format(inputs: Sequence[Path], text_key: str = "text") -> str:
             if not isinstance(record, dict) or text_key in record:
                 return "text"
             return record_format(record) or "text"
+    except UserError:
+        return "text"
     return "text"
 
 
@@ -242,6 +252,7 @@ def _prepare_conversations(
     valid_fraction: float,
     source: dict[str, Any],
     report: Any,
+    limits: DataLimits,
 ) -> PreparedIndex:
     """Chat or instruct records into a "chat" layout folder (launcher.data.chat_prepare)."""
     from launcher.data.chat_prepare import prepare_chat
@@ -264,7 +275,7 @@ def _prepare_conversations(
     try:
         fields = prepare_chat(
             files, tmp, tokenizer, kind, chat_template, eod_token, valid_fraction, source,
-            is_valid_document, TOKENIZER_FILE, report,
+            is_valid_document, TOKENIZER_FILE, report, limits,
         )  # fmt: skip
         index = PreparedIndex(
             dtype=str(np.dtype(optimal_dtype(fields["vocab_size"]))),
@@ -278,6 +289,5 @@ def _prepare_conversations(
         fsio.write_json_atomic(tmp / INDEX_FILE, index.to_json())
         outputs.install(tmp, output, "--output", COMMAND, found)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        outputs.discard(tmp)
     return PreparedIndex.load(output)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher import bounded_read
 from launcher.errors import UserError
 
 if TYPE_CHECKING:
@@ -74,9 +75,20 @@ def megatron_tokens(prefix: Path) -> int:
         return int(sizes.astype(np.int64).sum())
 
 
+def _refuse_non_files(key: str, spec: str, *paths: Path) -> None:
+    """UserError naming `key` for the first of `paths` that is there but is no regular file (a
+    FIFO, a folder): said as what it is, never as missing, and never opened."""
+    for path in paths:
+        why = bounded_read.not_regular(path)
+        if why is not None:
+            raise UserError(f"{key}={spec}: {path} {why}")
+
+
 def describe(spec: str, key: str) -> SourceInfo:
     """What `spec` (a prepared folder or a Megatron prefix) holds; UserError naming `key`."""
     path = Path(spec).expanduser()
+    bin_file, idx_file = Path(f"{path}.bin"), Path(f"{path}.idx")
+    _refuse_non_files(key, spec, path / INDEX_FILE, bin_file, idx_file)
     if (path / INDEX_FILE).is_file():
         from launcher.data.token_index import PreparedIndex
 
@@ -98,6 +110,7 @@ def describe(spec: str, key: str) -> SourceInfo:
             for p in (*index.megatron_prefixes.values(), *roles.values())
             for x in (".bin", ".idx")
         ]
+        _refuse_non_files(key, spec, *files)
         missing = [f for f in files if not f.is_file()]
         if missing:
             raise UserError(
@@ -112,13 +125,13 @@ def describe(spec: str, key: str) -> SourceInfo:
             path / roles["valid"] if "valid" in roles else None,
             index.chat if index.layout == "chat" else None,
         )  # fmt: skip
-    bin_file, idx_file = Path(f"{path}.bin"), Path(f"{path}.idx")
     if bin_file.is_file() and idx_file.is_file():
         try:
             tokens = megatron_tokens(path)
         except (OSError, ValueError) as exc:
             raise UserError(f"{key}={spec}: {exc}") from None
         beside = path.parent / "tokenizer.json"
+        _refuse_non_files(key, spec, beside)
         return SourceInfo(
             key, path, "megatron", tokens, 0, None, None, None,
             beside if beside.is_file() else None, path, None,

@@ -4,15 +4,19 @@ chat pairs) hold, how they were tokenized and how many tokens each split has.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import bounded_read
 from launcher.errors import UserError
+from launcher.excerpt import excerpt
+from launcher.excerpt import name as escaped
 
 INDEX_FORMAT = "llmtrain-tokens-v1"
 INDEX_FILE = "index.json"
+# An index lists a shard per 16M tokens: a few MB for the largest corpora.
+_MAX_INDEX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -61,27 +65,34 @@ class PreparedIndex:
     def load(cls, directory: Path) -> PreparedIndex:
         directory = Path(directory)
         file = directory / INDEX_FILE
-        if not file.is_file():
+        try:  # bounded: a FIFO in its place is refused as such, never waited on
+            data = bounded_read.read_json(file, max_bytes=_MAX_INDEX_BYTES, follow_symlinks=True)
+        except FileNotFoundError:
             hint = (
                 "it holds no index.json" if directory.is_dir() else "the directory does not exist"
             )
             raise UserError(
                 f"{directory} is not a prepared data directory ({hint}); "
                 f"make one with: llmtrain data prepare --input TEXT... --output {directory}"
-            )
+            ) from None
+        except (OSError, bounded_read.FileRefused) as exc:
+            raise UserError(f"{file} {exc}") from None
         try:
-            data = json.loads(file.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
             if data.get("format") != INDEX_FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, expected {INDEX_FORMAT!r}")
+                raise ValueError(f"format {excerpt(data.get('format'))}, expected {INDEX_FORMAT!r}")
             shards = tuple(ShardInfo(**s) for s in data.pop("shards"))
             valid = tuple(ShardInfo(**s) for s in data.pop("valid_shards", []))
             if data.get("layout", "shards") not in ("shards", "megatron", "chat"):
                 raise ValueError(
-                    f"layout {data.get('layout')!r}, expected shards, megatron or chat"
+                    f"layout {excerpt(data.get('layout'))}, expected shards, megatron or chat"
                 )
             return cls(**data, shards=shards, valid_shards=valid, path=directory)
         except (ValueError, TypeError, KeyError) as exc:
-            raise UserError(f"{file} is not a valid llmtrain token index: {exc}") from None
+            raise UserError(
+                f"{file} is not a valid llmtrain token index: {escaped(str(exc), 200)}"
+            ) from None
 
 
 def check_vocab(index: PreparedIndex, model_vocab: int) -> None:

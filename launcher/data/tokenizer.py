@@ -90,9 +90,12 @@ class BPETokenizer:
 
     @classmethod
     def from_file(cls, path: Path) -> BPETokenizer:
+        """The BPE a prepared folder holds, read bounded (a FIFO there is refused)."""
         from tokenizers import Tokenizer as HFTokenizer
 
-        return cls(HFTokenizer.from_file(str(path)))
+        from launcher.data.hf_tokenizer import read_tokenizer_json
+
+        return cls(HFTokenizer.from_str(read_tokenizer_json(path, str(path))))
 
     def save(self, path: Path) -> None:
         self._tok.save(str(path))

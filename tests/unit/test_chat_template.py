@@ -16,7 +16,7 @@ from tests.chat_fixtures import FAMILIES, build_tokenizer, hf_tokenizer
 from tests.cli import invoke
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.unit
+# unit tests (tests/conftest.py marks them); those rendering in the template worker: integration
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}],
@@ -97,6 +97,7 @@ def _prepare(tmp_path: Path, lines: list[str], *extra: str) -> subprocess.Comple
 GOOD = json.dumps({"messages": CONVERSATIONS[0]})
 
 
+@pytest.mark.integration  # the good record renders in the template worker, a child process
 @pytest.mark.parametrize(
     ("bad", "says"),
     [
@@ -132,6 +133,7 @@ def test_no_template_is_refused(tmp_path: Path) -> None:
     assert "no chat template" in result.stderr and "--chat-template" in result.stderr
 
 
+@pytest.mark.integration  # the template worker is a child process
 def test_prepare_detects_chat_and_reports_packing(tmp_path: Path) -> None:
     result = _prepare(tmp_path, [GOOD] * 20, "--seq-length", "100", "--json")
     assert result.returncode == 0, result.stderr

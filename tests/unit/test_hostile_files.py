@@ -428,7 +428,7 @@ def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> Non
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     start = time.monotonic()
-    with pytest.raises(UserError, match="cannot read it"):
+    with pytest.raises(UserError, match=r"is a FIFO \(named pipe\), not a regular file"):
         ChatTemplate.from_tokenizer_config(tmp_path / "none.json", template_file=fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         read_yaml_file(fifo, "--config")
