@@ -60,8 +60,8 @@ InputFormat = Annotated[
     str | None,
     typer.Option(
         "--input-format",
-        help="text, chat (messages / conversations records) or instruct (prompt/completion); "
-        "default: told from the records.",
+        help="text, chat (messages / conversations records), instruct (prompt/completion) or "
+        "preference (prompt/chosen/rejected); default: told from the records.",
     ),
 ]
 ChatTemplate = Annotated[
@@ -143,7 +143,13 @@ def show_prepared(document: dict[str, Any], output: str) -> None:
         chat = document["chat"]
         out.print(
             f"wrote {chat['train_examples']:,} training and {chat['valid_examples']:,} validation "
-            f"{chat['input_format']} examples ({document['total_tokens']:,} tokens, "
+            f"{chat['input_format']} examples"
+            + (
+                f" ({chat['train_pairs']:,} + {chat['valid_pairs']:,} pairs)"
+                if "train_pairs" in chat
+                else ""
+            )
+            + f" ({document['total_tokens']:,} tokens, "
             f"{chat['assistant_tokens']:,} of them assistant tokens) to {output} (vocab "
             f"{document['vocab_size']}, template {chat['template']}); train on it with "
             f"data.path={output}"

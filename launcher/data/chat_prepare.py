@@ -1,4 +1,5 @@
-"""`llmtrain data prepare --input-format chat|instruct`: conversations to token ids and loss roles.
+"""`llmtrain data prepare --input-format chat|instruct|preference`: conversations to token ids
+and loss roles.
 
 Each conversation (``launcher.data.chat_records``) is rendered with the chat template
 (``launcher.data.chat_template``), tokenized with the tokenizer.json (no special tokens added: the
@@ -15,6 +16,11 @@ over-long policy (``launcher.data.packing``), so none of them needs the data pre
 An instruct record with a tokenizer that has no chat template is the prompt's text followed by the
 completion's and the end-of-document token (role 2 on the completion and that token).
 
+A preference record (``launcher.data.preference_records``) is two examples, prompt + chosen and
+prompt + rejected, stored one after the other (sequences 2i and 2i + 1 of its split, a pair never
+split between train and valid); the response is each one's last assistant turn (role 2), and
+index.json's ``chat`` holds ``input_format: "preference"`` and the pair counts.
+
 Layout of the output folder (index.json ``layout: "chat"``): per split, two Megatron-LM indexed
 datasets with one sequence per conversation, the same lengths: ``{split}_chat_tokens.bin/.idx``
 (token ids) and ``{split}_chat_roles.bin/.idx`` (uint8 roles), plus ``tokenizer.json`` and
@@ -24,7 +30,7 @@ datasets with one sequence per conversation, the same lengths: ``{split}_chat_to
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,7 @@ from launcher.data.chat_template import (
     token_mask,
 )
 from launcher.data.hf_tokenizer import HFTokenizerFile
+from launcher.data.preference_records import PREFERENCE, iter_pairs
 from launcher.errors import UserError
 
 CHAT_LAYOUT = "chat"
@@ -115,6 +122,16 @@ class ChatTokenizer:
         return Example(ids, roles)
 
 
+def _groups(files: list[Path], fmt: str) -> Iterator[tuple[Conversation, ...]]:
+    """The records as groups of conversations stored together: one conversation, or a
+    preference pair (chosen then rejected, sequences 2i and 2i + 1 of their split)."""
+    if fmt == PREFERENCE:
+        yield from iter_pairs(files)
+    else:
+        for conversation in iter_conversations(files, fmt):
+            yield (conversation,)
+
+
 def load_chat_tokenizer(
     tokenizer: str, chat_template: str | None, eod_token: str | None, input_format: str
 ) -> ChatTokenizer:
@@ -134,7 +151,7 @@ def load_chat_tokenizer(
     try:
         template: ChatTemplate | None = ChatTemplate.from_tokenizer_config(config, template_file)
     except UserError:
-        if input_format != "instruct":
+        if input_format not in ("instruct", PREFERENCE):
             raise
         template = None
     return ChatTokenizer(tok, template)
@@ -145,6 +162,7 @@ class _Split:
     tokens: Any
     roles: Any
     examples: int = 0
+    records: int = 0  # conversations, or preference pairs (two examples each)
     tokens_total: int = 0
     assistant_tokens: int = 0
 
@@ -182,17 +200,19 @@ def prepare_chat(
         roles.dtype = np.dtype(np.uint8)
         splits[name] = _Split(IndexedDatasetWriter(tmp / names["tokens"], vocab), roles)
     count = 0
-    for conversation in iter_conversations(list(files), fmt):
-        example = tok.encode(conversation)
+    for group in _groups(list(files), fmt):
+        examples = [tok.encode(conversation) for conversation in group]
         split = splits["valid" if is_valid(count, valid_fraction) else "train"]
-        split.tokens.add_document(example.ids)
-        split.roles.add_document(example.roles)
-        split.examples += 1
-        split.tokens_total += int(example.ids.size)
-        split.assistant_tokens += int((example.roles > 0).sum())
+        split.records += 1
+        for example in examples:
+            split.tokens.add_document(example.ids)
+            split.roles.add_document(example.roles)
+            split.examples += 1
+            split.tokens_total += int(example.ids.size)
+            split.assistant_tokens += int((example.roles > 0).sum())
         count += 1
         if report is not None and count % 10_000 == 0:
-            report(f"{count:,} conversations")
+            report(f"{count:,} {'pairs' if fmt == PREFERENCE else 'conversations'}")
     for split in splits.values():
         split.tokens.finish()
         split.roles.finish()
@@ -224,6 +244,11 @@ def prepare_chat(
             "valid_examples": valid.examples,
             "assistant_tokens": train.assistant_tokens,
             "pad_id": tok.tokenizer.eod_id if tok.tokenizer.eod_id is not None else 0,
+            **(
+                {"train_pairs": train.records, "valid_pairs": valid.records}
+                if fmt == PREFERENCE
+                else {}
+            ),
         },
         "source": {**source, "documents": count},
     }

@@ -71,6 +71,8 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def record_format(record: dict[str, Any]) -> str | None:
+    if "chosen" in record and "rejected" in record:  # launcher.data.preference_records
+        return "preference"
     if "messages" in record or "conversations" in record:
         return "chat"
     if ("prompt" in record and "completion" in record) or (
@@ -96,7 +98,7 @@ def _shape_error(where: str, record: dict[str, Any], expected: str | None = None
     wanted = {
         "chat": '"messages" (role/content) or "conversations" (from/value)',
         "instruct": '"prompt" and "completion" (or "instruction" and "output")',
-        None: '"messages", "conversations", or "prompt" and "completion"',
+        None: '"messages", "conversations", "prompt" and "completion", or "chosen" and "rejected"',
     }[expected]
     return f"{where}: expected {wanted}; the record has keys: {keys}"
 

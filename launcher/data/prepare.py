@@ -105,8 +105,9 @@ def prepare(
     `valid_fraction`: the share of whole documents held out as the validation split
     (``is_valid_document``).
 
-    `input_format`: "text" (documents), "chat" or "instruct" (conversations with loss roles,
-    ``launcher.data.chat_prepare``; `chat_template` a Jinja file replacing the tokenizer's);
+    `input_format`: "text" (documents), "chat", "instruct" or "preference" (conversations, or
+    pairs of them, with loss roles, ``launcher.data.chat_prepare``; `chat_template` a Jinja file
+    replacing the tokenizer's);
     None: told from the records (``detect_input_format``).
 
     `tokenizer`: "byte", "bpe" (trained here with `vocab_size`) or the path of a Hugging Face
@@ -202,7 +203,7 @@ def _byte_or_bpe(
 
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-INPUT_FORMATS = ("text", "chat", "instruct")
+INPUT_FORMATS = ("text", "chat", "instruct", "preference")
 
 
 def detect_input_format(inputs: Sequence[Path], text_key: str = "text") -> str:

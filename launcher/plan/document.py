@@ -16,6 +16,7 @@ from launcher.backends.engine_choices import engine_json
 from launcher.plan import finetune
 from launcher.plan.bands import ErrorBand
 from launcher.plan.planner import Plan
+from launcher.plan.preference import reference_mode
 
 
 def _finite(x: float) -> float | None:
@@ -34,6 +35,9 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "finetune": {
             "name": plan.config.finetune.name,
             "trainable_params": finetune.trainable_params(plan.config),
+            # finetune.objective=dpo|simpo|orpo: 2 sequences a pair (launcher/plan/preference.py)
+            "objective": plan.config.finetune.objective,
+            "reference": reference_mode(plan.config),
         },
         "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
         "backend": plan.config.backend.name,

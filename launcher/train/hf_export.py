@@ -254,7 +254,7 @@ def _data_tokenizer_config(folder: Path) -> dict[str, Any]:
 def _tokenizer_files(cfg: LLMTrainConfig) -> TokenizerFiles:
     """The run's tokenizer, named by its prepared data (index.json), or the built-in data's."""
     if cfg.data.path is None:
-        if cfg.data.builtin == "chat":
+        if cfg.data.builtin in ("chat", "preference"):  # the same byte-level ChatML tokenizer
             return _builtin_chat_tokenizer()
         # The built-in corpus: bytes, no end-of-document token.
         return TokenizerFiles(_byte_tokenizer(()), "byte (as tokenizer.json)", None)

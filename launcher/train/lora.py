@@ -37,6 +37,7 @@ state under the plain model's names (``...wq.weight``) and the adapters alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import zlib
@@ -88,6 +89,7 @@ class LoRALinear(nn.Module):
         self.lora_a = nn.Linear(self.in_features, rank, bias=False, device=device)
         self.lora_b = nn.Linear(rank, self.out_features, bias=False, device=device)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.adapters_on = True  # False inside disable_adapters(): the base model alone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.nf4:
@@ -98,6 +100,8 @@ class LoRALinear(nn.Module):
                 out = out + self.base.bias.to(out.dtype)
         else:
             out = self.base(x)
+        if not self.adapters_on:
+            return out
         update: torch.Tensor = self.lora_b(self.lora_a(self.dropout(x)))
         return out + update * self.scale
 
@@ -114,6 +118,22 @@ class LoRALinear(nn.Module):
         """W + (alpha / r) * B @ A in fp32 (the weight the merged export writes)."""
         weight = dequantized(self.base.weight).float()
         return weight + self.scale * (self.lora_b.weight.float() @ self.lora_a.weight.float())
+
+
+@contextlib.contextmanager
+def disable_adapters(model: nn.Module) -> Iterator[None]:
+    """The base model alone inside the block (every LoRALinear of `model` skips its update), as
+    PEFT's ``disable_adapter`` and torchtune's ``disable_adapter``: the reference model of DPO
+    without a second copy of the weights. A minimal stand-in, to fold into the fine-tuning
+    interface of issue #39 (its ``disable_adapters``)."""
+    modules = [module for _, module in adapted(model)]
+    for module in modules:
+        module.adapters_on = False
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.adapters_on = True
 
 
 def dequantized(weight: torch.Tensor) -> torch.Tensor:

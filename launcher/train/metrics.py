@@ -5,16 +5,18 @@ far), trained_tokens and trained_tokens_total (the targets that carried loss, th
 all of them on pre-training data, the unmasked ones on fine-tuning data), step_time_s,
 tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
 ``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU), elapsed_s
-(the sum of step times) and time (wall clock at the end of the step), plus val_loss and val_ppl
-on the steps that evaluated (``train.eval_every``). Training health (``launcher.health``):
-grad_norm is the global gradient norm before clipping (null where the engine cannot tell),
-loss_zscore the loss's robust z-score against the previous train.loss_spike_window steps (null
-until 10 are known), loss_spike true on a spike, nonfinite_skips the steps skipped so far; a
-non-finite step writes null for the quantities its "nonfinite" list names and "skipped" says
-whether its update was withheld (strict JSON: never NaN). Every `train.log_every` steps (and at
-the last step, and on steps that evaluated) rank 0 writes one line to its log (``interval_line``:
-step, loss, lr, grad norm, tokens/s, MFU, memory, eta); ``llmtrain run`` and ``llmtrain logs``
-show that log, so the screen and the file say the same (the ranks never write to the terminal:
+(the sum of step times) and time (wall clock at the end of the step), plus val_loss and val_ppl on
+the steps that evaluated (``train.eval_every``); with finetune.objective=dpo|simpo|orpo,
+rewards/chosen, rewards/rejected, rewards/accuracy and rewards/margin over the step's pairs
+(``launcher.train.preference_loss``; the interval line shows accuracy and margin). Training health
+(``launcher.health``): grad_norm is the global gradient norm before clipping (null where the engine
+cannot tell), loss_zscore the loss's robust z-score against the previous train.loss_spike_window
+steps (null until 10 are known), loss_spike true on a spike, nonfinite_skips the steps skipped so
+far; a non-finite step writes null for the quantities its "nonfinite" list names and "skipped" says
+whether its update was withheld (strict JSON: never NaN). Every `train.log_every` steps (and at the
+last step, and on steps that evaluated) rank 0 writes one line to its log (``interval_line``: step,
+loss, lr, grad norm, tokens/s, MFU, memory, eta); ``llmtrain run`` and ``llmtrain logs`` show that
+log, so the screen and the file say the same (the ranks never write to the terminal:
 ``launcher.launch.console``).
 """
 
@@ -62,6 +64,10 @@ def memory_bytes(peak: dict[str, int]) -> int:
     return peak.get("max_allocated", peak.get("max_rss", 0))
 
 
+# Preference objectives' figures of each step (launcher.train.preference_loss.reward_metrics).
+REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin")
+
+
 class MetricsWriter:
     """Rank 0's sink for per-step metrics (the other ranks don't create one)."""
 
@@ -88,6 +94,9 @@ class MetricsWriter:
         self.file.flush()
         if self.tb is not None:
             for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+                if record.get(key) is not None:
+                    self.tb.add_scalar(f"train/{key}", record[key], record["step"])
+            for key in REWARD_KEYS:  # preference objectives (launcher.train.preference)
                 if record.get(key) is not None:
                     self.tb.add_scalar(f"train/{key}", record[key], record["step"])
             for key in ("val_loss", "val_ppl"):
@@ -129,6 +138,8 @@ def interval_line(record: dict[str, Any], total: int, eta_s: float | None) -> st
         f"step {record['step']}/{total}",
         f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE",
     ]
+    if record.get("rewards/accuracy") is not None:  # preference pairs: reward accuracy, margin
+        parts.append(f"acc {record['rewards/accuracy']:.0%} margin {record['rewards/margin']:.3f}")
     if record.get("lr") is not None:
         parts.append(f"lr {record['lr']:.2e}")
     grad = record.get("grad_norm")

@@ -51,6 +51,10 @@ def _data_folder(cfg: Any) -> Path | None:
         from launcher.data.builtin_chat import builtin_chat_dir
 
         return builtin_chat_dir(cache_root())
+    if cfg.data.builtin == "preference":
+        from launcher.data.builtin_preference import builtin_preference_dir
+
+        return builtin_preference_dir(cache_root())
     return None
 
 

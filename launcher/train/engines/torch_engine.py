@@ -67,7 +67,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -91,6 +91,7 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
+from launcher.plan.preference import is_preference
 from launcher.train import fp8, lora
 from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
@@ -98,6 +99,7 @@ from launcher.train.engines.dist import engine_device
 from launcher.train.engines.torch_grads import full
 from launcher.train.engines.torch_loss import full_logits_loss, loss_context, vocab_parallel_loss
 from launcher.train.engines.torch_mesh import build_meshes
+from launcher.train.engines.torch_pairs import PairSteps
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
@@ -118,19 +120,20 @@ from launcher.train.model import (
     build_model,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
+from launcher.train.preference import PreferenceObjective
 from launcher.train.ring_attention import ContextParallel, shard_sequence
 from launcher.train.safe_load import CheckpointFiles, read_json
-from launcher.validate import finetune_rules
+from launcher.validate import finetune_rules, preference_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class TorchEngine(Engine):
+class TorchEngine(PairSteps, Engine):
     def __init__(
         self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
     ):
         problems = [r.message for r in raw_refusals("torch", cfg)]
-        problems += finetune_rules.engine_refusals(cfg)
+        problems += finetune_rules.engine_refusals(cfg) + preference_rules.engine_refusals(cfg)
         if problems:
             raise TorchEngineError(
                 "backend=torch cannot run this configuration:\n- " + "\n- ".join(problems)
@@ -157,6 +160,7 @@ class TorchEngine(Engine):
             not self.fsdp and lay.dp * lay.cp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
         )
         self._set_loss(cfg)
+        self.objective = PreferenceObjective(cfg) if is_preference(cfg) else None  # dpo, ...
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
         # finetune=lora|qlora: base frozen, adapters trained (launcher.train.lora); the base
@@ -350,30 +354,40 @@ class TorchEngine(Engine):
             return float(full(total))
         return torch_grads.clip_over_stages(params, max_norm, self.mesh["pp"].get_group())
 
-    def step(self, rows: torch.Tensor, lr: float) -> StepResult:
+    def step(
+        self, rows: torch.Tensor, lr: float, reference: torch.Tensor | None = None
+    ) -> StepResult:
         lay = self.layout
         expected = lay.grad_accum * lay.micro_batch_size
-        if rows.dim() not in (2, 3) or rows.shape[0] != expected:
+        if rows.dim() not in (2, 3, 4) or rows.shape[0] != expected:
             raise ValueError(
                 f"step() expects rows [grad_accum*micro_batch_size={expected}, seq+1], "
                 f"got {tuple(rows.shape)}"
             )
         rows = rows.to(self.device, non_blocking=True)
-        inputs, targets, segments = unpack(rows)
-        if lay.cp > 1:
-            inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
-            targets = shard_sequence(targets, lay.cp, self.cp_rank)
-        trained, divisor = self._trained(rows)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if lay.pp > 1:
-            if segments is not None:  # the later stages would attend across examples
-                raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
-            self.pipeline_loss.divisor = divisor
-            with self._autocast(), self._loss_context():
-                loss = self._pipeline(inputs, targets, train=True)
+        if self.objective is not None:  # preference pairs [n, 2, 3, seq + 1] (torch_pairs)
+            loss, trained = self._pairs_step(rows, reference)
         else:
-            loss = self._forward_backward(inputs, targets, segments, divisor)
+            inputs, targets, segments = unpack(rows)
+            if lay.cp > 1:
+                inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
+                targets = shard_sequence(targets, lay.cp, self.cp_rank)
+            trained, divisor = self._trained(rows)
+            if lay.pp > 1:
+                if segments is not None:  # the later stages would attend across examples
+                    raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
+                self.pipeline_loss.divisor = divisor
+                with self._autocast(), self._loss_context():
+                    loss = self._pipeline(inputs, targets, train=True)
+            else:
+                loss = self._forward_backward(
+                    lambda c: self._model_loss(
+                        self.parts[0], inputs[c], targets[c],
+                        None if segments is None else segments[c], divisor,
+                    )
+                )  # fmt: skip
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
         if self.scaler is not None:
@@ -408,6 +422,7 @@ class TorchEngine(Engine):
             nonfinite=bad,
             applied=not bad,
             trained_tokens=trained,
+            preference=self.objective.metrics if self.objective is not None else None,
         )
 
     def _trained(self, rows: torch.Tensor) -> tuple[int, float | None]:
@@ -426,6 +441,8 @@ class TorchEngine(Engine):
     def evaluate(self, rows: torch.Tensor) -> float:
         lay = self.layout
         rows = rows.to(self.device, non_blocking=True)
+        if self.objective is not None:  # preference pairs: their mean loss, no update
+            return self._evaluate_pairs(rows)
         inputs, targets, segments = unpack(rows)
         if lay.cp > 1:
             inputs = shard_sequence(inputs, lay.cp, self.cp_rank)
@@ -484,27 +501,23 @@ class TorchEngine(Engine):
         return loss_context(self.vocab_parallel)
 
     def _forward_backward(
-        self,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        segments: torch.Tensor | None = None,
-        divisor: float | None = None,
+        self, micro_loss: Callable[[slice], torch.Tensor], train: bool = True
     ) -> torch.Tensor:
+        """The mean of `micro_loss(micro-batch i's slice)`, each backward right after (`train`)."""
         lay = self.layout
-        model = self.parts[0]
         mbs, accum = lay.micro_batch_size, lay.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         for i in range(accum):
             chunk = slice(i * mbs, (i + 1) * mbs)
-            seg = None if segments is None else segments[chunk]
             with self._grad_sync(i == accum - 1), self._loss_context():
                 with self._autocast():
-                    loss = self._model_loss(model, inputs[chunk], targets[chunk], seg, divisor)
+                    loss = micro_loss(chunk)
                 scaled = loss / accum
-                torch.autograd.backward(
-                    self.scaler.scale(scaled) if self.scaler is not None else scaled
-                )
-            loss_sum += loss.detach()
+                if train:
+                    torch.autograd.backward(
+                        self.scaler.scale(scaled) if self.scaler is not None else scaled
+                    )
+            loss_sum += loss.detach().float()
         return loss_sum / accum
 
     def _pipeline(
