@@ -17,7 +17,27 @@ data_app = typer.Typer(
 )
 
 Inputs = Annotated[
-    list[str], typer.Option("--input", "-i", help="Text file or folder (repeatable).")
+    list[str],
+    typer.Option(
+        "--input",
+        "-i",
+        help="File or folder (repeatable); chat, instruct and preference records also from "
+        "parquet, datasets.save_to_disk folders and dataset ids in the local HF cache.",
+    ),
+]
+Split = Annotated[
+    str,
+    typer.Option(
+        "--split", help="Split of a dataset id or a saved DatasetDict folder (records only)."
+    ),
+]
+Columns = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--columns",
+        help="TARGET=SOURCE: read the field TARGET (messages, prompt, chosen, ...) from the "
+        "column SOURCE (repeatable), e.g. --columns messages=conversation.",
+    ),
 ]
 Output = Annotated[str, typer.Option("--output", "-o", help="Folder to write shards into.")]
 Tokenizer = Annotated[
@@ -96,6 +116,8 @@ def data_prepare(
     input_format: InputFormat = None,
     chat_template: ChatTemplate = None,
     seq_length: SeqLength = None,
+    split: Split = "train",
+    columns: Columns = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Tokenize text into a train and a validation split with an index (then data.path=OUTPUT).
@@ -108,6 +130,7 @@ def data_prepare(
         )
     if vocab_size < 256 + 1 and tokenizer == "bpe":
         raise UserError(f"--vocab-size={vocab_size}: a BPE vocabulary needs more than 256 entries")
+    from launcher.data.dataset_records import RecordOptions, parse_columns
     from launcher.data.prepare import prepare
 
     index = prepare(
@@ -125,6 +148,7 @@ def data_prepare(
         input_format=input_format,
         chat_template=chat_template,
         byte_eod=True,  # byte tokens: id 256 ends each document (vocabulary 257)
+        records=RecordOptions(split, parse_columns(columns)),
     )
     document = index.to_json()
     if index.layout == "chat":

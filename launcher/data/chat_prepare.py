@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from launcher import fsio
-from launcher.data.chat_records import Conversation, detect_format, iter_conversations
+from launcher.data.chat_records import INPUT_FORMATS, Conversation, conversation, record_format
 from launcher.data.chat_template import (
     CONFIG_FILE,
     ChatTemplate,
@@ -46,8 +46,9 @@ from launcher.data.chat_template import (
     extend_over_turn_end,
     token_mask,
 )
+from launcher.data.dataset_records import RecordOptions, iter_records
 from launcher.data.hf_tokenizer import HFTokenizerFile
-from launcher.data.preference_records import PREFERENCE, iter_pairs
+from launcher.data.preference_records import PREFERENCE, pair
 from launcher.errors import UserError
 
 CHAT_LAYOUT = "chat"
@@ -122,14 +123,31 @@ class ChatTokenizer:
         return Example(ids, roles)
 
 
-def _groups(files: list[Path], fmt: str) -> Iterator[tuple[Conversation, ...]]:
+def _groups(
+    inputs: Sequence[str | Path], fmt: str, options: RecordOptions
+) -> Iterator[tuple[Conversation, ...]]:
     """The records as groups of conversations stored together: one conversation, or a
     preference pair (chosen then rejected, sequences 2i and 2i + 1 of their split)."""
-    if fmt == PREFERENCE:
-        yield from iter_pairs(files)
-    else:
-        for conversation in iter_conversations(files, fmt):
-            yield (conversation,)
+    if fmt not in (*INPUT_FORMATS, PREFERENCE):
+        choices = ", ".join((*INPUT_FORMATS, PREFERENCE))
+        raise UserError(f"--input-format={fmt}: must be one of {choices}")
+    for where, record in iter_records(inputs, options):
+        yield pair(where, record) if fmt == PREFERENCE else (conversation(where, record, fmt),)
+
+
+def detect_format(inputs: Sequence[str | Path], options: RecordOptions) -> str:
+    """chat, instruct or preference, from the first record (``chat_records.record_format``)."""
+    for where, record in iter_records(inputs, options):
+        found = record_format(record)
+        if found is None:
+            keys = ", ".join(sorted(map(str, record))[:8]) or "none"
+            raise UserError(
+                f'{where}: expected "messages", "conversations", "prompt" and "completion", or '
+                f'"chosen" and "rejected" (rename columns with --columns messages=COLUMN); the '
+                f"record has keys: {keys}"
+            )
+        return found
+    raise UserError(f"no records in {', '.join(map(str, inputs))}: every input is empty")
 
 
 def load_chat_tokenizer(
@@ -168,7 +186,7 @@ class _Split:
 
 
 def prepare_chat(
-    files: Sequence[Path],
+    files: Sequence[str | Path],
     tmp: Path,
     tokenizer: str,
     input_format: str | None,
@@ -179,12 +197,16 @@ def prepare_chat(
     is_valid: Callable[[int, float], bool],
     tokenizer_file: str = "tokenizer.json",
     report: Any = None,
+    options: RecordOptions | None = None,
 ) -> dict[str, Any]:
     """Write the chat splits into `tmp` (the caller installs it); the index fields they need.
+    `files`: JSON Lines, parquet, saved dataset folders, dataset ids
+    (``launcher.data.dataset_records``, `options` their split and column mapping).
     `is_valid(i, fraction)`: whether example i is held out (``prepare.is_valid_document``)."""
     from launcher.data.megatron_indexed import IndexedDatasetWriter
 
-    fmt = input_format or detect_format(list(files))
+    options = options or RecordOptions()
+    fmt = input_format or detect_format(files, options)
     tok = load_chat_tokenizer(tokenizer, chat_template, eod_token, fmt)
     tok.tokenizer.save(tmp / tokenizer_file)
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
@@ -200,7 +222,7 @@ def prepare_chat(
         roles.dtype = np.dtype(np.uint8)
         splits[name] = _Split(IndexedDatasetWriter(tmp / names["tokens"], vocab), roles)
     count = 0
-    for group in _groups(list(files), fmt):
+    for group in _groups(files, fmt, options):
         examples = [tok.encode(conversation) for conversation in group]
         split = splits["valid" if is_valid(count, valid_fraction) else "train"]
         split.records += 1

@@ -171,7 +171,12 @@ def iter_conversations(files: list[Path], input_format: str) -> Iterator[Convers
                 "(*.jsonl, one record a line)"
             )
         for where, record in _records(path):
-            found = record_format(record)
-            if found != input_format:
-                raise UserError(_shape_error(where, record, input_format))
-            yield _chat(where, record) if input_format == "chat" else _instruct(where, record)
+            yield conversation(where, record, input_format)
+
+
+def conversation(where: str, record: dict[str, Any], input_format: str) -> Conversation:
+    """One record of `input_format` (chat or instruct) as a Conversation; UserError naming
+    `where` when it has another shape."""
+    if record_format(record) != input_format:
+        raise UserError(_shape_error(where, record, input_format))
+    return _chat(where, record) if input_format == "chat" else _instruct(where, record)
