@@ -88,8 +88,8 @@ ChatTemplate = Annotated[
     str | None,
     typer.Option(
         "--chat-template",
-        help="A Jinja chat template file (default: the chat_template of the "
-        "tokenizer_config.json beside --tokenizer).",
+        help="A Jinja chat template file, or a built-in one: chatml, gemma, llama3, mistral, "
+        "phi3 (default: the chat_template of the tokenizer_config.json beside --tokenizer).",
     ),
 ]
 SeqLength = Annotated[

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,11 @@ from launcher.data.preference_records import PREFERENCE, pair
 from launcher.errors import UserError
 
 CHAT_LAYOUT = "chat"
+# Built-in chat templates, `--chat-template NAME`: Jinja files written for llmtrain from each
+# format's public description (cited at the top of each file), checked token for token against
+# transformers on the models' real templates (tests/unit/test_named_templates.py).
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+NAMED_TEMPLATES = ("chatml", "gemma", "llama3", "mistral", "phi3")
 ROLE_PROMPT, ROLE_ASSISTANT, ROLE_FINAL = 0, 1, 2
 TRAIN_ON = ("assistant", "completion", "all")
 OVERLONG = ("truncate", "drop")
@@ -153,8 +158,10 @@ def detect_format(inputs: Sequence[str | Path], options: RecordOptions) -> str:
 def load_chat_tokenizer(
     tokenizer: str, chat_template: str | None, eod_token: str | None, input_format: str
 ) -> ChatTokenizer:
-    """The tokenizer.json at `tokenizer` and its template: `chat_template` (a .jinja file), else
-    the chat_template of the tokenizer_config.json beside it. Instruct data may go without."""
+    """The tokenizer.json at `tokenizer` and its template: `chat_template` (a .jinja file, or the
+    name of a built-in template: ``NAMED_TEMPLATES``), else the chat_template of the
+    tokenizer_config.json beside it; the special tokens (bos_token, eos_token) always come from
+    that file. Instruct data may go without."""
     if tokenizer in ("byte", "bpe"):
         raise UserError(
             f"--tokenizer={tokenizer}: chat and instruct data need the model's tokenizer.json "
@@ -164,10 +171,18 @@ def load_chat_tokenizer(
     tok = HFTokenizerFile(path, eod_token)
     config = path.parent / CONFIG_FILE
     template_file = Path(chat_template).expanduser() if chat_template else None
+    named = chat_template in NAMED_TEMPLATES and not (template_file and template_file.exists())
+    if named:
+        template_file = TEMPLATES_DIR / f"{chat_template}.jinja"
     if template_file is not None and not template_file.is_file():
-        raise UserError(f"--chat-template {chat_template}: no such file (a Jinja template)")
+        raise UserError(
+            f"--chat-template {chat_template}: no such file (a Jinja template), nor a built-in "
+            f"template ({', '.join(NAMED_TEMPLATES)})"
+        )
     try:
         template: ChatTemplate | None = ChatTemplate.from_tokenizer_config(config, template_file)
+        if named and template is not None:
+            template = replace(template, origin=f"{chat_template} (built in)")
     except UserError:
         if input_format not in ("instruct", PREFERENCE):
             raise
