@@ -58,6 +58,14 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     assert adapter.returncode == 0, adapter.stderr[-3000:]
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["peft_type"] == "LORA"
+    # train.init_from is a run: its export sits beside as adapter/base, named absolutely, and the
+    # run's tokenizer is in the folder, so AutoPeftModelForCausalLM loads it as it is.
+    assert config["base_model_name_or_path"] == str((tmp_path / "adapter" / "base").resolve())
+    assert (tmp_path / "adapter" / "base" / "config.json").is_file()
+    assert (tmp_path / "adapter" / "tokenizer.json").is_file()
+    import peft
+
+    peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
     assert set(config["target_modules"]) == {
         "q_proj",
         "k_proj",
