@@ -1,4 +1,4 @@
-"""`llmtrain sample RUN "prompt"`: a short greedy continuation from a run's newest checkpoint.
+"""`llmtrain sample RUN "prompt"`: a short continuation from a run's newest checkpoint.
 
 For a quick look without leaving the tool: the model as the checkpoint holds it (a finetune run's
 adapters merged into the base they were trained on, checked by digest: ``lora_export.merged``),
@@ -8,9 +8,11 @@ sampling: the same text every time), stopping early at the end-of-document token
 data carries a chat template (fine-tuning data: its tokenizer_config.json), the prompt is one user
 message rendered with that template and its generation prompt, as the model was trained to see it,
 and the template's end-of-turn token (its eos_token) also stops the reply; `chat=False` continues
-the raw text instead. The context is
-cut to the model's seq_length (the most recent tokens). No KV cache: each step reruns the window,
-fine for the bounded lengths allowed here (MAX_NEW_TOKENS).
+the raw text instead; `messages` (a multi-turn conversation, ``launcher.train.decoding``) are
+rendered the same way. `decoding`: greedy by default, or sampled (temperature, top-k, top-p, a
+seed) in fp32 or bf16 (``launcher.train.decoding``). The context is cut to the model's seq_length
+(the most recent tokens). No KV cache: each step reruns the window, fine for the bounded lengths
+allowed here (MAX_NEW_TOKENS).
 """
 
 from __future__ import annotations
@@ -82,15 +84,23 @@ def _chat_template(folder: Path | None) -> Any:
         return None
 
 
-def _prompt_ids(tok: Any, template: Any, prompt: str) -> tuple[list[int], set[int]]:
+def _prompt_ids(
+    tok: Any, template: Any, prompt: str, messages: list[dict[str, str]] | None = None
+) -> tuple[list[int], set[int]]:
     """The prompt's ids and the ids that end the reply (end of document; the template's eos)."""
     stop = {tok.eod_id} if tok.eod_id is not None else set()
     if template is None:
+        if messages is not None:
+            raise UserError(
+                "--messages / --user / --assistant: a conversation needs the run data's chat "
+                "template (this run's data has none, or --raw was given); give one PROMPT"
+            )
         return [int(i) for i in tok.encode(prompt)], stop
     from launcher.data.chat_template import TemplateRenderError
 
     try:
-        text = template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        messages = messages or [{"role": "user", "content": prompt}]
+        text = template.render(messages, add_generation_prompt=True)
     except TemplateRenderError as exc:
         raise UserError(f"{template.origin}: cannot render the prompt ({exc})") from None
     eos = template.special_tokens.get("eos_token")
@@ -106,10 +116,13 @@ def sample(
     max_new_tokens: int = 32,
     step: int | None = None,
     chat: bool = True,
+    messages: list[dict[str, str]] | None = None,
+    decoding: Any = None,
 ) -> Sample:
     import torch
 
     from launcher.train.consolidate import ConsolidateError, full_state
+    from launcher.train.decoding import Decoding, next_token
     from launcher.train.hf_export import pick_checkpoint, run_config
     from launcher.train.init_from import InitFromError, copy_into
     from launcher.train.model import build_model
@@ -117,6 +130,10 @@ def sample(
 
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens={max_new_tokens}: between 1 and {MAX_NEW_TOKENS}")
+    decoding = decoding or Decoding()
+    decoding.check()
+    if messages:
+        prompt = messages[-1]["content"]
     if not prompt:
         raise UserError("the prompt is empty: give the text to continue")
     cfg = run_config(run_dir)
@@ -136,20 +153,22 @@ def sample(
         copy_into(model, state)
     except InitFromError as exc:
         raise UserError(f"{checkpoint}: does not fit the run's model ({exc})") from None
-    model = model.to(device).eval()
+    dtype = torch.bfloat16 if decoding.dtype == "bf16" else torch.float32
+    model = model.to(device=device, dtype=dtype).eval()
     folder = _data_folder(cfg)
     tok = _tokenizer(folder)
     template = _chat_template(folder) if chat else None
-    ids, stop = _prompt_ids(tok, template, prompt)
+    ids, stop = _prompt_ids(tok, template, prompt, messages or None)
     vocab, window = cfg.model.vocab_size, cfg.model.seq_length
     if not ids or max(ids) >= vocab:
         raise UserError("the prompt encodes to no tokens, or to ids outside the model's vocabulary")
     new: list[int] = []
+    generator = torch.Generator(device=device).manual_seed(decoding.seed)
     with torch.no_grad():
         for _ in range(max_new_tokens):
             context = torch.tensor([(ids + new)[-window:]], device=device)
             logits = model(context)
-            nxt = int(logits[0, -1].float().argmax())
+            nxt = next_token(logits[0, -1], decoding, generator)
             if nxt in stop:
                 break
             new.append(nxt)
