@@ -11,8 +11,9 @@ and the template's end-of-turn token (its eos_token) also stops the reply; `chat
 the raw text instead; `messages` (a multi-turn conversation, ``launcher.train.decoding``) are
 rendered the same way. `decoding`: greedy by default, or sampled (temperature, top-k, top-p, a
 seed) in fp32 or bf16 (``launcher.train.decoding``). The context is cut to the model's seq_length
-(the most recent tokens). No KV cache: each step reruns the window, fine for the bounded lengths
-allowed here (MAX_NEW_TOKENS).
+(the most recent tokens). A KV cache (``launcher.train.kv_cache``, the same logits as the full
+forward) runs each new token once while the context fits seq_length; past it, or for a model the
+cache does not cover, each step reruns the newest window.
 """
 
 from __future__ import annotations
@@ -164,10 +165,17 @@ def sample(
         raise UserError("the prompt encodes to no tokens, or to ids outside the model's vocabulary")
     new: list[int] = []
     generator = torch.Generator(device=device).manual_seed(decoding.seed)
+    from launcher.train.kv_cache import KVCache, supports
+
+    cache = KVCache(model) if supports(model) and len(ids) < window else None
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            context = torch.tensor([(ids + new)[-window:]], device=device)
-            logits = model(context)
+            if cache is not None and len(ids) + len(new) <= window:
+                fresh = (ids + new)[cache.length :]  # the prompt first, then one token a step
+                logits = cache.forward(torch.tensor([fresh], device=device))
+            else:  # past seq_length: the newest window, as the model was trained
+                context = torch.tensor([(ids + new)[-window:]], device=device)
+                logits = model(context)
             nxt = next_token(logits[0, -1], decoding, generator)
             if nxt in stop:
                 break
