@@ -42,9 +42,14 @@ def test_validate_refuses_what_cannot_run(extra: list[str], key: str, fix: str) 
 
 
 def test_the_recipe_and_its_relatives_validate() -> None:
-    for extra in ([], ["finetune.objective=simpo", "finetune.beta=2.0"],
-                  ["finetune.objective=orpo"], ["finetune=full", "finetune.objective=dpo",
-                                               "data.builtin=preference", "data.packing=false"]):  # fmt: skip
+    full = ["finetune=full", "finetune.objective=dpo", "data.builtin=preference"]
+    relatives = [
+        [],
+        ["finetune.objective=simpo", "finetune.beta=2.0"],
+        ["finetune.objective=orpo"],
+        [*full, "data.packing=false"],
+    ]
+    for extra in relatives:
         done = invoke("validate", *DPO, *extra)
         assert done.returncode == 0, done.stdout + done.stderr
 
