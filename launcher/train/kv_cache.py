@@ -1,6 +1,6 @@
 """A key/value cache for generation (`llmtrain sample`): each new token runs through the model once,
 attending to the keys and values of the tokens before it kept from earlier steps, instead of the
-whole window being run again (``launcher.train.model.Transformer.forward``).
+whole window being run again (``launcher.train.model.transformer.Transformer.forward``).
 
 The cached forward is the model's own forward split by position: the same modules (embeddings,
 norms, wq/wk/wv/wo, feed-forward or MoE, head), rotary tables at the absolute positions of the new
@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from launcher.train.model import (
+from launcher.train.model.transformer import (
     Attention,
     Transformer,
     TransformerBlock,

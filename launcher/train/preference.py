@@ -11,7 +11,7 @@ and data-parallel ranks as for any loss, which gives the mean over the global ba
 
 The reference (dpo only; ``launcher.plan.preference.reference_mode``):
 - adapters-off (finetune=lora|qlora): the same model with its adapters switched off
-  (``launcher.train.lora.disable_adapters``), forward under no_grad before the policy's, no
+  (``launcher.train.finetune.lora.disable_adapters``), forward under no_grad before the policy's, no
   second copy of the weights;
 - precomputed: the reference's summed log-probabilities of every pair, computed before step 1 by
   ``logps`` over the data (``launcher.train.preference_reference``), passed to the step.
@@ -31,8 +31,8 @@ from torch import nn
 
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.preference import reference_mode
-from launcher.train import lora
-from launcher.train.masked_loss import unpack
+from launcher.train.finetune import lora
+from launcher.train.finetune.masked_loss import unpack
 from launcher.train.preference_loss import (
     Settings,
     pair_losses,

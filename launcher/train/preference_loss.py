@@ -1,6 +1,6 @@
 """The losses of preference training (finetune.objective=dpo|simpo|orpo), on log-probabilities.
 
-Conventions, stated once (``launcher.train.masked_loss`` states SFT's):
+Conventions, stated once (``launcher.train.finetune.masked_loss`` states SFT's):
 
 - A response's log-probability log pi(y|x) is the SUM of its tokens' log-probabilities over the
   response tokens alone (the targets a preference row marks trained, ``launcher.data
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from launcher.train.masked_loss import IGNORE_INDEX
+from launcher.train.finetune.masked_loss import IGNORE_INDEX
 
 OBJECTIVES = ("dpo", "simpo", "orpo")
 NEEDS_REFERENCE = ("dpo",)

@@ -9,7 +9,7 @@ import torch
 
 from launcher.config.schema import ModelConfig
 from launcher.train.kv_cache import KVCache, supports
-from launcher.train.model import build_model
+from launcher.train.model.transformer import build_model
 
 BASE = dict(num_layers=2, hidden_size=32, ffn_hidden_size=48, num_attention_heads=4,
             vocab_size=50, seq_length=16, norm="rmsnorm", activation="swiglu")  # fmt: skip

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from launcher.config.compose import compose_config  # noqa: E402
+from launcher.config.composition.compose import compose_config  # noqa: E402
 from launcher.config.schema import LLMTrainConfig  # noqa: E402
 from launcher.errors import UserError  # noqa: E402
 from launcher.train.engines.torch_engine import TorchEngine  # noqa: E402

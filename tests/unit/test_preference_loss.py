@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from launcher.train.masked_loss import IGNORE_INDEX
+from launcher.train.finetune.masked_loss import IGNORE_INDEX
 from launcher.train.preference_loss import (
     Settings,
     pair_losses,

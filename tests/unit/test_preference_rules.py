@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from tests.cli import invoke
 

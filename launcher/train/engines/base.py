@@ -7,13 +7,13 @@ cadence.
 Data contract: each optimizer step, every rank calls ``step`` with the token rows of its
 data-parallel shard: a LongTensor of shape [grad_accum * micro_batch_size, seq_length + 1] (inputs
 are row[:-1], targets row[1:]), or for fine-tuning data [.., 3, seq_length + 1]: tokens,
-trained-target flags and packed examples' ids (``launcher.train.masked_loss``; the loss is then the
-global mean over trained tokens), or for preference pairs [.., 2, 3, seq_length + 1] (chosen,
-rejected: ``launcher.data.preference_rows``; micro_batch_size counts pairs, the loss is the mean
-over the global batch's pairs, ``launcher.train.preference``). Ranks of the same dp index (tensor,
-pipeline and context peers) receive the same rows. The engine splits them into micro-batches,
-accumulates, clips and steps the optimizer at ``lr``. The loss it returns is the mean token loss
-over the whole global batch (averaged over dp), identical on every rank.
+trained-target flags and packed examples' ids (``launcher.train.finetune.masked_loss``; the loss is
+then the global mean over trained tokens), or for preference pairs [.., 2, 3, seq_length + 1]
+(chosen, rejected: ``launcher.data.preference_rows``; micro_batch_size counts pairs, the loss is the
+mean over the global batch's pairs, ``launcher.train.preference``). Ranks of the same dp index
+(tensor, pipeline and context peers) receive the same rows. The engine splits them into
+micro-batches, accumulates, clips and steps the optimizer at ``lr``. The loss it returns is the mean
+token loss over the whole global batch (averaged over dp), identical on every rank.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from launcher.train.safe_load import CheckpointFiles
+    from launcher.train.checkpoint.safe_load import CheckpointFiles
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class StepResult:
     nonfinite: tuple[str, ...] = ()
     applied: bool = True
     # Targets that carried loss in the global batch (every target of pre-training rows; the
-    # unmasked ones of fine-tuning rows, launcher.train.masked_loss); None: not counted.
+    # unmasked ones of fine-tuning rows, launcher.train.finetune.masked_loss); None: not counted.
     trained_tokens: int | None = None
     # Preference objectives (launcher.train.preference): rewards/chosen, rewards/rejected,
     # rewards/accuracy, rewards/margin over the global batch's pairs; None otherwise.
@@ -92,7 +92,7 @@ class Engine(ABC):
     def load(self, directory: Path, files: CheckpointFiles) -> None:
         """Restore the state written by `save` (a collective), reading every file through `files`
         (``CheckpointFiles.verified`` of the checkpoint: the bytes its manifest lists, read once;
-        see ``launcher.train.safe_load``)."""
+        see ``launcher.train.checkpoint.safe_load``)."""
 
     @abstractmethod
     def local_tensors(self) -> Iterator[torch.Tensor]:
