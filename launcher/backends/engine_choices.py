@@ -201,7 +201,7 @@ def chunked_loss_problem(cfg: LLMTrainConfig) -> str | None:
     if cfg.finetune.objective != "sft":
         return (
             f"finetune.objective={cfg.finetune.objective} needs each response token's "
-            "log-probability (launcher/train/preference_loss.py)"
+            "log-probability (launcher/train/finetune/preference_loss.py)"
         )
     return None
 

@@ -11,7 +11,7 @@ n pairs, [:, 0] the chosen sequence and [:, 1] the rejected one, each a padded c
 token, channel 2 zeros: one example a row). A pair is one sample: the sampler, data parallel and
 micro-batches count pairs, so chosen and rejected are always in the same micro-batch, where the
 engines concatenate them along the batch (all chosen, then all rejected: TRL's "concatenated
-forward", ``launcher.train.preference``). Rows are never packed (data.packing=false; validate
+forward", ``launcher.train.finetune.preference``). Rows are never packed (data.packing=false; validate
 refuses packing for preference data).
 
 Over-long sequences (more than seq_len + 1 tokens): ``truncate`` keeps the first seq_len + 1

@@ -2,7 +2,7 @@
 
 The one place for these prices (``planner.make_plan`` calls them):
 - Both sequences of a pair: a micro-batch of ``train.micro_batch_size`` pairs runs its chosen and
-  rejected sequences in one forward (``launcher.train.preference``), so activations, logits and
+  rejected sequences in one forward (``launcher.train.finetune.preference``), so activations, logits and
   the step's compute are those of 2 x micro_batch_size sequences: the plan prices a configuration
   whose micro- and global batch are doubled (``priced_config``), and tokens a step are
   2 x pairs x seq_length.
@@ -13,7 +13,7 @@ The one place for these prices (``planner.make_plan`` calls them):
   sequences, under no_grad, each micro-batch: no weights, no saved activations, its compute
   the policy's forward FLOPs of the frozen model (2N a token plus attention, a third of a full
   training step's: ``reference_forward_s``). precomputed (one pass over the data before step 1,
-  ``launcher.train.preference_reference``) costs nothing a step: the pass is one forward per
+  ``launcher.train.finetune.preference_reference``) costs nothing a step: the pass is one forward per
   pair, stated, not in the step time. simpo and orpo have no reference.
 """
 

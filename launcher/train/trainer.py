@@ -49,9 +49,9 @@ from launcher.train.data import training_data, validation_data
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
 from launcher.train.evaluation import Evaluator, eval_due
+from launcher.train.finetune.preference_reference import reference_table
 from launcher.train.model.transformer import seed_step
 from launcher.train.optim import learning_rate
-from launcher.train.preference_reference import reference_table
 from launcher.train.reporting.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
 from launcher.train.reporting.rank_log import rank_logger
 from launcher.train.reporting.summary import format_summary, summarize
@@ -291,7 +291,7 @@ class Trainer:
         self.flops_per_token = self.plan.flops_per_token
         peak = self.plan.peak_flops
         self.peak_total = peak * info.world_size if peak else None
-        # Preference pairs: two sequences a pair (launcher.train.preference).
+        # Preference pairs: two sequences a pair (launcher.train.finetune.preference).
         pair = 2 if is_preference(cfg) else 1
         self.tokens_per_step = self.layout.global_batch_size * cfg.model.seq_length * pair
         self.fail_at = fault_injection(self.rank)

@@ -19,7 +19,7 @@ from launcher.config.composition.compose import compose_config  # noqa: E402
 from launcher.config.schema import LLMTrainConfig  # noqa: E402
 from launcher.errors import UserError  # noqa: E402
 from launcher.train.engines.torch_engine import TorchEngine  # noqa: E402
-from launcher.train.preference_reference import (  # noqa: E402
+from launcher.train.finetune.preference_reference import (  # noqa: E402
     REFERENCE_FILE,
     reference_table,
     resume_problem,

@@ -1,4 +1,4 @@
-"""The preference losses (launcher/train/preference_loss.py) against values derived by hand."""
+"""The preference losses (launcher/train/finetune/preference_loss.py) against values derived by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from launcher.train.finetune.masked_loss import IGNORE_INDEX
-from launcher.train.preference_loss import (
+from launcher.train.finetune.preference_loss import (
     Settings,
     pair_losses,
     reward_metrics,

@@ -22,10 +22,10 @@ trl = pytest.importorskip("trl", reason="trl is in the dev extra (pip install -e
 from launcher.config.schema import LLMTrainConfig, ModelConfig  # noqa: E402
 from launcher.data.builtin_chat import write_tokenizer  # noqa: E402
 from launcher.export.hf_layout import hf_config, to_hf  # noqa: E402
+from launcher.train.finetune.preference import PreferenceObjective  # noqa: E402
+from launcher.train.finetune.preference_loss import token_logps  # noqa: E402
 from launcher.train.model.init_weights import init_weights  # noqa: E402
 from launcher.train.model.transformer import Transformer  # noqa: E402
-from launcher.train.preference import PreferenceObjective  # noqa: E402
-from launcher.train.preference_loss import token_logps  # noqa: E402
 
 MODEL = ModelConfig(
     name="trl-check", num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,

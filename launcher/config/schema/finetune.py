@@ -27,7 +27,7 @@ class FinetuneConfig:
     """Projections to adapt: q k v o (attention), gate up down (MLP; gate only with swiglu), or
     all-linear (every one of them the model has)."""
     objective: str = field(default="sft", metadata=one_of("sft", "dpo", "simpo", "orpo"))
-    """What the model learns from (docs/finetuning.md, launcher/train/preference_loss.py): sft
+    """What the model learns from (docs/finetuning.md, launcher/train/finetune/preference_loss.py): sft
     (next-token loss on the data's trained tokens), or from preference pairs
     (`data prepare --input-format preference`, data.builtin=preference): dpo (Rafailov et al.
     2023, against a reference model), simpo (Meng et al. 2024, length-normalised, no reference)

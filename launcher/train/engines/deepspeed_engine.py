@@ -68,10 +68,10 @@ from launcher.train.finetune.masked_loss import (
     trained_tokens,
     unpack,
 )
+from launcher.train.finetune.preference import PreferenceObjective, response_tokens
+from launcher.train.finetune.preference_loss import token_logps
 from launcher.train.model.transformer import Transformer, apply_recompute, build_model
 from launcher.train.optim import build_optimizer, fused_on
-from launcher.train.preference import PreferenceObjective, response_tokens
-from launcher.train.preference_loss import token_logps
 from launcher.validate import finetune_rules, preference_rules
 
 # DeepSpeed 0.19.8 (ZeRO 1-3) calls torch.distributed.all_gather_into_tensor and
@@ -363,7 +363,7 @@ class DeepSpeedEngine(Engine):
         self, micro: torch.Tensor, divisor: float | None, reference: torch.Tensor | None = None
     ) -> torch.Tensor:
         """One micro-batch's loss: the plain mean, or over trained targets / `divisor`; of
-        preference pairs, their mean pair loss (launcher.train.preference)."""
+        preference pairs, their mean pair loss (launcher.train.finetune.preference)."""
         if self.objective is not None:
             module = self.engine.module
             return self.objective.micro_loss(module, self.engine, token_logps, micro, reference)
@@ -451,7 +451,7 @@ class DeepSpeedEngine(Engine):
     @torch.no_grad()
     def reference_logps(self, rows: torch.Tensor) -> torch.Tensor:
         """Summed response log-probs [n, 2] of preference pairs, the model as it is, in eval
-        mode: the precomputed reference's pass (launcher.train.preference_reference)."""
+        mode: the precomputed reference's pass (launcher.train.finetune.preference_reference)."""
         assert self.objective is not None
         self.engine.eval()
         try:

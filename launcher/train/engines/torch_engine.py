@@ -113,6 +113,7 @@ from launcher.train.finetune.masked_loss import (
     trained_tokens,
     unpack,
 )
+from launcher.train.finetune.preference import PreferenceObjective
 from launcher.train.model import fp8
 from launcher.train.model.init_weights import init_weights
 from launcher.train.model.transformer import (
@@ -124,7 +125,6 @@ from launcher.train.model.transformer import (
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.parallel.expert_parallel import ExpertParallel
 from launcher.train.parallel.ring_attention import ContextParallel, shard_sequence
-from launcher.train.preference import PreferenceObjective
 from launcher.validate import finetune_rules, preference_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

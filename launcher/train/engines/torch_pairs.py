@@ -1,5 +1,5 @@
 """The torch engine's steps over preference pairs (finetune.objective=dpo|simpo|orpo): one
-concatenated forward per micro-batch through ``launcher.train.preference``, with the engine's
+concatenated forward per micro-batch through ``launcher.train.finetune.preference``, with the engine's
 micro-batch loop, autocast, loss context (vocabulary-parallel logits under tp) and gradient sync.
 """
 
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.train.engines.torch_loss import token_log_probs
-from launcher.train.preference import PreferenceObjective, response_tokens
+from launcher.train.finetune.preference import PreferenceObjective, response_tokens
 
 
 class PairSteps:
@@ -34,7 +34,7 @@ class PairSteps:
         self, rows: torch.Tensor, reference: torch.Tensor | None, train: bool = True
     ) -> tuple[torch.Tensor, int]:
         """(loss, response tokens of the global batch) of preference pairs: one concatenated
-        forward per micro-batch (launcher.train.preference)."""
+        forward per micro-batch (launcher.train.finetune.preference)."""
         assert self.objective is not None
         count = response_tokens(rows).to(torch.int64)
         if self.layout.dp > 1:
@@ -71,7 +71,7 @@ class PairSteps:
     @torch.no_grad()
     def reference_logps(self, rows: torch.Tensor) -> torch.Tensor:
         """Summed response log-probs [n, 2] of preference pairs, the model as it is, in eval
-        mode: the precomputed reference's pass (launcher.train.preference_reference)."""
+        mode: the precomputed reference's pass (launcher.train.finetune.preference_reference)."""
         assert self.objective is not None
         model = self.parts[0]
         model.eval()

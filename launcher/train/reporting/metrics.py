@@ -8,7 +8,7 @@ tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
 (the sum of step times) and time (wall clock at the end of the step), plus val_loss and val_ppl on
 the steps that evaluated (``train.eval_every``); with finetune.objective=dpo|simpo|orpo,
 rewards/chosen, rewards/rejected, rewards/accuracy and rewards/margin over the step's pairs
-(``launcher.train.preference_loss``; the interval line shows accuracy and margin). Training health
+(``launcher.train.finetune.preference_loss``; the interval line shows accuracy and margin). Training health
 (``launcher.health``): grad_norm is the global gradient norm before clipping (null where the engine
 cannot tell), loss_zscore the loss's robust z-score against the previous train.loss_spike_window
 steps (null until 10 are known), loss_spike true on a spike, nonfinite_skips the steps skipped so
@@ -64,7 +64,7 @@ def memory_bytes(peak: dict[str, int]) -> int:
     return peak.get("max_allocated", peak.get("max_rss", 0))
 
 
-# Preference objectives' figures of each step (launcher.train.preference_loss.reward_metrics).
+# Preference objectives' figures of each step (launcher.train.finetune.preference_loss.reward_metrics).
 REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin")
 
 
@@ -96,7 +96,7 @@ class MetricsWriter:
             for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
                 if record.get(key) is not None:
                     self.tb.add_scalar(f"train/{key}", record[key], record["step"])
-            for key in REWARD_KEYS:  # preference objectives (launcher.train.preference)
+            for key in REWARD_KEYS:  # preference objectives (launcher.train.finetune.preference)
                 if record.get(key) is not None:
                     self.tb.add_scalar(f"train/{key}", record[key], record["step"])
             for key in ("val_loss", "val_ppl"):

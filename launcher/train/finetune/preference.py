@@ -14,7 +14,7 @@ The reference (dpo only; ``launcher.plan.preference.reference_mode``):
   (``launcher.train.finetune.lora.disable_adapters``), forward under no_grad before the policy's, no
   second copy of the weights;
 - precomputed: the reference's summed log-probabilities of every pair, computed before step 1 by
-  ``logps`` over the data (``launcher.train.preference_reference``), passed to the step.
+  ``logps`` over the data (``launcher.train.finetune.preference_reference``), passed to the step.
 
 The engine gives the forward (tokens -> logits, under its autocast and loss contexts) and the
 per-token log-probabilities of its logits (full, or split over the vocabulary under tp).
@@ -33,7 +33,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan.preference import reference_mode
 from launcher.train.finetune import lora
 from launcher.train.finetune.masked_loss import unpack
-from launcher.train.preference_loss import (
+from launcher.train.finetune.preference_loss import (
     Settings,
     pair_losses,
     pair_mean,
