@@ -39,6 +39,36 @@ FAMILIES: dict[str, tuple[str, list[str], dict[str, str], bool]] = {
     ),
 }
 
+# Real templates shipped inside TRL (trl/chat_templates/, TRL 1.16.0, the dev extra), used as
+# data: the families tests/unit/test_named_templates.py checks the built-in templates against.
+TRL_FAMILIES: dict[str, tuple[str, list[str], dict[str, str], bool]] = {
+    "phi3": (
+        "phi3.jinja",
+        ["<unk>", "<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+        {"bos_token": "<s>", "eos_token": "<|endoftext|>", "unk_token": "<unk>"},
+        False,
+    ),
+    "gemma": (
+        "gemma.jinja",
+        ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"},
+        False,
+    ),
+    "llama3-trl": ("llama3.jinja", *FAMILIES["llama3"][1:]),  # Llama 3 (not 3.1)
+}
+
+
+def trl_templates() -> Path | None:
+    """TRL's folder of real chat templates, or None without TRL."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("trl")
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent / "chat_templates"
+    return folder if folder.is_dir() else None
+
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "What is the capital of France? The capital of France is Paris.",
@@ -54,7 +84,12 @@ def build_tokenizer(family: str, folder: Path, vocab_size: int = 400) -> Path:
     family's special tokens, its tokenizer_config.json (real chat template) beside it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    template_file, specials, named, metaspace = FAMILIES[family]
+    if family in FAMILIES:
+        template_file, specials, named, metaspace = FAMILIES[family]
+        template = TEMPLATES / template_file
+    else:
+        template_file, specials, named, metaspace = TRL_FAMILIES[family]
+        template = (trl_templates() or TEMPLATES) / template_file
     tok = Tokenizer(models.BPE(unk_token="<unk>" if metaspace else None))
     if metaspace:
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -76,7 +111,7 @@ def build_tokenizer(family: str, folder: Path, vocab_size: int = 400) -> Path:
     tok.save(str(path))
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": (TEMPLATES / template_file).read_text(encoding="utf-8"),
+        "chat_template": template.read_text(encoding="utf-8"),
         **named,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")

@@ -198,6 +198,11 @@ def chunked_loss_problem(cfg: LLMTrainConfig) -> str | None:
         return "the head is split over tp (its loss is vocabulary-parallel)"
     if cfg.parallel.pp > 1:
         return "the pipeline schedule computes the loss from the last stage's logits"
+    if cfg.finetune.objective != "sft":
+        return (
+            f"finetune.objective={cfg.finetune.objective} needs each response token's "
+            "log-probability (launcher/train/finetune/preference_loss.py)"
+        )
     return None
 
 

@@ -18,7 +18,27 @@ data_app = typer.Typer(
 )
 
 Inputs = Annotated[
-    list[str], typer.Option("--input", "-i", help="Text file or folder (repeatable).")
+    list[str],
+    typer.Option(
+        "--input",
+        "-i",
+        help="File or folder (repeatable); chat, instruct and preference records also from "
+        "parquet, datasets.save_to_disk folders and dataset ids in the local HF cache.",
+    ),
+]
+Split = Annotated[
+    str,
+    typer.Option(
+        "--split", help="Split of a dataset id or a saved DatasetDict folder (records only)."
+    ),
+]
+Columns = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--columns",
+        help="TARGET=SOURCE: read the field TARGET (messages, prompt, chosen, ...) from the "
+        "column SOURCE (repeatable), e.g. --columns messages=conversation.",
+    ),
 ]
 Output = Annotated[str, typer.Option("--output", "-o", help="Folder to write shards into.")]
 Tokenizer = Annotated[
@@ -61,16 +81,16 @@ InputFormat = Annotated[
     str | None,
     typer.Option(
         "--input-format",
-        help="text, chat (messages / conversations records) or instruct (prompt/completion); "
-        "default: told from the records.",
+        help="text, chat (messages / conversations records), instruct (prompt/completion) or "
+        "preference (prompt/chosen/rejected); default: told from the records.",
     ),
 ]
 ChatTemplate = Annotated[
     str | None,
     typer.Option(
         "--chat-template",
-        help="A Jinja chat template file (default: the chat_template of the "
-        "tokenizer_config.json beside --tokenizer).",
+        help="A Jinja chat template file, or a built-in one: chatml, gemma, llama3, mistral, "
+        "phi3 (default: the chat_template of the tokenizer_config.json beside --tokenizer).",
     ),
 ]
 MaxRecordMib = Annotated[
@@ -106,6 +126,8 @@ def data_prepare(
     chat_template: ChatTemplate = None,
     seq_length: SeqLength = None,
     max_record_mib: MaxRecordMib = 16,
+    split: Split = "train",
+    columns: Columns = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Tokenize text into a train and a validation split with an index (then data.path=OUTPUT).
@@ -120,6 +142,7 @@ def data_prepare(
         )
     if vocab_size < 256 + 1 and tokenizer == "bpe":
         raise UserError(f"--vocab-size={vocab_size}: a BPE vocabulary needs more than 256 entries")
+    from launcher.data.dataset_records import RecordOptions, parse_columns
     from launcher.data.limits import DataLimits
     from launcher.data.prepare import prepare
 
@@ -140,6 +163,7 @@ def data_prepare(
         chat_template=chat_template,
         byte_eod=True,  # byte tokens: id 256 ends each document (vocabulary 257)
         limits=limits,
+        records=RecordOptions(split, parse_columns(columns)),
     )
     document = index.to_json()
     if index.layout == "chat":
@@ -158,7 +182,13 @@ def show_prepared(document: dict[str, Any], output: str) -> None:
         chat = document["chat"]
         out.print(
             f"wrote {chat['train_examples']:,} training and {chat['valid_examples']:,} validation "
-            f"{chat['input_format']} examples ({document['total_tokens']:,} tokens, "
+            f"{chat['input_format']} examples"
+            + (
+                f" ({chat['train_pairs']:,} + {chat['valid_pairs']:,} pairs)"
+                if "train_pairs" in chat
+                else ""
+            )
+            + f" ({document['total_tokens']:,} tokens, "
             f"{chat['assistant_tokens']:,} of them assistant tokens) to {output} (vocab "
             f"{document['vocab_size']}, template {chat['template']}); train on it with "
             f"data.path={output}"

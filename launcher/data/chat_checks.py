@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.data.preference_rows import is_preference_index, packing_message
 from launcher.errors import UserError
 
 
@@ -40,12 +41,19 @@ def chat_problems(cfg: Any, global_batch: int, pp: int, cp: int) -> list[str]:
     except UserError:
         return []  # source_problems says it
     if info.chat is None:
+        if cfg.finetune.objective != "sft":
+            return [objective_problem(cfg, d.path, pairs=False)]
         return []
+    pairs = is_preference_index(info.chat)
+    if pairs != (cfg.finetune.objective != "sft"):
+        return [objective_problem(cfg, d.path, pairs)]
+    if pairs and d.packing:
+        return [packing_message(f"data.path={d.path} (preference pairs)")]
     out = layout_problems(pp, cp, d.packing)
     if out:
         return out
     rows = open_chat_rows(info, "train", cfg)
-    if rows.report.rows < global_batch:
+    if rows.num_sequences(cfg.model.seq_length) < global_batch:  # rows, or pairs
         out.append(
             f"data.path={d.path}: {rows.report.line()}; fewer rows than one global batch "
             f"({global_batch}): lower train.global_batch_size, or set data.packing=true"
@@ -53,10 +61,27 @@ def chat_problems(cfg: Any, global_batch: int, pp: int, cp: int) -> list[str]:
     return out
 
 
+def objective_problem(cfg: Any, path: str, pairs: bool) -> str:
+    """The data and finetune.objective disagree: pairs for sft, or other data for dpo."""
+    objective = cfg.finetune.objective
+    if pairs:
+        return (
+            f"data.path={path} holds preference pairs (prompt, chosen, rejected), which "
+            f"finetune.objective={objective} does not train on: finetune.objective=dpo (or simpo, "
+            "orpo)"
+        )
+    return (
+        f"finetune.objective={objective} trains on preference pairs; data.path={path} holds none: "
+        "prepare them with `llmtrain data prepare --input-format preference`, or "
+        "data.builtin=preference"
+    )
+
+
 def open_chat_rows(info: Any, split: str, cfg: Any) -> Any:
     """The rows of one split of a described chat dataset, as the run reads them."""
     from launcher.data.megatron_indexed import IndexedDataset
     from launcher.data.packing import ChatRows
+    from launcher.data.preference_rows import PreferenceRows, is_preference_index
 
     tokens_prefix = info.valid_prefix if split == "valid" else info.train_prefix
     roles_prefix = info.valid_roles if split == "valid" else info.train_roles
@@ -74,4 +99,6 @@ def open_chat_rows(info: Any, split: str, cfg: Any) -> Any:
         )
     d = cfg.data
     pad = int(info.chat.get("pad_id", 0)) if info.chat else 0
+    if is_preference_index(info.chat):
+        return PreferenceRows(tokens, roles, cfg.model.seq_length, d.overlong, pad)
     return ChatRows(tokens, roles, cfg.model.seq_length, d.packing, d.overlong, d.train_on, pad)

@@ -1,4 +1,5 @@
-"""`llmtrain data prepare --input-format chat|instruct`: conversations to token ids and loss roles.
+"""`llmtrain data prepare --input-format chat|instruct|preference`: conversations to token ids
+and loss roles.
 
 Each conversation (``launcher.data.chat_records``) is rendered with the chat template
 (``launcher.data.chat_template``), tokenized with the tokenizer.json (no special tokens added: the
@@ -14,6 +15,11 @@ over-long policy (``launcher.data.packing``), so none of them needs the data pre
 
 An instruct record with a tokenizer that has no chat template is the prompt's text followed by the
 completion's and the end-of-document token (role 2 on the completion and that token).
+
+A preference record (``launcher.data.preference_records``) is two examples, prompt + chosen and
+prompt + rejected, stored one after the other (sequences 2i and 2i + 1 of its split, a pair never
+split between train and valid); the response is each one's last assistant turn (role 2), and
+index.json's ``chat`` holds ``input_format: "preference"`` and the pair counts.
 
 Layout of the output folder (index.json ``layout: "chat"``): per split, two Megatron-LM indexed
 datasets with one sequence per conversation, the same lengths: ``{split}_chat_tokens.bin/.idx``
@@ -31,15 +37,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from launcher import fsio
-from launcher.data.chat_records import Conversation, detect_format, iter_conversations
+from launcher.data.chat_records import INPUT_FORMATS, Conversation, conversation, record_format
 from launcher.data.chat_template import (
     CONFIG_FILE,
     ChatTemplate,
@@ -47,14 +54,21 @@ from launcher.data.chat_template import (
     TemplateRenderError,
     token_mask,
 )
+from launcher.data.dataset_records import RecordOptions, iter_records
 from launcher.data.hf_tokenizer import HFTokenizerFile
 from launcher.data.length_histogram import HISTOGRAM_KEY, length_histogram
 from launcher.data.limits import DataLimits
+from launcher.data.preference_records import PREFERENCE, pair
 from launcher.data.template_worker import TemplateWorker, refusal
 from launcher.errors import UserError
 from launcher.excerpt import message as quoted
 
 CHAT_LAYOUT = "chat"
+# Built-in chat templates, `--chat-template NAME`: Jinja files written for llmtrain from each
+# format's public description (cited at the top of each file), checked token for token against
+# transformers on the models' real templates (tests/unit/test_named_templates.py).
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+NAMED_TEMPLATES = ("chatml", "gemma", "llama3", "mistral", "phi3")
 ROLE_PROMPT, ROLE_ASSISTANT, ROLE_FINAL = 0, 1, 2
 TRAIN_ON = ("assistant", "completion", "all")
 OVERLONG = ("truncate", "drop")
@@ -140,11 +154,42 @@ class ChatTokenizer:
         return Example(ids, roles)
 
 
+def _groups(
+    inputs: Sequence[str | Path], fmt: str, options: RecordOptions, limits: DataLimits
+) -> Iterator[tuple[Conversation, ...]]:
+    """The records as groups of conversations stored together: one conversation, or a
+    preference pair (chosen then rejected, sequences 2i and 2i + 1 of their split)."""
+    if fmt not in (*INPUT_FORMATS, PREFERENCE):
+        choices = ", ".join((*INPUT_FORMATS, PREFERENCE))
+        raise UserError(f"--input-format={fmt}: must be one of {choices}")
+    for where, record in iter_records(inputs, options, limits):
+        yield pair(where, record) if fmt == PREFERENCE else (conversation(where, record, fmt),)
+
+
+def detect_format(
+    inputs: Sequence[str | Path], options: RecordOptions, limits: DataLimits | None = None
+) -> str:
+    """chat, instruct or preference, from the first record (``chat_records.record_format``)."""
+    for where, record in iter_records(inputs, options, limits):
+        found = record_format(record)
+        if found is None:
+            keys = ", ".join(sorted(map(str, record))[:8]) or "none"
+            raise UserError(
+                f'{where}: expected "messages", "conversations", "prompt" and "completion", or '
+                f'"chosen" and "rejected" (rename columns with --columns messages=COLUMN); the '
+                f"record has keys: {keys}"
+            )
+        return found
+    raise UserError(f"no records in {', '.join(map(str, inputs))}: every input is empty")
+
+
 def load_chat_tokenizer(
     tokenizer: str, chat_template: str | None, eod_token: str | None, input_format: str
 ) -> ChatTokenizer:
-    """The tokenizer.json at `tokenizer` and its template: `chat_template` (a .jinja file), else
-    the chat_template of the tokenizer_config.json beside it. Instruct data may go without."""
+    """The tokenizer.json at `tokenizer` and its template: `chat_template` (a .jinja file, or the
+    name of a built-in template: ``NAMED_TEMPLATES``), else the chat_template of the
+    tokenizer_config.json beside it; the special tokens (bos_token, eos_token) always come from
+    that file. Instruct data may go without."""
     if tokenizer in ("byte", "bpe"):
         raise UserError(
             f"--tokenizer={tokenizer}: chat and instruct data need the model's tokenizer.json "
@@ -154,10 +199,20 @@ def load_chat_tokenizer(
     tok = HFTokenizerFile(path, eod_token)
     config = path.parent / CONFIG_FILE
     template_file = Path(chat_template).expanduser() if chat_template else None
+    named = chat_template in NAMED_TEMPLATES and not (template_file and template_file.exists())
+    if named:
+        template_file = TEMPLATES_DIR / f"{chat_template}.jinja"
+    if template_file is not None and not template_file.is_file():
+        raise UserError(
+            f"--chat-template {chat_template}: no such file (a Jinja template), nor a built-in "
+            f"template ({', '.join(NAMED_TEMPLATES)})"
+        )
     try:
         template: ChatTemplate | None = ChatTemplate.from_tokenizer_config(config, template_file)
+        if named and template is not None:
+            template = replace(template, origin=f"{chat_template} (built in)")
     except UserError:
-        if input_format != "instruct":
+        if input_format not in ("instruct", PREFERENCE):
             raise
         template = None
     return ChatTokenizer(tok, template)
@@ -168,13 +223,14 @@ class _Split:
     tokens: Any
     roles: Any
     examples: int = 0
+    records: int = 0  # conversations, or preference pairs (two examples each)
     tokens_total: int = 0
     assistant_tokens: int = 0
     lengths: list[int] = field(default_factory=list)
 
 
 def prepare_chat(
-    files: Sequence[Path],
+    files: Sequence[str | Path],
     tmp: Path,
     tokenizer: str,
     input_format: str | None,
@@ -185,15 +241,19 @@ def prepare_chat(
     is_valid: Callable[[int, float], bool],
     tokenizer_file: str = "tokenizer.json",
     report: Any = None,
+    options: RecordOptions | None = None,
     limits: DataLimits | None = None,
 ) -> dict[str, Any]:
     """Write the chat splits into `tmp` (the caller installs it); the index fields they need.
+    `files`: JSON Lines, parquet, saved dataset folders, dataset ids
+    (``launcher.data.dataset_records``, `options` their split and column mapping).
     `is_valid(i, fraction)`: whether example i is held out (``prepare.is_valid_document``);
     `limits`: what one record and its rendering may cost."""
     from launcher.data.megatron_indexed import IndexedDatasetWriter
 
+    options = options or RecordOptions()
     limits = limits or DataLimits()
-    fmt = input_format or detect_format(list(files), limits)
+    fmt = input_format or detect_format(files, options, limits)
     tok = load_chat_tokenizer(tokenizer, chat_template, eod_token, fmt)
     if tok.template is not None:
         tok.template.check()
@@ -210,10 +270,18 @@ def prepare_chat(
         roles = IndexedDatasetWriter(tmp / names["roles"], 256)
         roles.dtype = np.dtype(np.uint8)
         splits[name] = _Split(IndexedDatasetWriter(tmp / names["tokens"], vocab), roles)
-    conversations = iter_conversations(list(files), fmt, limits)
-    examples = _examples(tok, conversations, limits)
+    # Every conversation goes through the template worker in order; a group (one conversation,
+    # or a preference pair) is written together, into one split.
+    sizes: deque[int] = deque()
+
+    def conversations() -> Iterator[Conversation]:
+        for group in _groups(files, fmt, options, limits):
+            sizes.append(len(group))
+            yield from group
+
+    examples = _examples(tok, conversations(), limits)
     with contextlib.closing(examples) as encoded:  # stops the worker on any error
-        count = _write_examples(encoded, splits, is_valid, valid_fraction, report)
+        count = _write_groups(encoded, sizes, splits, is_valid, valid_fraction, report, fmt)
     for split in splits.values():
         split.tokens.finish()
         split.roles.finish()
@@ -247,6 +315,11 @@ def prepare_chat(
             # The training examples by padded length: what plan prices data.packing=false with.
             HISTOGRAM_KEY: length_histogram(train.lengths),
             "pad_id": tok.tokenizer.eod_id if tok.tokenizer.eod_id is not None else 0,
+            **(
+                {"train_pairs": train.records, "valid_pairs": valid.records}
+                if fmt == PREFERENCE
+                else {}
+            ),
         },
         "source": {**source, "documents": count},
     }
@@ -271,24 +344,33 @@ def _examples(
             yield tok.encode_rendered(conversation, text, spans)
 
 
-def _write_examples(
+def _write_groups(
     examples: Iterable[Example],
+    sizes: deque[int],
     splits: dict[str, _Split],
     is_valid: Callable[[int, float], bool],
     valid_fraction: float,
     report: Any,
+    fmt: str,
 ) -> int:
-    """Append each example to its split; how many there were."""
+    """Append each group of examples (`sizes`: how many examples each group has, in order) to
+    its split; how many groups there were."""
     count = 0
+    left = 0
+    split = splits["train"]
     for example in examples:
-        split = splits["valid" if is_valid(count, valid_fraction) else "train"]
+        if left == 0:  # a new group: one split for all of it
+            left = sizes.popleft()
+            split = splits["valid" if is_valid(count, valid_fraction) else "train"]
+            split.records += 1
+            count += 1
+            if report is not None and count % 10_000 == 0:
+                report(f"{count:,} {'pairs' if fmt == PREFERENCE else 'conversations'}")
         split.tokens.add_document(example.ids)
         split.roles.add_document(example.roles)
         split.examples += 1
         split.tokens_total += int(example.ids.size)
         split.lengths.append(int(example.ids.size))
         split.assistant_tokens += int((example.roles > 0).sum())
-        count += 1
-        if report is not None and count % 10_000 == 0:
-            report(f"{count:,} conversations")
+        left -= 1
     return count

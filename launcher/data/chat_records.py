@@ -64,6 +64,8 @@ def _records(path: Path, limits: DataLimits) -> Iterator[tuple[str, dict[str, An
 
 
 def record_format(record: dict[str, Any]) -> str | None:
+    if "chosen" in record and "rejected" in record:  # launcher.data.preference_records
+        return "preference"
     if "messages" in record or "conversations" in record:
         return "chat"
     if ("prompt" in record and "completion" in record) or (
@@ -89,7 +91,7 @@ def _shape_error(where: str, record: dict[str, Any], expected: str | None = None
     wanted = {
         "chat": '"messages" (role/content) or "conversations" (from/value)',
         "instruct": '"prompt" and "completion" (or "instruction" and "output")',
-        None: '"messages", "conversations", or "prompt" and "completion"',
+        None: '"messages", "conversations", "prompt" and "completion", or "chosen" and "rejected"',
     }[expected]
     return f"{where}: expected {wanted}; the record has keys: {keys}"
 
@@ -166,7 +168,12 @@ def iter_conversations(
                 "(*.jsonl, one record a line)"
             )
         for where, record in _records(path, limits or DataLimits()):
-            found = record_format(record)
-            if found != input_format:
-                raise UserError(_shape_error(where, record, input_format))
-            yield _chat(where, record) if input_format == "chat" else _instruct(where, record)
+            yield conversation(where, record, input_format)
+
+
+def conversation(where: str, record: dict[str, Any], input_format: str) -> Conversation:
+    """One record of `input_format` (chat or instruct) as a Conversation; UserError naming
+    `where` when it has another shape."""
+    if record_format(record) != input_format:
+        raise UserError(_shape_error(where, record, input_format))
+    return _chat(where, record) if input_format == "chat" else _instruct(where, record)

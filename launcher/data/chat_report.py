@@ -18,6 +18,7 @@ def packing_reports(folder: Path, seq_length: int | None) -> dict[str, Any]:
     split under data.train_on=assistant and every packing / over-long combination."""
     from launcher.data.megatron_indexed import IndexedDataset
     from launcher.data.packing import ChatRows
+    from launcher.data.preference_rows import PreferenceRows, is_preference_index
     from launcher.data.token_index import PreparedIndex
 
     length = seq_length or DEFAULT_SEQ_LENGTH
@@ -28,7 +29,9 @@ def packing_reports(folder: Path, seq_length: int | None) -> dict[str, Any]:
     roles = IndexedDataset.open(folder / index.chat["roles_prefixes"]["train"])
     pad = int(index.chat.get("pad_id", 0))
     reports = []
-    for packing in (True, False):
+    if is_preference_index(index.chat):  # pairs: never packed, truncated or dropped as a pair
+        reports = [PreferenceRows(tokens, roles, length, o, pad).report for o in OVERLONG]
+    for packing in (True, False) if not reports else ():
         for overlong in OVERLONG:
             rows = ChatRows(tokens, roles, length, packing, overlong, "assistant", pad)
             reports.append(rows.report)

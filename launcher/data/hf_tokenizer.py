@@ -60,6 +60,10 @@ class HFTokenizerFile:
             raise UserError(
                 f"--tokenizer {path}: not a tokenizer.json the library reads ({quoted(str(exc))})"
             ) from None
+        # The tokenizer_config.json settings that change ids, as transformers applies them.
+        from launcher.data.tokenizer_settings import CONFIG_FILE, apply_settings
+
+        apply_settings(self._tok, self.path.parent / CONFIG_FILE)
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.eod_id: int | None = self._find_eod(eod_token)
 

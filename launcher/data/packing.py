@@ -73,14 +73,20 @@ class PackingReport:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "padding_share": round(self.padding_share, 6)}
 
+    def _trained_what(self) -> str:
+        # Preference pairs (launcher.data.preference_rows) train on their responses alone.
+        if self.train_on == "response":
+            return "the responses of preference pairs"
+        return f"data.train_on={self.train_on}"
+
     def line(self) -> str:
         kept = self.tokens_kept / self.tokens_in if self.tokens_in else 0.0
         dropped = self.dropped_overlong + self.dropped_untrained
         return (
             f"{self.examples:,} examples -> {self.rows:,} rows of {self.seq_length} + 1 "
             f"({'packed' if self.packing else 'padded, one example a row'}): {self.tokens_kept:,} "
-            f"tokens kept ({kept:.1%}), {self.trained_tokens:,} trained "
-            f"(data.train_on={self.train_on}), padding {self.padding_share:.1%}; "
+            f"tokens kept ({kept:.1%}), {self.trained_tokens:,} trained ({self._trained_what()}), "
+            f"padding {self.padding_share:.1%}; "
             f"{self.truncated:,} truncated, {dropped:,} dropped ({self.dropped_overlong:,} too "
             f"long under data.overlong={self.overlong}, {self.dropped_untrained:,} with no "
             "trained token)"

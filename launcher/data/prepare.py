@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from launcher import fsio, outputs
+from launcher.data.dataset_records import RecordOptions, is_dataset_id
 from launcher.data.documents import find_inputs, is_saved_dataset, iter_documents, looks_binary
 from launcher.data.hf_tokenizer import HFTokenizerFile
 from launcher.data.limits import DataLimits
@@ -98,6 +99,7 @@ def prepare(
     chat_template: str | None = None,
     byte_eod: bool = False,
     limits: DataLimits | None = None,
+    records: RecordOptions | None = None,
 ) -> PreparedIndex:
     """Tokenize documents into token shards + index.json under `output` (written atomically).
 
@@ -106,8 +108,10 @@ def prepare(
     `valid_fraction`: the share of whole documents held out as the validation split
     (``is_valid_document``).
 
-    `input_format`: "text" (documents), "chat" or "instruct" (conversations with loss roles,
-    ``launcher.data.chat_prepare``; `chat_template` a Jinja file replacing the tokenizer's);
+    `input_format`: "text" (documents), "chat", "instruct" or "preference" (conversations, or
+    pairs of them, with loss roles, ``launcher.data.chat_prepare``; `chat_template` a Jinja file
+    replacing the tokenizer's; their inputs may also be parquet files, ``save_to_disk`` folders
+    and cached dataset ids, `records` a ``dataset_records.RecordOptions``: split and columns);
     None: told from the records (``detect_input_format``).
 
     `tokenizer`: "byte", "bpe" (trained here with `vocab_size`) or the path of a Hugging Face
@@ -119,11 +123,18 @@ def prepare(
     output = Path(output)
     limits = limits or DataLimits()
     kind = input_format or detect_input_format(inputs, text_key, limits)
+    if input_format is None and kind == "text" and _names_records(inputs, records):
+        kind = ""  # a dataset id, or --columns: told from the first record (chat_prepare)
     if kind != "text":
         return _prepare_conversations(
             inputs, output, kind, tokenizer, chat_template, eod_token, overwrite, fmt,
-            valid_fraction, source or {}, report, limits,
+            valid_fraction, source or {}, report, limits, records,
         )  # fmt: skip
+    if records is not None and records != RecordOptions():
+        raise UserError(
+            "--split / --columns: only chat, instruct and preference records use them; add "
+            "--input-format chat (or instruct, preference)"
+        )
     if chat_template is not None:
         raise UserError(
             "--chat-template: only chat and instruct data use a template; add --input-format chat"
@@ -208,7 +219,7 @@ def _byte_or_bpe(
 
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-INPUT_FORMATS = ("text", "chat", "instruct")
+INPUT_FORMATS = ("text", "chat", "instruct", "preference")
 
 
 def detect_input_format(
@@ -240,6 +251,11 @@ def detect_input_format(
     return "text"
 
 
+def _names_records(inputs: Sequence[Path], records: RecordOptions | None) -> bool:
+    """A dataset id among `inputs`, or a column mapping: records, not text."""
+    return any(is_dataset_id(p) for p in inputs) or bool(records and records.columns)
+
+
 def _prepare_conversations(
     inputs: Sequence[Path],
     output: Path,
@@ -253,11 +269,14 @@ def _prepare_conversations(
     source: dict[str, Any],
     report: Any,
     limits: DataLimits,
+    records: RecordOptions | None = None,
 ) -> PreparedIndex:
-    """Chat or instruct records into a "chat" layout folder (launcher.data.chat_prepare)."""
+    """Chat or instruct records into a "chat" layout folder (launcher.data.chat_prepare);
+    `kind` "" tells the format from the first record."""
     from launcher.data.chat_prepare import prepare_chat
+    from launcher.data.dataset_records import record_inputs
 
-    if kind not in INPUT_FORMATS:
+    if kind and kind not in INPUT_FORMATS:
         raise UserError(f"--input-format={kind}: must be one of {', '.join(INPUT_FORMATS)}")
     if fmt != "megatron":
         raise UserError(
@@ -268,14 +287,15 @@ def _prepare_conversations(
         raise UserError(
             f"--valid-fraction={valid_fraction}: must lie in [0, 1), e.g. --valid-fraction 0.01"
         )
-    files = find_inputs(inputs)
-    found = check_output(output, inputs, files, overwrite)
+    files = record_inputs(inputs)
+    paths = [Path(p) for p in files if isinstance(p, Path)]
+    found = check_output(output, [Path(p) for p in inputs if Path(p).exists()], paths, overwrite)
     output = output.expanduser().resolve()
     tmp = outputs.temporary_sibling(output)
     try:
         fields = prepare_chat(
-            files, tmp, tokenizer, kind, chat_template, eod_token, valid_fraction, source,
-            is_valid_document, TOKENIZER_FILE, report, limits,
+            files, tmp, tokenizer, kind or None, chat_template, eod_token, valid_fraction,
+            source, is_valid_document, TOKENIZER_FILE, report, records, limits,
         )  # fmt: skip
         index = PreparedIndex(
             dtype=str(np.dtype(optimal_dtype(fields["vocab_size"]))),

@@ -152,8 +152,8 @@ def data_problems(cfg: LLMTrainConfig) -> list[str]:
         chat = chat_problems(cfg, lay.global_batch_size, lay.pp, lay.cp)
     except UserError as exc:
         chat = [str(exc)]
-    if d.path is None and not d.blend and d.builtin == "chat":
-        return chat  # the built-in chat data (rule chat-data) has a validation split
+    if d.path is None and not d.blend and d.builtin in ("chat", "preference"):
+        return chat  # the built-in chat data and pairs (rule chat-data) have a validation split
     try:
         return chat + source_problems(
             d.path,

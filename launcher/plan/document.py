@@ -17,6 +17,7 @@ from launcher.plan import finetune
 from launcher.plan.calibration.bands import ErrorBand
 from launcher.plan.memory.build_peak import build_json
 from launcher.plan.planner import Plan
+from launcher.plan.preference import reference_mode
 
 
 def _finite(x: float) -> float | None:
@@ -35,6 +36,9 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "finetune": {
             "name": plan.config.finetune.name,
             "trainable_params": finetune.trainable_params(plan.config),
+            # finetune.objective=dpo|simpo|orpo: 2 sequences a pair (launcher/plan/preference.py)
+            "objective": plan.config.finetune.objective,
+            "reference": reference_mode(plan.config),
         },
         "hardware": {"gpu": plan.hardware.key, "name": plan.hardware.name},
         "backend": plan.config.backend.name,

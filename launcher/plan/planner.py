@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
-from launcher.plan import finetune
+from launcher.plan import finetune, preference
 from launcher.plan.assumptions import assumptions
 from launcher.plan.calibration.bands import ErrorBand, error_band
 from launcher.plan.flops import FlopsPerToken, config_flops
@@ -119,7 +119,8 @@ def checkpoint_bytes(cfg: LLMTrainConfig, total_params: int) -> float:
 
 
 def _memory_only(cfg: LLMTrainConfig, hw: HardwareView, headroom: float) -> MemoryPlan:
-    return estimate_memory(cfg, derive_layout(cfg), hw, headroom)
+    priced = preference.priced_config(cfg)
+    return estimate_memory(priced, derive_layout(priced), hw, headroom)
 
 
 def _with_sections(cfg: LLMTrainConfig, **parts: dict[str, object]) -> LLMTrainConfig:
@@ -338,6 +339,26 @@ def profile_band(catalog: ErrorBand, sources: dict[str, str], time: TimePlan) ->
     )
 
 
+def _with_reference(cfg: LLMTrainConfig, time: TimePlan, flops: FlopsPerToken) -> TimePlan:
+    """The step with dpo's live reference forward added (launcher/plan/preference.py); the
+    rates fall by the same ratio."""
+    extra = preference.reference_forward_s(cfg, time.compute_s, flops.executed)
+    if extra <= 0:
+        return time
+    slower = time.step_s / (time.step_s + extra)
+    return dataclasses.replace(
+        time,
+        step_s=time.step_s + extra,
+        compute_s=time.compute_s + extra,
+        tokens_per_s=time.tokens_per_s * slower,
+        tokens_per_s_per_gpu=time.tokens_per_s_per_gpu * slower,
+        tflops_per_gpu=time.tflops_per_gpu * slower,
+        hardware_tflops_per_gpu=time.hardware_tflops_per_gpu * slower,
+        mfu=time.mfu * slower,
+        hfu=time.hfu * slower,
+    )
+
+
 def make_plan(
     cfg: LLMTrainConfig,
     headroom: float = 0.10,
@@ -360,9 +381,13 @@ def make_plan(
         cfg = _with_sections(cfg, model={"seq_length": padded.tokens})
     hw, profile, profile_note = priced_hardware(cfg)
     shape = ModelShape(given.model)
-    memory = estimate_memory(cfg, layout, hw, headroom)
+    # Preference objectives: two sequences a pair and the reference's forward (preference.py).
+    priced = preference.priced_config(cfg)
+    priced_layout = derive_layout(priced) if priced is not cfg else layout
+    memory = estimate_memory(priced, priced_layout, hw, headroom)
     flops = config_flops(cfg)
-    time = estimate_time(cfg, layout, hw, flops, memory.stages)
+    time = estimate_time(priced, priced_layout, hw, flops, memory.stages)
+    time = _with_reference(cfg, time, flops)
     total_params = shape.total_params()
     totals = estimate_totals(
         steps=layout.steps,

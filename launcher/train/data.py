@@ -132,7 +132,8 @@ class CheckedTokens:
 
     def batch(self, indices: Sequence[int] | np.ndarray, seq_len: int) -> np.ndarray:
         rows: np.ndarray = self.data.batch(indices, seq_len)
-        tokens = rows[:, 0] if rows.ndim == 3 else rows  # chat rows: [n, 3, seq + 1]
+        # chat rows: [n, 3, seq + 1]; preference pairs: [n, 2, 3, seq + 1]
+        tokens = rows[:, 0] if rows.ndim == 3 else rows[:, :, 0] if rows.ndim == 4 else rows
         if tokens.size and int(tokens.max()) >= self.vocab_size:
             raise UserError(
                 f"{self.where} holds token id {int(tokens.max())}, outside model.vocab_size="
@@ -150,15 +151,28 @@ def _described(cfg: LLMTrainConfig) -> tuple[list[BlendEntry], list[SourceInfo]]
     return list(spec.entries), infos
 
 
+# The built-in fine-tuning datasets: chat conversations, preference pairs (prepared on first use).
+BUILTIN_ROWS = ("chat", "preference")
+
+
+def _builtin_rows(name: str) -> SourceInfo:
+    if name == "preference":
+        from launcher.data.builtin_preference import builtin_preference_dir
+
+        return describe(str(builtin_preference_dir(cache_root())), "data.builtin=preference")
+    from launcher.data.builtin_chat import builtin_chat_dir
+
+    return describe(str(builtin_chat_dir(cache_root())), "data.builtin=chat")
+
+
 def training_data(cfg: LLMTrainConfig) -> CheckedTokens:
     """data.path (a prepared folder or a Megatron prefix), data.blend, or the built-in corpus."""
     seq, vocab = cfg.model.seq_length, cfg.model.vocab_size
     described = _described(cfg)
-    if described is None and cfg.data.builtin == "chat":
-        from launcher.data.builtin_chat import builtin_chat_dir
-
-        info = describe(str(builtin_chat_dir(cache_root())), "data.builtin=chat")
-        return CheckedTokens(open_chat_rows(info, "train", cfg), vocab, "data.builtin=chat")
+    if described is None and cfg.data.builtin in BUILTIN_ROWS:
+        info = _builtin_rows(cfg.data.builtin)
+        key = f"data.builtin={cfg.data.builtin}"
+        return CheckedTokens(open_chat_rows(info, "train", cfg), vocab, key)
     if described is None:
         shards = TokenShards(builtin_corpus_dir(cache_root()))
         check_vocab(shards.index, vocab)
@@ -191,7 +205,7 @@ class _CycledRows:
     """Row i mod n of chat rows: any number of evaluation samples from a small split."""
 
     def __init__(self, rows: Any):
-        self.rows, self.count = rows, max(1, int(rows.report.rows))
+        self.rows, self.count = rows, max(1, int(rows.num_sequences(rows.seq_length)))
         self.report = rows.report
 
     def num_sequences(self, seq_len: int) -> int:
@@ -205,12 +219,9 @@ def validation_data(cfg: LLMTrainConfig, samples: int) -> CheckedTokens | None:
     """The validation windows (sample i for i < `samples`), or None when there are none."""
     seq, vocab = cfg.model.seq_length, cfg.model.vocab_size
     described = _described(cfg)
-    if described is None and cfg.data.valid_path is None and cfg.data.builtin == "chat":
-        from launcher.data.builtin_chat import builtin_chat_dir
-
-        info = describe(str(builtin_chat_dir(cache_root())), "data.builtin=chat")
-        rows = open_chat_rows(info, "valid", cfg)
-        return CheckedTokens(_CycledRows(rows), vocab, "data.builtin=chat (valid)")
+    if described is None and cfg.data.valid_path is None and cfg.data.builtin in BUILTIN_ROWS:
+        rows = open_chat_rows(_builtin_rows(cfg.data.builtin), "valid", cfg)
+        return CheckedTokens(_CycledRows(rows), vocab, f"data.builtin={cfg.data.builtin} (valid)")
     if described is None and cfg.data.valid_path is None:
         return None
     entries, infos = described if described is not None else ([], [])

@@ -1,4 +1,4 @@
-"""`llmtrain sample RUN "prompt"`: a short greedy continuation from a run's newest checkpoint.
+"""`llmtrain sample RUN "prompt"`: a short continuation from a run's newest checkpoint.
 
 For a quick look without leaving the tool: the model as the checkpoint holds it (a finetune run's
 adapters merged into the base they were trained on, checked by digest: ``lora_export.merged``),
@@ -8,9 +8,12 @@ sampling: the same text every time), stopping early at the end-of-document token
 data carries a chat template (fine-tuning data: its tokenizer_config.json), the prompt is one user
 message rendered with that template and its generation prompt, as the model was trained to see it,
 and the template's end-of-turn token (its eos_token) also stops the reply; `chat=False` continues
-the raw text instead. The context is
-cut to the model's seq_length (the most recent tokens). No KV cache: each step reruns the window,
-fine for the bounded lengths allowed here (MAX_NEW_TOKENS).
+the raw text instead; `messages` (a multi-turn conversation, ``launcher.train.decoding``) are
+rendered the same way. `decoding`: greedy by default, or sampled (temperature, top-k, top-p, a
+seed) in fp32 or bf16 (``launcher.train.decoding``). The context is cut to the model's seq_length
+(the most recent tokens). A KV cache (``launcher.train.kv_cache``, the same logits as the full
+forward) runs each new token once while the context fits seq_length; past it, or for a model the
+cache does not cover, each step reruns the newest window.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ def _data_folder(cfg: Any) -> Path | None:
         from launcher.data.builtin_chat import builtin_chat_dir
 
         return builtin_chat_dir(cache_root())
+    if cfg.data.builtin == "preference":
+        from launcher.data.builtin_preference import builtin_preference_dir
+
+        return builtin_preference_dir(cache_root())
     return None
 
 
@@ -78,15 +85,23 @@ def _chat_template(folder: Path | None) -> Any:
         return None
 
 
-def _prompt_ids(tok: Any, template: Any, prompt: str) -> tuple[list[int], set[int]]:
+def _prompt_ids(
+    tok: Any, template: Any, prompt: str, messages: list[dict[str, str]] | None = None
+) -> tuple[list[int], set[int]]:
     """The prompt's ids and the ids that end the reply (end of document; the template's eos)."""
     stop = {tok.eod_id} if tok.eod_id is not None else set()
     if template is None:
+        if messages is not None:
+            raise UserError(
+                "--messages / --user / --assistant: a conversation needs the run data's chat "
+                "template (this run's data has none, or --raw was given); give one PROMPT"
+            )
         return [int(i) for i in tok.encode(prompt)], stop
     from launcher.data.chat_template import TemplateRenderError
 
     try:
-        text = template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        messages = messages or [{"role": "user", "content": prompt}]
+        text = template.render(messages, add_generation_prompt=True)
     except TemplateRenderError as exc:
         raise UserError(f"{template.origin}: cannot render the prompt ({exc})") from None
     eos = template.special_tokens.get("eos_token")
@@ -102,6 +117,8 @@ def sample(
     max_new_tokens: int = 32,
     step: int | None = None,
     chat: bool = True,
+    messages: list[dict[str, str]] | None = None,
+    decoding: Any = None,
 ) -> Sample:
     import torch
 
@@ -109,10 +126,15 @@ def sample(
     from launcher.train.checkpoint.hf_export import pick_checkpoint, run_config
     from launcher.train.checkpoint.init_from import InitFromError, copy_into
     from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
+    from launcher.train.decoding import Decoding, next_token
     from launcher.train.model.transformer import build_model
 
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens={max_new_tokens}: between 1 and {MAX_NEW_TOKENS}")
+    decoding = decoding or Decoding()
+    decoding.check()
+    if messages:
+        prompt = messages[-1]["content"]
     if not prompt:
         raise UserError("the prompt is empty: give the text to continue")
     cfg = run_config(run_dir)
@@ -132,20 +154,29 @@ def sample(
         copy_into(model, state)
     except InitFromError as exc:
         raise UserError(f"{checkpoint}: does not fit the run's model ({exc})") from None
-    model = model.to(device).eval()
+    dtype = torch.bfloat16 if decoding.dtype == "bf16" else torch.float32
+    model = model.to(device=device, dtype=dtype).eval()
     folder = _data_folder(cfg)
     tok = _tokenizer(folder)
     template = _chat_template(folder) if chat else None
-    ids, stop = _prompt_ids(tok, template, prompt)
+    ids, stop = _prompt_ids(tok, template, prompt, messages or None)
     vocab, window = cfg.model.vocab_size, cfg.model.seq_length
     if not ids or max(ids) >= vocab:
         raise UserError("the prompt encodes to no tokens, or to ids outside the model's vocabulary")
     new: list[int] = []
+    generator = torch.Generator(device=device).manual_seed(decoding.seed)
+    from launcher.train.kv_cache import KVCache, supports
+
+    cache = KVCache(model) if supports(model) and len(ids) < window else None
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            context = torch.tensor([(ids + new)[-window:]], device=device)
-            logits = model(context)
-            nxt = int(logits[0, -1].float().argmax())
+            if cache is not None and len(ids) + len(new) <= window:
+                fresh = (ids + new)[cache.length :]  # the prompt first, then one token a step
+                logits = cache.forward(torch.tensor([fresh], device=device))
+            else:  # past seq_length: the newest window, as the model was trained
+                context = torch.tensor([(ids + new)[-window:]], device=device)
+                logits = model(context)
+            nxt = next_token(logits[0, -1], decoding, generator)
             if nxt in stop:
                 break
             new.append(nxt)

@@ -35,6 +35,7 @@ from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
 from launcher.health import DIVERGED, LossSpikes, finite_or_none
 from launcher.plan.document import PlanFigures
+from launcher.plan.preference import is_preference
 from launcher.rundir import RunDir
 from launcher.train.checkpoint.policy import CheckpointPolicy
 from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
@@ -50,6 +51,7 @@ from launcher.train.data import training_data, validation_data
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
 from launcher.train.evaluation import Evaluator, eval_due
+from launcher.train.finetune.preference_reference import reference_table
 from launcher.train.model.transformer import seed_step
 from launcher.train.optim import learning_rate
 from launcher.train.reporting.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
@@ -258,6 +260,11 @@ class Trainer:
         self.writer = CheckpointWriter(
             run.checkpoints, self.rank, cfg.checkpoint.keep_last, dist.barrier
         )
+        # dpo with a precomputed reference: one pass before step 1 (or the run's stored table).
+        resuming = cfg.checkpoint.resume and bool(complete_checkpoints(run.checkpoints))
+        self.reference = reference_table(
+            cfg, run.root, self.engine, self.shards, resuming, self.log
+        )
         self.device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
         self.total = self.layout.steps
         if cfg.train.epochs is not None:  # the rows counted on the opened data (epoch_rows.py)
@@ -290,7 +297,9 @@ class Trainer:
         self.flops_per_token = self.plan.flops_per_token
         peak = self.plan.peak_flops
         self.peak_total = peak * info.world_size if peak else None
-        self.tokens_per_step = self.layout.global_batch_size * cfg.model.seq_length
+        # Preference pairs: two sequences a pair (launcher.train.finetune.preference).
+        pair = 2 if is_preference(cfg) else 1
+        self.tokens_per_step = self.layout.global_batch_size * cfg.model.seq_length * pair
         self.fail_at = fault_injection(self.rank)
         self.watchdog = Watchdog(cfg.train.hang_timeout_s, run, self.rank)
         if self.start < self.total:
@@ -462,13 +471,15 @@ class Trainer:
             seed_step(self.cfg.train.seed, step, self.engine.info.dp_rank)
         indices = self.sampler.next_batch_indices()
         rows = torch.from_numpy(self.shards.batch(indices, self.cfg.model.seq_length))
+        reference = None if self.reference is None else self.reference.lookup(indices)
         began = time.perf_counter()
-        result = self.engine.step(rows, lr)
+        result = self.engine.step(rows, lr, reference)
         elapsed = time.perf_counter() - began
         self.step_times.append(elapsed)
         self.losses.append(result.loss)
         self.trained_total += result.trained_tokens or 0
         self.step_trained = result.trained_tokens
+        self.step_rewards = result.preference  # dpo, simpo, orpo: rewards/* of the step
         self.done = done = step + 1
         health: dict[str, Any] = {}
         if result.nonfinite:  # identical on every rank: they stop, or skip, together
@@ -563,6 +574,7 @@ class Trainer:
             "memory_bytes": memory_bytes(peak_memory()),
             "elapsed_s": sum(self.step_times),
             "time": time.time(),
+            **(getattr(self, "step_rewards", None) or {}),
             **(val or {}),
         }
         line = self.metrics.write(record)

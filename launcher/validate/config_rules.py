@@ -1,6 +1,6 @@
 """The rules on the rest of the configuration: precision-hardware (dtypes the GPU runs),
 backend-capabilities (the backend's table), script-values (what the run's scripts can hold),
-data-sources, run-name, optimizer-values, chat-data and finetune. Plain functions
+data-sources, run-name, optimizer-values, chat-data, finetune and preference. Plain functions
 ``(cfg, layout) -> list[Violation]``: none reads a value the layout search varies, except through
 the backend's table, which the search asks itself (``backends.raw_refusals``).
 """
@@ -17,6 +17,7 @@ from launcher.config.script_values import script_problems
 from launcher.validate.build_rules import build_memory
 from launcher.validate.chat_rules import chat_problems
 from launcher.validate.finetune_rules import finetune_problems
+from launcher.validate.preference_rules import preference_problems
 from launcher.validate.rule import RuleFn, Violation, error, warning
 
 
@@ -220,6 +221,11 @@ def finetune(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     return [Violation("finetune", s, k, m) for s, k, m in finetune_problems(cfg, layout)]
 
 
+# finetune.objective=dpo|simpo|orpo: objective, data, reference and layout (their own module).
+def preference(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
+    return [Violation("preference", s, k, m) for s, k, m in preference_problems(cfg, layout)]
+
+
 # In the order `check()` reports them (after the layout rules).
 CONFIG_RULES: dict[str, RuleFn] = {
     "precision-hardware": precision_hardware,
@@ -231,4 +237,5 @@ CONFIG_RULES: dict[str, RuleFn] = {
     "chat-data": chat_data,
     "finetune": finetune,
     "build-memory": build_memory,
+    "preference": preference,
 }

@@ -13,6 +13,8 @@ from launcher.plan.finetune import summary as finetune_summary
 from launcher.plan.memory.build_peak import build_line
 from launcher.plan.memory.estimate import GIB, VERDICT_WORDS
 from launcher.plan.planner import Plan, pricing_line
+from launcher.plan.preference import reference_forward_s
+from launcher.plan.preference import summary as pairs_summary
 from launcher.plan.schedule import timeline
 
 __all__ = ["band_text", "plan_to_json", "render_plan"]
@@ -141,6 +143,14 @@ def render_plan(plan: Plan, console: Console, detail: bool = False) -> None:
         console.print(f"[dim]- {a}[/]")
 
 
+def preference_summary(plan: Plan) -> str | None:
+    """finetune.objective=dpo|simpo|orpo: the pairs and the reference (plan/preference.py)."""
+    cfg = plan.config
+    before = plan.time.compute_s  # includes the reference's forward: take it back out
+    ref = reference_forward_s(cfg, 1.0, plan.flops.executed)
+    return pairs_summary(cfg, before * ref / (1.0 + ref) if ref else 0.0)
+
+
 def _print_summary_panel(plan: Plan, console: Console) -> None:
     """The boxed verdict: model, GPUs, backend, fine-tuning, heaviest rank, layout, engine."""
     from rich.panel import Panel
@@ -154,6 +164,7 @@ def _print_summary_panel(plan: Plan, console: Console) -> None:
             f"{plan.config.model.name} on {lay.world_size} x {plan.hardware.name}, "
             f"backend={plan.config.backend.name}\n"
             + (f"{tuned}\n" if (tuned := finetune_summary(plan.config)) else "")
+            + (f"{pairs}\n" if (pairs := preference_summary(plan)) else "")
             + f"{verdict}: heaviest rank (stage {h.stage}) {_gib(h.device_total)} of "
             f"{_gib(mem.capacity)}, {mem.headroom:.0%} headroom kept\n"
             f"tp={lay.tp} pp={lay.pp} vpp={lay.vpp} cp={lay.cp} ep={lay.ep} dp={lay.dp}  "

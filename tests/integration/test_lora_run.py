@@ -50,6 +50,25 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     assert document["chat_template"] is not None
     raw = invoke("sample", "tiny-sft-lora", "def ", "--raw", "--json", cwd=tmp_path)
     assert raw.returncode == 0 and json.loads(raw.stdout)["chat_template"] is None
+    # Seeded sampling gives the same text again; a conversation of --user/--assistant turns.
+    turns = ["--user", "Hi", "--assistant", "Hello!", "--user", "What is 2 + 3?"]
+    options = ["--temperature", "1.0", "--top-p", "0.9", "--seed", "3", "--dtype", "bf16"]
+    sampled = [
+        invoke(
+            "sample",
+            "tiny-sft-lora",
+            *turns,
+            *options,
+            "--max-new-tokens",
+            "6",
+            "--json",
+            cwd=tmp_path,
+        )
+        for _ in range(2)
+    ]
+    assert sampled[0].returncode == 0, sampled[0].stderr[-3000:]
+    assert sampled[0].stdout == sampled[1].stdout
+    assert json.loads(sampled[0].stdout)["prompt"] == "What is 2 + 3?"
 
     merged = invoke("export", "tiny-sft-lora", "--out", "merged", "--json", cwd=tmp_path)
     assert merged.returncode == 0, merged.stderr[-3000:]
@@ -58,6 +77,14 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     assert adapter.returncode == 0, adapter.stderr[-3000:]
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["peft_type"] == "LORA"
+    # train.init_from is a run: its export sits beside as adapter/base, named absolutely, and the
+    # run's tokenizer is in the folder, so AutoPeftModelForCausalLM loads it as it is.
+    assert config["base_model_name_or_path"] == str((tmp_path / "adapter" / "base").resolve())
+    assert (tmp_path / "adapter" / "base" / "config.json").is_file()
+    assert (tmp_path / "adapter" / "tokenizer.json").is_file()
+    import peft
+
+    peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
     assert set(config["target_modules"]) == {
         "q_proj",
         "k_proj",

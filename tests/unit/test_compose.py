@@ -119,3 +119,12 @@ def test_a_training_length_on_the_command_line_replaces_the_recipes() -> None:
     # Both on the command line: kept as given, for the validator to refuse.
     both = compose_config(["recipe=gpt-7b", "train.steps=5", "train.tokens=100"]).config.train
     assert (both.steps, both.tokens) == (5, 100)
+
+
+@pytest.mark.parametrize(("recipe", "base"), [("tiny-sft-lora", "tiny-llama"),
+                                              ("tiny-dpo-lora", "tiny-sft-merged")])  # fmt: skip
+def test_recipe_bases_resolve_under_run_root_dir(recipe: str, base: str) -> None:
+    """A chain of runs under another run.root_dir finds its base there, not in ./runs."""
+    cfg = compose_config([f"recipe={recipe}", "run.root_dir=/scratch/me"])
+    assert cfg.config.train.init_from == f"/scratch/me/{base}"
+    assert compose_config([f"recipe={recipe}"]).config.train.init_from == f"runs/{base}"

@@ -7,6 +7,7 @@ model. Also the adapter layers themselves (zero update at start, frozen base, NF
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,41 @@ def test_peft_loads_the_adapter_onto_transformers_llama_and_matches(tmp_path: Pa
     # Every adapter tensor was loaded under PEFT's name (none left at its init).
     loaded = {k for k, _ in tuned.named_parameters() if "lora_" in k}
     assert len(loaded) == len(peft_tensors(adapters)) == 2 * 7 * 2
+
+
+def test_auto_peft_loads_the_folder_from_a_relative_init_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train.init_from given relative (as recipes write it): the folder names the base by its
+    absolute path and holds the tokenizer files, so AutoPeftModelForCausalLM loads it from any
+    working directory (it failed on the relative "runs/..." before)."""
+    import peft
+
+    model, base = _adapted()
+    tokens = torch.randint(0, LLAMA.vocab_size, (1, LLAMA.seq_length))
+    with torch.no_grad():
+        ours = model(tokens)[0]
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    write_hf_folder(Path("runs/base"), to_hf(base, LLAMA), hf_config(LLAMA))
+    adapters = {k: v.detach() for k, v in model.state_dict().items() if lora.is_adapter(k)}
+    cfg = dataclasses.replace(
+        _cfg(), finetune=FT, train=dataclasses.replace(_cfg().train, init_from="runs/base")
+    )
+    from tokenizers import Tokenizer, models
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(LLAMA.vocab_size)}, "w0"))
+    config = b'{"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "w0"}'
+    tokenizer = {"tokenizer.json": words.to_str().encode(), "tokenizer_config.json": config}
+    write_adapter_folder(tmp_path / "adapter", cfg, adapters, extra_files=tokenizer)
+    monkeypatch.chdir(tmp_path)
+    named = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert named["base_model_name_or_path"] == str(tmp_path / "work" / "runs" / "base")
+    assert (tmp_path / "adapter" / "tokenizer.json").read_bytes() == tokenizer["tokenizer.json"]
+    tuned = peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        theirs = tuned(tokens).logits[0]
+    torch.testing.assert_close(theirs.float(), ours, rtol=1e-4, atol=1e-4)
 
 
 def test_merged_weights_are_base_plus_scaled_ba_and_give_the_same_logits() -> None:

@@ -259,7 +259,7 @@ def _data_tokenizer_config(folder: Path) -> dict[str, Any]:
 def _tokenizer_files(cfg: LLMTrainConfig) -> TokenizerFiles:
     """The run's tokenizer, named by its prepared data (index.json), or the built-in data's."""
     if cfg.data.path is None:
-        if cfg.data.builtin == "chat":
+        if cfg.data.builtin in ("chat", "preference"):  # the same byte-level ChatML tokenizer
             return _builtin_chat_tokenizer()
         # The built-in corpus: bytes, no end-of-document token.
         return TokenizerFiles(_byte_tokenizer(()), "byte (as tokenizer.json)", None)
@@ -409,20 +409,25 @@ def _export_adapter(
             "merged model without --adapter"
         )
     adapters = lora_export.adapters_of(state, checkpoint)
-    _install_staged(
-        lambda folder: lora_export.write_adapter_folder(folder, cfg, adapters),
-        out,
-        found,
-        run_dir,
-        step_done,
-    )
+    tok = _tokenizer_files(cfg)
+    extra = dict(tok.files)
+    extra.update(tokenizer_extras(extra, tok.eod_id, cfg.model.seq_length, tok.data_config))
+    source = lora_export.base_run(cfg)  # an llmtrain run: exported beside, as DIR/base
+
+    def write(folder: Path) -> None:
+        base = str(out.expanduser().resolve() / "base") if source is not None else None
+        lora_export.write_adapter_folder(folder, cfg, adapters, base, extra)
+        if source is not None:
+            export_hf(source[0], folder / "base", step=source[1])
+
+    _install_staged(write, out, found, run_dir, step_done)
     return ExportResult(
         out=out,
         step=step_done,
         checkpoint=checkpoint,
         architecture="PEFT LoRA adapter for " + architecture,
         parameters=sum(int(v.numel()) for v in adapters.values()),
-        tokenizer="none (the base model's)",
+        tokenizer=tok.description,
         files=sorted(p.name for p in out.iterdir()),
     )
 

@@ -5,13 +5,15 @@ An engine owns the model, its parallel wrapping, the optimizer and its checkpoin
 cadence.
 
 Data contract: each optimizer step, every rank calls ``step`` with the token rows of its
-data-parallel shard: a LongTensor of shape [grad_accum * micro_batch_size, seq_length + 1]
-(inputs are row[:-1], targets row[1:]), or for fine-tuning data [.., 3, seq_length + 1]: tokens,
+data-parallel shard: a LongTensor of shape [grad_accum * micro_batch_size, seq_length + 1] (inputs
+are row[:-1], targets row[1:]), or for fine-tuning data [.., 3, seq_length + 1]: tokens,
 trained-target flags and packed examples' ids (``launcher.train.finetune.masked_loss``; the loss is
-then the global mean over trained tokens). Ranks of the same dp index (tensor, pipeline and context
-peers) receive the same rows. The engine splits them into micro-batches, accumulates, clips and
-steps the optimizer at ``lr``. The loss it returns is the mean token loss over the whole global
-batch (averaged over dp), identical on every rank.
+then the global mean over trained tokens), or for preference pairs [.., 2, 3, seq_length + 1]
+(chosen, rejected: ``launcher.data.preference_rows``; micro_batch_size counts pairs, the loss is the
+mean over the global batch's pairs, ``finetune.preference``). Ranks of the same dp index
+(tensor, pipeline and context peers) receive the same rows. The engine splits them into
+micro-batches, accumulates, clips and steps the optimizer at ``lr``. The loss it returns is the mean
+token loss over the whole global batch (averaged over dp), identical on every rank.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class StepResult:
     # Targets that carried loss in the global batch (every target of pre-training rows; the
     # unmasked ones of fine-tuning rows, launcher.train.finetune.masked_loss); None: not counted.
     trained_tokens: int | None = None
+    # Preference objectives (launcher.train.finetune.preference): rewards/chosen, rewards/rejected,
+    # rewards/accuracy, rewards/margin over the global batch's pairs; None otherwise.
+    preference: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,12 @@ class Engine(ABC):
     info: RankInfo
 
     @abstractmethod
-    def step(self, rows: torch.Tensor, lr: float) -> StepResult:
-        """One optimizer step over this dp shard's rows (see the module docstring)."""
+    def step(
+        self, rows: torch.Tensor, lr: float, reference: torch.Tensor | None = None
+    ) -> StepResult:
+        """One optimizer step over this dp shard's rows (see the module docstring); with
+        preference pairs and a precomputed reference, `reference` [pairs, 2] holds the
+        reference's log-probabilities of this shard's pairs (launcher.train.finetune.preference)."""
 
     @abstractmethod
     def evaluate(self, rows: torch.Tensor) -> float:

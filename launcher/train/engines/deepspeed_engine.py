@@ -48,6 +48,7 @@ from launcher.backends import raw_refusals
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
+from launcher.plan.preference import is_preference
 from launcher.render.ds_config import runtime_ds_config
 from launcher.train.checkpoint.safe_load import (
     CheckpointFiles,
@@ -67,11 +68,13 @@ from launcher.train.finetune.masked_loss import (
     trim_to_longest,
     unpack,
 )
+from launcher.train.finetune.preference import PreferenceObjective, response_tokens
+from launcher.train.finetune.preference_loss import token_logps
 from launcher.train.model.init_weights import skip_default_init
 from launcher.train.model.transformer import Transformer, apply_recompute
 from launcher.train.optim import build_optimizer, fused_on
 from launcher.train.parallel import build
-from launcher.validate import finetune_rules
+from launcher.validate import finetune_rules, preference_rules
 
 # DeepSpeed 0.19.8 (ZeRO 1-3) calls torch.distributed.all_gather_into_tensor and
 # reduce_scatter_tensor, which torch 2.13 deprecates with a FutureWarning per call: hundreds per run
@@ -168,7 +171,7 @@ def _refuse_unsupported(cfg: LLMTrainConfig) -> None:
     """What this engine runs is declared in launcher/backends/deepspeed.py: a ValueError listing
     every reason it cannot run `cfg`."""
     problems = [r.message for r in raw_refusals("deepspeed", cfg)]
-    problems += finetune_rules.engine_refusals(cfg)
+    problems += finetune_rules.engine_refusals(cfg) + preference_rules.engine_refusals(cfg)
     if problems:
         raise ValueError(
             "backend=deepspeed cannot run this configuration:\n- " + "\n- ".join(problems)
@@ -210,6 +213,8 @@ class DeepSpeedEngine(Engine):
             dp_size=world,
         )
         self.cfg = cfg
+        # finetune.objective=dpo|simpo|orpo: the loss of preference pairs (train/preference.py).
+        self.objective = PreferenceObjective(cfg) if is_preference(cfg) else None
         self.base_digest: str | None = None  # of the frozen base, under finetune=lora|qlora
         model = self._build_model(cfg, seed, init_state)
         self.pipeline = layout.pp > 1
@@ -352,7 +357,9 @@ class DeepSpeedEngine(Engine):
             )
         return info
 
-    def step(self, rows: torch.Tensor, lr: float) -> StepResult:
+    def step(
+        self, rows: torch.Tensor, lr: float, reference: torch.Tensor | None = None
+    ) -> StepResult:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.guard is not None:
@@ -364,8 +371,9 @@ class DeepSpeedEngine(Engine):
         else:
             device = self.engine.device
             losses = []
-            for micro in torch.split(rows, self.micro_batch_size):
-                out = self._micro_loss(micro.to(device), divisor)
+            refs = torch.split(reference, self.micro_batch_size) if reference is not None else None
+            for i, micro in enumerate(torch.split(rows, self.micro_batch_size)):
+                out = self._micro_loss(micro.to(device), divisor, None if refs is None else refs[i])
                 self.engine.backward(out)
                 self.engine.step()
                 losses.append(out.detach().float())
@@ -373,11 +381,18 @@ class DeepSpeedEngine(Engine):
             # Tensor-parallel peers hold the same loss: average over data parallel only.
             dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=self.dp_group)
             loss = float(mean) / self.info.dp_size
-        return self._result(loss, trained)
+        pairs = self.objective.finish(self.dp_group) if self.objective is not None else None
+        return self._result(loss, trained, pairs)
 
-    def _micro_loss(self, micro: torch.Tensor, divisor: float | None) -> torch.Tensor:
-        """One micro-batch's loss: the plain mean, or over trained targets / `divisor`; unpacked
-        chat rows cut to their longest example first (masked_loss.trim_to_longest)."""
+    def _micro_loss(
+        self, micro: torch.Tensor, divisor: float | None, reference: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One micro-batch's loss: the plain mean, or over trained targets / `divisor`, unpacked
+        chat rows cut to their longest example first (masked_loss.trim_to_longest); of
+        preference pairs, their mean pair loss (launcher.train.finetune.preference)."""
+        if self.objective is not None:
+            module = self.engine.module
+            return self.objective.micro_loss(module, self.engine, token_logps, micro, reference)
         inputs, targets, segments = unpack(trim_to_longest(micro))
         logits = self.engine(inputs) if segments is None else self.engine(inputs, segments=segments)
         return masked_loss(logits, targets, divisor)
@@ -386,6 +401,11 @@ class DeepSpeedEngine(Engine):
         """(trained targets in the global batch, each micro-batch's loss divisor; None for
         pre-training rows), launcher.train.finetune.masked_loss's convention."""
         dp = self.info.dp_size
+        if self.objective is not None:  # preference pairs: their response tokens
+            count = response_tokens(rows).to(self.engine.device)
+            if dp > 1:
+                dist.all_reduce(count, group=self.dp_group)
+            return int(count), None
         if not is_chat_rows(rows):
             return rows.shape[0] * (rows.shape[1] - 1) * dp, None
         count = trained_tokens(rows).to(self.engine.device)
@@ -395,7 +415,9 @@ class DeepSpeedEngine(Engine):
         total = int(count)
         return total, loss_divisor(total, dp, rows.shape[0] // self.micro_batch_size)
 
-    def _result(self, loss: float, trained: int | None = None) -> StepResult:
+    def _result(
+        self, loss: float, trained: int | None = None, pairs: dict[str, float] | None = None
+    ) -> StepResult:
         """The step's outcome. DeepSpeed checks the gradient norm before the update (its
         wrappers, or the guard); a non-finite loss with finite gradients is only seen after it,
         so such an update was applied (the trainer then stops, never skips)."""
@@ -409,7 +431,12 @@ class DeepSpeedEngine(Engine):
         if self.dynamic_scaling and skipped and not bad:
             skipped = False  # the loss scaler's own overflow skip: normal under fp16
         return StepResult(
-            loss=loss, grad_norm=norm, nonfinite=bad, applied=not skipped, trained_tokens=trained
+            loss=loss,
+            grad_norm=norm,
+            nonfinite=bad,
+            applied=not skipped,
+            trained_tokens=trained,
+            preference=pairs,
         )
 
     def _pipeline_step(self, rows: torch.Tensor) -> float:
@@ -441,9 +468,23 @@ class DeepSpeedEngine(Engine):
                 losses = [self._micro_loss(m, divisor).float() for m in micro]
         finally:
             self.engine.train()
+            if self.objective is not None:  # evaluation pairs are not the step's metrics
+                self.objective.sums = None
         mean = torch.stack(losses).mean().to(device)
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         return float(mean) / self.info.dp_size
+
+    @torch.no_grad()
+    def reference_logps(self, rows: torch.Tensor) -> torch.Tensor:
+        """Summed response log-probs [n, 2] of preference pairs, the model as it is, in eval
+        mode: the precomputed reference's pass (launcher.train.finetune.preference_reference)."""
+        assert self.objective is not None
+        self.engine.eval()
+        try:
+            pairs = rows.to(self.engine.device)
+            return self.objective.logps(self.engine, token_logps, pairs, self.micro_batch_size)
+        finally:
+            self.engine.train()
 
     def save(self, directory: Path) -> list[Path]:
         before = set(directory.rglob("*")) if directory.exists() else set()

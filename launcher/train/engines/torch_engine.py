@@ -66,9 +66,10 @@ loss scaler) in ``torch_state``; this module builds the parts in order and runs 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -92,6 +93,7 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
+from launcher.plan.preference import is_preference
 from launcher.train.checkpoint.safe_load import CheckpointFiles, read_json
 from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
@@ -99,6 +101,7 @@ from launcher.train.engines.dist import engine_device
 from launcher.train.engines.torch_grads import full
 from launcher.train.engines.torch_loss import full_logits_loss, loss_context, vocab_parallel_loss
 from launcher.train.engines.torch_mesh import build_meshes
+from launcher.train.engines.torch_pairs import PairSteps
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
@@ -112,6 +115,7 @@ from launcher.train.finetune.masked_loss import (
     trained_tokens,
     unpack,
 )
+from launcher.train.finetune.preference import PreferenceObjective
 from launcher.train.model import fp8
 from launcher.train.model.activation_offload import ActivationOffload
 from launcher.train.model.transformer import (
@@ -125,15 +129,17 @@ from launcher.train.optim_in_backward import InBackwardOptimizer
 from launcher.train.parallel import build
 from launcher.train.parallel.expert_parallel import ExpertParallel
 from launcher.train.parallel.ring_attention import ContextParallel, shard_sequence
-from launcher.validate import finetune_rules
+from launcher.validate import finetune_rules, preference_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class TorchEngine(Engine):
-    def __init__(self, cfg: LLMTrainConfig, seed: int, init_state: Any = None):
+class TorchEngine(PairSteps, Engine):
+    def __init__(
+        self, cfg: LLMTrainConfig, seed: int, init_state: dict[str, torch.Tensor] | None = None
+    ):
         problems = [r.message for r in raw_refusals("torch", cfg)]
-        problems += finetune_rules.engine_refusals(cfg)
+        problems += finetune_rules.engine_refusals(cfg) + preference_rules.engine_refusals(cfg)
         if problems:
             raise TorchEngineError(
                 "backend=torch cannot run this configuration:\n- " + "\n- ".join(problems)
@@ -160,6 +166,7 @@ class TorchEngine(Engine):
             not self.fsdp and lay.dp * lay.cp > 1 and (lay.tp > 1 or lay.pp > 1 or lay.ep > 1)
         )
         self._set_loss(cfg)
+        self.objective = PreferenceObjective(cfg) if is_preference(cfg) else None  # dpo, ...
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: each rank reads its shards (build)
         # finetune=lora|qlora: base frozen, adapters trained (launcher.train.finetune.lora); the
@@ -381,27 +388,38 @@ class TorchEngine(Engine):
             return float(full(total))
         return torch_grads.clip_over_stages(params, max_norm, self.mesh["pp"].get_group())
 
-    def step(self, rows: torch.Tensor, lr: float) -> StepResult:
+    def step(
+        self, rows: torch.Tensor, lr: float, reference: torch.Tensor | None = None
+    ) -> StepResult:
         lay = self.layout
         expected = lay.grad_accum * lay.micro_batch_size
-        if rows.dim() not in (2, 3) or rows.shape[0] != expected:
+        if rows.dim() not in (2, 3, 4) or rows.shape[0] != expected:
             raise ValueError(
                 f"step() expects rows [grad_accum*micro_batch_size={expected}, seq+1], "
                 f"got {tuple(rows.shape)}"
             )
         rows = rows.to(self.device, non_blocking=True)
-        trained, divisor = self._trained(rows)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if lay.pp > 1:
-            inputs, targets, segments = self._unpacked(rows)
-            if segments is not None:  # the later stages would attend across examples
-                raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
-            self.pipeline_loss.divisor = divisor
-            with self._autocast(), self._loss_context():
-                loss = self._pipeline(inputs, targets, train=True)
+        if self.objective is not None:  # preference pairs [n, 2, 3, seq + 1] (torch_pairs)
+            loss, trained = self._pairs_step(rows, reference)
         else:
-            loss = self._forward_backward(self._micro_batches(rows), divisor)
+            trained, divisor = self._trained(rows)
+            if lay.pp > 1:
+                inputs, targets, segments = self._unpacked(rows)
+                if segments is not None:  # the later stages would attend across examples
+                    raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
+                self.pipeline_loss.divisor = divisor
+                with self._autocast(), self._loss_context():
+                    loss = self._pipeline(inputs, targets, train=True)
+            else:
+                model = self.parts[0]
+                loss = self._forward_backward(
+                    [
+                        functools.partial(self._model_loss, model, i, t, s, divisor)
+                        for i, t, s in self._micro_batches(rows)
+                    ]
+                )
         if self.manual_dp_sync:
             self._allreduce_grads_over_dp()
         if self.scaler is not None:
@@ -439,6 +457,7 @@ class TorchEngine(Engine):
             nonfinite=bad,
             applied=not bad,
             trained_tokens=trained,
+            preference=self.objective.metrics if self.objective is not None else None,
         )
 
     def _trained(self, rows: torch.Tensor) -> tuple[int, float | None]:
@@ -477,6 +496,8 @@ class TorchEngine(Engine):
     def evaluate(self, rows: torch.Tensor) -> float:
         lay = self.layout
         rows = rows.to(self.device, non_blocking=True)
+        if self.objective is not None:  # preference pairs: their mean loss, no update
+            return self._evaluate_pairs(rows)
         inputs, targets, segments = self._unpacked(rows)
         _, divisor = self._trained(rows)
         self.pipeline_loss.divisor = divisor
@@ -524,19 +545,23 @@ class TorchEngine(Engine):
     def _loss_context(self) -> contextlib.AbstractContextManager[None]:
         return loss_context(self.vocab_parallel)
 
-    def _forward_backward(self, micro: list[Micro], divisor: float | None = None) -> torch.Tensor:
-        model = self.parts[0]
-        accum = len(micro)
+    def _forward_backward(
+        self, micro_losses: list[Callable[[], torch.Tensor]], train: bool = True
+    ) -> torch.Tensor:
+        """The mean of each micro-batch's loss (`micro_losses`, in order), each backward right
+        after (`train`), saved activations offloaded where train.activation_offload asks."""
+        accum = len(micro_losses)
         loss_sum = torch.zeros((), device=self.device)
-        for i, (inputs, targets, seg) in enumerate(micro):
+        for i, micro_loss in enumerate(micro_losses):
             with self._grad_sync(i == accum - 1), self._loss_context():
                 with self._autocast(), self._offloaded():
-                    loss = self._model_loss(model, inputs, targets, seg, divisor)
+                    loss = micro_loss()
                 scaled = loss / accum
-                torch.autograd.backward(
-                    self.scaler.scale(scaled) if self.scaler is not None else scaled
-                )
-            loss_sum += loss.detach()
+                if train:
+                    torch.autograd.backward(
+                        self.scaler.scale(scaled) if self.scaler is not None else scaled
+                    )
+            loss_sum += loss.detach().float()
         return loss_sum / accum
 
     def _offloaded(self) -> contextlib.AbstractContextManager[Any]:

@@ -14,6 +14,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from launcher.train.engines.torch_grads import full
 from launcher.train.finetune.masked_loss import masked_loss
+from launcher.train.finetune.preference_loss import token_logps
 
 
 def full_logits_loss(
@@ -38,3 +39,12 @@ def vocab_parallel_loss(
 def loss_context(vocab_parallel: bool) -> contextlib.AbstractContextManager[None]:
     """torch's loss_parallel() where the loss is vocabulary-parallel, else nothing."""
     return loss_parallel() if vocab_parallel else contextlib.nullcontext()
+
+
+def token_log_probs(
+    output: torch.Tensor, targets: torch.Tensor, vocab_parallel: bool
+) -> torch.Tensor:
+    """Each target's fp32 log-probability [b, s] (0 where ignored), for preference losses
+    (finetune.preference_loss): from full logits, or under tp from logits split over the
+    vocabulary (loss_parallel's cross-entropy with reduction="none", inside ``loss_context``)."""
+    return token_logps(output if vocab_parallel else full(output), targets)

@@ -13,7 +13,11 @@ base folder changed since training).
   q_proj .. down_proj) and ``adapter_model.safetensors`` with PEFT's key names
   (``base_model.model.<HF module>.lora_A.weight`` / ``lora_B.weight``: peft's
   ``get_peft_model_state_dict`` drops the adapter name "default" from its saved keys). Loaded with
-  ``PeftModel.from_pretrained(base, DIR)`` onto the base exported from train.init_from.
+  ``PeftModel.from_pretrained(base, DIR)`` onto the base exported from train.init_from, or
+  ``AutoPeftModelForCausalLM.from_pretrained(DIR)``: ``base_model_name_or_path`` names a base
+  transformers loads (``peft_base``): train.init_from's Hugging Face folder as an absolute path,
+  or, when train.init_from is an llmtrain run or checkpoint, ``DIR/base``, that run exported
+  beside the adapters (``hf_export``). The run's tokenizer files are written beside too.
 """
 
 from __future__ import annotations
@@ -123,15 +127,47 @@ def peft_config(cfg: LLMTrainConfig, adapters: dict[str, torch.Tensor]) -> dict[
         "init_lora_weights": True,
         "inference_mode": True,
         "modules_to_save": None,
-        "base_model_name_or_path": cfg.train.init_from,
+        "base_model_name_or_path": peft_base(cfg),
     }
 
 
-def write_adapter_folder(folder: Path, cfg: LLMTrainConfig, adapters: dict[str, Any]) -> None:
+def peft_base(cfg: LLMTrainConfig) -> str | None:
+    """train.init_from as base_model_name_or_path when it is a Hugging Face folder: absolute, so
+    the adapter folder loads from any working directory; None otherwise."""
+    if cfg.train.init_from is None:
+        return None
+    path = Path(cfg.train.init_from).expanduser()
+    return str(path.resolve()) if (path / "config.json").is_file() else None
+
+
+def base_run(cfg: LLMTrainConfig) -> tuple[Path, int | None] | None:
+    """The llmtrain run (and step, for a checkpoint folder) train.init_from names, whose export
+    is the adapters' base; None for a Hugging Face folder or no train.init_from."""
+    if cfg.train.init_from is None or peft_base(cfg) is not None:
+        return None
+    path = Path(cfg.train.init_from).expanduser()
+    if (path / "manifest.json").is_file() and path.name.startswith("step_"):
+        return path.parent.parent, int(path.name.removeprefix("step_"))
+    return path, None
+
+
+def write_adapter_folder(
+    folder: Path,
+    cfg: LLMTrainConfig,
+    adapters: dict[str, Any],
+    base: str | None = None,
+    extra_files: dict[str, bytes] | None = None,
+) -> None:
+    """The PEFT folder: adapters, adapter_config.json naming `base` (default: ``peft_base``),
+    and `extra_files` (the tokenizer's)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
     tensors = peft_tensors(adapters)
     save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    text = json.dumps(peft_config(cfg, adapters), indent=2, sort_keys=True) + "\n"
+    config = peft_config(cfg, adapters)
+    config["base_model_name_or_path"] = base if base is not None else peft_base(cfg)
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     (folder / ADAPTER_CONFIG).write_text(text)
+    for name, data in (extra_files or {}).items():
+        (folder / name).write_bytes(data)

@@ -6,15 +6,18 @@ all of them on pre-training data, the unmasked ones on fine-tuning data), step_t
 tokens_per_s, mfu (model FLOPs / peak of all devices, PaLM convention, see
 ``launcher.plan.flops``), memory_bytes (peak so far: RSS on CPU, max allocated on GPU), elapsed_s
 (the sum of step times) and time (wall clock at the end of the step), plus val_loss and val_ppl
-on the steps that evaluated (``train.eval_every``). Training health (``launcher.health``):
+on the steps that evaluated (``train.eval_every``); with finetune.objective=dpo|simpo|orpo,
+rewards/chosen, rewards/rejected, rewards/accuracy and rewards/margin over the step's pairs
+(``launcher.train.finetune.preference_loss``; the interval line shows accuracy and margin).
+Training health (``launcher.health``):
 grad_norm is the global gradient norm before clipping (null where the engine cannot tell),
 loss_zscore the loss's robust z-score against the previous train.loss_spike_window steps (null
 until 10 are known), loss_spike true on a spike, nonfinite_skips the steps skipped so far; a
 non-finite step writes null for the quantities its "nonfinite" list names and "skipped" says
 whether its update was withheld (strict JSON: never NaN). Every `train.log_every` steps (and at
 the last step, and on steps that evaluated) rank 0 writes one line to its log (``interval_line``:
-step, loss, grad norm, tokens/s, eta and, where 80 columns leave room, memory, lr, MFU);
-``llmtrain run`` and ``llmtrain logs``
+step, loss, reward accuracy and margin of preference pairs, grad norm, tokens/s, eta and, where
+80 columns leave room, memory, lr, MFU); ``llmtrain run`` and ``llmtrain logs``
 show that log, so the screen and the file say the same (the ranks never write to the terminal:
 ``launcher.launch.console``).
 """
@@ -63,6 +66,10 @@ def memory_bytes(peak: dict[str, int]) -> int:
     return peak.get("max_allocated", peak.get("max_rss", 0))
 
 
+# Preference objectives' figures of each step (finetune/preference_loss.py, reward_metrics).
+REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin")
+
+
 class MetricsWriter:
     """Rank 0's sink for per-step metrics (the other ranks don't create one)."""
 
@@ -89,6 +96,9 @@ class MetricsWriter:
         self.file.flush()
         if self.tb is not None:
             for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+                if record.get(key) is not None:
+                    self.tb.add_scalar(f"train/{key}", record[key], record["step"])
+            for key in REWARD_KEYS:  # preference objectives (launcher.train.finetune.preference)
                 if record.get(key) is not None:
                     self.tb.add_scalar(f"train/{key}", record[key], record["step"])
             for key in ("val_loss", "val_ppl"):
@@ -126,7 +136,7 @@ class Interval:
 LINE_WIDTH = 80
 # The line's figures, most wanted first: those that do not fit are left out from the end of this
 # order (MFU first), so a line never wraps. step and loss are always there.
-PRIORITY = ("step", "loss", "val", "skipped", "eta", "tok/s", "grad", "mem", "lr", "mfu")
+PRIORITY = ("step", "loss", "pairs", "val", "skipped", "eta", "tok/s", "grad", "mem", "lr", "mfu")
 
 
 def interval_line(
@@ -142,6 +152,9 @@ def interval_line(
         "step": f"step {record['step']}/{total}",
         "loss": f"loss {loss:.4f}" if loss is not None else "loss NOT FINITE",
     }
+    if record.get("rewards/accuracy") is not None:  # preference pairs: reward accuracy, margin
+        accuracy, margin = record["rewards/accuracy"], record["rewards/margin"]
+        parts["pairs"] = f"acc {accuracy:.0%} margin {margin:.3f}"
     if record.get("lr") is not None:
         parts["lr"] = f"lr {record['lr']:.2e}"
     grad = record.get("grad_norm")
@@ -172,7 +185,7 @@ def interval_line(
             if name in ("step", "loss") or used + cost <= width:
                 kept.add(name)
                 used += cost
-    order = ("step", "loss", "lr", "grad", "tok/s", "mfu", "mem", "skipped", "eta", "val")
+    order = ("step", "loss", "pairs", "lr", "grad", "tok/s", "mfu", "mem", "skipped", "eta", "val")
     return " | ".join(parts[name] for name in order if name in kept)
 
 
