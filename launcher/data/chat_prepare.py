@@ -202,7 +202,7 @@ def load_chat_tokenizer(
     named = chat_template in NAMED_TEMPLATES and not (template_file and template_file.exists())
     if named:
         template_file = TEMPLATES_DIR / f"{chat_template}.jinja"
-    if template_file is not None and not template_file.is_file():
+    if template_file is not None and not template_file.exists():  # a FIFO: the reader says so
         raise UserError(
             f"--chat-template {chat_template}: no such file (a Jinja template), nor a built-in "
             f"template ({', '.join(NAMED_TEMPLATES)})"

@@ -49,6 +49,7 @@ def _jsonl(tmp_path: Path, records: list[dict[str, object]]) -> Path:
     return path
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 def test_parquet_and_saved_folder_prepare_to_the_jsonl_tokens(tmp_path: Path) -> None:
     jsonl = _jsonl(tmp_path, [{"messages": m} for m in CONVERSATIONS])
     assert _prepare(tmp_path, "from-jsonl", "--input", str(jsonl)).returncode == 0
@@ -86,6 +87,7 @@ def test_parquet_and_saved_folder_prepare_to_the_jsonl_tokens(tmp_path: Path) ->
     assert "no column 'dialog'" in missing.stderr and "conversation" in missing.stderr
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 def test_preference_pairs_from_a_saved_dataset(tmp_path: Path) -> None:
     jsonl = _jsonl(tmp_path, PAIRS)
     done = _prepare(tmp_path, "from-jsonl", "--input", str(jsonl))
@@ -113,6 +115,7 @@ def _cache_entry(tmp_path: Path, dataset_id: str, records: list[dict[str, object
     return cache
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 def test_a_dataset_id_is_read_from_the_local_cache_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

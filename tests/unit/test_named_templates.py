@@ -87,6 +87,7 @@ def test_mistral_keeps_the_system_message_in_training_data(tmp_path: Path) -> No
     assert "[INST] You are a helpful assistant.\n\nPlease add 2 and 3.[/INST]" in text
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 def test_an_unknown_name_lists_the_built_in_templates(tmp_path: Path) -> None:
     path = build_tokenizer("qwen2.5", tmp_path, vocab_size=300)
     data = tmp_path / "chat.jsonl"

@@ -61,6 +61,7 @@ def _rows(folder: Path, seq: int = 64):  # type: ignore[no-untyped-def]
     return open_chat_rows(describe(str(folder), "data.path"), "train", cfg)
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 @pytest.mark.parametrize("shape", list(RECORDS))
 def test_every_shape_gives_the_same_pair(tmp_path: Path, shape: str) -> None:
     done = _prepare(tmp_path, [RECORDS[shape]] * 3)  # the format is told from the records
@@ -78,6 +79,7 @@ def test_every_shape_gives_the_same_pair(tmp_path: Path, shape: str) -> None:
         assert int(tokens[1:][trained[1:] > 0][-1]) == 258  # <|im_end|>
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 def test_pairs_stay_together_in_the_valid_split(tmp_path: Path) -> None:
     done = _prepare(tmp_path, [RECORDS["strings"]] * 40, "--valid-fraction", "0.1")
     assert done.returncode == 0, done.stderr
@@ -86,6 +88,7 @@ def test_pairs_stay_together_in_the_valid_split(tmp_path: Path) -> None:
     assert chat["valid_examples"] == 2 * chat["valid_pairs"]
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 @pytest.mark.parametrize(
     ("record", "says"),
     [
@@ -106,6 +109,7 @@ def test_bad_pairs_exit_2_naming_the_line(tmp_path: Path, record: dict, says: st
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+@pytest.mark.integration  # prepare renders in the template worker, a child process
 def test_overlong_pairs_truncate_or_drop_together(tmp_path: Path) -> None:
     long = {"prompt": Q, "chosen": RIGHT + " " + "x" * 200, "rejected": WRONG}
     assert _prepare(tmp_path, [RECORDS["strings"], long]).returncode == 0
