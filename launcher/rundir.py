@@ -20,6 +20,7 @@ preempted.json    written when a run checkpointed and stopped on a signal
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +139,19 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.root / LOCK
+
+
+# The longest file name Linux file systems hold (NAME_MAX of <linux/limits.h>: 255 bytes on ext4,
+# xfs, btrfs, tmpfs, NFS). The longest name llmtrain makes from run.name is `--fresh`'s
+# NAME-YYYYmmdd-HHMMSS, so a run name may take what the timestamp leaves.
+NAME_MAX = 255
+FRESH_SUFFIX = "-%Y%m%d-%H%M%S"
+MAX_RUN_NAME_BYTES = NAME_MAX - len(time.strftime(FRESH_SUFFIX, time.gmtime(0)))
+
+
+def fresh_name(name: str, when: float | None = None) -> str:
+    """The folder name `--fresh` gives a new run of `name` when a folder of that name exists."""
+    return name + time.strftime(FRESH_SUFFIX, time.localtime(when))
 
 
 CHECKPOINT_PREFIX = "step_"

@@ -528,7 +528,7 @@ class RunConfig:
 
     name: str | None = None
     """The run directory's name; None: <recipe>-<hash of the config>, so the same command resumes
-    the same run."""
+    the same run. A plain folder name of UTF-8 text, at most 239 bytes (--fresh adds 16)."""
     root_dir: str = "runs"
     """The folder holding the run directories."""
     secret_env: list[str] = field(default_factory=list)

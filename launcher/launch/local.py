@@ -66,7 +66,7 @@ from launcher.render.run_files import (
     local_launch,
     run_files,
 )
-from launcher.rundir import CONFIG, UNFINISHED_PREFIX, RunDir
+from launcher.rundir import CONFIG, UNFINISHED_PREFIX, RunDir, fresh_name
 from launcher.validate.rules import run_name_problem
 
 # Keys that do not change what is trained, so a changed value still resumes the same run.
@@ -161,7 +161,7 @@ def choose_run_dir(composed: Composed, fresh: bool) -> Path:
     """The run directory (created, resolved); --fresh picks a new timestamped one."""
     run_dir = run_dir_for(composed)
     if fresh and run_dir.exists():
-        run_dir = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir = run_dir.with_name(fresh_name(run_dir.name))
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
