@@ -3,6 +3,10 @@
 config.yaml       the resolved configuration the ranks train from
 config.next.yaml  a resume's new configuration: the ranks train from it and rank 0 renames it to
                   config.yaml once the checkpoint loaded (a refused resume leaves config.yaml be)
+config_history.jsonl  the configuration changes resumes accepted, one JSON line each; a resume's
+                  line waits in config_history.next.jsonl and rank 0 appends it just before the
+                  rename above (launcher.config.run_config.accept_resume): a resume that fails
+                  to load records nothing
 plan.json         `llmtrain plan --json` for it (predictions; the MFU denominator)
 ds_config.json    the DeepSpeed config (backend=deepspeed)
 megatron_args.txt Megatron-LM's pretrain_gpt.py arguments for the config (backend=megatron)
@@ -27,6 +31,7 @@ from pathlib import Path
 CONFIG = "config.yaml"
 PENDING_CONFIG = "config.next.yaml"
 CONFIG_HISTORY = "config_history.jsonl"  # configuration changes accepted on resume
+PENDING_HISTORY = "config_history.next.jsonl"  # a resume's line, until its checkpoint loads
 PLAN = "plan.json"
 DS_CONFIG = "ds_config.json"
 LAUNCH_SCRIPT = "launch.sh"
@@ -63,6 +68,10 @@ class RunDir:
     @property
     def config_history(self) -> Path:
         return self.root / CONFIG_HISTORY
+
+    @property
+    def pending_history(self) -> Path:
+        return self.root / PENDING_HISTORY
 
     @property
     def plan(self) -> Path:

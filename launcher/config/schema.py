@@ -519,7 +519,8 @@ class CheckpointConfig:
     keep_last: int = field(default=3, metadata=_AT_LEAST_1)
     """Checkpoints kept; older ones are deleted."""
     resume: bool = True
-    """Continue from the latest valid checkpoint in the run directory when there is one."""
+    """Continue from the latest valid checkpoint in the run directory when there is one; false
+    over a run that holds checkpoints is refused (start the new run with --fresh)."""
 
 
 @dataclass

@@ -278,7 +278,9 @@ def _live(run: RunDir) -> bool:
 
 
 def is_run_dir(folder: Path) -> bool:
-    return folder.is_dir() and not folder.is_symlink() and RunDir(folder).config.is_file()
+    """A folder (not a link to one) holding a config.yaml of any kind: one that is not a regular
+    file (a FIFO, a link to /dev/zero) makes the run "unreadable", never invisible."""
+    return folder.is_dir() and not folder.is_symlink() and os.path.lexists(RunDir(folder).config)
 
 
 def list_runs(root: Path) -> list[RunInfo]:
