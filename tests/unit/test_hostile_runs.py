@@ -1,6 +1,6 @@
 """Issue 42, the run side: run names every command agrees on, a prompt that is not UTF-8, a run
 folder whose files are not regular files, checkpoint.resume=false over a run, a resume's history
-recorded only once its checkpoint loaded.
+recorded only once its checkpoint loaded, and `cancel` through a hard-linked lock.
 
 The run directories are real (tests/unit/test_safe_load.py's ``make_run``: a composed config.yaml
 and a signed checkpoint); `run` runs in this process with ``launch`` replaced, so a command that
@@ -14,6 +14,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -219,3 +221,45 @@ def test_a_resumes_history_line_waits_for_the_checkpoint_to_load(
     with pytest.raises(OSError, match="FIFO"):
         accept_resume(run)
     assert run.pending_config.exists() and "log_every: 3" in run.config.read_text()
+
+
+# --- cancel through a hard-linked lock (item 6) ---------------------------------------------------
+HOLDER = """
+import sys, time
+from pathlib import Path
+from launcher.launch import runlock
+lock = runlock.acquire(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.integration
+def test_cancel_of_a_hard_linked_copy_never_stops_the_original(tmp_path: Path) -> None:
+    run = make_run(tmp_path, steps=(1,))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        snapshot = tmp_path / "runs" / "snapshot"
+        subprocess.run(["cp", "-al", str(run), str(snapshot)], check=True)
+        assert os.stat(snapshot / ".llmtrain.lock").st_ino == os.stat(run / ".llmtrain.lock").st_ino
+        code, output = said(invoke("cancel", str(snapshot), timeout=TIMEOUT_S))
+        assert code == 2, output  # it used to SIGINT the original's launcher, exit 0
+        assert "nothing was signalled" in output and "hard links" in " ".join(output.split())
+        time.sleep(0.5)
+        assert holder.poll() is None  # the original run's launcher is untouched
+        listed = said(invoke("status", str(snapshot), "--json"))[1]
+        assert json.loads(listed)["status"] != "running", listed
+        # The original itself is still proven and stopped.
+        code, output = said(invoke("cancel", str(run), timeout=TIMEOUT_S))
+        assert code == 0, output
+        assert holder.wait(timeout=10) != 0
+    finally:
+        if holder.poll() is None:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
