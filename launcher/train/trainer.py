@@ -568,6 +568,12 @@ class Trainer:
             self.metrics.close()
         if self.trackers is not None:
             self.trackers.close()
+        return self.write_summary()
+
+    def write_summary(self) -> dict[str, Any]:
+        """summary.json (rank 0; every rank joins the weights digest). Also for a finished run
+        whose summary was never written (the disk filled after its last checkpoint), so that a
+        finished run does not stay "interrupted" for ever."""
         summary = summarize(
             self.cfg,
             self.plan,
