@@ -18,7 +18,7 @@ apart ("opt step") and not compared.
 Cases: `acts` (long sequence, narrow model: activations dominate, the peak is at the start of the
 backward), `grads` (short sequence, wide model: gradients dominate, the peak is at its end), each
 in fp32 and bf16 autocast, full training and LoRA (rank 16 on q, k, v, o). `--summed` compares
-the buckets' plain sum instead (the model before plan/grad_liveness.py), to see it fail.
+the buckets' plain sum instead (the model before plan/memory/grad_liveness.py), to see it fail.
 
 Exit status: 1 when |plan - measured| / measured exceeds --limit for any case.
 """
@@ -116,7 +116,7 @@ def measure(overrides: list[str]) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.trainer import build_engine
 
@@ -161,7 +161,7 @@ def measure(overrides: list[str]) -> dict[str, float]:
 
 def planned(overrides: list[str]) -> tuple[float, float]:
     """(the plan's allocated peak, the buckets' plain sum) of the heaviest rank."""
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.plan.planner import make_plan
 
     h = make_plan(compose_config(overrides).config).memory.heaviest

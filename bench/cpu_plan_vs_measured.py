@@ -22,12 +22,13 @@ Error = predicted / measured - 1. It prints each run's error, per configuration 
 worst |error| over the repeats, and the median over configurations of their median |error|; it
 exits 1 when that median exceeds --max-median (25%) or a run fails, 0 otherwise.
 
-Held out: no constant of the planner or of the profile pricing (launcher/plan/measured.py) was
-fitted to this matrix or to its results; the profile's figures are measurements of operators,
+Held out: no constant of the planner or of the profile pricing (launcher/plan/timing/measured.py)
+was fitted to this matrix or to its results; the profile's figures are measurements of operators,
 collectives and cut runs' overhead (never of the run being predicted), and the only fitted
-constants (launcher/plan/fitted.py) come from bench/plan_fit.py on the published reference runs
-(bench/data/calibration.csv). Each calibrate runs right before its run because a shared CPU's
-speed moves with the load of other processes; that load is the main source of error here.
+constants (launcher/plan/calibration/fitted.py) come from bench/plan_fit.py on the published
+reference runs (bench/data/calibration.csv). Each calibrate runs right before its run because a
+shared CPU's speed moves with the load of other processes; that load is the main source of error
+here.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ iterations, both from the run's logs/torchrun.log. Predicted: `launcher.plan.pla
 on the same overrides, in this process (the heaviest GPU's allocated bytes, the step time).
 Error = predicted / measured - 1. The exit status gates on memory only: 1 when a case's
 |error| exceeds --limit (default 0.10: the planner's tensor-by-tensor Megatron-Core model,
-launcher/plan/mcore_activations.py, is expected within 10% on its first check; step time is
+launcher/plan/memory/mcore_activations.py, is expected within 10% on its first check; step time is
 reported, not gated, as the plan's time model is calibrated for Transformer Engine's kernels),
 or a run failed or printed no figures; 2 for bad arguments or no CUDA GPU (without --dry-run).
 Results go to stdout as a table and, one JSON object per case, to --json or $OUT/
@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from gpu_plan_vs_measured import cluster_for, detect_gpu  # noqa: E402
 
-from launcher.config.compose import compose_config  # noqa: E402
+from launcher.config.composition.compose import compose_config  # noqa: E402
 from launcher.config.run_config import override_value  # noqa: E402
 from launcher.plan.planner import make_plan  # noqa: E402
 from launcher.render.megatron_launch import ENTRY, megatron_run_args  # noqa: E402

@@ -33,9 +33,9 @@ growing its pool and the GEMM heuristics settle over the next few steps. Peak me
 the whole run (a peak is a peak; warm-up does not inflate it beyond the steady state's).
 
 Error = predicted / measured - 1, the convention of bench/plan_calibration.py whose leave-one-
-source-out errors are the plan's bands (launcher/plan/error_bands.py). A figure passes when |error|
-is within the band the planner states for its regime ("typically within +-X%": the time band for
-step time, tokens/s and MFU, the memory band for memory), or within --band when given.
+source-out errors are the plan's bands (launcher/plan/calibration/error_bands.py). A figure passes
+when |error| is within the band the planner states for its regime ("typically within +-X%": the time
+band for step time, tokens/s and MFU, the memory band for memory), or within --band when given.
 
 Exit status: 0 every figure within its band; 1 a figure outside its band, a figure the run did not
 record, or a run that failed or was refused (e.g. fp8 on a GPU older than compute capability 8.9);
@@ -66,7 +66,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.config.compose import compose_config, config_from_values  # noqa: E402
+from launcher.config.composition.compose import compose_config, config_from_values  # noqa: E402
 from launcher.config.schema import LLMTrainConfig  # noqa: E402
 from launcher.plan.document import pricing_json  # noqa: E402
 from launcher.plan.planner import Plan, make_plan  # noqa: E402

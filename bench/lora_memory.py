@@ -6,7 +6,7 @@
 Trains the same model twice, full and finetune=lora (rank 16 on q, k, v, o; base frozen), each
 in its own fresh process through llmtrain's engine (``trainer.build_engine``, backend=torch, one
 rank, random base weights: the memory does not depend on their values), and reads its peak
-memory as the trainer does (``launcher.train.metrics.peak_memory``): on CUDA
+memory as the trainer does (``launcher.train.reporting.metrics.peak_memory``): on CUDA
 ``torch.cuda.max_memory_allocated``; on the CPU the peak resident set minus the resident set
 before the model existed (the runtime's own share). `plan` prices both configurations (the
 heaviest rank's `allocated`). Prints both, the saving each way and the saving's relative error.
@@ -81,9 +81,9 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.train.engines.dist import init_process_group_from_env
-    from launcher.train.metrics import current_rss, memory_bytes, peak_memory
+    from launcher.train.reporting.metrics import current_rss, memory_bytes, peak_memory
     from launcher.train.trainer import build_engine
 
     torch.manual_seed(0)
@@ -133,7 +133,7 @@ def run_child(args: argparse.Namespace, method: str) -> dict[str, Any]:
 
 
 def predicted(gpu: bool, method: str, steps: int) -> float:
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.plan.planner import make_plan
 
     cfg = compose_config(overrides(gpu, method, steps)).config

@@ -3,16 +3,18 @@
     python bench/loss_memory.py [--tokens 2048] [--hidden 512] [--vocab 128256] [--chunk N]
         [--dtype bf16|fp32] [--layers 1] [--device cpu|cuda] [--repeats 3]
 
-Builds llmtrain's model (``launcher.train.model``: one Llama block, hidden --hidden, vocabulary
+Builds llmtrain's model (``launcher.train.model.transformer``: one Llama block, hidden --hidden,
+vocabulary
 --vocab, untied head) and times forward + backward of the loss on --tokens tokens (a batch of 1
 sequence), both ways:
 - full: ``loss_fn(model(tokens), targets)``, the logits [N, V] in the compute dtype, an fp32 copy
   and the fp32 softmax gradient;
-- chunked: ``model(tokens, targets)`` with ``chunked_loss`` on (``launcher.train.chunked_loss``).
-Each way runs in its own fresh process so that peak memory is its own: on CUDA
-``torch.cuda.max_memory_allocated``; on CPU the process's peak resident set (``ru_maxrss``) minus
-its resident set after building the model and the inputs (the weights' and the libraries' share).
-Prints the median step time over --repeats (after one warm-up), the peak, and the loss of each.
+- chunked: ``model(tokens, targets)`` with ``chunked_loss`` on
+(``launcher.train.model.chunked_loss``). Each way runs in its own fresh process so that peak memory
+is its own: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the process's peak resident set
+(``ru_maxrss``) minus its resident set after building the model and the inputs (the weights' and the
+libraries' share). Prints the median step time over --repeats (after one warm-up), the peak, and the
+loss of each.
 
 Exit status: 1 when the chunked path's peak memory exceeds the full path's, or the two losses
 differ by more than 1e-3 relative; 0 otherwise.
@@ -43,7 +45,7 @@ def measure(args: argparse.Namespace, chunked: bool) -> dict[str, float]:
     import torch
 
     from launcher.config.schema import ModelConfig
-    from launcher.train.model import build_model, loss_fn
+    from launcher.train.model.transformer import build_model, loss_fn
 
     torch.manual_seed(0)
     device = torch.device(args.device)

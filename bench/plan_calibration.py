@@ -1,11 +1,12 @@
-"""The planner against every published reference run (launcher/plan/reference_runs.py, their
-figures checked against bench/data/calibration.csv): fitted errors (committed constants),
+"""The planner against every published reference run (launcher/plan/calibration/reference_runs.py,
+their figures checked against bench/data/calibration.csv): fitted errors (committed constants),
 leave-one-source-out cross-validated errors (fit on all sources but one, predict that one), the
 newer-from-older errors (fit on earlier engine release years only, predict the next), and how
 often the bands `plan` states hold (typical / worst: the 80% / 90% split-conformal levels).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/plan_calibration.py [--write]
-  --write  regenerate launcher/plan/error_bands.py (the bands `plan` prints) from the CV errors.
+  --write  regenerate launcher/plan/calibration/error_bands.py (the bands `plan` prints) from the CV
+  errors.
 Exits non-zero when the CV median |error| exceeds 10% for time or for memory, or when a
 calibration layout (a run that really ran) gets the verdict "does not fit".
 """
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.plan_fit import Prepared, fit, log_errors, prepare, table_from
 from bench.reference_data import checked_points
-from launcher.plan.bands import key_levels, label, regime_keys
+from launcher.plan.calibration.bands import key_levels, label, regime_keys
 from launcher.plan.planner import make_plan
 
 BAR = 0.10
@@ -152,7 +153,7 @@ def coverage(
 ) -> dict[str, tuple[int, int, int]]:
     """Per metric: (rows, within typical, within worst) of the leave-one-source-out errors against
     the band each row's own regime states (bands.error_band's lookup)."""
-    from launcher.plan.bands import MIN_ROWS
+    from launcher.plan.calibration.bands import MIN_ROWS
 
     out: dict[str, tuple[int, int, int]] = {}
     for metric in ("time", "memory"):

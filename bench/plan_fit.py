@@ -1,6 +1,6 @@
-"""Fit the planner's constants (launcher/plan/fitted.py) on the published reference runs,
-reproducibly: the runs of launcher/plan/reference_runs.py, their figures checked against the
-reference data in this repository, bench/data/calibration.csv (bench/reference_data.py).
+"""Fit the planner's constants (launcher/plan/calibration/fitted.py) on the published reference
+runs, reproducibly: the runs of launcher/plan/calibration/reference_runs.py, their figures checked
+against the reference data in this repository, bench/data/calibration.csv (bench/reference_data.py).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/plan_fit.py   (prints the constants to paste)
 
@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reference_data import checked_points
 from launcher.config.layout import Layout, derive_layout
-from launcher.plan import fitted
+from launcher.plan.calibration import fitted
+from launcher.plan.calibration.reference_runs import ReferenceRun
 from launcher.plan.flops import FlopsPerToken, config_flops
-from launcher.plan.memory import HardwareView, estimate_memory
+from launcher.plan.memory.estimate import HardwareView, estimate_memory
 from launcher.plan.planner import hardware_view
-from launcher.plan.reference_runs import ReferenceRun
-from launcher.plan.timing import estimate_time
+from launcher.plan.timing.estimate import estimate_time
 
 FAMILIES = ("ampere", "hopper", "blackwell")
 TIME_PARAMS = (

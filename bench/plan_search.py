@@ -42,8 +42,8 @@ def describe(label: str, times: list[float]) -> str:
 
 
 def comparison() -> None:
-    from launcher.config.compose import compose_config
-    from launcher.plan.memory import GIB
+    from launcher.config.composition.compose import compose_config
+    from launcher.plan.memory.estimate import GIB
     from launcher.search.layouts import search
 
     cfg = compose_config([RECIPE]).config

@@ -1,5 +1,5 @@
 """The reference data the planner's constants are fitted on: bench/data/calibration.csv, read and
-held against the published reference runs (launcher/plan/reference_runs.py).
+held against the published reference runs (launcher/plan/calibration/reference_runs.py).
 
 The runs carry what the planner needs (a configuration, each choice where a source is silent) and
 the figure each source published; this module checks that every such figure is in the csv row the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.plan.reference_runs import ReferenceRun, points
+from launcher.plan.calibration.reference_runs import ReferenceRun, points
 
 CSV = Path(__file__).resolve().parent / "data" / "calibration.csv"
 NUMBER = re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+)?")

@@ -17,8 +17,8 @@ import time
 import torch
 
 from launcher.config.schema import ModelConfig
-from launcher.train.masked_loss import masked_loss, unpack
-from launcher.train.model import build_model
+from launcher.train.finetune.masked_loss import masked_loss, unpack
+from launcher.train.model.transformer import build_model
 
 
 def _cfg(seq: int, big: bool) -> ModelConfig:

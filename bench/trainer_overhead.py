@@ -44,9 +44,9 @@ def llmtrain_rate(steps: int) -> float:
 BARE = r"""
 import os, sys, time, torch
 from launcher.cache_dir import cache_root
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.train.data import TokenShards, builtin_corpus_dir
-from launcher.train.model import build_model, loss_fn
+from launcher.train.model.transformer import build_model, loss_fn
 from launcher.train.sampler import ShardedSampler
 steps, warmup = int(sys.argv[1]), int(sys.argv[2])
 cfg = compose_config([]).config

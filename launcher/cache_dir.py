@@ -4,8 +4,9 @@ The root is ``$LLMTRAIN_CACHE`` when set, else ``$XDG_CACHE_HOME/llmtrain`` (the
 Directory Specification's user cache folder), else ``~/.cache/llmtrain`` (that specification's
 default for an unset XDG_CACHE_HOME). Under it:
 
-    compose/            composed configurations (launcher.config.compose_cache)
-    profiles/           measured GPU profiles (launcher.plan.profile; $LLMTRAIN_PROFILE_DIR moves
+    compose/            composed configurations (launcher.config.composition.compose_cache)
+    profiles/           measured GPU profiles (launcher.plan.hardware.profile; $LLMTRAIN_PROFILE_DIR
+    moves
                         only this folder)
     corpus-stdlib-v1/   the built-in datasets, prepared on first use (launcher.data.builtin_corpus,
     chat-tiny-v1/       launcher.data.builtin_chat)

@@ -12,7 +12,7 @@ import click
 def _keys_named(name: str) -> list[str]:
     """Config keys or groups an option name stands for: `recipe`, `parallel.tp`, `steps` ->
     train.steps (a leaf name that is unique enough to mean something)."""
-    from launcher.config.compose import all_schema_keys, groups
+    from launcher.config.composition.compose import all_schema_keys, groups
 
     name = name.replace("-", "_")
     if name in groups() or name in all_schema_keys():
@@ -61,7 +61,7 @@ def complete_override(incomplete: str, args: Sequence[str] = ()) -> list[str]:
     so it asks with the words before the cursor ending in `recipe`, `=` and the value typed so far
     (`ll`), or ending in `recipe` with `=` itself as the word; bash then replaces only the text
     after the '=', so the answer is the bare value (`llama3-70b`)."""
-    from launcher.config.compose import all_schema_keys, groups
+    from launcher.config.composition.compose import all_schema_keys, groups
 
     if incomplete == "=" and args:  # bash: `recipe=<TAB>`
         return _values_of(args[-1].lstrip("+~"), "")
@@ -78,9 +78,9 @@ def complete_override(incomplete: str, args: Sequence[str] = ()) -> list[str]:
 
 def _values_of(key: str, partial: str) -> list[str]:
     """The values a group or a fixed-choice key takes that start with `partial`."""
-    from launcher.config.compose import group_options, groups
-    from launcher.config.key_info import choices
-    from launcher.config.schema_keys import field_type
+    from launcher.config.composition.compose import group_options, groups
+    from launcher.config.schema.key_info import choices
+    from launcher.config.schema.keys import field_type
 
     if key in groups():
         values = list(group_options(key))

@@ -7,9 +7,9 @@ command wrote it and every file it holds (size and sha256), signed so that nobod
      "files": {"config.json": {"size": 712, "sha256": "..."}, ...},
      "hmac_sha256": "<HMAC-SHA256 of the canonical JSON of everything else>"}
 
-The key is the user's, as checkpoints are keyed (launcher/train/checkpoint.py signs manifests with
-HMAC-SHA256 under LLMTRAIN_CHECKPOINT_KEY): ``LLMTRAIN_OUTPUT_KEY`` when set, else a random 256-bit
-key that llmtrain creates on first use in ``$XDG_CONFIG_HOME/llmtrain/output.key`` (default
+The key is the user's, as checkpoints are keyed (launcher/train/checkpoint/store.py signs manifests
+with HMAC-SHA256 under LLMTRAIN_CHECKPOINT_KEY): ``LLMTRAIN_OUTPUT_KEY`` when set, else a random
+256-bit key that llmtrain creates on first use in ``$XDG_CONFIG_HOME/llmtrain/output.key`` (default
 ~/.config/llmtrain/output.key; ``LLMTRAIN_OUTPUT_KEY_FILE`` names another file), mode 0600 in a
 0700 folder. A key file that is a link, another user's, or readable by others is not used. Without
 a usable key the marker is written unsigned, and such a folder is never replaced by --overwrite.

@@ -16,7 +16,7 @@ job.sbatch        the SLURM batch script (`llmtrain submit`);  slurm.json  its j
 logs/             rank{R}.log, rank{R}.error.json (a failed rank), torchrun.log, slurm-%j.out/err,
                   launcher.log (what a `run --detach` prints)
 metrics.jsonl     one line per step;  tensorboard/  the same as TensorBoard events
-checkpoints/      step_NNNNNNNN/ (launcher.train.checkpoint)
+checkpoints/      step_NNNNNNNN/ (launcher.train.checkpoint.store)
 summary.json      written at the end of a run
 preempted.json    written when a run checkpointed and stopped on a signal
 .llmtrain.lock    held (flock) by the `llmtrain run` that owns the directory

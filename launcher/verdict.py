@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.backends import all_backends, launch_refusal, planning_preset_needs, runnable_by
-from launcher.config.compose import Composed, compose_config
-from launcher.config.overrides import override_key
+from launcher.config.composition.compose import Composed, compose_config
+from launcher.config.composition.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import ConfigError
 from launcher.plan.planner import Plan, make_plan

@@ -1,6 +1,7 @@
 """A context-parallel ring simulated in one process: one thread per cp rank, the point-to-point
-exchange replaced by a barrier-synchronised mailbox, so tests run launcher.train.ring_attention's
-own ring (forward, backward, the travelling key/value gradients) without a process group."""
+exchange replaced by a barrier-synchronised mailbox, so tests run
+launcher.train.parallel.ring_attention's own ring (forward, backward, the travelling key/value
+gradients) without a process group."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch
 
-from launcher.train.ring_attention import Ring
+from launcher.train.parallel.ring_attention import Ring
 
 
 def run_ring(cp: int, body: Callable[[Ring], Any], timeout: float = 120.0) -> list[Any]:

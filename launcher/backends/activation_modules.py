@@ -11,7 +11,7 @@ Read in NVIDIA/Megatron-LM core_v0.16.1 (commit 55ac7082517c3878ae653c07c09c534b
   "because the input of attn_proj is the output of core_attn").
 - docs/user-guide/features/fine_grained_activation_offloading.md: the flags
   ``--fine-grained-activation-offloading --offload-modules ...``.
-What each module frees and costs is priced in launcher/plan/mcore_activations.py.
+What each module frees and costs is priced in launcher/plan/memory/mcore_activations.py.
 """
 
 from __future__ import annotations

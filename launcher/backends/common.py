@@ -123,7 +123,7 @@ class Backend:
     # The interleaved pipeline schedule overlaps its point-to-point traffic with compute.
     overlaps_interleaved_p2p: bool = False
     # zero.stage=3 is Megatron-FSDP, with its own gather-ahead and gradient queue
-    # (launcher/plan/megatron_fsdp.py) instead of the generic ZeRO-3 buffers.
+    # (launcher/plan/memory/megatron_fsdp.py) instead of the generic ZeRO-3 buffers.
     megatron_fsdp: bool = False
     # ZeRO stages at which the optimizer steps one flat fp32 partition per parameter group
     # (DeepSpeed ZeRO-1/2) instead of each parameter tensor.
@@ -134,9 +134,9 @@ class Backend:
     eager_loss: bool = True
     # Context parallel's ring at its peak, beyond the saved activations (plan.memory.cp_ring_bytes):
     # buffers of the rank's K/V size in the compute dtype and in fp32, and of its q size in fp32.
-    # llmtrain's ring attention (launcher/train/ring_attention.py, backward, at an exchange): the
-    # K/V it sends and the K/V it receives in their own dtype, the fp32 dK/dV it sends and the ones
-    # it receives, and its fp32 dq accumulator.
+    # llmtrain's ring attention (launcher/train/parallel/ring_attention.py, backward, at an
+    # exchange): the K/V it sends and the K/V it receives in their own dtype, the fp32 dK/dV it
+    # sends and the ones it receives, and its fp32 dq accumulator.
     cp_ring_kv_buffers: float = 2.0
     cp_ring_kv_fp32_buffers: float = 2.0
     cp_ring_q_fp32_buffers: float = 1.0
@@ -191,8 +191,8 @@ class Backend:
 #   routed to its experts; the outputs go back by reduce-scatter (Megatron-core's
 #   MoEAllGatherTokenDispatcher, --moe-token-dispatcher-type allgather).
 # - alltoall: every routed copy of a token is sent to its expert's rank, one all-to-all each way
-#   (torch all_to_all_single in llmtrain's launcher/train/expert_parallel.py; Megatron-core's
-#   MoEAlltoAllTokenDispatcher).
+#   (torch all_to_all_single in llmtrain's launcher/train/parallel/expert_parallel.py;
+# Megatron-core's MoEAlltoAllTokenDispatcher).
 # - flex: node-deduplicated dispatch, each token crossing the network once per remote node it is
 #   routed to and forwarded over NVLink there (DeepEP; Megatron-core's MoEFlexTokenDispatcher).
 # plan.comm.expert_alltoall_bus_gbps prices alltoall and flex, plan.timing the allgather's

@@ -155,7 +155,8 @@ BACKEND = Backend(
     ),
     engine="launcher.train.engines.deepspeed_engine:DeepSpeedEngine",
     # No expert parallel (parallel.ep=1): every rank holds every expert and the routed copies stay
-    # on their rank (launcher/train/experts.py); priced as alltoall, which moves nothing at ep 1.
+    # on their rank (launcher/train/model/experts.py); priced as alltoall, which moves nothing at ep
+    # 1.
     moe_dispatchers=("alltoall",),
     moe_dispatcher_note=(
         "llmtrain's DeepSpeed engine has no expert parallelism (every expert on every rank, no "

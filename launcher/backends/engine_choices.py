@@ -19,12 +19,12 @@
   K = in features of the unsharded layer). With precision.fp8_emulate every block projection
   converts (a numerics check, no speed to gain or lose). The output layer and the embeddings stay
   in bf16 (torchtitan's choice; the vocabulary-sized GEMM is the most rounding-sensitive).
-- The loss: over chunks of tokens without full fp32 logits (``launcher.train.chunked_loss``)
+- The loss: over chunks of tokens without full fp32 logits (``launcher.train.model.chunked_loss``)
   where the whole head is on one rank inside the model's forward (torch engine, tp=1 and pp=1);
   with tp > 1 the torch engine keeps the logits split over the vocabulary and computes the loss
   with torch's loss_parallel (torchtitan's default under tp); otherwise the full logits in the
   compute dtype plus fp32 copies.
-- MoE experts: grouped GEMMs over tokens sorted by expert (``launcher.train.experts``).
+- MoE experts: grouped GEMMs over tokens sorted by expert (``launcher.train.model.experts``).
 """
 
 from __future__ import annotations

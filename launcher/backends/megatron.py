@@ -122,7 +122,7 @@ BACKEND = Backend(
     fused_elementwise=True,
     # overlap_p2p_comm, on by default with virtual pipeline stages.
     overlaps_interleaved_p2p=True,
-    # zero.stage=3 is Megatron-FSDP (plan/megatron_fsdp.py prices its buffers).
+    # zero.stage=3 is Megatron-FSDP (plan/memory/megatron_fsdp.py prices its buffers).
     megatron_fsdp=True,
     # Vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py): in-place backward.
     eager_loss=False,

@@ -162,7 +162,7 @@ def _fp8_gemm_dims(m: ModelConfig, tp: int) -> list[tuple[int, int]]:
     dims = [(m.hidden_size, one), (m.ffn_hidden_size, split)]
     if m.kv_lora_rank is None:
         dims += [(n * d, split), ((m.num_kv_heads or n) * d, one)]
-    else:  # multi-head latent attention (launcher/train/model.py MLAttention)
+    else:  # multi-head latent attention (launcher/train/model/transformer.py MLAttention)
         r, v = m.qk_rope_head_dim or 0, m.v_head_dim or d
         dims += [(m.kv_lora_rank + r, one), (m.kv_lora_rank, one)]
         dims += [(n * (d + r), split), (n * (d + v), split), (n * v, split)]
@@ -197,7 +197,7 @@ def _fp8_misfit(cfg: LLMTrainConfig) -> tuple[str, int, int | None] | None:
 
 
 def _fp8(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
-    """precision=fp8 (torchao float8, launcher/train/fp8.py): real fp8 matmuls need CUDA with
+    """precision=fp8 (torchao float8, launcher/train/model/fp8.py): real fp8 matmuls need CUDA with
     compute capability 8.9+; precision.fp8_emulate=true runs the same numerics anywhere."""
     prec = cfg.precision
     if precision_of(cfg) != "fp8":
@@ -211,9 +211,10 @@ def _fp8(cfg: LLMTrainConfig, layout: Layout) -> Refusal | None:
             "with emulated matmuls: numerics only, no speedup)",
         )
     if (cfg.model.num_experts or 0) > 1:
-        # The routed experts run as grouped GEMMs on stacked weights (launcher/train/experts.py),
-        # which torchao's float8 linear conversion does not reach; converting only the attention
-        # would leave the larger share of the FLOPs in bf16 under an "fp8" label.
+        # The routed experts run as grouped GEMMs on stacked weights
+        # (launcher/train/model/experts.py), which torchao's float8 linear conversion does not
+        # reach; converting only the attention would leave the larger share of the FLOPs in bf16
+        # under an "fp8" label.
         return Refusal(
             ("model.num_experts", "precision"),
             "precision=fp8 with a mixture-of-experts model: the experts run as grouped GEMMs in "
@@ -295,12 +296,12 @@ BACKEND = Backend(
         chunked_loss_elsewhere,
     ),
     engine="launcher.train.engines.torch_engine:TorchEngine",
-    # launcher/train/expert_parallel.py dispatch_combine: one all_to_all_single of every routed
-    # copy each way, no node deduplication and no gathered tokens.
+    # launcher/train/parallel/expert_parallel.py dispatch_combine: one all_to_all_single of every
+    # routed copy each way, no node deduplication and no gathered tokens.
     moe_dispatchers=("alltoall",),
     moe_dispatcher_note=(
         "llmtrain's torch engine sends every routed copy with all_to_all_single "
-        "(launcher/train/expert_parallel.py), with no DeepEP or all-gather dispatcher"
+        "(launcher/train/parallel/expert_parallel.py), with no DeepEP or all-gather dispatcher"
     ),
     fp8_package="torchao",
     # FSDP2 with a MixedPrecisionPolicy stores the sharded parameters in fp32 (they are the

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from launcher.config.compose import Composed
+    from launcher.config.composition.compose import Composed
     from launcher.validate.rules import Violation
 
 out = Console(highlight=False, soft_wrap=False)
@@ -120,7 +120,7 @@ def with_config(config: str | None, overrides: list[str] | None) -> list[str]:
     """--config FILE as the overrides it stands for, before the command line's (which win)."""
     if not config:
         return list(overrides or [])
-    from launcher.config.config_file import expand
+    from launcher.config.composition.config_file import expand
 
     return expand(config, list(overrides or []))
 
@@ -141,7 +141,7 @@ def refuse_invalid(composed: Composed, violations: list[Violation], *, as_json: 
 def compose_valid(overrides: list[str], *, json_errors: bool) -> tuple[Composed, list[Violation]]:
     """The composed configuration and its warnings; when a rule reports an error, every problem
     is printed and the command exits 2 (as a JSON document with `json_errors`)."""
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.validate.rules import check
 
     composed = compose_config(overrides)

@@ -34,13 +34,13 @@ def show(
 ) -> None:
     """Print the resolved configuration."""
     overrides = with_config(config, overrides)
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.views.config import show_config
 
     composed = compose_config(overrides or [])
     source_map = None
     if sources:
-        from launcher.config.provenance import value_sources
+        from launcher.config.composition.provenance import value_sources
 
         source_map = value_sources(composed)
     if as_json:

@@ -44,7 +44,7 @@ def export(
     if fmt != "hf":
         raise UserError(f"--format={fmt}: the only export format is hf (Hugging Face)")
     from launcher.launch.local_runs import CHECKPOINTED, resolve_run
-    from launcher.train.hf_export import export_hf
+    from launcher.train.checkpoint.hf_export import export_hf
 
     # A run's name under --root, as `status`/`logs`/`cancel` take it; a name that several runs
     # begin with: the newest that holds a checkpoint (a note names the others).

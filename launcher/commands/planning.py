@@ -25,7 +25,7 @@ from launcher.commands.common import (
 from launcher.errors import UserError
 
 if TYPE_CHECKING:
-    from launcher.config.compose import Composed
+    from launcher.config.composition.compose import Composed
     from launcher.verdict import PlanVerdict
 
 Headroom = Annotated[
@@ -103,7 +103,7 @@ def plan(
         return
     if not 0 <= headroom < 1:
         raise UserError(f"--headroom={headroom}: must be a fraction in [0, 1), e.g. 0.10")
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
 
     composed = compose_config(overrides or [])
     if search:
@@ -142,7 +142,7 @@ def plan_search(
     if as_json:
         print_json(search_to_json(result))
         return
-    from launcher.config.provenance import flatten
+    from launcher.config.composition.provenance import flatten
 
     given = None if any_backend else flatten(composed.values)
     render_search(result, out, given_values=given)

@@ -193,7 +193,7 @@ def _command_values(
     whether it resumes the run in `folder` (None when its run directory cannot be named)."""
     import shlex
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.secrets import redact
     from launcher.launch.local import run_dir_for
 

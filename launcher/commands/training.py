@@ -23,7 +23,7 @@ from launcher.commands.common import (
 from launcher.commands.config import verdict
 
 if TYPE_CHECKING:
-    from launcher.config.compose import Composed
+    from launcher.config.composition.compose import Composed
     from launcher.launch.local import Prepared
 
 Force = Annotated[
@@ -68,7 +68,7 @@ def run(
     if detach and not detached_child:
         run_detached([*(["--fresh"] if fresh else []), *typed], as_json=as_json)
         return
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.launch.local import prepare_run_dir
     from launcher.launch.preflight import preflight
     from launcher.launch.slurm import refuse_live_jobs
@@ -211,7 +211,7 @@ def submit(
     if dry_run:
         verdict("submit", overrides or [], force=force, as_json=as_json)
         return
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.launch.slurm import submit as submit_job
 
     composed = compose_config(overrides or [])

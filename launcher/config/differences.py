@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.config.provenance import flatten
+from launcher.config.composition.provenance import flatten
 
 # Keys that name or place a run rather than say what it trains: every run differs in them.
 _PLACE = ("run.name", "run.root_dir")

@@ -1,6 +1,6 @@
 """The epsilon of each normalization layer when ``model.norm_eps`` is not set: one place for the
-defaults the model (launcher.train.model), the Hugging Face export and import
-(launcher.export.hf_layout, launcher.config.hf_model) and the Megatron-LM arguments
+defaults the model (launcher.train.model.transformer), the Hugging Face export and import
+(launcher.export.hf_layout, launcher.config.composition.hf_model) and the Megatron-LM arguments
 (launcher.render.megatron_args) share.
 """
 

@@ -21,11 +21,11 @@ from typing import Any
 import yaml
 
 from launcher import fsio, runfiles
-from launcher.config.compose import config_from_values
-from launcher.config.config_file import render_value
-from launcher.config.overrides import override_key
+from launcher.config.composition.compose import config_from_values
+from launcher.config.composition.config_file import render_value
+from launcher.config.composition.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
-from launcher.config.schema_keys import dataclass_of, schema_fields
+from launcher.config.schema.keys import dataclass_of, schema_fields
 from launcher.errors import UserError
 from launcher.rundir import RunDir
 
@@ -245,7 +245,7 @@ def override_value(value: Any) -> str:
 def restoring_overrides(overrides: tuple[str, ...], changes: list[Change]) -> list[str]:
     """`overrides` with each trajectory change set back to the run's value (replacing the key's
     own override, if any; train.steps/train.tokens given as the one the run had)."""
-    from launcher.config.schema_keys import BUDGET_PARTNER
+    from launcher.config.schema.keys import BUDGET_PARTNER
 
     back = {c.key: c.old for c in changes if c.trajectory}
     kept = [o for o in overrides if override_key(o) not in back]

@@ -5,7 +5,7 @@ A row holds seq_length + 1 tokens (inputs row[:-1], targets row[1:], as for pre-
 - ``data.packing=true``: examples are placed whole, in data order, into the current row while they
   fit, else into a new row (next-fit: one pass, deterministic; the sampler shuffles rows). The tail
   of each row is padding. Attention never crosses examples: the model applies a block-diagonal
-  causal mask and restarts positions at every example (``launcher.train.model``).
+  causal mask and restarts positions at every example (``launcher.train.model.transformer``).
 - ``data.packing=false``: one example a row, padded at the end (causal attention alone keeps the
   example from seeing its padding; positions start at 0 already).
 - Over-long examples (more than seq_length + 1 tokens): ``truncate`` keeps the first
@@ -16,7 +16,7 @@ A row holds seq_length + 1 tokens (inputs row[:-1], targets row[1:], as for pre-
 where the token is a trained target (never the first token of an example, which nothing in its
 example predicts, nor padding), channel 2 the example's number within the row (1, 2, ...; padding
 counts as one more example; all zeros without packing). The engines read that layout
-(``launcher.train.masked_loss``).
+(``launcher.train.finetune.masked_loss``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ up, so a profile of a configuration prices that configuration exactly):
   the waits, small collectives and dispatch the planner's terms leave out.
 On the CPU, torch uses the threads one process of the run will have (cores / processes).
 
-The profile (format: ``launcher.plan.profile``) goes to the cache (keyed by cluster.gpu) and/or to
+The profile (format: ``launcher.plan.hardware.profile``) goes to the cache (keyed by cluster.gpu)
+and/or to
 --out; a file there that is a profile of the same device is merged (new figures added, measured
 ones replaced); anything else there is refused, never overwritten.
 """
@@ -41,9 +42,9 @@ from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.launch.collective_timing import measure_collectives
-from launcher.plan import measurement_noise as noise
-from launcher.plan import profile as prof
-from launcher.plan.memory import DTYPE_BYTES
+from launcher.plan.hardware import measurement_noise as noise
+from launcher.plan.hardware import profile as prof
+from launcher.plan.memory.estimate import DTYPE_BYTES
 from launcher.plan.operators import Gemm, Operators, elementwise_bytes, operators
 from launcher.train.op_timing import (
     TORCH_DTYPE,
@@ -77,7 +78,7 @@ def rank_params(cfg: LLMTrainConfig) -> tuple[int, int]:
     ZeRO-1/2) steps one tensor per parameter group, two (decay / no decay); elsewhere the
     optimizer steps each parameter tensor."""
     from launcher.backends.common import backend_of
-    from launcher.plan.memory import bytes_per_param
+    from launcher.plan.memory.estimate import bytes_per_param
     from launcher.plan.planner import make_plan
 
     plan = make_plan(without_profile(cfg))

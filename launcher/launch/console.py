@@ -1,6 +1,6 @@
 """What `llmtrain run` shows on its terminal while the ranks train: rank 0's log as it grows.
 
-The ranks never write to the terminal (``launcher.train.rank_log``): rank 0 writes its log
+The ranks never write to the terminal (``launcher.train.reporting.rank_log``): rank 0 writes its log
 file and this module copies each new line to the screen, without the file's ``HH:MM:SS rank0``
 prefix. So a terminal that closes, or a pipe whose reader went away (``llmtrain run | head``),
 can only stop the copying, never the training: the first failed write turns the screen off and
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-# "12:04:31 rank0 " at the start of a line of rank 0's log (launcher.train.rank_log).
+# "12:04:31 rank0 " at the start of a line of rank 0's log (launcher.train.reporting.rank_log).
 _PREFIX = re.compile(r"^\d\d:\d\d:\d\d rank\d+ ")
 # Errors are the launcher's to report (from the rank's error file), once.
 _OFF_SCREEN = "ERROR: "

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from launcher import fsio, runfiles
 from launcher.backends.common import backend_of
-from launcher.config.compose import Composed
+from launcher.config.composition.compose import Composed
 from launcher.config.run_config import drop_pending, read_run_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env

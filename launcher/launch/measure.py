@@ -16,8 +16,8 @@ RSS before the model existed). Each run's step time is the median of its steps a
 
 A fit that no real step can have (a negative fixed part, a layer that costs nothing or less) is
 refused with the runs' figures, their spread and the machine's load: on a busy machine two short
-runs differ by noise more than by a layer (launcher.plan.measurement_noise). A run whose steps
-spread wider than the limit is named as noise in the table.
+runs differ by noise more than by a layer (launcher.plan.hardware.measurement_noise). A run whose
+steps spread wider than the limit is named as noise in the table.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.errors import UserError
-from launcher.plan import measurement_noise as noise
+from launcher.plan.hardware import measurement_noise as noise
 
 MEASURE_STEPS = 5
 

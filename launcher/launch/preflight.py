@@ -20,7 +20,7 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.planner import Plan, make_plan
-from launcher.train.trackers import problems as tracker_problems
+from launcher.train.reporting.trackers import problems as tracker_problems
 from launcher.validate.rules import check, passes
 
 
@@ -191,14 +191,16 @@ def launch_problems(cfg: LLMTrainConfig, plan: Plan, *, local: bool, force: bool
         )
     if derive_layout(cfg).steps < 1:
         problems.append("train.steps (or train.tokens) gives no optimizer step; set train.steps")
-    if cfg.model.qk_norm:  # plan prices it; the training model (launcher/train/model.py) has none
+    if (
+        cfg.model.qk_norm
+    ):  # plan prices it; the training model (launcher/train/model/transformer.py) has none
         problems.append(
             "model.qk_norm=true (Qwen3's q/k RMSNorm): llmtrain's training model has no q/k norm; "
             "plan and validate price it, run and submit refuse it"
         )
     problems += tracker_problems(cfg)
     if cfg.train.init_from is not None:  # reads the weights' shapes (imports torch)
-        from launcher.train.init_from import problems as init_from_problems
+        from launcher.train.checkpoint.init_from import problems as init_from_problems
 
         problems += init_from_problems(cfg)
     return problems

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from launcher import bounded_read
-from launcher.config.compose import Composed
+from launcher.config.composition.compose import Composed
 from launcher.config.run_config import ALLOW_CHANGE_FLAG, Change, config_changes, resumable_config
 from launcher.errors import UserError
 from launcher.launch.resume_refusal import command_word, hide_secrets, resume_refusal

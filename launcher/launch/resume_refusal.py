@@ -10,7 +10,7 @@ import os
 import shlex
 from typing import Any
 
-from launcher.config.compose import Composed, compose_config
+from launcher.config.composition.compose import Composed, compose_config
 from launcher.config.run_config import (
     ALLOW_CHANGE_FLAG,
     Change,

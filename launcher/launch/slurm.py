@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import fsio, runfiles
-from launcher.config.compose import Composed
+from launcher.config.composition.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError, did_you_mean

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.launch.measure import cut_run
-from launcher.plan.profile_rates import layout_family, overhead_units
+from launcher.plan.hardware.profile_rates import layout_family, overhead_units
 
 # Steps of the cut run: the first (warm-up: allocation, autograd graph, gloo connections) is
 # dropped; the median of the other five is robust to one step slowed by a neighbour's process.
@@ -114,7 +114,7 @@ def planned_step_s(run: CutRun, doc: dict[str, Any]) -> float:
     overhead entries)."""
     import dataclasses
 
-    from launcher.plan import profile as prof
+    from launcher.plan.hardware import profile as prof
     from launcher.plan.planner import make_plan
 
     doc = {**doc, "overhead": [], "digest": ""}

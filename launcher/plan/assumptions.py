@@ -9,9 +9,9 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.backends.moe_overlap import moe_overlap_on
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.memory import FRAGMENTATION, fp8_weight_copy_bytes, uses_dropout
-from launcher.plan.offload import offload_assumption
-from launcher.plan.timing import HOST_GBPS
+from launcher.plan.memory.estimate import FRAGMENTATION, fp8_weight_copy_bytes, uses_dropout
+from launcher.plan.memory.offload import offload_assumption
+from launcher.plan.timing.estimate import HOST_GBPS
 from launcher.plan.totals import FAILURES_PER_GPU_HOUR
 
 # What the expert-parallel communication is priced as, by dispatcher (plan.comm, plan.timing).
@@ -79,7 +79,7 @@ def _memory_assumptions(cfg: LLMTrainConfig) -> list[str]:
         "Full recompute keeps each layer's input plus one layer's activations while recomputing.",
         "Published-figure pricing describes the engine releases of calibration.csv up to 2025 "
         "(newest: NeMo 25.02's Megatron-Core for compute); Megatron's activations as "
-        "Megatron-Core core_v0.16.1's layer keeps them (plan/mcore_activations.py).",
+        "Megatron-Core core_v0.16.1's layer keeps them (plan/memory/mcore_activations.py).",
         (
             "Loss chunked (train.chunked_loss): one chunk of tokens' logits at a time (10 bytes "
             "per logit in bf16) plus the gradients it keeps for backward (input [tokens, h], "

@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.backends.engine_choices import engine_json
 from launcher.plan import finetune
-from launcher.plan.bands import ErrorBand
+from launcher.plan.calibration.bands import ErrorBand
 from launcher.plan.planner import Plan
 
 

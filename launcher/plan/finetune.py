@@ -58,7 +58,7 @@ def is_finetune(cfg: LLMTrainConfig) -> bool:
 
 
 def projections(m: ModelConfig) -> dict[str, Projection]:
-    """The adaptable projections of a dense block (launcher/train/lora.py's table)."""
+    """The adaptable projections of a dense block (launcher/train/finetune/lora.py's table)."""
     s = ModelShape(m)
     h, d, ffn = m.hidden_size, s.head_dim, m.ffn_hidden_size
     q, kv = m.num_attention_heads * d, s.kv_heads * d

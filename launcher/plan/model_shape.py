@@ -1,8 +1,8 @@
 """Parameter counts of the decoder-only transformer that `llmtrain run` builds.
 
 This is the one place the architecture's parameter arithmetic is written. The training runtime's
-model (``launcher.train.model``) must produce exactly these counts for every recipe shape; a test
-builds each recipe's model on the meta device and compares.
+model (``launcher.train.model.transformer``) must produce exactly these counts for every recipe
+shape; a test builds each recipe's model on the meta device and compares.
 
 Architecture (pre-norm decoder):
 - token embedding V*h; learned positions add s*h (GPT style); RoPE has no parameters;

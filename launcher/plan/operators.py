@@ -1,9 +1,9 @@
-"""The operators one GPU runs for one micro-batch, as the engine (``launcher.train.model``) runs
-them.
+"""The operators one GPU runs for one micro-batch, as the engine
+(``launcher.train.model.transformer``) runs them.
 
 One list, read by both sides of a measured plan: ``llmtrain calibrate`` (launcher/launch/
-calibrate.py) times these shapes on the machine, and the planner (``launcher.plan.measured``) looks
-the same shapes up in the profile. Pure arithmetic on the configuration; no torch.
+calibrate.py) times these shapes on the machine, and the planner (``launcher.plan.timing.measured``)
+looks the same shapes up in the profile. Pure arithmetic on the configuration; no torch.
 
 Per GPU (tensor-parallel shards divided by tp, tokens t = micro_batch x seq / cp):
 - attention projections: wq [t x h] -> [t x q/tp], wk and wv -> kv/tp each, wo [t x q/tp] -> h

@@ -12,11 +12,11 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan import finetune
 from launcher.plan.assumptions import assumptions
-from launcher.plan.bands import ErrorBand, error_band
+from launcher.plan.calibration.bands import ErrorBand, error_band
 from launcher.plan.flops import FlopsPerToken, config_flops
-from launcher.plan.hardware import get_gpu
-from launcher.plan.measured import coverage
-from launcher.plan.memory import (
+from launcher.plan.hardware.lookup import get_gpu
+from launcher.plan.hardware.profile import ProfileChoice, ProfileError, choose, cpu_threads
+from launcher.plan.memory.estimate import (
     GIB,
     HardwareView,
     MemoryPlan,
@@ -24,10 +24,10 @@ from launcher.plan.memory import (
     estimate_memory,
     fp8_weight_copy_bytes,
 )
+from launcher.plan.memory.model_states import moment_bytes
 from launcher.plan.model_shape import ModelShape
-from launcher.plan.model_states import moment_bytes
-from launcher.plan.profile import ProfileChoice, ProfileError, choose, cpu_threads
-from launcher.plan.timing import TimePlan, estimate_time
+from launcher.plan.timing.estimate import TimePlan, estimate_time
+from launcher.plan.timing.measured import coverage
 from launcher.plan.totals import Totals, estimate_totals
 
 

@@ -6,10 +6,10 @@ Modes (backends.common.recompute_mode turns train.recompute into one per backend
 - full: one more forward of the whole layer: its GEMMs, attention and element-wise work
   (Narayanan et al. 2021; only the layer input is kept).
 - op: op-level selective checkpointing (PyTorch's selective activation checkpointing with the
-  policy torchtitan calls "op"; llmtrain's dense blocks, launcher/train/selective_checkpoint.py):
-  every other linear product and the attention kernel's output are kept, so half the layer's
-  GEMM forwards and all its element-wise forward run again; eager attention's products and softmax
-  (not kept) run again too.
+  policy torchtitan calls "op"; llmtrain's dense blocks,
+  launcher/train/model/selective_checkpoint.py): every other linear product and the attention
+  kernel's output are kept, so half the layer's GEMM forwards and all its element-wise forward run
+  again; eager attention's products and softmax (not kept) run again too.
 - core: the attention core only (Korthikanti et al. 2022's selective recompute; Megatron-Core's
   default --recompute-modules core_attn; llmtrain's MoE blocks): one more attention forward.
 - selective: what plan said before modes were per backend: op with flash attention, core with

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher.config.compose import Composed
+from launcher.config.composition.compose import Composed
 from launcher.errors import UserError
 from launcher.render.run_files import ARTIFACTS, EXECUTABLE, SLURM, Place, run_files
 

@@ -72,8 +72,8 @@ def ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
     return config
 
 
-# Parameter names of launcher/train/model.py's Attention (wq, wk, wv, wo) and MLP (w1, w3 in;
-# w2 out) inside each TransformerBlock (layers.<i>.attention / layers.<i>.feed_forward).
+# Parameter names of launcher/train/model/transformer.py's Attention (wq, wk, wv, wo) and MLP (w1,
+# w3 in; w2 out) inside each TransformerBlock (layers.<i>.attention / layers.<i>.feed_forward).
 AUTOTP_COLUMN = (
     r".*\.attention\.w[qkv]\.(weight|bias)$",
     r".*\.feed_forward\.w[13]\.(weight|bias)$",

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from launcher.backends.common import backend_of
-from launcher.config.compose import Composed
+from launcher.config.composition.compose import Composed
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import public_env, secret_names
 from launcher.data.sources import MegatronData, megatron_data

@@ -13,8 +13,7 @@ from launcher.backends.common import expert_tensor_parallel
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.flops import FlopsPerToken, config_flops
-from launcher.plan.grad_liveness import reserved_reuses_activations
-from launcher.plan.memory import (
+from launcher.plan.memory.estimate import (
     HardwareView,
     MemoryPlan,
     StageMemory,
@@ -27,8 +26,9 @@ from launcher.plan.memory import (
     stage_params,
     stage_states,
 )
+from launcher.plan.memory.grad_liveness import reserved_reuses_activations
 from launcher.plan.schedule import bubble_overhead
-from launcher.plan.timing import estimate_time, microbatch_compute_s, microbatch_time
+from launcher.plan.timing.estimate import estimate_time, microbatch_compute_s, microbatch_time
 from launcher.search.results import MEMORY, OUTRANKED, Candidate, candidate
 from launcher.search.space import (
     BASE,
@@ -392,7 +392,7 @@ class Search:
                 # Activations do not depend on the ZeRO stage: the group's configuration will do.
                 act = self._acts[akey] = stage_activations(base_cfg, layout, stage)
             lazy, reused = 0.0, True
-            # Gradients made during the backward (plan/grad_liveness.py).
+            # Gradients made during the backward (plan/memory/grad_liveness.py).
             if layout.pp == 1 and layout.num_microbatches == 1:
                 cfg = cfg or with_zero()
                 lazy = stage_not_coexisting(cfg, layout, stage, states[stage], buffers)

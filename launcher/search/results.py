@@ -6,9 +6,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from launcher.plan.memory import MemoryPlan
+from launcher.plan.memory.estimate import MemoryPlan
 from launcher.plan.planner import Plan
-from launcher.plan.timing import TimePlan
+from launcher.plan.timing.estimate import TimePlan
 from launcher.search.space import Choice
 
 MEMORY = "memory"

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 from launcher.backends import all_backends, raw_refusals
 from launcher.backends.common import Backend
+from launcher.config.composition.overrides import override_key
 from launcher.config.layout import auto_split, derive_layout, split_keys
 from launcher.config.layout_rules import microbatches
-from launcher.config.overrides import override_key
 from launcher.config.pipeline_split import (
     EMBEDDING,
     FIRST,

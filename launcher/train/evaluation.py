@@ -7,8 +7,8 @@ every evaluation of a run, resumed or not, reads the same tokens. The engine run
 model in eval mode (no dropout) and no gradients (``Engine.evaluate``); val_loss is the mean of the
 batches' mean token losses, val_ppl its exponential. Fine-tuning rows (chat data) weigh each batch
 by its trained tokens, so val_loss is the mean over every trained token of the evaluation
-(``launcher.train.masked_loss``'s convention; every rank reads the whole global batch's loss
-masks to count them, no collective). No RNG is drawn: training is not disturbed.
+(``launcher.train.finetune.masked_loss``'s convention; every rank reads the whole global batch's
+loss masks to count them, no collective). No RNG is drawn: training is not disturbed.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Read top to bottom: die with the parent (no orphans; armed before torch is impor
 seconds: ``launcher.orphans``), set up the Trainer (config, process group,
 data, engine, resume from the newest checkpoint that loads), step until done or stopped by a
 signal, close (final checkpoint, summary). A failure writes this rank's error file.
-See ``launcher.train.trainer`` for the pieces and ``launcher.train.policy`` for checkpoint cadence.
+See ``launcher.train.trainer`` for the pieces and ``launcher.train.checkpoint.policy`` for
+checkpoint cadence.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ lists (the same list the planner looks up) and times it as the engine runs it:
 Each figure is the median of repeats after one warm-up call (on a GPU: the median of three
 batches of back-to-back calls, each synchronised once; ``Timer.measure``); repeats shrink to keep
 the whole calibration within its time budget. The spread of the repeats is kept for
-``launcher.plan.measurement_noise`` to judge.
+``launcher.plan.hardware.measurement_noise`` to judge.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan import measurement_noise as noise
+from launcher.plan.hardware import measurement_noise as noise
 from launcher.plan.operators import Gemm, Operators
-from launcher.train.model import (
+from launcher.train.model.transformer import (
     activate,
     apply_rope,
     attention_core,

@@ -36,7 +36,7 @@ class Lion(torch.optim.Optimizer):
         p     <- p - lr * (update + weight_decay * p)
         m     <- beta2 * m + (1 - beta2) * g
 
-    One state tensor per parameter (plan/memory.py counts 4 bytes), no epsilon."""
+    One state tensor per parameter (plan/memory/estimate.py counts 4 bytes), no epsilon."""
 
     def __init__(
         self,

@@ -105,11 +105,11 @@ def sample(
 ) -> Sample:
     import torch
 
-    from launcher.train.consolidate import ConsolidateError, full_state
-    from launcher.train.hf_export import pick_checkpoint, run_config
-    from launcher.train.init_from import InitFromError, copy_into
-    from launcher.train.model import build_model
-    from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError
+    from launcher.train.checkpoint.consolidate import ConsolidateError, full_state
+    from launcher.train.checkpoint.hf_export import pick_checkpoint, run_config
+    from launcher.train.checkpoint.init_from import InitFromError, copy_into
+    from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
+    from launcher.train.model.transformer import build_model
 
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens={max_new_tokens}: between 1 and {MAX_NEW_TOKENS}")
@@ -130,7 +130,7 @@ def sample(
     except (ConsolidateError, UnsafeCheckpointError, KeyError) as exc:
         raise UserError(f"{checkpoint}: cannot be read: {exc}") from None
     if cfg.finetune.name != "full":
-        from launcher.train import lora_export
+        from launcher.train.finetune import lora_export
 
         state = lora_export.merged(
             cfg, state, checkpoint / "engine", files, outcome="nothing was generated"

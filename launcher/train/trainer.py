@@ -2,9 +2,9 @@
 (one optimizer step, metrics, checkpoint when the policy says so), ``close`` (final checkpoint and
 summary). ``launcher.train.loop`` drives it.
 
-Rank 0 reports metrics; every rank logs to ``logs/rank{R}.log`` (``launcher.train.rank_log``); a
-failing rank writes ``logs/rank{R}.error.json`` (with the time it failed: the launcher names the
-earliest).
+Rank 0 reports metrics; every rank logs to ``logs/rank{R}.log``
+(``launcher.train.reporting.rank_log``); a failing rank writes ``logs/rank{R}.error.json`` (with the
+time it failed: the launcher names the earliest).
 All run-directory writes go through ``launcher.fsio`` (no symlinks followed).
 """
 
@@ -35,7 +35,9 @@ from launcher.errors import UserError
 from launcher.health import DIVERGED, LossSpikes, finite_or_none
 from launcher.plan.document import PlanFigures
 from launcher.rundir import RunDir
-from launcher.train.checkpoint import (
+from launcher.train.checkpoint.policy import CheckpointPolicy
+from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
+from launcher.train.checkpoint.store import (
     TRAINER_STATE,
     CheckpointWriter,
     Found,
@@ -46,15 +48,13 @@ from launcher.train.data import training_data, validation_data
 from launcher.train.engines.base import Engine
 from launcher.train.engines.dist import init_process_group_from_env
 from launcher.train.evaluation import Evaluator, eval_due
-from launcher.train.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
-from launcher.train.model import seed_step
+from launcher.train.model.transformer import seed_step
 from launcher.train.optim import learning_rate
-from launcher.train.policy import CheckpointPolicy
-from launcher.train.rank_log import rank_logger
-from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
+from launcher.train.reporting.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
+from launcher.train.reporting.rank_log import rank_logger
+from launcher.train.reporting.summary import format_summary, summarize
+from launcher.train.reporting.trackers import Trackers
 from launcher.train.sampler import ShardedSampler
-from launcher.train.summary import format_summary, summarize
-from launcher.train.trackers import Trackers
 
 # Exit code of a run stopped by a signal after writing its checkpoint (SLURM preemption, Ctrl-C);
 # rank 0 also leaves the preemption marker (RunDir.preempted), which the launcher looks for.
@@ -306,7 +306,7 @@ class Trainer:
         ):
             self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
             return None
-        from launcher.train.init_from import load_state
+        from launcher.train.checkpoint.init_from import load_state
 
         state = load_state(self.cfg)
         self.log(f"initialised from {source} ({len(state)} tensors; step 0, fresh optimizer)")
@@ -543,7 +543,7 @@ class Trainer:
             **(health or {}),
             "tokens": done * self.tokens_per_step,
             # Targets that carried loss: all of them on pre-training data, the unmasked ones on
-            # fine-tuning data (launcher.train.masked_loss), this step and so far.
+            # fine-tuning data (launcher.train.finetune.masked_loss), this step and so far.
             "trained_tokens": getattr(self, "step_trained", None),
             "trained_tokens_total": self.trained_total,
             "step_time_s": elapsed,

@@ -22,7 +22,7 @@ from launcher.validate.rule import RuleFn, Violation, error, warning
 
 
 def precision_hardware(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
-    from launcher.plan.hardware import UnknownGPUError, get_gpu
+    from launcher.plan.hardware.lookup import UnknownGPUError, get_gpu
 
     prec, gpu_key = cfg.precision, cfg.cluster.gpu
     try:

@@ -1,6 +1,6 @@
 """Each key's value on its own, with no other key but optim.lr in view: within the bounds its
-schema field declares (``Allowed`` in launcher/config/schema.py, read through
-``launcher.config.key_info``), and a number the ranks can hold in its dtype. The rule
+schema field declares (``Allowed`` in launcher/config/schema/, read through
+``launcher.config.schema.key_info``), and a number the ranks can hold in its dtype. The rule
 ``positive-values`` of launcher/validate/rules.py reports these; the other rules run on a
 configuration whose bad values are put back at their defaults.
 """
@@ -13,10 +13,9 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
-from launcher.config import key_info
-from launcher.config.allowed import Allowed
-from launcher.config.schema import LLMTrainConfig
-from launcher.config.schema_keys import field_type
+from launcher.config.schema import LLMTrainConfig, key_info
+from launcher.config.schema.allowed import Allowed
+from launcher.config.schema.keys import field_type
 
 # (the keys a problem names, its message)
 Problem = tuple[tuple[str, ...], str]

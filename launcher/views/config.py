@@ -11,9 +11,9 @@ from rich.text import Text
 
 from launcher import resources
 from launcher.backends import planning_preset_needs
-from launcher.config.compose import Composed, compose_config
+from launcher.config.composition.compose import Composed, compose_config
+from launcher.config.composition.provenance import flatten
 from launcher.config.layout import Layout, derive_layout
-from launcher.config.provenance import flatten
 from launcher.errors import ConfigError
 from launcher.plan.model_shape import ModelShape, human_count
 from launcher.validate.rules import Violation, check

@@ -6,10 +6,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.engine_choices import engine_choices
-from launcher.plan.bands import ErrorBand
+from launcher.plan.calibration.bands import ErrorBand
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
-from launcher.plan.memory import GIB
+from launcher.plan.memory.estimate import GIB
 from launcher.plan.planner import Plan, pricing_line
 from launcher.plan.schedule import timeline
 
@@ -241,7 +241,7 @@ def _print_memory_table(plan: Plan, console: Console) -> None:
     for (name, _), value in zip(BUCKETS, _bucket_values(plan), strict=True):
         table.add_row(name, f"{value / GIB:.2f}")
     if h.not_coexisting:
-        # plan/grad_liveness.py: gradients made during the backward as activations are freed.
+        # plan/memory/grad_liveness.py: gradients made during the backward as activations are freed.
         table.add_row("never live together", f"{-h.not_coexisting / GIB:.2f}")
     table.add_row("allocated (torch)", f"{h.allocated / GIB:.2f}")
     table.add_row("reserved (torch)", f"{h.reserved / GIB:.2f}")

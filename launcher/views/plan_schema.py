@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.views.plan import plan_to_json
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from launcher.plan.memory import GIB
+from launcher.plan.memory.estimate import GIB
 from launcher.search.layouts import MEMORY, OUTRANKED, Candidate, SearchResult
 
 if TYPE_CHECKING:

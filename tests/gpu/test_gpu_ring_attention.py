@@ -32,7 +32,11 @@ def test_ring_on_cuda_matches_whole_sequence_attention(
 ) -> None:
     import torch.nn.functional as F
 
-    from launcher.train.ring_attention import _kernel_for, ring_attention_on, shard_sequence
+    from launcher.train.parallel.ring_attention import (
+        _kernel_for,
+        ring_attention_on,
+        shard_sequence,
+    )
     from tests.ring_sim import run_ring
 
     dt = getattr(torch, dtype)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
-from launcher.plan import profile as prof
+from launcher.plan.hardware import profile as prof
 from launcher.plan.operators import operators
 from tests.cli import invoke, llmtrain
 
@@ -125,7 +125,7 @@ def test_calibrate_refuses_noise_unless_forced(
     is noise, so nothing is written; --force writes it marked forced, and plan says so."""
     from launcher.errors import UserError
     from launcher.launch.calibrate import calibrate
-    from launcher.plan import measurement_noise
+    from launcher.plan.hardware import measurement_noise
     from launcher.plan.planner import make_plan
 
     monkeypatch.setattr(measurement_noise, "SPREAD_LIMIT", 0.0)

@@ -1,5 +1,5 @@
-"""Expert parallel over real gloo all-to-all (launcher.train.expert_parallel), including the
-micro-batch where routing leaves one rank's experts without a single row.
+"""Expert parallel over real gloo all-to-all (launcher.train.parallel.expert_parallel), including
+the micro-batch where routing leaves one rank's experts without a single row.
 
 Issue 30 item 10: after ~10 steps of `llmtrain run ... parallel.ep=2` the router sent every
 assignment of a micro-batch in one MoE layer to rank 0's experts; rank 1's experts then computed
@@ -30,9 +30,9 @@ def _rank(idle_rank_experts: bool) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from launcher.train.expert_parallel import ExpertParallel
-    from launcher.train.experts import routed, stack
-    from launcher.train.model import MLP
+    from launcher.train.model.experts import routed, stack
+    from launcher.train.model.transformer import MLP
+    from launcher.train.parallel.expert_parallel import ExpertParallel
 
     torch.set_num_threads(1)
     # A desynchronised group fails or times out here instead of hanging the test.

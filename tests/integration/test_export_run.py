@@ -199,7 +199,7 @@ def reference_loss(folder: Path, run_dir: Path) -> float:
     trainer draws in `run_dir` (its own data, sampler and seed)."""
     import yaml
 
-    from launcher.config.compose import config_from_values
+    from launcher.config.composition.compose import config_from_values
     from launcher.config.layout import derive_layout
     from launcher.train.data import training_data
     from launcher.train.sampler import ShardedSampler

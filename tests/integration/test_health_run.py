@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from launcher.train.checkpoint import complete_checkpoints, verify
+from launcher.train.checkpoint.store import complete_checkpoints, verify
 from tests.faults import llmtrain_run
 
 pytestmark = pytest.mark.integration

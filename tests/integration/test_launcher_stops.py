@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.train.checkpoint import verify
+from launcher.train.checkpoint.store import verify
 from tests.cli import llmtrain
 from tests.faults import children, rank_pids, steps_done
 

@@ -34,10 +34,10 @@ def _base_unchanged(overrides: list[str], nproc: int, steps: int, opts: dict[str
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
+    from launcher.train.checkpoint.safe_load import CheckpointFiles
     from launcher.train.engines.dist import init_process_group_from_env
-    from launcher.train.safe_load import CheckpointFiles
     from launcher.train.trainer import build_engine
 
     torch.set_num_threads(1)

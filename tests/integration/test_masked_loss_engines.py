@@ -46,7 +46,7 @@ def _train(overrides: list[str], nproc: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.trainer import build_engine

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.render.megatron_launch import megatron_run_args
 from tests.cli import llmtrain
 from tests.integration.test_run import only_run_dir

@@ -53,10 +53,10 @@ def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(
 ) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
-    from launcher.config.compose import compose_config
-    from launcher.train.consolidate import full_state
-    from launcher.train.model import build_model
-    from launcher.train.safe_load import CheckpointFiles
+    from launcher.config.composition.compose import compose_config
+    from launcher.train.checkpoint.consolidate import full_state
+    from launcher.train.checkpoint.safe_load import CheckpointFiles
+    from launcher.train.model.transformer import build_model
 
     steps, save_at, ckpt = 4, 2, tmp_path / "ckpt"
     layout = [*INTERLEAVED, *VARIANTS[variant]]

@@ -52,7 +52,7 @@ def test_plan_peak_within_ten_percent_of_the_measured_step() -> None:
 
 
 def test_the_buckets_plain_sum_misses_the_measured_step() -> None:
-    """The model before plan/grad_liveness.py: every bucket live at once."""
+    """The model before plan/memory/grad_liveness.py: every bucket live at once."""
     done = run_bench("--summed")
     assert done.returncode == 1, done.stdout + done.stderr
     found = errors(done.stdout)

@@ -22,7 +22,7 @@ def _rank(cp: int) -> dict[str, float]:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from launcher.train.ring_attention import ring_attention, shard_sequence
+    from launcher.train.parallel.ring_attention import ring_attention, shard_sequence
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -188,7 +188,7 @@ def test_disk_full_is_reported_and_the_last_checkpoint_survives(tmp_path: Path) 
         said = done.stderr
         assert ("disk full writing" in said or " is full (" in said) and " free" in said, said
         assert str(root) in said, said
-        from launcher.train.checkpoint import complete_checkpoints, verify
+        from launcher.train.checkpoint.store import complete_checkpoints, verify
 
         ckpts = root / "safety" / "checkpoints"
         assert [s for s, _ in complete_checkpoints(ckpts)] == [2]

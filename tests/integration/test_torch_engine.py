@@ -52,7 +52,7 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.trainer import build_engine
@@ -67,7 +67,7 @@ def _train(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]) -
     try:
         engine = build_engine(cfg)  # backend=torch unless the overrides say deepspeed
         if load_dir is not None:
-            from launcher.train.safe_load import CheckpointFiles
+            from launcher.train.checkpoint.safe_load import CheckpointFiles
 
             engine.load(Path(load_dir), CheckpointFiles.unchecked(Path(load_dir)))
         lay = derive_layout(cfg)
@@ -100,7 +100,7 @@ def _train_and_resume(
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.trainer import build_engine
@@ -134,7 +134,7 @@ def _train_and_resume(
         extra = engine.extra_state()
         engine.close()
         fresh = build_engine(cfg)
-        from launcher.train.safe_load import CheckpointFiles
+        from launcher.train.checkpoint.safe_load import CheckpointFiles
 
         fresh.load(save_dir, CheckpointFiles.unchecked(save_dir))
         loaded_extra = fresh.extra_state()
@@ -250,7 +250,7 @@ def _overflow(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.engines.torch_engine import TorchEngine
@@ -273,7 +273,7 @@ def _overflow(overrides: list[str], nproc: int, steps: int, opts: dict[str, Any]
         after = engine.weights_digest()
         engine.save(Path(opts["save_dir"]))
         fresh = TorchEngine(cfg, seed=cfg.train.seed)
-        from launcher.train.safe_load import CheckpointFiles
+        from launcher.train.checkpoint.safe_load import CheckpointFiles
 
         fresh.load(Path(opts["save_dir"]), CheckpointFiles.unchecked(Path(opts["save_dir"])))
         return {
@@ -305,7 +305,7 @@ def _fsdp_reductions(
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.engines.torch_engine import TorchEngine

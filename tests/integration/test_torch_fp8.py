@@ -38,7 +38,7 @@ SHARED = [
     "train.global_batch_size=4",
 ]
 STEPS, SAVE_AT = 5, 3
-# Converted per block: wq wk wv wo w1 w2 w3 (launcher/train/fp8.py); 2 blocks.
+# Converted per block: wq wk wv wo w1 w2 w3 (launcher/train/model/fp8.py); 2 blocks.
 FP8_LAYERS = 14
 
 
@@ -58,7 +58,7 @@ def _train_and_resume(overrides: list[str], nproc: int, save_dir: str) -> dict[s
     import torch
     import torch.distributed as dist
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.config.layout import derive_layout
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.trainer import build_engine
@@ -89,7 +89,7 @@ def _train_and_resume(overrides: list[str], nproc: int, save_dir: str) -> dict[s
         extra = engine.extra_state()
         engine.close()
         fresh = build_engine(cfg)
-        from launcher.train.safe_load import CheckpointFiles
+        from launcher.train.checkpoint.safe_load import CheckpointFiles
 
         fresh.load(Path(save_dir), CheckpointFiles.unchecked(Path(save_dir)))
         resumed, resumed_norms = run(fresh, SAVE_AT)

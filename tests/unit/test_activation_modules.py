@@ -1,6 +1,6 @@
 """backend.recompute_modules, backend.offload_modules and backend.swiglu_fusion: Megatron-Core's
 checks (exit 2 naming the key), the flags rendered, torch / DeepSpeed refusing them, and what
-each module frees in plan/mcore_activations.py, tensor by tensor. Expected values by hand."""
+each module frees in plan/memory/mcore_activations.py, tensor by tensor. Expected values by hand."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typer.testing import CliRunner
 
 from launcher.backends import raw_refusals
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.mcore_activations import layer_activations, saved_tensors
-from launcher.plan.memory import stage_activations
+from launcher.plan.memory.estimate import stage_activations
+from launcher.plan.memory.mcore_activations import layer_activations, saved_tensors
 from launcher.render.megatron_args import megatron_args
 
 pytestmark = pytest.mark.unit
@@ -182,7 +182,7 @@ def test_time_prices_the_attention_core_again_only_when_listed() -> None:
 
 
 def test_fused_cross_entropy_keeps_the_logits_and_an_fp32_gradient() -> None:
-    from launcher.plan.memory import logits_bytes
+    from launcher.plan.memory.estimate import logits_bytes
 
     # Llama 3 8B, tp 2: 8192 tokens x 128256 / 2 logits on the GPU. Megatron's unfused
     # vocab-parallel loss: bf16 logits + fp32 copy + fp32 softmax, 10 bytes a logit; Transformer

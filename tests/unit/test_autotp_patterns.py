@@ -1,5 +1,5 @@
 """The ds_config's AutoTP partition rules name exactly the projections of llmtrain's model that
-tensor parallel must split (launcher/render/ds_config.py, launcher/train/model.py)."""
+tensor parallel must split (launcher/render/ds_config.py, launcher/train/model/transformer.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import re
 import pytest
 from torch import nn
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.render.ds_config import AUTOTP_COLUMN, AUTOTP_ROW, ds_config
-from launcher.train.model import build_model
+from launcher.train.model.transformer import build_model
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +61,7 @@ def test_plan_prices_the_replicated_head_on_every_tp_rank() -> None:
     # bytes (the eager loss's backward) whole, against 16 bytes / tp 2 = 8 under torch.
     from launcher.backends.common import backend_of
     from launcher.config.layout import derive_layout
-    from launcher.plan.memory import logits_bytes, stage_params
+    from launcher.plan.memory.estimate import logits_bytes, stage_params
     from launcher.plan.model_shape import ModelShape
 
     base = ["recipe=tiny", "model.tie_embeddings=false", "cluster.gpus_per_node=2"]

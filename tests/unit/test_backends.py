@@ -11,10 +11,10 @@ import pytest
 
 from launcher.backends import all_backends, launch_refusal, raw_refusals, refusals
 from launcher.backends.common import backend_of
-from launcher.config.compose import compose_config
-from launcher.config.key_info import choices
-from launcher.plan.kernels import attention_kernel
-from launcher.plan.memory import bytes_per_param, fp8_weight_copy_bytes
+from launcher.config.composition.compose import compose_config
+from launcher.config.schema.key_info import choices
+from launcher.plan.memory.estimate import bytes_per_param, fp8_weight_copy_bytes
+from launcher.plan.timing.kernels import attention_kernel
 from launcher.render.run_files import BACKEND_FILES
 from launcher.validate.rules import check
 

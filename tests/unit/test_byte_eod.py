@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.data.prepare import prepare
 from launcher.data.token_index import PreparedIndex
 from launcher.data.tokenizer import load_tokenizer

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.train.checkpoint import (
+from launcher.train.checkpoint.store import (
     KEY_ENV,
     CheckpointWarning,
     CheckpointWriteError,

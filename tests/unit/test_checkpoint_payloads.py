@@ -30,7 +30,7 @@ def _live(load: object, data: bytes, marker: Path) -> None:
 
 @pytest.mark.integration
 def test_metadata_payloads_are_refused(tmp_path: Path) -> None:
-    from launcher.train.safe_load import UnsafeCheckpointError, load_metadata
+    from launcher.train.checkpoint.safe_load import UnsafeCheckpointError, load_metadata
 
     marker = tmp_path / "pwned"
     payloads = pickle_payloads(marker)
@@ -51,7 +51,7 @@ def _dcp_save(state: dict[str, object], directory: Path) -> None:
 
 
 def test_real_metadata_loads_with_the_allow_list(tmp_path: Path) -> None:
-    from launcher.train.safe_load import SafeFileSystemReader
+    from launcher.train.checkpoint.safe_load import SafeFileSystemReader
 
     _dcp_save({"w": torch.ones(3, 2), "h": torch.zeros(4, dtype=torch.bfloat16)}, tmp_path / "ck")
     metadata = SafeFileSystemReader(str(tmp_path / "ck")).read_metadata()
@@ -59,7 +59,7 @@ def test_real_metadata_loads_with_the_allow_list(tmp_path: Path) -> None:
 
 
 def test_metadata_file_payload_refused_by_the_reader(tmp_path: Path) -> None:
-    from launcher.train.safe_load import SafeFileSystemReader, UnsafeCheckpointError
+    from launcher.train.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError
 
     marker = tmp_path / "pwned"
     _dcp_save({"w": torch.ones(2)}, tmp_path / "ck")
@@ -78,7 +78,7 @@ def test_bytes_entry_payload_is_never_torch_loaded(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    from launcher.train.safe_load import SafeFileSystemReader, TensorOnlyLoadPlanner
+    from launcher.train.checkpoint.safe_load import SafeFileSystemReader, TensorOnlyLoadPlanner
 
     marker = tmp_path / "pwned"
     ck = tmp_path / "ck"
@@ -107,7 +107,7 @@ def test_bytes_entry_payload_is_never_torch_loaded(tmp_path: Path) -> None:
 
 
 def test_non_tensor_state_round_trips_through_json(tmp_path: Path) -> None:
-    from launcher.train.safe_load import (
+    from launcher.train.checkpoint.safe_load import (
         read_non_tensor_state,
         split_non_tensor_state,
         write_non_tensor_state,
@@ -126,7 +126,7 @@ def test_non_tensor_state_round_trips_through_json(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_deepspeed_file_payloads_are_refused(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
-    from launcher.train.safe_load import (
+    from launcher.train.checkpoint.safe_load import (
         UnsafeCheckpointError,
         forced_weights_only,
         weights_only_load,

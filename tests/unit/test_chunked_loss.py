@@ -1,4 +1,4 @@
-"""The loss over chunks of tokens (launcher.train.chunked_loss) equals the full-logits loss:
+"""The loss over chunks of tokens (launcher.train.model.chunked_loss) equals the full-logits loss:
 value and gradients, in fp32 and under bf16 autocast, tied and untied heads, in eval."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from launcher.config.schema import ModelConfig
-from launcher.train.chunked_loss import chunk_tokens, chunked_cross_entropy
-from launcher.train.model import build_model, loss_fn
+from launcher.train.model.chunked_loss import chunk_tokens, chunked_cross_entropy
+from launcher.train.model.transformer import build_model, loss_fn
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import typer
 
 from launcher.cli import app
 from launcher.cli_hints import complete_override, override_typed_as_option
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.errors import ConfigError
 from tests.cli import invoke
 

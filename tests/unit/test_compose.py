@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
-from launcher.config.provenance import value_sources
+from launcher.config.composition.compose import compose_config
+from launcher.config.composition.provenance import value_sources
 from launcher.errors import ConfigError
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher import resources
-from launcher.config import compose_cache
-from launcher.config.compose import compose_config
+from launcher.config.composition import compose_cache
+from launcher.config.composition.compose import compose_config
 
 pytestmark = pytest.mark.unit
 

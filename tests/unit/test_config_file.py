@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config import compose_cache
-from launcher.config.compose import compose_config
-from launcher.config.config_file import expand, render_value
+from launcher.config.composition import compose_cache
+from launcher.config.composition.compose import compose_config
+from launcher.config.composition.config_file import expand, render_value
 from launcher.errors import ConfigError, UserError
 from tests.cli import invoke as llmtrain
 

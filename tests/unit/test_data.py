@@ -313,7 +313,7 @@ def test_sampler_refusals() -> None:
 
 
 def test_prelaunch_checks_vocabulary_and_size(text_dir: Path, tmp_path: Path) -> None:
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.launch.preflight import data_problems
 
     out = tmp_path / "tok"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.data.megatron_indexed import IndexedDataset, IndexedDatasetWriter
 from launcher.data.prepare import prepare
 from launcher.data.sources import describe, megatron_data

@@ -305,7 +305,7 @@ def hold_lock(folder: Path) -> subprocess.Popen[str]:
 
 def default_run_name() -> str:
     """The folder `llmtrain run` (the default recipe) makes, as `llmtrain runs` lists it."""
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.launch.local import run_dir_for
 
     return run_dir_for(compose_config([])).name

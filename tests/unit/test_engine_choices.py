@@ -17,7 +17,7 @@ from launcher.backends.engine_choices import (
     fp8_gemm_gains,
 )
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
 
 pytestmark = pytest.mark.unit

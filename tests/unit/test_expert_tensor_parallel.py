@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from launcher.backends.common import expert_group_stride, expert_tensor_parallel
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.planner import make_plan

@@ -1,5 +1,5 @@
-"""MoE experts as grouped GEMMs (launcher.train.experts) equal the per-expert loop they replace:
-forward and every gradient, on the grouped (torch._grouped_mm) and padded (bmm) paths."""
+"""MoE experts as grouped GEMMs (launcher.train.model.experts) equal the per-expert loop they
+replace: forward and every gradient, on the grouped (torch._grouped_mm) and padded (bmm) paths."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from launcher.config.schema import ModelConfig
-from launcher.train import experts as experts_mod
-from launcher.train.model import MoE, build_model
+from launcher.train.model import experts as experts_mod
+from launcher.train.model.transformer import MoE, build_model
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,8 @@ import torch
 from launcher.config.schema import ModelConfig
 from launcher.export.hf_files import INDEX_FILE, read_hf_folder, write_hf_folder
 from launcher.export.hf_layout import LayoutError, from_hf, hf_architecture, hf_config, to_hf
-from launcher.train.init_weights import init_weights
-from launcher.train.model import Transformer
+from launcher.train.model.init_weights import init_weights
+from launcher.train.model.transformer import Transformer
 
 pytestmark = pytest.mark.unit
 

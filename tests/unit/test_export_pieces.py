@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.export.byte_tokenizer import byte_to_char, write_byte_tokenizer
-from launcher.train.hf_export import run_config
-from launcher.train.init_from import mismatches
+from launcher.train.checkpoint.hf_export import run_config
+from launcher.train.checkpoint.init_from import mismatches
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def test_a_run_made_before_newer_keys_still_reads(tmp_path: Path) -> None:
 def test_special_ids_are_written_even_when_absent() -> None:
     # Without explicit ids transformers' GPT-2 defaults (50256) would name an id outside a small
     # vocabulary; an end-of-document id outside the vocabulary is not a token either.
-    from launcher.train.hf_export import special_ids
+    from launcher.train.checkpoint.hf_export import special_ids
 
     none = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     assert special_ids(None, 256) == none
@@ -62,7 +62,7 @@ def test_special_ids_are_written_even_when_absent() -> None:
 def test_tokenizer_config_names_the_end_of_document_token() -> None:
     import json
 
-    from launcher.train.hf_export import tokenizer_extras
+    from launcher.train.checkpoint.hf_export import tokenizer_extras
 
     tokenizer = {"added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}]}
     files = {"tokenizer.json": json.dumps(tokenizer).encode()}

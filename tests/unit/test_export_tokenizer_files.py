@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.export.byte_tokenizer import write_byte_tokenizer
-from launcher.train.hf_export import (
+from launcher.train.checkpoint.hf_export import (
     TokenizerFiles,
     _tokenizer_files,
     generation_ids,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from launcher.backends import refusals
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.launch.preflight import fp8_problems
 from launcher.validate.rules import check
@@ -105,8 +105,8 @@ def test_preflight_refuses_fp8_without_torchao(monkeypatch: pytest.MonkeyPatch) 
 
 def _converted(*overrides: str) -> set[str]:
     pytest.importorskip("torchao")
-    from launcher.train import fp8
-    from launcher.train.model import build_model
+    from launcher.train.model import fp8
+    from launcher.train.model.transformer import build_model
 
     model = build_model(cfg_of(EMULATE, *overrides).model, "cpu")
     names = set(fp8.convert(model, emulate=True, fsdp=False))
@@ -169,9 +169,9 @@ def test_converted_model_rounds_through_fp8() -> None:
 
     import torch
 
-    from launcher.train import fp8
-    from launcher.train.init_weights import init_weights
-    from launcher.train.model import build_model
+    from launcher.train.model import fp8
+    from launcher.train.model.init_weights import init_weights
+    from launcher.train.model.transformer import build_model
 
     model = build_model(cfg_of(EMULATE, "model.num_layers=2").model, "cpu")
     init_weights(model, 0)
@@ -194,7 +194,7 @@ def test_engine_device_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's start-up check of the real device (an A100 is mocked: no GPU here)."""
     import torch
 
-    from launcher.train import fp8
+    from launcher.train.model import fp8
 
     cpu = fp8.device_problem(torch.device("cpu"), emulate=False)
     assert cpu is not None and "precision.fp8_emulate=true" in cpu and "h100" in cpu
@@ -218,8 +218,8 @@ def test_real_fp8_converts_only_the_gemms_that_gain() -> None:
     (N = 512) stay bf16, as `plan` states. Built on the meta device (nothing allocated)."""
     pytest.importorskip("torchao")
     from launcher.backends.engine_choices import engine_choices
-    from launcher.train import fp8
-    from launcher.train.model import build_model
+    from launcher.train.model import fp8
+    from launcher.train.model.transformer import build_model
 
     config = compose_config(["recipe=llama3-1b", "model.num_layers=1"]).config
     model = build_model(config.model, "meta")

@@ -36,9 +36,10 @@ from typer.testing import CliRunner
 
 from launcher import resources
 from launcher.cli import app, entry
-from launcher.config import compose, key_info
-from launcher.config.allowed import Allowed
-from launcher.config.schema_keys import field_type
+from launcher.config.composition import compose
+from launcher.config.schema import key_info
+from launcher.config.schema.allowed import Allowed
+from launcher.config.schema.keys import field_type
 from launcher.errors import UserError
 from launcher.validate import rules
 

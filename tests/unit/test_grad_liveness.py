@@ -1,11 +1,11 @@
-"""The backward's timeline (plan/grad_liveness.py) and where the plan applies it."""
+"""The backward's timeline (plan/memory/grad_liveness.py) and where the plan applies it."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
-from launcher.plan.grad_liveness import BackwardNode, backward_peak, layer_backward
+from launcher.config.composition.compose import compose_config
+from launcher.plan.memory.grad_liveness import BackwardNode, backward_peak, layer_backward
 from launcher.plan.planner import make_plan
 
 pytestmark = pytest.mark.unit

@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
-from launcher.config.provenance import value_sources
+from launcher.config.composition.compose import compose_config
+from launcher.config.composition.provenance import value_sources
 
 pytestmark = pytest.mark.unit
 

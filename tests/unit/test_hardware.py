@@ -1,4 +1,5 @@
-"""The GPU catalog (launcher/plan/hardware.py) and the cluster profiles that point into it."""
+"""The GPU catalog (launcher/plan/hardware/lookup.py) and the cluster profiles that point into
+it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from launcher.config.schema import ClusterConfig
-from launcher.plan.hardware import (
+from launcher.plan.hardware.lookup import (
     CATALOG,
     PRECISIONS,
     GiB,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.errors import ConfigError
 from launcher.plan.model_shape import ModelShape
 from launcher.verdict import assess

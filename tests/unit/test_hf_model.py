@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import ModelConfig
 from launcher.errors import ConfigError
 from launcher.export.hf_layout import hf_config

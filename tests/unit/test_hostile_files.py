@@ -184,7 +184,7 @@ def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
 
 # --- item 3: profiles are read bounded, and their figures must be physically possible ------------
 def _profile(tmp_path: Path, **changes: object) -> Path:
-    from launcher.plan import profile as prof
+    from launcher.plan.hardware import profile as prof
     from tests.unit.test_plan_profile import tiny_profile
 
     doc = tiny_profile()
@@ -265,7 +265,7 @@ HUGE = "\x1b[2J\x1b[31m" + "A" * 20_000
 def test_profile_errors_never_quote_a_file_at_length(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from launcher.plan import profile as prof
+    from launcher.plan.hardware import profile as prof
     from tests.unit.test_plan_profile import tiny_profile
 
     cases = []
@@ -420,10 +420,10 @@ def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> Non
     """A FIFO given as a chat template or an HF index, or as --config, is refused at once."""
     import time
 
-    from launcher.config.config_file import read_yaml_file
+    from launcher.config.composition.config_file import read_yaml_file
     from launcher.data.chat_template import ChatTemplate
     from launcher.errors import ConfigError, UserError
-    from launcher.train.init_from import InitFromError, _hf_tensors
+    from launcher.train.checkpoint.init_from import InitFromError, _hf_tensors
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

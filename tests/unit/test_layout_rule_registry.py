@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.search.layouts import fixed_keys, search, search_space

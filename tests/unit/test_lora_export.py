@@ -15,10 +15,10 @@ import torch
 from launcher.config.schema import FinetuneConfig, ModelConfig
 from launcher.export.hf_files import write_hf_folder
 from launcher.export.hf_layout import hf_config, to_hf
-from launcher.train import lora
-from launcher.train.init_weights import init_weights
-from launcher.train.lora_export import peft_tensors, write_adapter_folder
-from launcher.train.model import Transformer
+from launcher.train.finetune import lora
+from launcher.train.finetune.lora_export import peft_tensors, write_adapter_folder
+from launcher.train.model.init_weights import init_weights
+from launcher.train.model.transformer import Transformer
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """Timings on a busy machine are named as noise, and fits no real step can have are refused
-(issue 33, item 7): the arithmetic of launcher.plan.measurement_noise and plan --measure's fit,
-and how a profile's recorded quality decides whether plan uses it."""
+(issue 33, item 7): the arithmetic of launcher.plan.hardware.measurement_noise and plan --measure's
+fit, and how a profile's recorded quality decides whether plan uses it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.launch import measure as measure_mod
-from launcher.plan import measurement_noise as noise
-from launcher.plan import profile as prof
+from launcher.plan.hardware import measurement_noise as noise
+from launcher.plan.hardware import profile as prof
 
 pytestmark = pytest.mark.unit
 
@@ -128,7 +128,7 @@ def _session(deadline_s: float):  # type: ignore[no-untyped-def]
 
     import torch
 
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.launch.calibrate import Session
     from launcher.train.op_timing import Timer
 

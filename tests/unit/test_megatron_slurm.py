@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.render.artifacts import render_artifacts, write_artifacts
 from launcher.render.megatron_launch import megatron_run_args

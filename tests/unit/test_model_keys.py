@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import ModelConfig, OptimConfig
 from launcher.render.ds_config import ds_config, runtime_ds_config
 from launcher.render.megatron_args import megatron_args
-from launcher.train.init_weights import init_weights
-from launcher.train.model import Transformer, rope_tables, seed_step
+from launcher.train.model.init_weights import init_weights
+from launcher.train.model.transformer import Transformer, rope_tables, seed_step
 from launcher.train.optim import learning_rate
 from launcher.validate.rules import check
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape, human_count
 

@@ -1,5 +1,5 @@
 """backend.moe_dispatcher: its default per backend, the refusals, Megatron-LM's flags, and the
-price of each dispatcher (launcher/plan/comm.py, launcher/plan/timing.py).
+price of each dispatcher (launcher/plan/timing/comm.py, launcher/plan/timing/estimate.py).
 
 Expected values are derived by hand in the comments.
 """
@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from launcher.backends import raw_refusals
 from launcher.backends.common import moe_dispatcher
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.comm import collective_time, expert_alltoall_bus_gbps, place_group
 from launcher.plan.planner import make_plan
+from launcher.plan.timing.comm import collective_time, expert_alltoall_bus_gbps, place_group
 from launcher.render.megatron_args import megatron_args
 from launcher.search.layouts import fixed_keys, search
 from tests.unit.test_plan_moe_time import _moe

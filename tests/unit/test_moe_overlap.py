@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from launcher.backends import raw_refusals
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.pipeline_split import layers_in_flight
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.fitted import constants
+from launcher.plan.calibration.fitted import constants
 from launcher.plan.planner import make_plan
 from launcher.plan.schedule import chunk_microbatches_in_flight, combined_1f1b_overlap_share
 from launcher.render.megatron_args import megatron_args

@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.pipeline_split import SplitError, SplitKeys, megatron_split, mtp_stage
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.flops import flops_per_token
-from launcher.plan.memory import stage_params
+from launcher.plan.memory.estimate import stage_params
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import make_plan
 from launcher.render.megatron_args import megatron_args
@@ -110,7 +110,7 @@ def test_memory_and_time_of_the_stage_holding_it() -> None:
     assert plan.memory.stages[1].activations > base_plan.memory.stages[1].activations
     # Time: stage 1 computes one more MoE layer and the output head and loss once more.
     from launcher.plan.planner import hardware_view
-    from launcher.plan.timing import stage_compute_parts
+    from launcher.plan.timing.estimate import stage_compute_parts
 
     hw = hardware_view(c)
     s0, s1 = (stage_compute_parts(c, lay, hw, s) for s in (0, 1))

@@ -1,6 +1,7 @@
-"""The things llmtrain keeps in one place: what an override names (launcher.config.overrides),
-the cache folder (launcher.cache_dir), the norms' default epsilons (launcher.config.norms), the
-file lock (launcher.file_lock) and each rank's log (launcher.train.rank_log)."""
+"""The things llmtrain keeps in one place: what an override names
+(launcher.config.composition.overrides), the cache folder (launcher.cache_dir), the norms' default
+epsilons (launcher.config.norms), the file lock (launcher.file_lock) and each rank's log
+(launcher.train.reporting.rank_log)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import pytest
 
 from launcher import file_lock
 from launcher.cache_dir import cache_root
-from launcher.config import compose_cache
+from launcher.config.composition import compose_cache
+from launcher.config.composition.overrides import is_group_choice, override_key
 from launcher.config.norms import LAYERNORM_EPS, RMSNORM_EPS, norm_epsilon
-from launcher.config.overrides import is_group_choice, override_key
 from launcher.errors import UserError
-from launcher.plan import profile
+from launcher.plan.hardware import profile
 
 
 @pytest.mark.parametrize(
@@ -131,7 +132,7 @@ def test_a_rank_log_line_is_time_rank_message_and_goes_nowhere_else(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from launcher.rundir import RunDir
-    from launcher.train.rank_log import rank_logger
+    from launcher.train.reporting.rank_log import rank_logger
 
     run = RunDir(tmp_path)
     logger = rank_logger(run, 0)
@@ -150,7 +151,7 @@ def test_a_rank_log_line_is_time_rank_message_and_goes_nowhere_else(
 
 def test_a_rank_log_that_cannot_be_written_raises(tmp_path: Path) -> None:
     from launcher.rundir import RunDir
-    from launcher.train.rank_log import rank_logger
+    from launcher.train.reporting.rank_log import rank_logger
 
     logger = rank_logger(RunDir(tmp_path), 0)
     (handler,) = logger.handlers

@@ -1,13 +1,13 @@
 """optim.state_dtype: Megatron-Core's precision-aware optimizer (Adam's moments in 16 bits, the
 fp32 master as 16-bit remainders of bf16 weights), priced, rendered and refused where the engine
-refuses it (launcher/backends/optimizer_precision.py, launcher/plan/model_states.py)."""
+refuses it (launcher/backends/optimizer_precision.py, launcher/plan/memory/model_states.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from launcher.backends import raw_refusals
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.render.megatron_args import megatron_args
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.backends import raw_refusals
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.pipeline_split import (
     FIRST,

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.plan import finetune
 from launcher.plan.flops import config_flops
-from launcher.plan.memory import stage_states
+from launcher.plan.memory.estimate import stage_states
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import make_plan
 

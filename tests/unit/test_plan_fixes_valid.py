@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.validate.rules import check, passes
 

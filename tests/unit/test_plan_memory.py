@@ -17,7 +17,7 @@ from launcher.config.schema import (
     TrainConfig,
     ZeroConfig,
 )
-from launcher.plan.memory import layer_activation_bytes, logits_bytes
+from launcher.plan.memory.estimate import layer_activation_bytes, logits_bytes
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import checkpoint_bytes, make_plan
 

@@ -18,7 +18,7 @@ from launcher.config.schema import (
     TrainConfig,
     ZeroConfig,
 )
-from launcher.plan.memory import (
+from launcher.plan.memory.estimate import (
     cp_ring_bytes,
     dispatcher_bytes,
     logits_bytes,

@@ -19,9 +19,14 @@ from launcher.config.schema import (
     TrainConfig,
     ZeroConfig,
 )
-from launcher.plan.comm import collective_time, expert_alltoall_bus_gbps, place_group
-from launcher.plan.kernels import COPY_EFFICIENCY, gemm_efficiency, moe_routing_bytes, stage_parts
 from launcher.plan.planner import hardware_view, make_plan
+from launcher.plan.timing.comm import collective_time, expert_alltoall_bus_gbps, place_group
+from launcher.plan.timing.kernels import (
+    COPY_EFFICIENCY,
+    gemm_efficiency,
+    moe_routing_bytes,
+    stage_parts,
+)
 from launcher.validate.rules import check
 
 pytestmark = pytest.mark.unit

@@ -1,12 +1,12 @@
-"""Offload as each engine does it (launcher/plan/offload.py): what stays on the GPU, what the
+"""Offload as each engine does it (launcher/plan/memory/offload.py): what stays on the GPU, what the
 host holds, against DeepSpeed's own estimator."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
-from launcher.plan.memory import GIB
+from launcher.config.composition.compose import compose_config
+from launcher.plan.memory.estimate import GIB
 from launcher.plan.planner import make_plan
 
 pytestmark = pytest.mark.unit
@@ -86,7 +86,7 @@ MEG_FP8 = (
 
 def test_fp8_param_gather_halves_the_weights_and_the_gather_bucket() -> None:
     from launcher.config.layout import derive_layout
-    from launcher.plan.memory import stage_buffers
+    from launcher.plan.memory.estimate import stage_buffers
 
     plain = compose_config(list(MEG_FP8)).config
     fp8 = compose_config([*MEG_FP8, "precision.fp8_param_gather=true"]).config

@@ -14,14 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.errors import UserError
-from launcher.plan import profile as prof
-from launcher.plan.memory import bytes_per_param
+from launcher.plan.hardware import profile as prof
+from launcher.plan.memory.estimate import bytes_per_param
 from launcher.plan.operators import elementwise_bytes, operators
 from launcher.plan.planner import make_plan
-from launcher.plan.timing import stage_compute_parts
+from launcher.plan.timing.estimate import stage_compute_parts
 from tests.cli import invoke
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from launcher import resources
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.views.plan import plan_to_json
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.plan.planner import make_plan
@@ -284,7 +284,7 @@ def h100_profile(path: Any) -> str:
     """A made-up profile of an H100 (cluster.gpu=h100-sxm) for llama3-1b in bf16: two shapes per
     class at different rates, so the search's optimistic bound (the fastest rate of each class)
     differs from the exact lookups it must bound. Written to `path`; returns the override."""
-    from launcher.plan import profile as prof
+    from launcher.plan.hardware import profile as prof
 
     tag = {"dtype": "bf16", "threads": 0}
     # A quarter of a millisecond: faster than the catalog's H100 figures, so a bound priced from

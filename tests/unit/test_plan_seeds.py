@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from launcher.config.composition.presets import model_preset
 from launcher.config.layout import derive_layout
-from launcher.config.presets import model_preset
 from launcher.config.schema import (
     ClusterConfig,
     LLMTrainConfig,
@@ -17,11 +17,11 @@ from launcher.config.schema import (
     TrainConfig,
     ZeroConfig,
 )
-from launcher.plan.comm import collective_time, place_group
-from launcher.plan.memory import bytes_per_param
+from launcher.plan.memory.estimate import bytes_per_param
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import make_plan
 from launcher.plan.schedule import bubble_fraction, pipeline_efficiency
+from launcher.plan.timing.comm import collective_time, place_group
 from launcher.plan.totals import lost_fraction, young_daly_interval
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,5 @@
-"""The per-operator compute model (launcher.plan.kernels) and the step-time physics around it.
+"""The per-operator compute model (launcher.plan.timing.kernels) and the step-time physics around
+it.
 
 Expected values are derived by hand in the comments, formula by formula.
 """
@@ -9,8 +10,8 @@ import dataclasses
 
 import pytest
 
+from launcher.config.composition.presets import model_preset
 from launcher.config.layout import derive_layout
-from launcher.config.presets import model_preset
 from launcher.config.schema import (
     BackendConfig,
     ClusterConfig,
@@ -21,16 +22,16 @@ from launcher.config.schema import (
     TrainConfig,
     ZeroConfig,
 )
-from launcher.plan.fitted import ATTN_HALF_SEQ, constants
-from launcher.plan.kernels import (
+from launcher.plan.calibration.fitted import ATTN_HALF_SEQ, constants
+from launcher.plan.planner import hardware_view, make_plan
+from launcher.plan.timing.estimate import microbatch_compute_s, microbatch_time
+from launcher.plan.timing.kernels import (
     ATTENTION_KERNEL_RATE,
     attention_efficiency,
     clock_factor,
     gemm_efficiency,
     gemm_time,
 )
-from launcher.plan.planner import hardware_view, make_plan
-from launcher.plan.timing import microbatch_compute_s, microbatch_time
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.plan.document import PlanFigures
-from launcher.train.policy import CheckpointPolicy
+from launcher.train.checkpoint.policy import CheckpointPolicy
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.launch.preflight import hardware_problems
 
 pytestmark = pytest.mark.unit

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
-from launcher.plan import profile as prof
+from launcher.plan.hardware import profile as prof
+from launcher.plan.hardware.profile_rates import layout_family, overhead_units, rates
 from launcher.plan.planner import make_plan
-from launcher.plan.profile_rates import layout_family, overhead_units, rates
 from tests.unit.test_plan_profile import TINY, tiny_profile
 
 pytestmark = pytest.mark.unit

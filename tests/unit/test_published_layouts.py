@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.validate.rules import check
 

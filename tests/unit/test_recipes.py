@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher import resources
-from launcher.config.compose import compose_config
-from launcher.config.presets import model_preset
+from launcher.config.composition.compose import compose_config
+from launcher.config.composition.presets import model_preset
 from launcher.validate.rules import check
 from launcher.verdict import assess
 

@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 
 from launcher.backends.common import recompute_mode
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.flops import config_flops
-from launcher.plan.memory import layer_activation_terms
+from launcher.plan.memory.estimate import layer_activation_terms
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import make_plan
 from launcher.plan.recompute import extra_forwards, resolve

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import key_info, reference_doc
-from launcher.config.allowed import Allowed
-from launcher.config.schema_keys import all_schema_keys
+from launcher.config.schema import key_info, reference_doc
+from launcher.config.schema.allowed import Allowed
+from launcher.config.schema.keys import all_schema_keys
 
 pytestmark = pytest.mark.unit
 

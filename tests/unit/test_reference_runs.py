@@ -1,9 +1,9 @@
 """Every scored published reference run (bench/data/calibration.csv) against the committed constants
-(launcher/plan/fitted.py): its error lies within the cross-validated band `plan` prints for its
-regime (launcher/plan/error_bands.py, written by bench/plan_calibration.py --write), and no
-layout that really ran is called "does not fit". The configurations and the choices made for each
-source are in launcher/plan/reference_runs.py; every figure they use is in its row of the csv
-(bench/reference_data.py).
+(launcher/plan/calibration/fitted.py): its error lies within the cross-validated band `plan` prints
+for its regime (launcher/plan/calibration/error_bands.py, written by bench/plan_calibration.py
+--write), and no layout that really ran is called "does not fit". The configurations and the choices
+made for each source are in launcher/plan/calibration/reference_runs.py; every figure they use is in
+its row of the csv (bench/reference_data.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from launcher.config.presets import model_preset
+from launcher.config.composition.presets import model_preset
 from launcher.config.schema import (
     BackendConfig,
     ClusterConfig,
@@ -21,9 +21,9 @@ from launcher.config.schema import (
     TrainConfig,
     ZeroConfig,
 )
-from launcher.plan.bands import error_band
+from launcher.plan.calibration.bands import error_band
+from launcher.plan.calibration.reference_runs import ReferenceRun, points, predicted
 from launcher.plan.planner import hardware_view, make_plan
-from launcher.plan.reference_runs import ReferenceRun, points, predicted
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.validate.rules import check
 from launcher.validate.values import FP32_MAX, FP32_TINY, INT64_MAX
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.run_config import (
     changes_trajectory,
     config_changes,

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from launcher.train import ring_attention as ra
-from launcher.train.ring_attention import (
+from launcher.train.parallel import ring_attention as ra
+from launcher.train.parallel.ring_attention import (
     Kernel,
     Ring,
     chunk_positions,

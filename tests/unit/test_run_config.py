@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.run_config import read_values, resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.run_config import config_changes
 from launcher.errors import UserError
 from launcher.launch import run_logs

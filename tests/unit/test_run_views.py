@@ -43,7 +43,7 @@ RECORD = {
 
 def test_the_interval_line_names_every_figure() -> None:
     pytest.importorskip("torch")
-    from launcher.train.metrics import Interval, interval_line
+    from launcher.train.reporting.metrics import Interval, interval_line
 
     record = {
         "step": 40,

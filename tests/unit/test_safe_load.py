@@ -25,11 +25,11 @@ import pytest
 import torch
 import yaml
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.export.hf_files import read_hf_folder
-from launcher.train import checkpoint as checkpoint_module
-from launcher.train.checkpoint import CheckpointWriter, verify
-from launcher.train.model import build_model
+from launcher.train.checkpoint import store as checkpoint_module
+from launcher.train.checkpoint.store import CheckpointWriter, verify
+from launcher.train.model.transformer import build_model
 from tests.cli import invoke, said
 
 pytestmark = pytest.mark.unit
@@ -121,7 +121,7 @@ def test_export_refuses_a_file_swapped_between_verify_and_load(
 def test_init_from_refuses_a_file_swapped_between_verify_and_load(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher.train.init_from import InitFromError, load_state
+    from launcher.train.checkpoint.init_from import InitFromError, load_state
 
     monkeypatch.setenv("LLMTRAIN_CHECKPOINT_KEY", KEY)
     run = make_run(tmp_path, kind)
@@ -200,7 +200,7 @@ def test_export_of_a_file_swapped_at_its_first_close_loads_only_verified_bytes(
 
 
 def test_verified_files_refuse_unlisted_and_changed_files(tmp_path: Path) -> None:
-    from launcher.train.safe_load import CheckpointFiles, UnsafeCheckpointError
+    from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
 
     run = make_run(tmp_path, "deepspeed", steps=(3,))
     folder = run / "checkpoints" / "step_00000003"

@@ -23,10 +23,10 @@ MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=12
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An export of the MODEL shape (config.json + model.safetensors), made once."""
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
     from launcher.export.hf_files import write_hf_folder
     from launcher.export.hf_layout import hf_config, to_hf
-    from launcher.train.model import build_model
+    from launcher.train.model.transformer import build_model
 
     m = compose_config(MODEL).config.model
     out = tmp_path_factory.mktemp("hf") / "model"

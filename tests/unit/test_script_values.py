@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
 from launcher.verdict import assess
 

@@ -13,7 +13,7 @@ import typer
 from click.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.launch.preflight import hardware_problems
 from launcher.verdict import assess
 

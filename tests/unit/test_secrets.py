@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.secrets import (
     REDACTED,
     SECRET_WORDS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.errors import ConfigError
 from tests.cli import invoke
 

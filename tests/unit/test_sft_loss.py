@@ -1,4 +1,4 @@
-"""The masked loss and document masking on the real model (launcher/train/model.py)."""
+"""The masked loss and document masking on the real model (launcher/train/model/transformer.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from launcher.config.schema import ModelConfig  # noqa: E402
-from launcher.train.chunked_loss import chunked_cross_entropy  # noqa: E402
-from launcher.train.masked_loss import IGNORE_INDEX, loss_divisor, masked_loss, unpack  # noqa: E402
-from launcher.train.model import build_model  # noqa: E402
+from launcher.train.finetune.masked_loss import IGNORE_INDEX, loss_divisor, masked_loss, unpack  # noqa: E402
+from launcher.train.model.chunked_loss import chunked_cross_entropy  # noqa: E402
+from launcher.train.model.transformer import build_model  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

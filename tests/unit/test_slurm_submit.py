@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.render.artifacts import render_artifacts, write_artifacts
 from launcher.render.sbatch import RenderError, render_sbatch
 from tests.cli import invoke

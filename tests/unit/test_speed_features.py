@@ -3,7 +3,7 @@ cuda_graph_scope, overlap_param_gather_with_optimizer_step, fp8_scaling, moe_per
 moe_router_fusion) and Megatron-FSDP's buffers: Megatron's own refusals (exit 2 naming the key),
 the flags rendered, torch refusing the Megatron-only keys, and each priced by what it removes or
 adds. Expected values by hand from the formulas' sources (launcher/plan/speed_features.py,
-launcher/plan/megatron_fsdp.py)."""
+launcher/plan/memory/megatron_fsdp.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.megatron_fsdp import megatron_fsdp_buffers, whole_units
-from launcher.plan.memory import stage_activations, stage_buffers
+from launcher.plan.memory.estimate import stage_activations, stage_buffers
+from launcher.plan.memory.megatron_fsdp import megatron_fsdp_buffers, whole_units
 from launcher.plan.planner import hardware_view, make_plan
 from launcher.plan.speed_features import KERNEL_GAP_GRAPHED_S, KERNEL_GAP_S
-from launcher.plan.timing import stage_compute_parts
+from launcher.plan.timing.estimate import stage_compute_parts
 from launcher.render.megatron_args import megatron_args
 
 pytestmark = pytest.mark.unit
@@ -163,7 +163,7 @@ def test_current_scaling_adds_one_read_per_fp8_cast() -> None:
     hw = hardware_view(delayed)
     d = stage_compute_parts(delayed, derive_layout(delayed), hw, 0)
     c = stage_compute_parts(current, derive_layout(current), hw, 0)
-    from launcher.plan.fitted import constants
+    from launcher.plan.calibration.fitted import constants
 
     k = constants(hw.arch)
     tokens = delayed.model.seq_length * derive_layout(delayed).micro_batch_size
@@ -246,7 +246,7 @@ def test_param_gather_beside_the_optimizer_step_hides_more() -> None:
     over = make_plan(cfg(*base, "backend.overlap_param_gather_with_optimizer_step=true"))
     gather = next(c for c in plain.time.collectives if c.name == "parameter all-gather")
     gather_on = next(c for c in over.time.collectives if c.name == "parameter all-gather")
-    from launcher.plan.fitted import constants
+    from launcher.plan.calibration.fitted import constants
 
     cost = constants("hopper").overlap_cost
     hidden_more = plain.time.optimizer_s / 2
@@ -263,7 +263,7 @@ def test_fused_cross_entropy_moves_six_bytes_a_logit_not_thirty() -> None:
     last = layout.pp - 1
     p = stage_compute_parts(plain, layout, hw, last)
     f = stage_compute_parts(fused, layout, hw, last)
-    from launcher.plan.fitted import constants
+    from launcher.plan.calibration.fitted import constants
 
     k = constants(hw.arch)
     scale = k.bytes_factor * k.compile_bytes / (hw.hbm_gbps * 1e9)

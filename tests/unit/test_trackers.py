@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
-from launcher.train.trackers import numeric, problems, run_id, without_credentials
+from launcher.config.composition.compose import compose_config
+from launcher.train.reporting.trackers import numeric, problems, run_id, without_credentials
 
 pytestmark = pytest.mark.unit
 

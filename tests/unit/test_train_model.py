@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from launcher import resources
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
-from launcher.train.init_weights import init_weights
-from launcher.train.model import (
+from launcher.train.model.init_weights import init_weights
+from launcher.train.model.transformer import (
     Attention,
     MLAttention,
     MoE,
@@ -294,7 +294,7 @@ def test_selective_saves_every_other_product_and_the_attention_kernel() -> None:
     # and recomputes the rest (the gradients equal: test_recompute_matches_no_recompute).
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    from launcher.train.selective_checkpoint import SAC_KEPT, SAC_MATMULS, selective_policy
+    from launcher.train.model.selective_checkpoint import SAC_KEPT, SAC_MATMULS, selective_policy
 
     block = build_model(TINY_LLAMA, seed=5).layers["0"]
     decisions: dict[bool, list[tuple[str, bool]]] = {False: [], True: []}

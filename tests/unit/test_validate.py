@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.config.layout import auto_split, derive_layout
 from launcher.validate.rules import RULES, Violation, check, divisors, nearest
 

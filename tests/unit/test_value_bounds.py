@@ -13,10 +13,9 @@ from typer.testing import CliRunner
 
 from launcher.cli import app
 from launcher.cli_hints import complete_override
-from launcher.config import key_info
-from launcher.config.allowed import METADATA_KEY
-from launcher.config.schema import LLMTrainConfig
-from launcher.config.schema_keys import field_type
+from launcher.config.schema import LLMTrainConfig, key_info
+from launcher.config.schema.allowed import METADATA_KEY
+from launcher.config.schema.keys import field_type
 from launcher.validate.values import value_problems
 
 pytestmark = pytest.mark.unit

@@ -183,7 +183,7 @@ def test_validate_and_dry_runs_agree_on_every_case(monkeypatch: pytest.MonkeyPat
     # The three commands compose the same overrides: compose each once (the real composition,
     # memoised in memory) so that a cold compose cache costs ~200 compositions, not ~600.
     from launcher import verdict
-    from launcher.config.compose import compose_config
+    from launcher.config.composition.compose import compose_config
 
     memo: dict[tuple[str, ...], Any] = {}
 

@@ -10,7 +10,7 @@ import re
 import pytest
 from rich.console import Console
 
-from launcher.config.compose import compose_config
+from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.plan.schedule import bubble_fraction, timeline
 from launcher.views.plan import render_plan
@@ -103,7 +103,7 @@ def test_interleaved_timeline_has_the_published_bubble() -> None:
 def test_show_sources_at_80_columns_cuts_nothing() -> None:
     # At 80 columns the three-column table cut sources to `backend/torc…`; now each source is a
     # heading with its keys below it: no line over 80, nothing elided, every key once.
-    from launcher.config.provenance import value_sources
+    from launcher.config.composition.provenance import value_sources
     from launcher.views.config import flatten, show_config
 
     composed = compose_config(["recipe=llama3-70b", "parallel.tp=4"])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.compose import compose_config
-from launcher.config.provenance import value_sources
+from launcher.config.composition.compose import compose_config
+from launcher.config.composition.provenance import value_sources
 from launcher.data.prepare import prepare
 from launcher.verdict import assess
 

@@ -7,8 +7,8 @@ cadence.
 Data contract: each optimizer step, every rank calls ``step`` with the token rows of its
 data-parallel shard: a LongTensor of shape [grad_accum * micro_batch_size, seq_length + 1]
 (inputs are row[:-1], targets row[1:]), or for fine-tuning data [.., 3, seq_length + 1]: tokens,
-trained-target flags and packed examples' ids (``launcher.train.masked_loss``; the loss is then
-the global mean over trained tokens). Ranks of the same dp index (tensor, pipeline and context
+trained-target flags and packed examples' ids (``launcher.train.finetune.masked_loss``; the loss is
+then the global mean over trained tokens). Ranks of the same dp index (tensor, pipeline and context
 peers) receive the same rows. The engine splits them into micro-batches, accumulates, clips and
 steps the optimizer at ``lr``. The loss it returns is the mean token loss over the whole global
 batch (averaged over dp), identical on every rank.
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from launcher.train.safe_load import CheckpointFiles
+    from launcher.train.checkpoint.safe_load import CheckpointFiles
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class StepResult:
     nonfinite: tuple[str, ...] = ()
     applied: bool = True
     # Targets that carried loss in the global batch (every target of pre-training rows; the
-    # unmasked ones of fine-tuning rows, launcher.train.masked_loss); None: not counted.
+    # unmasked ones of fine-tuning rows, launcher.train.finetune.masked_loss); None: not counted.
     trained_tokens: int | None = None
 
 
@@ -83,7 +83,7 @@ class Engine(ABC):
     def load(self, directory: Path, files: CheckpointFiles) -> None:
         """Restore the state written by `save` (a collective), reading every file through `files`
         (``CheckpointFiles.verified`` of the checkpoint: the bytes its manifest lists, read once;
-        see ``launcher.train.safe_load``)."""
+        see ``launcher.train.checkpoint.safe_load``)."""
 
     @abstractmethod
     def local_tensors(self) -> Iterator[torch.Tensor]:

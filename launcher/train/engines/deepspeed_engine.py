@@ -23,8 +23,9 @@ nothing JIT-builds a fused optimizer on CPU; llmtrain's own schedule sets the le
 every step. Checkpoints are DeepSpeed's own (``save_checkpoint``/``load_checkpoint``).
 
 DeepSpeed 0.19 reads its checkpoint files with ``torch.load(weights_only=False)``, which runs any
-code pickled into them: ``load`` goes through ``launcher.train.safe_load`` (every file read once,
-checked against the signed manifest, read weights-only, before and while DeepSpeed loads).
+code pickled into them: ``load`` goes through ``launcher.train.checkpoint.safe_load`` (every file
+read once, checked against the signed manifest, read weights-only, before and while DeepSpeed
+loads).
 """
 
 from __future__ import annotations
@@ -48,11 +49,17 @@ from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
 from launcher.render.ds_config import runtime_ds_config
-from launcher.train import lora
+from launcher.train.checkpoint.init_from import copy_into
+from launcher.train.checkpoint.safe_load import (
+    CheckpointFiles,
+    deepspeed_loading,
+    read_json,
+    verify_weights_only,
+)
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
-from launcher.train.init_from import copy_into
-from launcher.train.masked_loss import (
+from launcher.train.finetune import lora
+from launcher.train.finetune.masked_loss import (
     LossFn,
     is_chat_rows,
     loss_divisor,
@@ -60,14 +67,8 @@ from launcher.train.masked_loss import (
     trained_tokens,
     unpack,
 )
-from launcher.train.model import Transformer, apply_recompute, build_model
+from launcher.train.model.transformer import Transformer, apply_recompute, build_model
 from launcher.train.optim import build_optimizer, fused_on
-from launcher.train.safe_load import (
-    CheckpointFiles,
-    deepspeed_loading,
-    read_json,
-    verify_weights_only,
-)
 from launcher.validate import finetune_rules
 
 # DeepSpeed 0.19.8 (ZeRO 1-3) calls torch.distributed.all_gather_into_tensor and
@@ -250,8 +251,8 @@ class DeepSpeedEngine(Engine):
         model = build_model(cfg.model, device=engine_device(), seed=seed)
         if init_state is not None:  # train.init_from, before DeepSpeed partitions anything
             copy_into(model, init_state)
-        # finetune=lora|qlora (launcher.train.lora): the base's digest (each rank hashes its
-        # share of the tensors), then the base frozen and the adapters added; the optimizer and
+        # finetune=lora|qlora (launcher.train.finetune.lora): the base's digest (each rank hashes
+        # its share of the tensors), then the base frozen and the adapters added; the optimizer and
         # checkpoints hold the adapters alone (save_checkpoint(exclude_frozen_parameters)).
         if cfg.finetune.name != "full":
             rank, world = self.info.rank, self.info.world_size
@@ -357,7 +358,7 @@ class DeepSpeedEngine(Engine):
 
     def _trained(self, rows: torch.Tensor) -> tuple[int, float | None]:
         """(trained targets in the global batch, each micro-batch's loss divisor; None for
-        pre-training rows), launcher.train.masked_loss's convention."""
+        pre-training rows), launcher.train.finetune.masked_loss's convention."""
         dp = self.info.dp_size
         if not is_chat_rows(rows):
             return rows.shape[0] * (rows.shape[1] - 1) * dp, None

@@ -11,18 +11,19 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    seeded by its name, so a chunk's weights equal those layers in the unsplit model.
    finetune=lora|qlora: after train.init_from's weights are copied in, the base's digest is
    taken (each rank hashing its share) and the base frozen, the target projections wrapped in
-   ``launcher.train.lora.LoRALinear`` (NF4 base weights for qlora); under tp their adapters are
-   sharded like the weight they adapt (``torch_parallelize.adapter_plan``), the optimizer and
+   ``launcher.train.finetune.lora.LoRALinear`` (NF4 base weights for qlora); under tp their adapters
+   are sharded like the weight they adapt (``torch_parallelize.adapter_plan``), the optimizer and
    checkpoints hold the adapters alone (``torch_state.TRAINABLE_OPTIONS``).
 2. Tensor parallel (tp > 1), the torchtitan plan (``torch_parallelize``: which projections are
    Colwise, Rowwise or replicated in dense, MoE and multi-head latent attention blocks).
    Expert parallel (ep > 1): each rank keeps E/ep routed experts of every MoE layer (deleted on
    the meta device, before materialising) and exchanges tokens by all-to-all over "ep"
-   (``launcher.train.expert_parallel``).
+   (``launcher.train.parallel.expert_parallel``).
 3. Context parallel (cp > 1): each cp rank takes its two load-balanced chunks of the rows and the
-   attention runs as ring attention over the "cp" group (``launcher.train.ring_attention``), on
-   the rank's heads under tp (sequence parallel then shards the cp-local sequence).
-   Gradients are averaged over dp x cp together (the "dp_cp" mesh), as Megatron-LM does.
+   attention runs as ring attention over the "cp" group
+   (``launcher.train.parallel.ring_attention``), on the rank's heads under tp (sequence parallel
+   then shards the cp-local sequence). Gradients are averaged over dp x cp together (the "dp_cp"
+   mesh), as Megatron-LM does.
 4. Recompute per train.recompute (``model.apply_recompute``; module names are unchanged).
 5. Data parallel over the "dp" mesh dim (dp x cp with context parallel): zero.stage=0 -> DDP
    (with tp > 1 or pp > 1: gradients all-reduced over dp by the engine after the last
@@ -38,7 +39,7 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
    2000 clean steps); its state is saved with the checkpoint.
    precision=fp8: between steps 1 and 2 (after init, before tp and FSDP) the block projections
-   that gain from fp8 become torchao ``Float8Linear`` (``launcher.train.fp8``; the
+   that gain from fp8 become torchao ``Float8Linear`` (``launcher.train.model.fp8``; the
    precision.fp8_recipe scaling, the parameters unchanged), computed under the same bf16 policy;
    under tp the tensorwise ones take torchao's Float8Colwise/RowwiseParallel, under FSDP2 their
    weights are all-gathered in fp8 (tensorwise) and their scales precomputed after each optimizer
@@ -47,9 +48,9 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    for fp8 and for dense runs of 1,000+ steps): each transformer block is compiled on its own,
    after recompute and before data parallel.
 Loss: with tp = pp = 1 the model's forward computes the loss over chunks of tokens
-(``launcher.train.chunked_loss``, train.chunked_loss); with tp > 1 over logits left split on the
-vocabulary (torch's loss_parallel, as torchtitan under tp); otherwise from full logits.
-MoE experts: grouped GEMMs (``launcher.train.experts``), under ep and tp too.
+(``launcher.train.model.chunked_loss``, train.chunked_loss); with tp > 1 over logits left split on
+the vocabulary (torch's loss_parallel, as torchtitan under tp); otherwise from full logits.
+MoE experts: grouped GEMMs (``launcher.train.model.experts``), under ep and tp too.
 
 Optimizer: AdamW (or Adam), GPT-style weight decay: on parameters with >= 2 dimensions (matmul
 weights and embeddings), none on biases and norm weights. Gradient clipping is on the global norm:
@@ -91,7 +92,8 @@ from launcher.backends.engine_choices import engine_choices
 from launcher.config.layout import Layout, derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.health import nonfinite
-from launcher.train import fp8, lora
+from launcher.train.checkpoint.init_from import copy_into
+from launcher.train.checkpoint.safe_load import CheckpointFiles, read_json
 from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
 from launcher.train.engines.dist import engine_device
@@ -101,25 +103,25 @@ from launcher.train.engines.torch_mesh import build_meshes
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
-from launcher.train.expert_parallel import ExpertParallel
-from launcher.train.init_from import copy_into
-from launcher.train.init_weights import init_weights
-from launcher.train.masked_loss import (
+from launcher.train.finetune import lora
+from launcher.train.finetune.masked_loss import (
     LossFn,
     is_chat_rows,
     loss_divisor,
     trained_tokens,
     unpack,
 )
-from launcher.train.model import (
+from launcher.train.model import fp8
+from launcher.train.model.init_weights import init_weights
+from launcher.train.model.transformer import (
     apply_context_parallel,
     apply_expert_parallel,
     apply_recompute,
     build_model,
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
-from launcher.train.ring_attention import ContextParallel, shard_sequence
-from launcher.train.safe_load import CheckpointFiles, read_json
+from launcher.train.parallel.expert_parallel import ExpertParallel
+from launcher.train.parallel.ring_attention import ContextParallel, shard_sequence
 from launcher.validate import finetune_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -159,8 +161,8 @@ class TorchEngine(Engine):
         self._set_loss(cfg)
         self.chunk_ids = list(range(self.pp_rank, lay.pp * lay.vpp, lay.pp))
         self.init_state = init_state  # train.init_from: copied in before any sharding
-        # finetune=lora|qlora: base frozen, adapters trained (launcher.train.lora); the base
-        # weights' digest is computed before sharding, from this rank's share of them.
+        # finetune=lora|qlora: base frozen, adapters trained (launcher.train.finetune.lora); the
+        # base weights' digest is computed before sharding, from this rank's share of them.
         self.finetune = cfg.finetune.name != "full"
         self.base_digests: dict[str, str] = {}
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
@@ -182,7 +184,8 @@ class TorchEngine(Engine):
     def _set_precision(self, cfg: LLMTrainConfig) -> None:
         """Compute and gradient dtypes, fp8 (its device checked) and the loss scaler."""
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
-        # precision=fp8: the block projections become torchao Float8Linear (launcher.train.fp8).
+        # precision=fp8: the block projections become torchao Float8Linear
+        # (launcher.train.model.fp8).
         self.fp8 = precision_of(cfg) == "fp8"
         if self.fp8:
             problem = fp8.device_problem(self.device, cfg.precision.fp8_emulate)
@@ -203,7 +206,7 @@ class TorchEngine(Engine):
 
     def _set_loss(self, cfg: LLMTrainConfig) -> None:
         """How the loss is computed (launcher.backends.engine_choices)."""
-        # The loss over chunks of tokens, never the full logits (launcher.train.chunked_loss),
+        # The loss over chunks of tokens, never the full logits (launcher.train.model.chunked_loss),
         # where the whole head is on this rank inside the model's forward: not under tp (the
         # head is column-parallel with its logits gathered) nor pp (the schedule computes the
         # loss from the last stage's output); train.chunked_loss=false turns it off.
@@ -412,8 +415,8 @@ class TorchEngine(Engine):
 
     def _trained(self, rows: torch.Tensor) -> tuple[int, float | None]:
         """(trained targets in the global batch, each micro-batch's loss divisor), the divisor
-        None for pre-training rows (launcher.train.masked_loss: a global token-weighted mean).
-        Counted over dp: tp, cp and pp peers hold the same rows."""
+        None for pre-training rows (launcher.train.finetune.masked_loss: a global token-weighted
+        mean). Counted over dp: tp, cp and pp peers hold the same rows."""
         lay = self.layout
         count = trained_tokens(rows).to(torch.int64)
         if not is_chat_rows(rows):

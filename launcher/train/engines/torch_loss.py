@@ -1,7 +1,7 @@
 """The torch engine's cross-entropy on a model's output: on full logits, or, under tensor
 parallel, on logits left split over the vocabulary (torch's loss_parallel, torchtitan's default
 under tp). Where the whole head is on the rank the model computes the loss itself, over chunks of
-tokens (``launcher.train.chunked_loss``), and neither applies.
+tokens (``launcher.train.model.chunked_loss``), and neither applies.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from launcher.train.engines.torch_grads import full
-from launcher.train.masked_loss import masked_loss
+from launcher.train.finetune.masked_loss import masked_loss
 
 
 def full_logits_loss(
     output: torch.Tensor, targets: torch.Tensor, divisor: float | None = None
 ) -> torch.Tensor:
     """The model's fp32 cross-entropy, on full logits (a tied head under tp returns a DTensor);
-    with `divisor`, over trained targets only (launcher.train.masked_loss)."""
+    with `divisor`, over trained targets only (launcher.train.finetune.masked_loss)."""
     return masked_loss(full(output), targets, divisor)
 
 

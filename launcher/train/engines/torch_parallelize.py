@@ -52,8 +52,8 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
-from launcher.train.lora import LoRALinear
-from launcher.train.model import MLP, MLAttention, MoE, Transformer, TransformerBlock
+from launcher.train.finetune.lora import LoRALinear
+from launcher.train.model.transformer import MLP, MLAttention, MoE, Transformer, TransformerBlock
 
 
 class TorchEngineError(ValueError):

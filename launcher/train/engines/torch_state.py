@@ -1,7 +1,8 @@
 """Checkpoint state of the torch engine: what DCP saves and loads in place (the model and
 optimizer state dicts, every layout), and the files beside it (ZeRO-1's per-rank optimizer
 shards, the dynamic loss scaler), as torchtitan's ``checkpoint`` module holds its state. Every
-file is read once through the verified ``CheckpointFiles`` (``launcher.train.safe_load``)."""
+file is read once through the verified ``CheckpointFiles``
+(``launcher.train.checkpoint.safe_load``)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import Optimizer
 
-from launcher.train import fp8
-from launcher.train.engines.torch_parallelize import TorchEngineError
-from launcher.train.safe_load import (
+from launcher.train.checkpoint.safe_load import (
     CheckpointFiles,
     SafeFileSystemReader,
     TensorOnlyLoadPlanner,
@@ -41,11 +40,13 @@ from launcher.train.safe_load import (
     split_non_tensor_state,
     write_non_tensor_state,
 )
+from launcher.train.engines.torch_parallelize import TorchEngineError
+from launcher.train.model import fp8
 
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # finetune=lora|qlora: only what trains (the adapters and their optimizer state); the frozen base
-# comes from train.init_from (its digest is checked beside, launcher.train.lora.BASE_FILE). Not
-# strict on load: the model's frozen entries are absent by design, while DCP refuses any adapter
+# comes from train.init_from (its digest is checked beside, launcher.train.finetune.lora.BASE_FILE).
+# Not strict on load: the model's frozen entries are absent by design, while DCP refuses any adapter
 # entry the checkpoint lacks.
 TRAINABLE_OPTIONS = StateDictOptions(
     flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False
@@ -83,7 +84,7 @@ def chunk_keys(
     and the map back to the ModuleList's keys. Several pipeline chunks merge into one state per
     rank, as torchtitan's ``ModelWrapper`` / ``OptimizersContainer`` merge theirs
     (torchtitan/components/checkpoint.py): the checkpoint holds the model's own parameter names
-    (what ``launcher.train.consolidate`` reads back), whatever the pipeline split."""
+    (what ``launcher.train.checkpoint.consolidate`` reads back), whatever the pipeline split."""
     if len(parts) == 1:
         return state, {}
     merged: dict[str, dict[str, Any]] = {}

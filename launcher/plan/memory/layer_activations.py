@@ -1,0 +1,156 @@
+"""Activation bytes one transformer layer stores for its backward, per token: Korthikanti et al.
+2022 ("Reducing Activation Recomputation in Large Transformer Models"), generalised term by term
+to GQA, MLA, SwiGLU and MoE, with the recompute modes of plan/recompute.py, fp8 inputs and
+torch.compile's rematerialisation. Megatron-Core's layer is counted tensor by tensor in
+plan/memory/mcore_activations.py instead (plan/memory/stage_activations.py picks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config.schema import LLMTrainConfig
+from launcher.plan.model_shape import ModelShape
+from launcher.plan.recompute import resolve as resolve_recompute
+
+
+def uses_dropout(cfg: LLMTrainConfig) -> bool:
+    """Dropout masks are kept (1 byte each) and traffic paid when either dropout is on."""
+    return cfg.model.attention_dropout > 0 or cfg.model.hidden_dropout > 0
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Bytes per token of one layer: `replicated` is split over tp only with sequence parallelism,
+    `sharded` always over tp; `scores` is the s^2 part per token and key, split over tp."""
+
+    replicated: float
+    sharded: float
+    scores: float
+
+
+def layer_activation_terms(
+    shape: ModelShape,
+    *,
+    recompute: str,
+    attention: str,
+    moe: bool,
+    dropout: bool,
+    fp8: bool = False,
+    compiled: bool = False,
+) -> ActivationTerms:
+    """Activation bytes per token stored by one transformer layer for its backward pass.
+
+    Korthikanti et al. 2022, section 4.1, term by term (16-bit activations, 1-byte dropout masks),
+    written for general head counts and MLPs. For GPT (MHA, GELU MLP of 4h, dropout) it gives
+    34 s b h + 5 a s^2 b; with TP t: s b h (10 + 24/t + 5 a s/(h t)); with sequence parallel:
+    s b h (34 + 5 a s/h) / t (their equations 1-3).
+
+    `compiled`: the block runs under torch.compile (EngineChoices.compiled_blocks). AOTAutograd's
+    min-cut partitioner (torch/_functorch/partitioners.py, min_cut_rematerialization_partition)
+    saves the inputs of cheap point-wise chains and recomputes their outputs in the backward: the
+    MLP's activation output (and SwiGLU's product, the FC2 input) are recomputed from the FC1
+    outputs, which are kept, so the MLP keeps 2f (GELU) or 4f (SwiGLU) bytes per token, not 4f /
+    8f. (On one H100 llama3-1b at seq 8192 peaked 4.06 GiB lower compiled than eager; this rule
+    says 4.0 GiB: 16 layers x 8,192 tokens x 4 bytes x 8,192. A check, nothing fitted.)
+    """
+    m = shape.model
+    h = m.hidden_size
+    heads = m.num_attention_heads
+    if shape.is_mla:
+        q_dim = k_dim = heads * (shape.head_dim + shape.rope_dim)
+        v_dim = o_dim = heads * shape.v_dim
+    else:
+        q_dim = o_dim = heads * shape.head_dim
+        k_dim = v_dim = shape.kv_heads * shape.head_dim
+    mask = 1.0 if dropout else 0.0
+    # The MLP's stored intermediates per token: GELU keeps fc1's output and the GELU output (4f);
+    # SwiGLU keeps gate, up, silu(gate) and their product (8f; measured by Megatron's
+    # get_training_info for its fused bias_swiglu too).
+    per_f = 8.0 if m.activation == "swiglu" else 4.0
+    if compiled:
+        per_f /= 2.0
+    if moe:
+        f_e = m.moe_ffn_hidden_size or m.ffn_hidden_size
+        k = (m.moe_top_k or 1) + m.moe_shared_experts
+        # Each of top_k + shared expert copies keeps its input (2h) and intermediates; the router
+        # keeps fp32 logits and probabilities (2 * 4 E); the combine keeps the expert outputs (2h).
+        mlp_shr = k * (2.0 * h + per_f * f_e + 2.0 * h) + 8.0 * (m.num_experts or 0)
+        mlp_out = 2.0 * h
+    else:
+        mlp_shr = per_f * m.ffn_hidden_size
+        mlp_out = 2.0 * h
+    # Eager attention stores softmax output (2), dropout mask (1) and dropout output (2) per score.
+    score_bytes = (5.0 if dropout else 2.0) * heads if attention == "eager" else 0.0
+    lse = 4.0 * heads if attention == "flash" else 0.0  # flash keeps fp32 log-sum-exp per head
+    # plan.recompute's modes ("selective": op with flash attention, core with eager).
+    mode = resolve_recompute(recompute, attention == "eager")
+    if mode == "full":
+        # Only the layer input survives the forward (checkpoint boundary).
+        return ActivationTerms(replicated=2.0 * h, sharded=0.0, scores=0.0)
+    if mode == "op":
+        # Op-level selective checkpointing (PyTorch SAC, torchtitan's "op" policy): the layer input,
+        # the attention output (+lse) and every other matmul output are saved; norms, activation
+        # functions and the other matmuls are recomputed.
+        mlp_mm = 2.0 * (m.ffn_hidden_size * (2 if m.activation == "swiglu" else 1))
+        if moe:
+            mlp_mm = mlp_shr / 2.0
+        half = 0.5 * (2.0 * (q_dim + k_dim + v_dim) + mlp_mm)
+        return ActivationTerms(
+            replicated=2.0 * h + 0.5 * (2.0 * h + mlp_out),
+            sharded=2.0 * o_dim + lse + half,
+            scores=0.0,
+        )
+    # Norm inputs (2 x 2h), QKV and MLP inputs (2 x 2h), dropout masks after attention and MLP.
+    replicated = 4.0 * h + 4.0 * h + 2.0 * mask * h
+    # Q, K, V for the score and value products, the attention output (projection input).
+    sharded = 2.0 * (q_dim + k_dim + v_dim + o_dim) + lse + mlp_shr
+    if mode == "core" and attention == "flash":
+        # The attention core checkpointed: its inputs q, k, v are kept (by the checkpoint, as
+        # the kernel kept them) and its output by the output projection; only the fp32
+        # log-sum-exp is not (Megatron-Core's core_attn; llmtrain's MoE blocks).
+        sharded -= lse
+    if fp8:
+        # fp8 training saves each linear layer's input in fp8 for its weight gradient
+        # (Transformer Engine; torchao Float8Linear): QKV and FC1 inputs (h each), the output
+        # projection's input (o_dim) and FC2's input (f per routed copy) at 1 byte, not 2.
+        # Compiled, FC2's input is recomputed (above), so there is none to hold in fp8.
+        f_in = 0 if compiled else m.ffn_hidden_size
+        if moe and not compiled:
+            f_in = (m.moe_ffn_hidden_size or m.ffn_hidden_size) * (
+                (m.moe_top_k or 1) + m.moe_shared_experts
+            )
+        replicated -= 2.0 * h
+        sharded -= o_dim + f_in
+    scores = 0.0 if mode == "core" else score_bytes
+    return ActivationTerms(replicated=replicated, sharded=sharded, scores=scores)
+
+
+def layer_activation_bytes(
+    shape: ModelShape,
+    *,
+    micro_batch: int,
+    seq: int,
+    tp: int,
+    cp: int,
+    recompute: str,
+    attention: str,
+    moe: bool,
+    sequence_parallel: bool,
+    dropout: bool,
+    fp8: bool = False,
+    compiled: bool = False,
+) -> float:
+    """Bytes one layer keeps for one micro-batch on one GPU (tokens split over cp)."""
+    t = layer_activation_terms(
+        shape,
+        recompute=recompute,
+        attention=attention,
+        moe=moe,
+        dropout=dropout,
+        fp8=fp8,
+        compiled=compiled,
+    )
+    tokens = micro_batch * seq / max(1, cp)
+    rep = t.replicated / (tp if sequence_parallel else 1)
+    # Each local query token scores against all s keys (ring attention with cp).
+    return tokens * (rep + t.sharded / tp + t.scores * seq / tp)

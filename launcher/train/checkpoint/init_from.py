@@ -1,0 +1,189 @@
+"""``train.init_from=DIR``: start a fresh run (step 0, fresh optimizer) from existing weights.
+
+DIR is a Hugging Face folder as ``llmtrain export`` writes it (config.json + safetensors), a run
+directory (its newest checkpoint that verifies), or one checkpoint folder (``step_XXXXXXXX``,
+which must verify). The weights are mapped to llmtrain's names (``hf_layout.from_hf``, or read
+back whole by ``export.consolidate``) and must match the configured model exactly: every
+parameter present with its shape, nothing left over. ``problems`` says what differs (key and
+both shapes) from the shapes alone, without reading the data (``preflight`` calls it before any
+process starts); ``load_state`` reads the tensors (each rank, in the trainer). A run that has
+checkpoints of its own resumes from them instead (the trainer logs that init_from is ignored).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from launcher import bounded_read
+from launcher.config.schema import LLMTrainConfig, ModelConfig
+
+KEY = "train.init_from"
+
+
+class InitFromError(ValueError):
+    """The weights in train.init_from cannot start this model (the message says why)."""
+
+
+def _kind(path: Path) -> str:
+    if path.is_symlink() and not path.resolve().is_dir():
+        raise InitFromError(f"{KEY}={path}: a dangling symbolic link")
+    if not path.is_dir():
+        raise InitFromError(
+            f"{KEY}={path}: no such folder; give a Hugging Face model folder (llmtrain export), "
+            "a run directory or a checkpoint folder"
+        )
+    if (path / "config.json").is_file():
+        return "hf"
+    if (path / "manifest.json").is_file():
+        return "checkpoint"
+    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+        return "run"
+    raise InitFromError(
+        f"{KEY}={path}: neither a Hugging Face model folder (config.json + safetensors), a run "
+        "directory (config.yaml + checkpoints/) nor a checkpoint folder (manifest.json)"
+    )
+
+
+def _checkpoint(path: Path, kind: str) -> Path:
+    """The checkpoint folder (step_XXXXXXXX) to read: `path`, or a run's newest that verifies."""
+    from launcher.train.checkpoint.store import latest_valid, verify
+
+    if kind == "checkpoint":
+        problem = verify(path)
+        if problem is not None:
+            raise InitFromError(f"{KEY}={path}: checkpoint refused: {problem}")
+        return path
+    found = latest_valid(path / "checkpoints")
+    if found is None:
+        raise InitFromError(f"{KEY}={path}: the run has no checkpoint that verifies")
+    return found.path
+
+
+def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
+    """The folder's tensors; with `meta`, shape-only stand-ins (nothing read but the headers,
+    each checked against its file: launcher.export.safetensors_header)."""
+    from launcher.export.hf_files import INDEX_FILE, SINGLE_FILE, read_hf_folder
+    from launcher.export.safetensors_header import read_header
+
+    if not meta:
+        return read_hf_folder(path)[0]
+    if (path / SINGLE_FILE).is_file():
+        files = [path / SINGLE_FILE]
+    elif (path / INDEX_FILE).is_file():
+        try:  # bounded: an index is a few MB at most; a FIFO or a huge file is refused
+            index = bounded_read.read_json(
+                path / INDEX_FILE, max_bytes=64 << 20, follow_symlinks=True
+            )
+            weight_map = index["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InitFromError(f"{KEY}={path}: unreadable {INDEX_FILE} ({exc})") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        raise InitFromError(f"{KEY}={path}: no {SINGLE_FILE} or {INDEX_FILE}")
+    out: dict[str, torch.Tensor] = {}
+    for file in files:
+        if file.resolve().parent != path.resolve():
+            raise InitFromError(f"{KEY}={path}: shard {file.name!r} lies outside the folder")
+        for name, entry in read_header(file).items():
+            out[name] = torch.empty(entry.shape, device="meta")
+    return out
+
+
+def _read(path: Path, m: ModelConfig, meta: bool) -> dict[str, torch.Tensor]:
+    from launcher.export.hf_layout import LayoutError, from_hf
+    from launcher.train.checkpoint.consolidate import ConsolidateError, full_state, shapes
+    from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
+    from launcher.train.checkpoint.store import ENGINE_DIR
+
+    kind = _kind(path)
+    try:
+        if kind == "hf":
+            return from_hf(_hf_tensors(path, meta), m)
+        checkpoint = _checkpoint(path, kind)
+        # Every file read once and checked against the manifest (safe_load): what verified is
+        # what loads, even if a file is swapped after `verify` read it.
+        files = CheckpointFiles.verified(checkpoint)
+        engine_dir = checkpoint / ENGINE_DIR
+        if meta:
+            return {
+                k: torch.empty(s, device="meta")
+                for k, s in shapes(engine_dir, m.num_layers, files).items()
+            }
+        return full_state(engine_dir, m.num_layers, files)
+    except (
+        LayoutError,
+        ConsolidateError,
+        UnsafeCheckpointError,
+        KeyError,
+        OSError,
+        ValueError,
+    ) as exc:
+        if isinstance(exc, InitFromError):
+            raise
+        raise InitFromError(f"{KEY}={path}: {exc}") from None
+
+
+def expected_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    from launcher.train.model.transformer import build_model
+
+    model = build_model(m, "meta")
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def mismatches(have: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]]) -> list[str]:
+    """What keeps `have` from loading into a model of shapes `want` (empty: compatible)."""
+    problems = []
+    for key in sorted(want):
+        if key not in have:
+            problems.append(f"{key}: missing from the weights (the model has {list(want[key])})")
+        elif have[key] != want[key]:
+            problems.append(f"{key}: weights {list(have[key])}, model {list(want[key])}")
+    for key in sorted(set(have) - set(want)):
+        problems.append(f"{key}: in the weights ({list(have[key])}), not in the model")
+    return problems
+
+
+def problems(cfg: LLMTrainConfig) -> list[str]:
+    """Why train.init_from cannot start this model (from the shapes alone)."""
+    if cfg.train.init_from is None:
+        return []
+    path = Path(cfg.train.init_from).expanduser()
+    try:
+        have = {k: tuple(v.shape) for k, v in _read(path, cfg.model, meta=True).items()}
+    except InitFromError as exc:
+        return [str(exc)]
+    found = mismatches(have, expected_shapes(cfg.model))
+    if not found:
+        return []
+    shown = found[:5] + ([f"... and {len(found) - 5} more"] if len(found) > 5 else [])
+    return [
+        f"{KEY}={path} does not fit the configured model.*: "
+        + "; ".join(shown)
+        + " (set model.* to the shape the weights were trained with)"
+    ]
+
+
+def load_state(cfg: LLMTrainConfig) -> dict[str, torch.Tensor]:
+    """{llmtrain parameter name: full tensor} of train.init_from, checked against the model."""
+    assert cfg.train.init_from is not None
+    path = Path(cfg.train.init_from).expanduser()
+    state = _read(path, cfg.model, meta=False)
+    found = mismatches({k: tuple(v.shape) for k, v in state.items()}, expected_shapes(cfg.model))
+    if found:
+        raise InitFromError(f"{KEY}={path} does not fit the model: " + "; ".join(found[:5]))
+    return state
+
+
+@torch.no_grad()
+def copy_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> int:
+    """Copy `state` into the (unsharded, materialised) `model`'s parameters and buffers of the
+    same names: a pipeline chunk or an expert-parallel rank takes only the ones it holds."""
+    copied = 0
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name not in state:
+            raise InitFromError(f"{KEY}: the weights lack {name}")
+        tensor.copy_(state[name].to(dtype=tensor.dtype, device=tensor.device))
+        copied += 1
+    return copied

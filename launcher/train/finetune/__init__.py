@@ -1,0 +1,1 @@
+"""Fine-tuning: LoRA/QLoRA adapters, their export, the masked loss of chat rows."""

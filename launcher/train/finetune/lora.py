@@ -1,0 +1,285 @@
+"""LoRA and QLoRA adapters on llmtrain's model (``finetune=lora|qlora``; docs/finetuning.md).
+
+LoRA (Hu et al. 2021, arXiv:2106.09685): a target projection y = W x keeps W frozen and learns a
+low-rank update, y = W x + (alpha / r) * B (A dropout(x)), A [r, in], B [out, r]. A starts as
+PEFT and the paper do (Kaiming-uniform, bound 1/sqrt(in)), B at zero, so training starts from
+the base model exactly. Each A draws from a generator seeded by its name and the run's seed, so a
+pipeline chunk's adapters equal those layers' adapters in the unsplit model.
+
+QLoRA (Dettmers et al. 2023, arXiv:2305.14314): the same adapters over base weights stored in
+NormalFloat-4 (torchao's ``NF4Tensor``: 4-bit codes in blocks of 64 weights, each block's absmax
+scaler quantized to int8 in blocks of 256 scalers with one bf16 factor each), dequantized to the
+compute dtype inside each matmul (torchao's ``linear_nf4``; its backward never forms a weight
+gradient). Every frozen weight that is not a target (embeddings, norms, head) stays in its
+dtype.
+
+Targets (``finetune.targets``), our module names beside Hugging Face Llama's:
+
+| target | module | HF name   |
+|--------|--------|-----------|
+| q      | wq     | q_proj    |
+| k      | wk     | k_proj    |
+| v      | wv     | v_proj    |
+| o      | wo     | o_proj    |
+| gate   | w1     | gate_proj (swiglu MLP only) |
+| up     | w3     | up_proj   (swiglu; w1 with a GELU MLP, which has no gate) |
+| down   | w2     | down_proj |
+
+The model has no fused qkv projection. Adaptable: the dense blocks' attention and MLP
+projections. Not adaptable (refused by ``launcher.validate.finetune_rules``): MoE experts (their
+weights are grouped GEMM tensors, ``launcher.train.model.experts``, not linears) and multi-head
+latent attention's projections.
+
+Names: an adapted module ``layers.0.attention.wq`` becomes a ``LoRALinear`` holding ``base``
+(the frozen linear), ``lora_a`` and ``lora_b``; ``merged_state`` and ``adapter_state`` give the
+state under the plain model's names (``...wq.weight``) and the adapters alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from launcher.config.schema import FinetuneConfig, ModelConfig
+
+# finetune.targets -> the projection's module name in attention / the MLP.
+ATTENTION_TARGETS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo"}
+ALL_LINEAR = "all-linear"
+ADAPTER_PREFIX = "lora_"
+
+
+def mlp_targets(m: ModelConfig) -> dict[str, str]:
+    """The MLP's targets and module names: gate/up/down with swiglu, up/down with GELU."""
+    if m.activation == "swiglu":
+        return {"gate": "w1", "up": "w3", "down": "w2"}
+    return {"up": "w1", "down": "w2"}
+
+
+def target_modules(m: ModelConfig, targets: list[str]) -> dict[str, str]:
+    """{target: module name} the model has for `targets` (all-linear: every one); unknown or
+    absent targets are left out (``finetune_rules`` names them)."""
+    known = {**{k: f"attention.{v}" for k, v in ATTENTION_TARGETS.items()}}
+    known.update({k: f"feed_forward.{v}" for k, v in mlp_targets(m).items()})
+    if ALL_LINEAR in targets:
+        return known
+    return {t: known[t] for t in targets if t in known}
+
+
+def is_adapter(name: str) -> bool:
+    """A parameter name of an adapter (trained) rather than of the base model (frozen)."""
+    return f".{ADAPTER_PREFIX}" in name or name.startswith(ADAPTER_PREFIX)
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear (plain, or with its weight in NF4) plus its trainable low-rank update."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float, nf4: bool):
+        super().__init__()
+        self.base = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.rank, self.scale, self.nf4 = rank, alpha / rank, nf4
+        device = base.weight.device
+        self.lora_a = nn.Linear(self.in_features, rank, bias=False, device=device)
+        self.lora_b = nn.Linear(rank, self.out_features, bias=False, device=device)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.nf4:
+            from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4
+
+            out: torch.Tensor = linear_nf4(x, self.base.weight)
+            if self.base.bias is not None:
+                out = out + self.base.bias.to(out.dtype)
+        else:
+            out = self.base(x)
+        update: torch.Tensor = self.lora_b(self.lora_a(self.dropout(x)))
+        return out + update * self.scale
+
+    @torch.no_grad()
+    def reset_adapters(self, seed: int) -> None:
+        """A: Kaiming-uniform (a = sqrt(5), bound 1/sqrt(in), as nn.Linear and PEFT); B: zero."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        values = torch.empty(self.lora_a.weight.shape, dtype=self.lora_a.weight.dtype)
+        values.uniform_(-bound, bound, generator=torch.Generator().manual_seed(seed))
+        self.lora_a.weight.copy_(values)
+        self.lora_b.weight.zero_()
+
+    def merged_weight(self) -> torch.Tensor:
+        """W + (alpha / r) * B @ A in fp32 (the weight the merged export writes)."""
+        weight = dequantized(self.base.weight).float()
+        return weight + self.scale * (self.lora_b.weight.float() @ self.lora_a.weight.float())
+
+
+def dequantized(weight: torch.Tensor) -> torch.Tensor:
+    """An NF4 weight back in its original dtype; any other tensor as it is."""
+    get = getattr(weight, "get_original_weight", None)
+    return cast(torch.Tensor, get()) if callable(get) else weight
+
+
+def _seed(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(f"{name}.lora_a".encode())) % (2**63 - 1)
+
+
+def adapted(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
+    for name, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            yield name, module
+
+
+@torch.no_grad()
+def apply_lora(
+    model: nn.Module, m: ModelConfig, ft: FinetuneConfig, seed: int, frozen_dtype: torch.dtype
+) -> int:
+    """Freeze `model` and put adapters on its target projections (in place); returns how many.
+
+    Frozen weights are cast to `frozen_dtype` (bf16 for bf16 training on a GPU, fp32 on the CPU;
+    the adapters stay fp32, the optimizer's master weights); with qlora the target projections'
+    weights become NF4 (from the weights as loaded)."""
+    names = set(target_modules(m, list(ft.targets)).values())
+    nf4 = ft.name == "qlora"
+    for param in model.parameters():
+        param.requires_grad_(False)
+    count = 0
+    for block_name, block in list(model.named_modules()):
+        for rel in names:
+            owner_name, _, leaf = rel.rpartition(".")
+            owner = block.get_submodule(owner_name) if _has(block, owner_name) else None
+            linear = getattr(owner, leaf, None) if owner is not None else None
+            if not isinstance(linear, nn.Linear) or not block_name.startswith("layers."):
+                continue
+            if block_name.count(".") != 1:  # a transformer block: "layers.N"
+                continue
+            if nf4:
+                from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+                weight = linear.weight.detach().to(torch.bfloat16)
+                linear.weight = nn.Parameter(to_nf4(weight), requires_grad=False)
+            else:
+                linear.to(frozen_dtype)
+            wrapped = LoRALinear(linear, ft.rank, ft.alpha, ft.dropout, nf4)
+            wrapped.reset_adapters(_seed(seed, f"{block_name}.{rel}"))
+            setattr(owner, leaf, wrapped)
+            count += 1
+    for name, param in model.named_parameters():
+        if is_adapter(name):
+            param.requires_grad_(True)
+        elif param.dtype.is_floating_point and param.dtype != frozen_dtype and not nf4_param(param):
+            param.data = param.data.to(frozen_dtype)
+    return count
+
+
+def nf4_param(param: torch.Tensor) -> bool:
+    return callable(getattr(param, "get_original_weight", None))
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name in the plain model: ``...wq.base.weight`` -> ``...wq.weight``."""
+    return name.replace(".base.", ".")
+
+
+@torch.no_grad()
+def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The plain model's state dict with every adapter merged into its weight (fp32 for adapted
+    weights, each other tensor in its own dtype)."""
+    out: dict[str, torch.Tensor] = {}
+    merged = {f"{name}.weight": mod.merged_weight() for name, mod in adapted(model)}
+    for name, tensor in model.state_dict().items():
+        if is_adapter(name):
+            continue
+        plain = plain_name(name)
+        out[plain] = merged.get(plain, dequantized(tensor))
+    return out
+
+
+def merge_adapters(
+    base: Mapping[str, torch.Tensor], adapters: Mapping[str, torch.Tensor], scale: float
+) -> dict[str, torch.Tensor]:
+    """`base` (the plain model's names) with W + scale * B @ A for each adapter pair in
+    `adapters` (``...wq.lora_a.weight``, ``...wq.lora_b.weight``), in fp32."""
+    out = dict(base)
+    for name in adapters:
+        if not name.endswith(".lora_a.weight"):
+            continue
+        stem = name[: -len(".lora_a.weight")]
+        a, b = adapters[name].float(), adapters[f"{stem}.lora_b.weight"].float()
+        key = f"{stem}.weight"
+        out[key] = base[key].float() + scale * (b @ a)
+    return out
+
+
+def base_digest(named: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """sha256 of each frozen tensor's bytes (name -> hex), for ``combined_digest``."""
+    out: dict[str, str] = {}
+    for name, tensor in named.items():
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        out[plain_name(name)] = hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()
+    return out
+
+
+def combined_digest(per_tensor: Mapping[str, str]) -> str:
+    """One sha256 over the per-tensor digests in name order: the base weights' identity,
+    whatever layout holds them (a pipeline chunk's names are the unsplit model's)."""
+    text = "".join(f"{k}={per_tensor[k]}\n" for k in sorted(per_tensor))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def trainable_summary(model: nn.Module) -> dict[str, Any]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return {"trainable": trainable, "total": total}
+
+
+# In a checkpoint's engine folder (rank 0): which base weights its adapters apply to.
+BASE_FILE = "base_weights.json"
+
+
+def gathered_digest(mine: Mapping[str, str]) -> str:
+    """``combined_digest`` over the union of every rank's per-tensor digests (a collective):
+    each rank hashes its share of the frozen tensors it holds (``share``)."""
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, dict(mine))
+    union: dict[str, str] = {}
+    for part in everyone:
+        union.update(part)
+    return combined_digest(union)
+
+
+def base_record(ft: FinetuneConfig, digest: str, init_from: str | None) -> dict[str, Any]:
+    """The contents of BASE_FILE."""
+    return {
+        "finetune": ft.name,
+        "rank": ft.rank,
+        "alpha": ft.alpha,
+        "targets": list(ft.targets),
+        "base_sha256": digest,
+        "base": init_from or "random init (train.seed)",
+    }
+
+
+def base_problem(saved: Any, digest: str) -> str | None:
+    """Why a checkpoint's adapters cannot resume on these base weights (None: they can)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("base_sha256"), str):
+        return f"{BASE_FILE}: not a base-weights record written by llmtrain"
+    if saved["base_sha256"] != digest:
+        return (
+            f"the checkpoint's adapters were trained on base weights {saved['base_sha256'][:16]} "
+            f"({saved.get('base')}), but this run's base is {digest[:16]}: set train.init_from "
+            "to the base the adapters were trained on"
+        )
+    return None

@@ -1,0 +1,1 @@
+"""Parallelism inside the model: expert parallel all-to-all, context parallel ring attention."""
