@@ -1,6 +1,7 @@
 """Fuzz the command line with thousands of generated bad overrides and config files.
 
     python bench/fuzz_cli.py [--cases 3000] [--seed 0] [--subprocess 20] [--templates 0]
+        [--headers 0]
     python bench/fuzz_cli.py --only templates --templates 200 [--template-seconds 2]
 
 Uses the strategies of tests/unit/test_fuzz_cli.py (unknown keys, typos, keys under the wrong node,
@@ -9,6 +10,11 @@ bad YAML group files and recipes). Each case runs in this process with one of `v
 `show`, `run` (through typer's runner on the app, or the console entry point), and optionally a few
 in child processes. Prints, per category: cases run, how many exited 2 naming the key, how many were
 valid random text (accepted), and every failure with its input. Exit status 1 if any case failed.
+
+`--headers N` also runs N generated safetensors files (tests/unit/test_fuzz_files.py,
+``safetensors_bytes``: header lengths, dtypes, shapes and offsets that lie, as a regular file, a
+FIFO, a link to /dev/zero, a folder or a sparse file) through `validate train.init_from=`: each
+must end within seconds, exit 0 or 2, print no traceback and change no file.
 
 Measured (2-core CPU box): --cases 3000 --seed 1: 3,020 cases (20 in child processes), all exit 2
 naming the key, 223 s; --cases 5000 --seed 2: 5,030 cases, all exit 2 naming the key, 385 s.
@@ -55,16 +61,38 @@ WEIGHTS = {
 }
 
 
-def load_fuzz_module() -> ModuleType:
+def load_fuzz_module(name: str = "test_fuzz_cli") -> ModuleType:
     sys.path.insert(0, str(ROOT))
-    spec = importlib.util.spec_from_file_location(
-        "test_fuzz_cli", ROOT / "tests" / "unit" / "test_fuzz_cli.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "unit" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["test_fuzz_cli"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def run_headers(cases: int, seed_value: int, tally: Tally) -> None:
+    """`cases` generated safetensors files through `validate train.init_from=` (module doc)."""
+    files = load_fuzz_module("test_fuzz_files")
+    check = files.test_safetensors_headers.hypothesis.inner_test
+
+    @seed(seed_value)
+    @settings(
+        max_examples=cases, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(content=files.safetensors_bytes(), kind=st.sampled_from(files.KINDS))
+    def one(content: bytes, kind: str) -> None:
+        start = time.perf_counter()
+        try:
+            check(content=content, kind=kind)
+        except AssertionError as exc:
+            tally.failed.append(f"[headers] {kind} {content[:80]!r}: {str(exc)[:300]}")
+        else:
+            tally.named["headers"] += 1
+        tally.ran["headers"] += 1
+        tally.seconds["headers"] += time.perf_counter() - start
+
+    one()
 
 
 @dataclass
@@ -84,12 +112,13 @@ def main() -> None:
     parser.add_argument("--only", help="run one category (templates: only --templates)")
     parser.add_argument("--templates", type=int, default=0, help="chat templates to run")
     parser.add_argument("--template-seconds", type=float, default=2.0)
+    parser.add_argument("--headers", type=int, default=0, help="safetensors headers to run")
     args = parser.parse_args()
 
     fuzz = load_fuzz_module()
     tally = Tally()
     weights = {args.only: 1.0} if args.only else WEIGHTS
-    if args.only == "templates":
+    if args.only == "templates" or args.cases == 0:
         weights = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="llmtrain-fuzz-") as tmp:
@@ -106,6 +135,8 @@ def main() -> None:
         if args.templates:
             run_templates(Path(tmp) / "templates", args.templates, args.seed,
                           args.template_seconds, tally)  # fmt: skip
+        if args.headers:
+            run_headers(args.headers, args.seed, tally)
     wall = time.perf_counter() - start
 
     t = tally

@@ -37,6 +37,7 @@ from typing import IO, Any, TypeVar, cast
 FAULT_DISK_FULL_ENV = "LLMTRAIN_FAULT_DISK_FULL"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class UnsafePathError(OSError):
@@ -131,12 +132,17 @@ def write_json_atomic(path: Path, document: Any, root: Path | None = None) -> No
 
 
 def open_append(path: Path, root: Path | None = None, binary: bool = False) -> IO[Any]:
-    """Open a log for appending; a symlink at `path` or above it (inside `root`) is refused."""
+    """Open a log for appending; a symlink at `path` or above it (inside `root`) is refused, and
+    so is anything but a regular file there (a FIFO, a device: opened without blocking, so a FIFO
+    nobody reads never blocks the writer, and one somebody reads is refused by its kind)."""
+    from launcher import bounded_read
+
     path = Path(path)
     check_inside(path, root)
     _inject_fault(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NONBLOCK
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePathError(
@@ -144,6 +150,20 @@ def open_append(path: Path, root: Path | None = None, binary: bool = False) -> I
                 f"{path} is a symbolic link; llmtrain never writes through it",
                 str(path),
             ) from None
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader (or a socket)
+            raise UnsafePathError(
+                errno.ENXIO, f"{path} is not a regular file (a FIFO or socket)", str(path)
+            ) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsafePathError(
+                errno.EINVAL, f"{path} is {bounded_read.kind(mode)}, not a regular file", str(path)
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
         raise
     if binary:
         return os.fdopen(fd, "ab")

@@ -3,6 +3,10 @@
 config.yaml       the resolved configuration the ranks train from
 config.next.yaml  a resume's new configuration: the ranks train from it and rank 0 renames it to
                   config.yaml once the checkpoint loaded (a refused resume leaves config.yaml be)
+config_history.jsonl  the configuration changes resumes accepted, one JSON line each; a resume's
+                  line waits in config_history.next.jsonl and rank 0 appends it just before the
+                  rename above (launcher.config.run_config.accept_resume): a resume that fails
+                  to load records nothing
 plan.json         `llmtrain plan --json` for it (predictions; the MFU denominator)
 ds_config.json    the DeepSpeed config (backend=deepspeed)
 megatron_args.txt Megatron-LM's pretrain_gpt.py arguments for the config (backend=megatron)
@@ -28,6 +32,7 @@ from pathlib import Path
 CONFIG = "config.yaml"
 PENDING_CONFIG = "config.next.yaml"
 CONFIG_HISTORY = "config_history.jsonl"  # configuration changes accepted on resume
+PENDING_HISTORY = "config_history.next.jsonl"  # a resume's line, until its checkpoint loads
 PLAN = "plan.json"
 DS_CONFIG = "ds_config.json"
 LAUNCH_SCRIPT = "launch.sh"
@@ -47,11 +52,6 @@ LAUNCHER_LOG = "launcher.log"
 COMMAND = "command.json"
 # `run --fresh` beside an existing run NAME starts in NAME-YYYYMMDD-HHMMSS (its run.name is NAME).
 _FRESH_SUFFIX = re.compile(r"-\d{8}-\d{6}")
-
-
-def fresh_name(name: str) -> str:
-    """The folder `--fresh` starts a run of `name` in when `name`'s is taken."""
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def is_fresh_of(folder_name: str, name: str) -> bool:
@@ -77,6 +77,10 @@ class RunDir:
     @property
     def config_history(self) -> Path:
         return self.root / CONFIG_HISTORY
+
+    @property
+    def pending_history(self) -> Path:
+        return self.root / PENDING_HISTORY
 
     @property
     def plan(self) -> Path:
@@ -153,6 +157,19 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.root / LOCK
+
+
+# The longest file name Linux file systems hold (NAME_MAX of <linux/limits.h>: 255 bytes on ext4,
+# xfs, btrfs, tmpfs, NFS). The longest name llmtrain makes from run.name is `--fresh`'s
+# NAME-YYYYmmdd-HHMMSS, so a run name may take what the timestamp leaves.
+NAME_MAX = 255
+FRESH_SUFFIX = "-%Y%m%d-%H%M%S"
+MAX_RUN_NAME_BYTES = NAME_MAX - len(time.strftime(FRESH_SUFFIX, time.gmtime(0)))
+
+
+def fresh_name(name: str, when: float | None = None) -> str:
+    """The folder name `--fresh` gives a new run of `name` when a folder of that name exists."""
+    return name + time.strftime(FRESH_SUFFIX, time.localtime(when))
 
 
 CHECKPOINT_PREFIX = "step_"

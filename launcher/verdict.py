@@ -171,6 +171,7 @@ def with_resume(
     is one more refusal, worded as `run` words it (the changes, the command that resumes the run
     as it was, --allow-config-change, --fresh); a resume, or a new folder for `fresh`, a note."""
     from launcher.launch.local import fresh_dir, run_dir_for
+    from launcher.launch.resume_decision import refusal_before_resume
     from launcher.launch.resume_refusal import Resume, resume_of
     from launcher.render.run_files import LOCAL, SLURM
     from launcher.rundir import RunDir
@@ -187,10 +188,13 @@ def with_resume(
         note = f"{word} would start a new run in a new folder, {fresh_dir(run_dir)} (--fresh)"
         return replace(found, notes=(*found.notes, note))
     mode = LOCAL if command == "run" else SLURM
+    refused = refusal_before_resume(RunDir(run_dir), composed, mode)
     try:
         resume = resume_of(RunDir(run_dir), composed, mode, allow_config_change=allow_config_change)
     except UserError as exc:  # a config.yaml this llmtrain cannot resume from
         resume = Resume([], str(exc))
+    if refused is not None:  # an unreadable run file, checkpoint.resume=false over a run
+        resume = Resume([], str(refused))
     if resume is None:
         return found
     if resume.refusal is not None:

@@ -13,19 +13,21 @@ The rule, the same for every reader:
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from launcher import fsio
+from launcher import fsio, runfiles
 from launcher.config.composition.compose import config_from_values
 from launcher.config.composition.config_file import render_value
 from launcher.config.composition.overrides import override_key
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.schema.keys import dataclass_of, schema_fields
 from launcher.errors import UserError
+from launcher.rundir import RunDir
 
 # Keys that older llmtrain versions wrote and this one no longer has, which never changed how the
 # ranks train: dropped silently when a run is resumed. Key -> why it is harmless.
@@ -253,14 +255,44 @@ def restoring_overrides(overrides: tuple[str, ...], changes: list[Change]) -> li
     return kept + [f"{key}={override_value(value)}" for key, value in back.items()]
 
 
+# --- a resume's staged files (launcher.rundir names them) -------------------------------------
+def accept_resume(run: RunDir) -> None:
+    """Rank 0, once every rank loaded the checkpoint with config.next.yaml: the resume's line
+    (config_history.next.jsonl, written by the launcher) is appended to config_history.jsonl,
+    then config.next.yaml becomes config.yaml, atomically (a rename within the run directory).
+    Appending goes first: a crash between the two records a change that the next resume makes
+    again, never a change left unrecorded. A history that is not a regular file is an OSError
+    (or a ValueError for the staged line): the resume stops, config.yaml as it was."""
+    if os.path.lexists(run.pending_history):
+        line = runfiles.read_bytes(run.pending_history)
+        with fsio.open_append(run.config_history, root=run.root, binary=True) as f:
+            f.write(line if line.endswith(b"\n") else line + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.unlink(run.pending_history)
+    fsio.check_inside(run.config, run.root)
+    os.replace(run.pending_config, run.config)
+    fsio.fsync_dir(run.root)
+
+
+def drop_pending(run: RunDir) -> None:
+    """Remove a resume's staged files (config.next.yaml, config_history.next.jsonl): the resume
+    was refused, failed, or is not one."""
+    for path in (run.pending_config, run.pending_history):
+        if os.path.lexists(path):
+            os.unlink(path)
+
+
 __all__ = [
     "ALLOW_CHANGE_FLAG",
     "HARMLESS_REMOVED",
     "RESUME_FREE",
     "Change",
     "StoredConfig",
+    "accept_resume",
     "changes_trajectory",
     "config_changes",
+    "drop_pending",
     "override_value",
     "read_run_config",
     "read_values",

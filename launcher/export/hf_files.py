@@ -3,7 +3,8 @@
 ``write_hf_folder`` writes into a temporary sibling folder and renames it into place, so a reader
 never sees half an export; ``read_hf_folder`` reads one back (one ``model.safetensors`` or the
 shards its ``model.safetensors.index.json`` lists). safetensors files hold raw tensors and a JSON
-header only: reading them executes nothing.
+header only: reading them executes nothing. Each file's header is checked against the file
+(``launcher.export.safetensors_header``) before the library reads it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from launcher import bounded_read
 from launcher.excerpt import excerpt
+from launcher.export.safetensors_header import read_header
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -99,6 +101,18 @@ def write_hf_folder(
     return sorted(out.iterdir())
 
 
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file `path`, its header checked first (a HeaderError, a
+    ValueError, names what is wrong); what the library still refuses is a ValueError too."""
+    read_header(path)
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # the library's SafetensorError, or an OSError of the mmap
+        raise ValueError(
+            f"{path}: not a readable safetensors file ({type(exc).__name__})"
+        ) from None
+
+
 def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, config.json) of a Hugging Face model folder."""
     folder = Path(folder)
@@ -109,7 +123,7 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     # the Hugging Face cache links snapshots to blobs.
     config = bounded_read.read_json(config_path, max_bytes=1 << 20, follow_symlinks=True)
     if (folder / SINGLE_FILE).is_file():
-        return load_file(str(folder / SINGLE_FILE)), config
+        return _load(folder / SINGLE_FILE), config
     index_path = folder / INDEX_FILE
     if not index_path.is_file():
         raise FileNotFoundError(f"{folder}: neither {SINGLE_FILE} nor {INDEX_FILE}")
@@ -124,7 +138,7 @@ def read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
         shard = (folder / name).resolve()
         if shard.parent != folder.resolve():
             raise ValueError(f"{index_path}: shard {excerpt(name)} lies outside the folder")
-        tensors.update(load_file(str(shard)))
+        tensors.update(_load(shard))
     missing = sorted(set(weight_map) - set(tensors))
     if missing:
         raise ValueError(f"{index_path}: tensors listed but absent: {', '.join(missing[:4])}")

@@ -37,16 +37,12 @@ from typing import IO, Any
 from launcher import fsio, runfiles
 from launcher.backends.common import backend_of
 from launcher.config.composition.compose import Composed
-from launcher.config.run_config import (
-    ALLOW_CHANGE_FLAG,
-    Change,
-    read_run_config,
-)
+from launcher.config.run_config import drop_pending, read_run_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_env
 from launcher.errors import UserError
 from launcher.launch import console, runlock
-from launcher.launch.resume_refusal import resume_of
+from launcher.launch.resume_decision import Decision, decide, history_line
 from launcher.launch.run_outcome import (
     Launch,
     Stops,
@@ -195,10 +191,11 @@ def prepare_run_dir(
     the same bytes `--dry-run` prints). The caller releases ``Prepared.lock`` when the run is
     over (``launch`` keeps it held in torchrun meanwhile).
 
-    A resume whose configuration differs from the run's recorded one in a key that changes the
-    training (``launcher.config.run_config.changes_trajectory``) is refused (exit 2, nothing
-    written) naming each difference and the command that resumes the run as it was, unless
-    `allow_config_change`; accepted differences are appended to config_history.jsonl."""
+    What happens in a folder that may hold a run is decided first, under the lock, before any
+    write (``launcher.launch.resume_decision``): a resume whose configuration changes what is
+    trained is refused (exit 2) naming each difference unless `allow_config_change`, and so are
+    a run file that is not a regular file and checkpoint.resume=false over a run's checkpoints.
+    A resume's accepted changes are staged for rank 0 to record once its checkpoint loaded."""
     cfg = composed.config
     secrets = secret_env(cfg, os.environ)  # a missing secret stops here, before any write
     run = RunDir(choose_run_dir(composed, fresh))
@@ -206,56 +203,30 @@ def prepare_run_dir(
     try:
         if guard is not None:
             guard(run.root)
-        # A refused resume (or one of a run an older llmtrain started, naming the keys this
-        # one does not know) exits 2 before anything is written or started.
-        resume = resume_of(run, composed, mode, allow_config_change=allow_config_change)
-        if resume is not None and resume.refusal is not None:
-            raise UserError(resume.refusal)
-        resuming = resume is not None
-        changes = resume.changes if resume is not None else []
+        decision = decide(run, composed, allow_config_change=allow_config_change, mode=mode)
         place = place_of(cfg, run.root)
         files = run_files(composed, plan_json, mode, place)  # refusals come before any write
         launch = local_launch(cfg, place) if mode == LOCAL else LocalLaunch([], {})
-        _write_run_dir(run, files, resuming)
-        if changes:
-            _record_changes(run, changes)
+        _write_run_dir(run, files, decision)
         return Prepared(run.root, launch.command, launch.env, secrets=secrets, lock=lock)
     except BaseException:
         lock.release()
         raise
 
 
-def _record_changes(run: RunDir, changes: list[Change]) -> None:
-    """Append this resume's configuration changes to the run's config_history.jsonl."""
-    trajectory = [c.key for c in changes if c.trajectory]
-    entry = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "event": "resume",
-        "accepted": ALLOW_CHANGE_FLAG if trajectory else "no change to what is trained",
-        "trajectory_keys": trajectory,
-        "changes": [
-            {"key": c.key, "old": c.old, "new": c.new, "trajectory": c.trajectory} for c in changes
-        ],
-    }
-    try:
-        with fsio.open_append(run.config_history, root=run.root) as f:
-            f.write(json.dumps(entry, sort_keys=False, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    except fsio.UnsafePathError as exc:
-        raise UserError(str(exc.strerror)) from None
-    except OSError as exc:
-        raise UserError(_write_problem(exc, run.root)) from None
-
-
-def _write_run_dir(run: RunDir, files: dict[str, str], resuming: bool) -> None:
+def _write_run_dir(run: RunDir, files: dict[str, str], decision: Decision) -> None:
     try:
         fsio.check_inside(run.logs, run.root)
         run.logs.mkdir(exist_ok=True)
         fsio.check_inside(run.torchrun_log, run.root)  # a planted link: refused before any write
+        drop_pending(run)  # an earlier resume's, never accepted
+        if decision.changes:  # rank 0 appends it once the checkpoint loaded (accept_resume)
+            fsio.write_text_atomic(
+                run.pending_history, history_line(decision.changes), root=run.root
+            )
         for name, text in files.items():
             target = run.root / name
-            if name == CONFIG and resuming:
+            if name == CONFIG and decision.resuming:
                 # A resume: config.yaml (which export and show read) keeps describing the weights
                 # on disk until the ranks have loaded them with the new configuration; rank 0
                 # then renames this file over it (launcher.train.trainer). A refused resume
@@ -263,8 +234,6 @@ def _write_run_dir(run: RunDir, files: dict[str, str], resuming: bool) -> None:
                 target = run.pending_config
             mode = 0o755 if name in EXECUTABLE else 0o644
             fsio.write_text_atomic(target, text, root=run.root, mode=mode)
-        if not resuming and os.path.lexists(run.pending_config):
-            os.unlink(run.pending_config)
     except fsio.UnsafePathError as exc:
         raise UserError(str(exc.strerror)) from None
     except OSError as exc:

@@ -122,14 +122,29 @@ def _record(lock: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def _for_other_folder(run: RunDir, record: dict[str, Any]) -> bool:
+    """Whether the lock's record says it was taken for another folder than `run`'s: a copy made
+    with hard links shares the live run's lock file (launcher.launch.runlock)."""
+    from launcher.launch.runlock import folder_id
+
+    recorded = record.get("dir_id")
+    if not isinstance(recorded, str) or record.get("host") != socket.gethostname():
+        return False
+    return recorded != folder_id(run.root)
+
+
 def lock_holder(run: RunDir) -> int | None:
-    """The pid of the process that holds the run's lock now, or None."""
+    """The pid of the process that holds the run's lock now (for this folder), or None."""
     if not run.lock.is_file() or run.lock.is_symlink():
         return None
     pid = _kernel_lock_holder(run.lock)
     if pid is not False:
+        if isinstance(pid, int) and _for_other_folder(run, _record(run.lock)):
+            return None
         return pid if isinstance(pid, int) else None
     record = _record(run.lock)
+    if _for_other_folder(run, record):
+        return None
     pid = record.get("pid")
     if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return None
@@ -278,7 +293,9 @@ def _live(run: RunDir) -> bool:
 
 
 def is_run_dir(folder: Path) -> bool:
-    return folder.is_dir() and not folder.is_symlink() and RunDir(folder).config.is_file()
+    """A folder (not a link to one) holding a config.yaml of any kind: one that is not a regular
+    file (a FIFO, a link to /dev/zero) makes the run "unreadable", never invisible."""
+    return folder.is_dir() and not folder.is_symlink() and os.path.lexists(RunDir(folder).config)
 
 
 def list_runs(root: Path) -> list[RunInfo]:
@@ -402,7 +419,7 @@ def log_files(info: RunInfo) -> list[Path]:
     return [*files, run.launcher_log] if run.launcher_log.is_file() else files
 
 
-def _signal_launcher(pid: int, record: dict[str, Any]) -> str | None:
+def _signal_launcher(pid: int, record: dict[str, Any], folder: Path) -> str | None:
     """SIGINT to `pid` when it is proven to be the run's launcher (runlock.why_not_launcher), else
     why not (nothing signalled). The process is pinned by a pidfd first and proven after, so a pid
     reused between the proof and the signal is never hit."""
@@ -415,7 +432,7 @@ def _signal_launcher(pid: int, record: dict[str, Any]) -> str | None:
         except OSError:
             return f"pid {pid} is gone"
     try:
-        problem = runlock.why_not_launcher(pid, record)
+        problem = runlock.why_not_launcher(pid, record, folder)
         if problem is not None:
             return problem
         if pidfd is not None:
@@ -446,7 +463,7 @@ def cancel(info: RunInfo, wait_s: float = 120.0) -> str:
     if pid is None:
         raise UserError(f"run {info.name} is not running ({info.status}); nothing to cancel")
     assert isinstance(pid, int)
-    problem = _signal_launcher(pid, runlock.read_record(run.lock))
+    problem = _signal_launcher(pid, runlock.read_record(run.lock), run.root)
     if problem is not None:
         raise UserError(
             f"run {info.name}: the process holding its lock, pid {pid}, is not proven to be this "

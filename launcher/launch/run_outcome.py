@@ -6,7 +6,6 @@ exit code of a script launched as is)."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import fsio, runfiles
+from launcher.config.run_config import drop_pending
 from launcher.health import DIVERGED, EXIT_DIVERGED
 from launcher.rundir import RunDir, unfinished_checkpoints
 
@@ -168,15 +168,15 @@ def _newer(path: Path, since: float) -> bool:
 def clean_up(run: RunDir, *, owner: bool) -> None:
     """After a run that did not finish: a checkpoint the ranks left half-written (a full disk, a
     rank killed mid-save) is never read again, so it goes now rather than fill the disk until the
-    next save; a staged config.next.yaml the ranks did not accept goes too. Only for the run
-    directory's `owner`: a run whose lock file was deleted or replaced meanwhile may share the
-    folder with another llmtrain, whose files are not ours to remove."""
+    next save; a resume's staged config.next.yaml and history line, which the ranks did not
+    accept, go too. Only for the run directory's `owner`: a run whose lock file was deleted or
+    replaced meanwhile may share the folder with another llmtrain, whose files are not ours to
+    remove."""
     if not owner:
         return
     for unfinished in unfinished_checkpoints(run.checkpoints):
         fsio.remove_tree(unfinished)
-    if os.path.lexists(run.pending_config):  # a resume the ranks did not accept
-        os.unlink(run.pending_config)
+    drop_pending(run)  # a resume the ranks did not accept
 
 
 def raise_stopped(launch: Launch, stops: Stops) -> None:

@@ -18,7 +18,12 @@ proven to be this run's launcher (``why_not_launcher``): the process holding the
 clock ticks after boot) on the recorded boot (/proc/sys/kernel/random/boot_id), and must itself
 hold the token of the record: the launcher keeps an anonymous file (memfd) named after it open for
 the lock's life, which /proc/PID/fd shows. Any other process that takes the flock (``flock LOCK
-sleep 1000``, a script), or a recorded pid reused by another process, is never signalled.
+sleep 1000``, a script), or a recorded pid reused by another process, is never signalled. And the
+process must hold the run folder asked for: the launcher keeps its run directory open (O_DIRECTORY)
+for the lock's life, and cancel looks for that folder (its device and inode) among /proc/PID/fd.
+A lock file is one inode, so a copy of a run folder made with hard links (``cp -al``, ``rsync
+--link-dest``) shares the live run's lock, its record and its holder: only the folder held open
+tells the two folders apart (the record's ``dir_id`` says the same for `status`).
 
 The lock protects nothing once its file is gone: deleted, a second run creates a new one and
 takes it. So the holder hands the lock's identity (its inode and a random token also written in
@@ -82,7 +87,7 @@ def _read_holder(fd: int) -> dict[str, Any]:
     start = holder.get("start")
     if isinstance(start, int) and not isinstance(start, bool) and 0 <= start < 1 << 62:
         clean["start"] = start
-    for key in ("host", "command", "token", "boot"):
+    for key in ("host", "command", "token", "boot", "dir_id"):
         value = holder.get(key)
         if isinstance(value, str) and _PRINTABLE.fullmatch(value):
             clean[key] = value
@@ -190,9 +195,47 @@ def holds_token(pid: int, token: str) -> bool:
     return False
 
 
-def why_not_launcher(pid: int, record: dict[str, Any]) -> str | None:
+def folder_id(folder: Path) -> str | None:
+    """ "DEVICE:INODE" of the folder `folder` (followed if a link), None when it cannot be read."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return None
+    return f"{info.st_dev}:{info.st_ino}"
+
+
+def holds_folder(pid: int, folder: Path) -> bool:
+    """Whether process `pid` holds the folder `folder` open (one of /proc/PID/fd is it)."""
+    wanted = folder_id(folder)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if folder_id(Path(f"/proc/{pid}/fd/{fd}")) == wanted and os.path.isdir(
+                f"/proc/{pid}/fd/{fd}"
+            ):
+                return True
+    return False
+
+
+def _shared_lock_note(folder: Path) -> str:
+    try:
+        links = os.lstat(RunDir(folder).lock).st_nlink
+    except OSError:
+        return ""
+    if links < 2:
+        return ""
+    return (
+        f"; its lock file has {links} hard links, so it is shared with another folder (a copy "
+        "made with cp -al or rsync --link-dest?)"
+    )
+
+
+def why_not_launcher(pid: int, record: dict[str, Any], folder: Path) -> str | None:
     """None when process `pid`, which holds the run's flock, is proven to be the launcher the
-    lock's `record` names (see the module docstring), else why it is not."""
+    lock's `record` names, training in `folder` (see the module docstring), else why not."""
     if record.get("pid") != pid:
         recorded = record.get("pid")
         return f"the lock's record names pid {recorded if recorded else '(none)'}, not {pid}"
@@ -207,6 +250,11 @@ def why_not_launcher(pid: int, record: dict[str, Any]) -> str | None:
         return f"pid {pid} started at another time than the recorded launcher (a reused pid)"
     if not holds_token(pid, record["token"]):
         return f"pid {pid} does not hold the token of the lock's record"
+    if not holds_folder(pid, folder):
+        return (
+            f"pid {pid} is not training in {folder}: it does not hold that folder open"
+            + _shared_lock_note(folder)
+        )
     return None
 
 
@@ -219,6 +267,9 @@ class RunLock:
     inode: int = 0
     # The token's proof (``_token_proof``), open for the lock's life.
     proof_fd: int | None = None
+    # The run directory, open for the lock's life: what proves to `cancel` which folder this
+    # process trains in (``holds_folder``).
+    dir_fd: int | None = None
 
     def identity_env(self) -> dict[str, str]:
         """What the ranks need to check, before each checkpoint, that this lock is still the
@@ -226,15 +277,23 @@ class RunLock:
         return {runfiles.LOCK_ENV: f"{self.inode}:{self.token}"}
 
     def release(self) -> None:
-        if self.proof_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.proof_fd)
-            self.proof_fd = None
+        for fd in (self.proof_fd, self.dir_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.proof_fd = self.dir_fd = None
         with contextlib.suppress(OSError):
             os.ftruncate(self.fd, 0)
         file_lock.unlock(self.fd)
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def _open_folder(folder: Path) -> int | None:
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def acquire(run_dir: Path) -> RunLock:
@@ -264,6 +323,9 @@ def acquire(run_dir: Path) -> RunLock:
         "command": f"llmtrain {sys.argv[1] if len(sys.argv) > 1 else ''}".strip(),
         "cwd": os.getcwd(),
         "token": token,
+        # The folder this lock was taken for (a hard-linked copy's lock names the original).
+        "dir": str(Path(run_dir).resolve()),
+        "dir_id": folder_id(Path(run_dir)),
     }
     lock = RunLock(
         path=path,
@@ -272,6 +334,7 @@ def acquire(run_dir: Path) -> RunLock:
         token=token,
         inode=os.fstat(fd).st_ino,
         proof_fd=_token_proof(token),
+        dir_fd=_open_folder(Path(run_dir)),
     )
     try:
         os.ftruncate(fd, 0)

@@ -41,6 +41,8 @@ def train(run_dir: Path) -> int:
     trainer.setup()
     if trainer.finished:
         trainer.log(f"run already complete: {trainer.start}/{trainer.total} steps")
+        if not os.path.lexists(trainer.run.summary):  # its end could not be written (disk full)
+            trainer.write_summary()
         return 0
     if trainer.interrupt.agreed(trainer.device):  # asked to stop while it was starting
         trainer.log(

@@ -137,6 +137,13 @@ def sample(
         prompt = messages[-1]["content"]
     if not prompt:
         raise UserError("the prompt is empty: give the text to continue")
+    try:  # bytes that are not UTF-8 reach Python's argv as lone surrogates
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(
+            f"the prompt is not UTF-8 text (character {exc.start + 1} stands for a byte that is "
+            "not UTF-8); give the prompt as UTF-8 text"
+        ) from None
     cfg = run_config(run_dir)
     step_done, checkpoint = pick_checkpoint(run_dir, step)
     try:
@@ -147,7 +154,9 @@ def sample(
     if cfg.finetune.name != "full":
         from launcher.train.finetune import lora_export
 
-        state = lora_export.merged(cfg, state, checkpoint / "engine", files)
+        state = lora_export.merged(
+            cfg, state, checkpoint / "engine", files, outcome="nothing was generated"
+        )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(cfg.model, "cpu", seed=cfg.train.seed)
     try:

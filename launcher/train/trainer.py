@@ -29,7 +29,7 @@ from launcher import fsio, runfiles
 from launcher.backends.common import backend_of
 from launcher.config.epoch_rows import epoch_steps
 from launcher.config.layout import Layout, derive_layout
-from launcher.config.run_config import resumable_config
+from launcher.config.run_config import accept_resume, resumable_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
@@ -274,11 +274,9 @@ class Trainer:
         if cfg.checkpoint.resume:
             self._resume()
         if self.rank == 0 and source == run.pending_config:
-            # Resume accepted (every rank loaded the checkpoint): the new configuration becomes
-            # config.yaml, atomically (a rename within the run directory).
-            fsio.check_inside(run.config, run.root)
-            os.replace(source, run.config)
-            fsio.fsync_dir(run.root)
+            # Resume accepted (every rank loaded the checkpoint): its history line is recorded
+            # and the new configuration becomes config.yaml.
+            accept_resume(run)
         self.done = self.start
         self.spikes = LossSpikes(
             cfg.train.loss_spike_window,
@@ -591,6 +589,12 @@ class Trainer:
             self.metrics.close()
         if self.trackers is not None:
             self.trackers.close()
+        return self.write_summary()
+
+    def write_summary(self) -> dict[str, Any]:
+        """summary.json (rank 0; every rank joins the weights digest). Also for a finished run
+        whose summary was never written (the disk filled after its last checkpoint), so that a
+        finished run does not stay "interrupted" for ever."""
         summary = summarize(
             self.cfg,
             self.plan,

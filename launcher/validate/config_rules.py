@@ -14,6 +14,8 @@ from launcher.backends import refusals
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.config.script_values import script_problems
+from launcher.excerpt import excerpt
+from launcher.rundir import MAX_RUN_NAME_BYTES
 from launcher.validate.build_rules import build_memory
 from launcher.validate.chat_rules import chat_problems
 from launcher.validate.finetune_rules import finetune_problems
@@ -164,14 +166,32 @@ def data_sources(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
 
 
 def run_name_problem(name: object) -> str | None:
-    """What is wrong with run.name as a run directory's folder name (None: fine). `run` and
-    `validate` both use it (launcher.launch.local names the folder)."""
+    """What is wrong with run.name as a run directory's folder name (None: fine). `run`,
+    `--dry-run` and `validate` all use it (launcher.launch.local names the folder): a plain
+    name, UTF-8 text without C1 control characters (C0 ones are the script-values rule's), at
+    most MAX_RUN_NAME_BYTES bytes so that every folder llmtrain names after it (--fresh's
+    NAME-YYYYmmdd-HHMMSS) fits the file system's 255-byte names."""
     if name is None:
         return None
     text = str(name)
     if "/" in text or "\0" in text or text in ("", ".", ".."):
         return (
-            f"run.name={text!r}: must be a plain folder name (no '/', not '.' or '..'), e.g. exp1"
+            f"run.name={excerpt(text)}: must be a plain folder name (no '/', not '.' or '..'), "
+            "e.g. exp1"
+        )
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
+        return f"run.name={excerpt(text)}: not UTF-8 text; give a plain folder name, e.g. exp1"
+    if any("\x80" <= ch <= "\x9f" for ch in text):
+        return (
+            f"run.name={excerpt(text)}: C1 control characters (which terminals obey) are not "
+            "allowed; give a plain folder name, e.g. exp1"
+        )
+    if size > MAX_RUN_NAME_BYTES:
+        return (
+            f"run.name={excerpt(text)}: {size} bytes long; at most {MAX_RUN_NAME_BYTES} (file "
+            f"names hold 255 bytes, and --fresh adds -YYYYmmdd-HHMMSS), e.g. {excerpt(text[:40])}"
         )
     return None
 

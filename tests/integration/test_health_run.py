@@ -200,6 +200,9 @@ def test_refused_resume_leaves_config_yaml_as_it_was(tmp_path: Path) -> None:
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert "steps: 4" in (run_dir / "config.yaml").read_text()
     assert not (run_dir / "config.next.yaml").exists()
+    # Only the resume that loaded is in the history (the refused width used to be recorded too).
+    history = (run_dir / "config_history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["trajectory_keys"] for line in history] == [["train.steps"]]
 
 
 # The parent of `llmtrain run`: a child subreaper (as tmux, systemd services and containers' init

@@ -39,6 +39,8 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout + again.stderr, again.stdout[-2000:]
+    history = (run / "config_history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["trajectory_keys"] for line in history] == [["train.steps"]]
 
     # The run's data (data=chat) carries a ChatML template: the prompt is a user turn in it.
     sample = invoke(
@@ -113,3 +115,17 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     )
     assert moved.returncode != 0
     assert "trained on base weights" in moved.stdout + moved.stderr, moved.stderr[-3000:]
+    # The failed resume recorded nothing (issue 42: it used to append an "accepted" line) and
+    # left nothing staged.
+    assert (run / "config_history.jsonl").read_text().splitlines() == history
+    assert not (run / "config_history.next.jsonl").exists()
+    assert not (run / "config.next.yaml").exists()
+    # `sample` on another base than the adapters': refused, in sample's own words (it used to
+    # say "nothing was exported").
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("runs/tiny-llama", "runs/other"))
+    refused = invoke("sample", "tiny-sft-lora", "hi", cwd=tmp_path)
+    words = " ".join(refused.stderr.split())
+    assert refused.returncode == 2, words[-3000:]
+    assert "trained on base weights" in words and "nothing was generated" in words, words
+    assert "exported" not in words

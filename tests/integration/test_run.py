@@ -65,9 +65,15 @@ def test_default_recipe_trains_and_fills_the_run_directory(tmp_path: Path) -> No
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["predicted_step_s"] > 0 and summary["measured_step_s"] > 0
     assert "done: 12 steps" in done.stdout
-    # Running the same command again finds the finished run and does nothing.
+    # Running the same command again finds the finished run and trains nothing; a summary.json
+    # the first run could not write (a disk that filled after the last checkpoint, seen on a
+    # 20 MiB tmpfs) is written then, so the run is "done", not "interrupted" for ever.
+    (run_dir / "summary.json").unlink()
     again = llmtrain("run", *SHORT, cwd=tmp_path)
     assert again.returncode == 0 and "run already complete: 12/12" in again.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_at"] == 12
+    status = invoke("status", str(run_dir), "--json")
+    assert json.loads(status.stdout)["status"] == "done", status.stdout
     assert_dry_run_wrote_the_same(tmp_path, run_dir, *SHORT)
 
 

@@ -418,17 +418,11 @@ def test_one_writer_per_run_directory_across_jobs_and_local_runs(
         assert done.returncode == 0 and f"job {job}: CANCELLED" in done.stdout, done.stderr
 
         # A local run holds the lock now (the record's jobs are finished, so `run` goes ahead; it
-        # starts over rather than resume the two-node job's checkpoint on one process).
+        # starts over rather than resume the two-node job's checkpoint on one process: those are
+        # removed first, as checkpoint.resume=false over a run's checkpoints is refused).
+        shutil.rmtree(run_dir / "checkpoints")
         holder = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "launcher",
-                "run",
-                *local,
-                "train.steps=100000",
-                "checkpoint.resume=false",
-            ],
+            [sys.executable, "-m", "launcher", "run", *local, "train.steps=100000"],
             cwd=tmp_path,
             env=cluster,
             stdout=subprocess.PIPE,

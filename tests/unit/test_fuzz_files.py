@@ -4,12 +4,13 @@ Each example puts one generated file (random bytes, invalid UTF-8, JSON nested t
 valid-looking document with 20 KB / ANSI-escape / NaN values) of one generated kind (a regular
 file, a FIFO, a symbolic link to /dev/zero, a folder, a 100 MB sparse file) where llmtrain reads
 one: an operator profile (`plan cluster.profile=`), a model's config.json (`show
-model.from_hf=`), a run file (status.json, slurm.json, metrics.jsonl, config.yaml, the lock's
-record, a rank's log: `runs`, `status`, `logs`, `cancel`), a checkpoint manifest (`export`), an
-output marker (`data prepare --overwrite`), a `data prepare` input. The command must end within
-a few seconds with exit 2 (or 0 where the file may be valid, or for a listing), print no traceback
-and no escape character from the file, and write nothing: every file present before is there
-after, unchanged.
+model.from_hf=`), a safetensors file whose header may lie about its length, dtypes, shapes and
+offsets (`validate train.init_from=`), a run file (status.json, slurm.json, metrics.jsonl,
+config.yaml, the lock's record, a rank's log: `runs`, `status`, `logs`, `cancel`), a checkpoint
+manifest (`export`), an output marker (`data prepare --overwrite`), a `data prepare` input. The
+command must end within a few seconds with exit 2 (or 0 where the file may be valid, or for a
+listing), print no traceback and no escape character from the file, and write nothing: every file
+present before is there after, unchanged.
 
 The commands run in this process through the console entry point (SIGALRM ends one that blocks);
 one example runs the real entry point in a child process.
@@ -20,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import stat
+import struct
 import tempfile
 from pathlib import Path
 
@@ -160,6 +163,65 @@ def test_from_hf_config_json(content: bytes, kind: str) -> None:
         before = state(root)
         code, output = invoke(["show", f"model.from_hf={root / 'model'}"], root)
         check(code, output, (0, 2), before, root)
+
+
+# --- safetensors headers (issue 42): lengths, dtypes, shapes and offsets that lie ---------------
+DTYPES = st.sampled_from(["F32", "BF16", "I64", "BOOL", "F4", "Q8", "", 7, None])
+DIM = st.one_of(st.integers(0, 70), st.integers(-3, -1), st.just(100_000), st.just(10**20))
+
+
+@st.composite
+def safetensors_bytes(draw: st.DrawFn) -> bytes:
+    """A safetensors file whose header may lie: its length field, a tensor's dtype, shape or
+    offsets, a field missing, metadata that is not strings; or one whose offsets are consistent
+    (checked by the header rules, then refused by the model's shapes)."""
+    names = st.sampled_from(["wte.weight", "h.0.ln_1.weight", ESC + "A" * 300, "x"])
+    consistent = draw(st.booleans())
+    header: dict[str, object] = {}
+    position = 0
+    for name in draw(st.lists(names, max_size=3, unique=True)):
+        dtype = draw(DTYPES)
+        shape = draw(st.lists(DIM, max_size=3))
+        if consistent:
+            size = {"F32": 4, "BF16": 2, "I64": 8, "BOOL": 1}.get(str(dtype), 1)
+            shape = [min(abs(d), 64) for d in shape if isinstance(d, int)]
+            nbytes = math.prod(shape) * size
+            offsets: object = [position, position + nbytes]
+            position += nbytes
+        else:
+            offsets = draw(st.lists(st.integers(-1, 10**13), max_size=3))
+        entry = {"dtype": dtype, "shape": shape, "data_offsets": offsets}
+        if draw(st.booleans()) and not consistent:
+            entry.pop(draw(st.sampled_from(sorted(entry))))
+        header[name] = entry
+    if draw(st.booleans()):
+        header["__metadata__"] = draw(st.sampled_from([{"format": "pt"}, {"a": 1}, [ESC]]))
+    text = json.dumps(header).encode() if draw(st.integers(0, 9)) else draw(st.binary(max_size=64))
+    body = b"\0" * position if consistent else draw(st.binary(max_size=256))
+    length = draw(
+        st.one_of(st.just(len(text)), st.just(2**60), st.integers(0, 2**64 - 1), st.just(0))
+    )
+    return struct.pack("<Q", length) + text + body
+
+
+@FUZZ
+@given(content=safetensors_bytes(), kind=st.sampled_from(("regular", "regular", *KINDS[1:])))
+def test_safetensors_headers(content: bytes, kind: str) -> None:
+    """`validate train.init_from=` (what `run` checks before it starts a process) on a folder
+    whose model.safetensors is generated: exit 0 with the refusal as a note, or exit 2, never a
+    traceback, a hang or a huge allocation."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "model").mkdir()
+        (root / "model" / "config.json").write_text(
+            json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 4})
+        )
+        place(root / "model" / "model.safetensors", kind, content)
+        before = state(root)
+        args = ["validate", f"train.init_from={root / 'model'}"]
+        code, output = invoke(args, root)
+        check(code, output, (0, 2), before, root)
+        assert "train.init_from" in output, output[-2000:]
 
 
 RUN_FILES = (

@@ -21,7 +21,8 @@ class CheckpointConfig:
     keep_last: int = field(default=3, metadata=AT_LEAST_1)
     """Checkpoints kept; older ones are deleted."""
     resume: bool = True
-    """Continue from the latest valid checkpoint in the run directory when there is one."""
+    """Continue from the latest valid checkpoint in the run directory when there is one; false
+    over a run that holds checkpoints is refused (start the new run with --fresh)."""
 
 
 @dataclass
@@ -30,7 +31,7 @@ class RunConfig:
 
     name: str | None = None
     """The run directory's name; None: <recipe>-<hash of the config>, so the same command resumes
-    the same run."""
+    the same run. A plain folder name of UTF-8 text, at most 239 bytes (--fresh adds 16)."""
     root_dir: str = field(default="runs", metadata=a_path())
     """The folder holding the run directories."""
     secret_env: list[str] = field(default_factory=list)

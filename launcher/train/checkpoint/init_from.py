@@ -86,19 +86,17 @@ def _hf_files(path: Path) -> list[Path]:
 
 
 def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
-    """The folder's tensors; with `meta`, shape-only stand-ins (nothing read but the headers)."""
-    from safetensors import safe_open
-
+    """The folder's tensors; with `meta`, shape-only stand-ins (nothing read but the headers,
+    each checked against its file: launcher.export.safetensors_header)."""
     from launcher.export.hf_files import read_hf_folder
+    from launcher.export.safetensors_header import read_header
 
     if not meta:
         return read_hf_folder(path)[0]
     out: dict[str, torch.Tensor] = {}
     for file in _hf_files(path):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                shape = f.get_slice(name).get_shape()
-                out[name] = torch.empty(shape, device="meta")
+        for name, entry in read_header(file).items():
+            out[name] = torch.empty(entry.shape, device="meta")
     return out
 
 

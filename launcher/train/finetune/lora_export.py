@@ -68,8 +68,11 @@ def base_model(cfg: LLMTrainConfig) -> torch.nn.Module:
     return model
 
 
-def checked_base(cfg: LLMTrainConfig, engine_dir: Path, files: Any) -> dict[str, torch.Tensor]:
-    """The base's state dict, its digest checked against the checkpoint's BASE_FILE."""
+def checked_base(
+    cfg: LLMTrainConfig, engine_dir: Path, files: Any, outcome: str
+) -> dict[str, torch.Tensor]:
+    """The base's state dict, its digest checked against the checkpoint's BASE_FILE; a refusal
+    ends with `outcome` (what the command did not do: "nothing was exported")."""
     from launcher.train.checkpoint.safe_load import read_json
 
     model = base_model(cfg)
@@ -80,16 +83,21 @@ def checked_base(cfg: LLMTrainConfig, engine_dir: Path, files: Any) -> dict[str,
         raise UserError(f"{engine_dir}: no readable {lora.BASE_FILE} ({exc})") from None
     problem = lora.base_problem(saved, digest)
     if problem is not None:
-        raise UserError(f"{engine_dir}: {problem}; nothing was exported")
+        raise UserError(f"{engine_dir}: {problem}; {outcome}")
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
 def merged(
-    cfg: LLMTrainConfig, state: dict[str, torch.Tensor], engine_dir: Path, files: Any
+    cfg: LLMTrainConfig,
+    state: dict[str, torch.Tensor],
+    engine_dir: Path,
+    files: Any,
+    outcome: str = "nothing was exported",
 ) -> dict[str, torch.Tensor]:
-    """The plain model's state dict: the checked base with the adapters merged."""
+    """The plain model's state dict: the checked base with the adapters merged (`outcome`: what
+    a refused base means for the command, see ``checked_base``)."""
     adapters = adapters_of(state, engine_dir)
-    base = checked_base(cfg, engine_dir, files)
+    base = checked_base(cfg, engine_dir, files, outcome)
     scale = cfg.finetune.alpha / cfg.finetune.rank
     return lora.merge_adapters(base, adapters, scale)
 
