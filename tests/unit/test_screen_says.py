@@ -334,6 +334,8 @@ def test_a_reader_that_went_away_ends_the_command_quietly(
     from launcher.commands import common
 
     monkeypatch.setattr(common.out, "quiet", False)  # restored afterwards: this console is shared
-    monkeypatch.setattr(common.out, "file", _ClosedPipe())
+    # The raw attribute (None: sys.stdout when printing), so that teardown restores None rather
+    # than pinning the console to the stream that was sys.stdout at the time.
+    monkeypatch.setattr(common.out, "_file", _ClosedPipe())
     done = invoke(*args)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
