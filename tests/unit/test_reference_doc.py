@@ -1,6 +1,7 @@
-"""docs/configuration.md's key reference is generated from the schema (launcher/config/
-reference_doc.py): the committed page matches what the schema says now, every key has a docstring
-and a row, and `--check` / a rewrite keep the hand-written part of the page as it is."""
+"""docs/configuration.md's key reference is generated from the schema
+(launcher/config/schema/reference_doc.py): the committed page matches what the schema says now,
+every key has a docstring and a row, and `--check` / a rewrite keep the hand-written part of the
+page as it is."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Each key's choices and bounds are declared once, on its schema field (launcher/config/
-allowed.py metadata), and read from there by validate (launcher/validate/values.py), by
-composition's choice check, and by shell completion of values."""
+"""Each key's choices and bounds are declared once, on its schema field
+(launcher/config/schema/allowed.py metadata), and read from there by validate
+(launcher/validate/values.py), by composition's choice check, and by shell completion of values."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import math
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.cli_hints import complete_override
 from launcher.config.schema import LLMTrainConfig, key_info
 from launcher.config.schema.allowed import METADATA_KEY
 from launcher.config.schema.keys import field_type
 from launcher.validate.values import value_problems
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
 
@@ -115,6 +114,6 @@ def test_completion_offers_the_declared_choices() -> None:
 
 
 def test_composition_refuses_a_word_outside_the_choices() -> None:
-    result = CliRunner().invoke(app, ["validate", "zero.offload_params=gpu"])
-    assert result.exit_code == 2
-    assert "zero.offload_params=gpu: must be one of none, cpu" in result.output
+    result = invoke("validate", "zero.offload_params=gpu")
+    assert result.returncode == 2
+    assert "zero.offload_params=gpu: must be one of none, cpu" in shown(result)
