@@ -45,8 +45,6 @@ from launcher.errors import UserError
 
 CHAT_LAYOUT = "chat"
 ROLE_PROMPT, ROLE_ASSISTANT, ROLE_FINAL = 0, 1, 2
-TRAIN_ON = ("assistant", "completion", "all")
-OVERLONG = ("truncate", "drop")
 
 
 def prefixes(split: str) -> dict[str, str]:
