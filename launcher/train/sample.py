@@ -65,7 +65,7 @@ def _tokenizer(folder: Path | None) -> Any:
         raise UserError(f"data.path={folder}: tokenizer unreadable ({exc})") from None
 
 
-def _chat_template(folder: Path | None) -> Any:
+def chat_template(folder: Path | None) -> Any:
     """The data's chat template (launcher.data.chat_template), or None when it has none."""
     from launcher.data.chat_template import ChatTemplate
 
@@ -78,7 +78,7 @@ def _chat_template(folder: Path | None) -> Any:
         return None
 
 
-def _prompt_ids(tok: Any, template: Any, prompt: str) -> tuple[list[int], set[int]]:
+def prompt_ids(tok: Any, template: Any, prompt: str) -> tuple[list[int], set[int]]:
     """The prompt's ids and the ids that end the reply (end of document; the template's eos)."""
     stop = {tok.eod_id} if tok.eod_id is not None else set()
     if template is None:
@@ -135,8 +135,8 @@ def sample(
     model = model.to(device).eval()
     folder = _data_folder(cfg)
     tok = _tokenizer(folder)
-    template = _chat_template(folder) if chat else None
-    ids, stop = _prompt_ids(tok, template, prompt)
+    template = chat_template(folder) if chat else None
+    ids, stop = prompt_ids(tok, template, prompt)
     vocab, window = cfg.model.vocab_size, cfg.model.seq_length
     if not ids or max(ids) >= vocab:
         raise UserError("the prompt encodes to no tokens, or to ids outside the model's vocabulary")

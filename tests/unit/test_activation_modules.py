@@ -5,19 +5,17 @@ each module frees in plan/memory/mcore_activations.py, tensor by tensor. Expecte
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
 from launcher.backends import raw_refusals
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.memory.estimate import stage_activations
 from launcher.plan.memory.mcore_activations import layer_activations, saved_tensors
 from launcher.render.megatron_args import megatron_args
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 # A small MLA + MoE model on Megatron (DeepSeek-V3's shape, 4 layers, 1 dense).
 MOE_MLA = [
@@ -75,9 +73,9 @@ def _refusal_keys(c: LLMTrainConfig) -> list[tuple[str, ...]]:
 def test_megatron_core_checks_exit_2_naming_the_key(
     overrides: list[str], key: str, words: str
 ) -> None:
-    result = runner.invoke(app, ["validate", *DENSE, *overrides])
-    assert result.exit_code == 2, result.output
-    text = " ".join(result.output.split())
+    result = invoke("validate", *DENSE, *overrides)
+    assert result.returncode == 2, shown(result)
+    text = " ".join(shown(result).split())
     assert key in text and words in text and "Traceback" not in text
 
 

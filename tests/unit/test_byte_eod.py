@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.data.prepare import prepare
 from launcher.data.token_index import PreparedIndex
 from launcher.data.tokenizer import load_tokenizer
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
 
@@ -33,12 +32,11 @@ def test_data_prepare_ends_each_byte_document_with_id_256(tmp_path: Path) -> Non
     (tmp_path / "in" / "a.txt").write_text("first")
     (tmp_path / "in" / "b.txt").write_text("second")
     out = tmp_path / "data"
-    result = CliRunner().invoke(
-        app,
-        ["data", "prepare", "--input", str(tmp_path / "in"), "--output", str(out),
-         "--format", "shards", "--valid-fraction", "0", "--json"],
+    result = invoke(
+        "data", "prepare", "--input", str(tmp_path / "in"), "--output", str(out),
+        "--format", "shards", "--valid-fraction", "0", "--json",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    assert result.returncode == 0, shown(result)
     doc = json.loads(result.stdout)
     assert (doc["tokenizer"], doc["eod_id"], doc["vocab_size"]) == ("byte", 256, 257)
     ids = tokens(out).tolist()

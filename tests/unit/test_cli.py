@@ -6,46 +6,44 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
+from tests.cli import invoke, shown
 from tests.cli import invoke as llmtrain
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 
 def test_help_lists_commands() -> None:
-    result = runner.invoke(app, ["--help"])
-    assert result.exit_code == 0
+    result = invoke("--help")
+    assert result.returncode == 0
     for command in ("show", "validate", "recipes"):
-        assert command in result.output
+        assert command in shown(result)
 
 
 def test_show_json_is_the_resolved_config() -> None:
-    result = runner.invoke(app, ["show", "recipe=gpt-7b", "zero.stage=3", "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    result = invoke("show", "recipe=gpt-7b", "zero.stage=3", "--json")
+    assert result.returncode == 0, shown(result)
+    doc = json.loads(result.stdout)
     assert doc["zero"]["stage"] == 3
     assert doc["recipe"] == "gpt-7b"
 
 
 def test_show_sources_json() -> None:
-    result = runner.invoke(app, ["show", "parallel.tp=1", "--sources", "--json"])
-    doc = json.loads(result.output)
+    result = invoke("show", "parallel.tp=1", "--sources", "--json")
+    doc = json.loads(result.stdout)
     assert doc["sources"]["parallel.tp"] == "command line"
 
 
 def test_show_sources_table_has_a_source_column() -> None:
-    result = runner.invoke(app, ["show", "--sources"])
-    assert result.exit_code == 0
-    assert "schema default" in result.output
+    result = invoke("show", "--sources")
+    assert result.returncode == 0
+    assert "schema default" in shown(result)
 
 
 def test_validate_ok_and_json() -> None:
-    result = runner.invoke(app, ["validate", "--json"])
-    assert result.exit_code == 0
-    doc = json.loads(result.output)
+    result = invoke("validate", "--json")
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
     assert doc["valid"] is True and doc["layout"]["dp"] == 1
 
 
@@ -80,19 +78,19 @@ def test_unknown_option_is_a_usage_error() -> None:
 
 
 def test_recipes_table_and_json() -> None:
-    result = runner.invoke(app, ["recipes", "--json"])
-    rows = {row["name"]: row for row in json.loads(result.output)}
+    result = invoke("recipes", "--json")
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["llama3-405b"]["gpus"] == 16384
     assert rows["llama3-405b"]["tp"] == 8 and rows["llama3-405b"]["pp"] == 16
     assert all(row["valid"] for row in rows.values())
-    table = runner.invoke(app, ["recipes"])
-    assert "llama3-405b" in table.output and "406B" in table.output
+    table = invoke("recipes")
+    assert "llama3-405b" in shown(table) and "406B" in shown(table)
 
 
 def test_plan_json_has_the_contract_keys() -> None:
-    result = runner.invoke(app, ["plan", "recipe=llama3-8b", "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    result = invoke("plan", "recipe=llama3-8b", "--json")
+    assert result.returncode == 0, shown(result)
+    doc = json.loads(result.stdout)
     assert doc["memory"]["fits"] in (True, False)
     assert doc["time"]["step_s"] > 0
 
@@ -100,19 +98,17 @@ def test_plan_json_has_the_contract_keys() -> None:
 @pytest.mark.parametrize("command", [["plan", "--measure"], ["calibrate"]])
 def test_measuring_commands_refuse_an_invalid_config_as_json(command: list[str]) -> None:
     # Nothing is measured: the world-size and head rules refuse tp=3 before any process starts.
-    result = runner.invoke(app, [*command, "parallel.tp=3", "--json"])
-    assert result.exit_code == 2
+    result = invoke(*command, "parallel.tp=3", "--json")
+    assert result.returncode == 2
     doc = json.loads(result.stdout)
     assert doc["valid"] is False
     assert {"world-size", "attention-heads"} <= {e["rule"] for e in doc["errors"]}
 
 
 def test_plan_search_keeps_fixed_keys() -> None:
-    result = runner.invoke(
-        app, ["plan", "--search", "recipe=llama3-8b", "parallel.tp=2", "--top", "3", "--json"]
-    )
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    result = invoke("plan", "--search", "recipe=llama3-8b", "parallel.tp=2", "--top", "3", "--json")
+    assert result.returncode == 0, shown(result)
+    doc = json.loads(result.stdout)
     assert 1 <= len(doc["candidates"]) <= 3
     assert all("parallel.tp=2" in c["overrides"] for c in doc["candidates"])
 
@@ -120,8 +116,8 @@ def test_plan_search_keeps_fixed_keys() -> None:
 def test_plan_refuses_an_invalid_layout_but_search_takes_it() -> None:
     bad = llmtrain("plan", "recipe=llama3-8b", "parallel.tp=6")
     assert bad.returncode == 2 and "valid tp" in bad.stderr
-    searched = runner.invoke(app, ["plan", "--search", "recipe=llama3-8b", "parallel.tp=6"])
-    assert searched.exit_code in (0, 2), searched.output
+    searched = invoke("plan", "--search", "recipe=llama3-8b", "parallel.tp=6")
+    assert searched.returncode in (0, 2), shown(searched)
 
 
 def test_run_dry_run_answers_with_the_plan_and_the_folder_first(
@@ -130,12 +126,12 @@ def test_run_dry_run_answers_with_the_plan_and_the_folder_first(
     # Before the script: the plan's verdict, memory, step time and MFU, then the run directory
     # it would use (not a RUN_DIR placeholder); --json carries both, and nothing is written.
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, ["run", "--dry-run", "train.steps=5"])
-    assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert lines[0].startswith("plan: fits, ") and "MFU" in result.output
-    assert f"(in {tmp_path}/runs/tiny-" in result.output and "RUN_DIR" not in result.output
-    doc = json.loads(runner.invoke(app, ["run", "--dry-run", "--json"]).output)
+    result = invoke("run", "--dry-run", "train.steps=5")
+    assert result.returncode == 0, shown(result)
+    lines = shown(result).splitlines()
+    assert lines[0].startswith("plan: fits, ") and "MFU" in shown(result)
+    assert f"(in {tmp_path}/runs/tiny-" in shown(result) and "RUN_DIR" not in shown(result)
+    doc = json.loads(invoke("run", "--dry-run", "--json").stdout)
     assert doc["run_dir"].startswith(f"{tmp_path}/runs/tiny-")
     assert doc["plan"]["memory"]["verdict"] == "fits" and doc["plan"]["time"]["mfu"] > 0
     assert not (tmp_path / "runs").exists()

@@ -7,9 +7,10 @@ import os
 import pty
 import re
 import subprocess
-import sys
 
 import pytest
+
+from tests.cli import llmtrain, start
 
 pytestmark = pytest.mark.integration  # each test starts processes
 
@@ -18,13 +19,9 @@ LONG_ERROR = ["show", "gpt-7b"]  # an error of ~190 characters
 
 def _on_terminal(args: list[str], columns: int) -> str:
     leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=follower,
-        env=env,
+    env = {"COLUMNS": str(columns), "NO_COLOR": "1"}
+    proc = start(
+        *args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower
     )
     os.close(follower)
     chunks = []
@@ -51,13 +48,7 @@ def test_errors_wrap_at_the_terminal_width() -> None:
 
 
 def test_piped_errors_stay_whole_lines() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "launcher", *LONG_ERROR],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "60"},
-        timeout=60,
-    )
+    proc = llmtrain(*LONG_ERROR, env={"COLUMNS": "60"}, timeout=60)
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert line.startswith("error: override 'gpt-7b'") and line.endswith("model=gpt-7b?")

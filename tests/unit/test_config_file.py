@@ -9,17 +9,14 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition import compose_cache
 from launcher.config.composition.compose import compose_config
 from launcher.config.composition.config_file import expand, render_value
-from launcher.errors import ConfigError, UserError
-from tests.cli import invoke as llmtrain
+from launcher.errors import ConfigError
+from tests.cli import invoke, said, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 MINE = """\
 model:
@@ -54,19 +51,10 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def invoke(*args: str) -> tuple[int, str]:
-    """(exit code, what the user reads) as the console entry point gives them: a UserError is
-    printed as one line with exit code 2 (launcher.cli.entry)."""
-    result = runner.invoke(app, list(args))
-    if isinstance(result.exception, UserError):
-        return result.exception.exit_code, result.output + str(result.exception)
-    return result.exit_code, result.output
-
-
 def show(*args: str) -> dict:  # type: ignore[type-arg]
-    result = runner.invoke(app, ["show", *args, "--sources", "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)  # type: ignore[no-any-return]
+    result = invoke("show", *args, "--sources", "--json")
+    assert result.returncode == 0, shown(result)
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
 def test_config_file_composes_with_groups_and_overrides_win(tmp_path: Path) -> None:
@@ -100,7 +88,7 @@ def test_values_round_trip_through_the_override_grammar(value: object) -> None:
 
 def test_unknown_keys_name_the_key_and_the_file(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.yaml", "model:\n  num_layerz: 3\ntrain:\n  tp: 2\n")
-    code, output = invoke("validate", "--config", str(bad))
+    code, output = said(invoke("validate", "--config", str(bad)))
     assert code == 2
     assert "model.num_layerz: unknown key (did you mean 'num_layers'?)" in output
     assert "train.tp: unknown key (did you mean 'parallel.tp'?)" in output
@@ -115,7 +103,7 @@ def test_a_recipe_file_with_values_of_the_wrong_shape_names_each_key(tmp_path: P
     fuzzer); the recipe check names the key, the expected type and the file."""
     text = "slurm:\n  extra_sbatch_args: {a: 1}\nparallel:\n  tp: [1, 2]\nzero: 3\n"
     bad = write(tmp_path / "shapes.yaml", text)
-    code, output = invoke("validate", f"recipe={bad}")
+    code, output = said(invoke("validate", f"recipe={bad}"))
     assert code == 2
     flat = " ".join(output.split())
     assert "slurm.extra_sbatch_args: expected list[str], got a mapping" in flat
@@ -175,13 +163,13 @@ def test_hostile_files_are_refused_with_exit_2(
     elif content is not None:
         write(path, content)
     args = ["show", "--config", str(path)] if how == "--config" else ["show", f"recipe={path}"]
-    code, output = invoke(*args)
+    code, output = said(invoke(*args))
     assert code == 2, output
     assert message in output
 
 
 def test_the_console_command_exits_2_without_a_traceback(tmp_path: Path) -> None:
-    done = llmtrain("run", "--config", str(tmp_path / "none.yaml"))
+    done = invoke("run", "--config", str(tmp_path / "none.yaml"))
     assert done.returncode == 2
     assert "--config=" in done.stderr and "no such file" in done.stderr
     assert "Traceback" not in done.stderr

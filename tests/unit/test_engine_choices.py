@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from launcher.backends import raw_refusals
 from launcher.backends.engine_choices import (
@@ -16,9 +15,9 @@ from launcher.backends.engine_choices import (
     fp8_converts,
     fp8_gemm_gains,
 )
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
+from tests.cli import invoke
 
 pytestmark = pytest.mark.unit
 
@@ -126,20 +125,17 @@ def test_chunked_loss_where_it_applies() -> None:
 
 
 def test_plan_states_and_prices_the_choices() -> None:
-    runner = CliRunner()
     args = ["plan", "recipe=llama3-1b", "precision=fp8", *H100, "--json"]
-    doc = json.loads(runner.invoke(app, args).stdout)
+    doc = json.loads(invoke(*args).stdout)
     engine = doc["engine"]
     assert engine["compile"] and engine["fp8_recipe"] == "tensorwise"
     assert engine["bf16_layers"] == ["wk", "wv"] and engine["chunked_loss"]
-    shown = runner.invoke(app, ["plan", "recipe=llama3-1b", "precision=fp8", *H100]).stdout
+    shown = invoke("plan", "recipe=llama3-1b", "precision=fp8", *H100).stdout
     assert "engine: compiled per block, fp8 tensorwise on 5/7 block GEMMs, chunked loss" in shown
-    detail = runner.invoke(
-        app, ["plan", "recipe=llama3-1b", "precision=fp8", *H100, "--detail"]
-    ).stdout
+    detail = invoke("plan", "recipe=llama3-1b", "precision=fp8", *H100, "--detail").stdout
     assert "compile: per transformer block" in detail and "loss: chunked" in detail
     # The chunked loss keeps less than the full logits (10 bytes a logit for 8192 x 128k).
-    full = json.loads(runner.invoke(app, [*args, "train.chunked_loss=false"]).stdout)["memory"][
+    full = json.loads(invoke(*args, "train.chunked_loss=false").stdout)["memory"][
         "activations_bytes"
     ]
     assert doc["memory"]["activations_bytes"] < full - 5e9

@@ -13,11 +13,11 @@ from launcher.config.composition.compose import compose_config
 from launcher.export.byte_tokenizer import write_byte_tokenizer
 from launcher.train.checkpoint.hf_export import (
     TokenizerFiles,
-    _tokenizer_files,
     generation_ids,
     special_ids,
     special_tokens,
     tokenizer_extras,
+    tokenizer_files,
 )
 
 pytestmark = pytest.mark.unit
@@ -33,7 +33,7 @@ def _data(folder: Path, index: dict[str, object]) -> Path:
 
 def _export_of(folder: Path, vocab: int) -> tuple[TokenizerFiles, dict[str, int | None]]:
     cfg = compose_config([f"data.path={folder}", f"model.vocab_size={vocab}"]).config
-    tok = _tokenizer_files(cfg)
+    tok = tokenizer_files(cfg)
     return tok, special_ids(tok.eod_id, vocab, special_tokens(tok.files, tok.eod_id))
 
 
@@ -69,7 +69,7 @@ def test_a_tokenizer_json_folder_carries_its_turn_end_and_template(tmp_path: Pat
     config = {"eos_token": {"content": "<|eot|>", "special": True}, "chat_template": template}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     cfg = compose_config([f"data.path={folder}", "model.vocab_size=258"]).config
-    tok = _tokenizer_files(cfg)
+    tok = tokenizer_files(cfg)
     tokens = special_tokens(tok.files, tok.eod_id, tok.data_config)
     assert tokens == {
         "bos": ("<|endoftext|>", 256),
@@ -85,7 +85,7 @@ def test_a_tokenizer_json_folder_carries_its_turn_end_and_template(tmp_path: Pat
     (folder / "tokenizer_config.json").unlink()
     (folder / "tokenizer_config.json").symlink_to(tmp_path / "elsewhere.json")
     (tmp_path / "elsewhere.json").write_text(json.dumps(config))
-    assert _tokenizer_files(cfg).data_config == {}
+    assert tokenizer_files(cfg).data_config == {}
     # An eos the tokenizer does not hold is not named: the end-of-document token stays eos.
     tokens = special_tokens(tok.files, 256, {"eos_token": "<|missing|>"})
     assert tokens["eos"] == ("<|endoftext|>", 256)

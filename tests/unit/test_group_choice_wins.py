@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.composition.provenance import value_sources
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
 
@@ -51,9 +50,9 @@ def test_show_sources_names_the_group_file_over_the_recipe() -> None:
 
 def test_plan_with_the_group_option_no_longer_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TERMINAL_WIDTH", "200")
-    result = CliRunner().invoke(app, ["plan", "recipe=llama3-70b", "zero=stage3-offload"])
-    assert result.exit_code == 0, result.output
-    assert "fits" in result.output
+    result = invoke("plan", "recipe=llama3-70b", "zero=stage3-offload")
+    assert result.returncode == 0, shown(result)
+    assert "fits" in shown(result)
 
 
 def test_a_cluster_option_keeps_the_recipes_number_of_nodes() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir import RunDir
-from tests.cli import invoke, said
+from tests.cli import invoke, llmtrain, said
 
 # Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
@@ -167,12 +167,7 @@ def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert launcher.stdout is not None and launcher.stdout.readline().strip() == "held"
-        done = subprocess.run(
-            [sys.executable, "-m", "launcher", "cancel", "x", "--root", str(root)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = llmtrain("cancel", "x", "--root", str(root), timeout=60)
         assert done.returncode == 0, done.stderr
         assert "stopped" in done.stdout, done.stdout
         assert launcher.wait(timeout=10) == 130
@@ -421,9 +416,10 @@ def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> Non
     import time
 
     from launcher.config.composition.config_file import read_yaml_file
+    from launcher.config.schema import LLMTrainConfig
     from launcher.data.chat_template import ChatTemplate
     from launcher.errors import ConfigError, UserError
-    from launcher.train.checkpoint.init_from import InitFromError, _hf_tensors
+    from launcher.train.checkpoint.init_from import problems
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -434,7 +430,11 @@ def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> Non
         read_yaml_file(fifo, "--config")
     model = tmp_path / "model"
     model.mkdir()
+    (model / "config.json").write_text("{}")
     os.mkfifo(model / "model.safetensors.index.json")
-    with pytest.raises(InitFromError):  # shapes only (preflight): never waits on the FIFO
-        _hf_tensors(model, meta=True)
+    cfg = LLMTrainConfig()
+    cfg.train.init_from = str(model)
+    # Preflight reads the shapes alone, and never waits on the FIFO.
+    (problem,) = problems(cfg)
+    assert problem.startswith(f"train.init_from={model}: "), problem
     assert time.monotonic() - start < 5

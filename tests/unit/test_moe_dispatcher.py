@@ -9,21 +9,19 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from typer.testing import CliRunner
 
 from launcher.backends import raw_refusals
 from launcher.backends.common import moe_dispatcher
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.planner import make_plan
 from launcher.plan.timing.comm import collective_time, expert_alltoall_bus_gbps, place_group
 from launcher.render.megatron_args import megatron_args
 from launcher.search.layouts import fixed_keys, search
+from tests.cli import invoke, shown
 from tests.unit.test_plan_moe_time import _moe
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 # A small MoE on one node of 4 GPUs (any backend runs it with ep 1).
 SMALL_MOE = ["recipe=tiny", "model.num_experts=4", "model.moe_top_k=2"]
@@ -102,16 +100,16 @@ def test_torch_and_deepspeed_refuse_flex_and_allgather() -> None:
 
 
 def test_validate_refuses_torch_with_flex_exit_2() -> None:
-    result = runner.invoke(app, ["validate", *SMALL_MOE, "backend.moe_dispatcher=flex"])
-    assert result.exit_code == 2, result.output
-    text = " ".join(result.output.split())
+    result = invoke("validate", *SMALL_MOE, "backend.moe_dispatcher=flex")
+    assert result.returncode == 2, shown(result)
+    text = " ".join(shown(result).split())
     # The key, the rule (what the engine runs), and a value that works.
     assert "backend.moe_dispatcher=flex" in text
     assert "all_to_all_single" in text
     assert "use backend.moe_dispatcher=alltoall" in text
-    assert runner.invoke(app, ["validate", *SMALL_MOE]).exit_code == 0
-    bad = runner.invoke(app, ["validate", *SMALL_MOE, "backend.moe_dispatcher=deepep"])
-    assert bad.exit_code == 2 and "must be one of allgather, alltoall, flex" in bad.output
+    assert invoke("validate", *SMALL_MOE).returncode == 0
+    bad = invoke("validate", *SMALL_MOE, "backend.moe_dispatcher=deepep")
+    assert bad.returncode == 2 and "must be one of allgather, alltoall, flex" in shown(bad)
 
 
 def test_megatron_renders_the_dispatcher_flags() -> None:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from typer.testing import CliRunner
 
 from launcher.backends import raw_refusals
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.pipeline_split import layers_in_flight
 from launcher.config.schema import LLMTrainConfig
@@ -21,10 +19,10 @@ from launcher.plan.calibration.fitted import constants
 from launcher.plan.planner import make_plan
 from launcher.plan.schedule import chunk_microbatches_in_flight, combined_1f1b_overlap_share
 from launcher.render.megatron_args import megatron_args
+from tests.cli import invoke, shown
 from tests.unit.test_plan_moe_time import _moe
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 KEY = "backend.moe_comm_overlap"
 # An MoE on Megatron that runs the overlap: ep 8 on one node, alltoall, no full recompute, bf16.
@@ -124,12 +122,12 @@ def test_torch_and_deepspeed_refuse_it() -> None:
 
 
 def test_validate_exit_2_names_the_key() -> None:
-    result = runner.invoke(app, ["validate", *MEGATRON_MOE, f"{KEY}=true", "train.recompute=full"])
-    assert result.exit_code == 2, result.output
-    text = " ".join(result.output.split())
+    result = invoke("validate", *MEGATRON_MOE, f"{KEY}=true", "train.recompute=full")
+    assert result.returncode == 2, shown(result)
+    text = " ".join(shown(result).split())
     assert f"{KEY}=true with train.recompute=full" in text and "Traceback" not in text
-    bad = runner.invoke(app, ["validate", *MEGATRON_MOE, f"{KEY}=maybe"])
-    assert bad.exit_code == 2 and KEY in " ".join(bad.output.split())
+    bad = invoke("validate", *MEGATRON_MOE, f"{KEY}=maybe")
+    assert bad.returncode == 2 and KEY in " ".join(shown(bad).split())
 
 
 def test_megatron_renders_the_flag() -> None:

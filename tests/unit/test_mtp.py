@@ -7,9 +7,7 @@ Expected values are derived by hand in the comments.
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.pipeline_split import SplitError, SplitKeys, megatron_split, mtp_stage
@@ -19,9 +17,9 @@ from launcher.plan.memory.estimate import stage_params
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import make_plan
 from launcher.render.megatron_args import megatron_args
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 # A small MoE on Megatron: 4 layers (the first dense), 8 experts top-2, pp 2 on 2 nodes of 8.
 MOE = [
@@ -125,11 +123,11 @@ def test_rendered_and_refused_where_not_run() -> None:
     i = args.index("--mtp-num-layers")
     assert args[i + 1] == "1"
     assert "--mtp-num-layers" not in megatron_args(cfg(*MOE))
-    torch_run = runner.invoke(app, ["validate", "recipe=tiny", "model.mtp_layers=1"])
-    assert torch_run.exit_code == 2
-    assert "use model.mtp_layers=0, or backend=megatron" in " ".join(torch_run.output.split())
-    negative = runner.invoke(app, ["validate", *MOE, "model.mtp_layers=-1"])
-    assert negative.exit_code == 2 and "model.mtp_layers" in negative.output
+    torch_run = invoke("validate", "recipe=tiny", "model.mtp_layers=1")
+    assert torch_run.returncode == 2
+    assert "use model.mtp_layers=0, or backend=megatron" in " ".join(shown(torch_run).split())
+    negative = invoke("validate", *MOE, "model.mtp_layers=-1")
+    assert negative.returncode == 2 and "model.mtp_layers" in shown(negative)
 
 
 def test_expert_overlap_takes_one_module_at_most() -> None:

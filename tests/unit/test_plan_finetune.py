@@ -7,9 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.plan import finetune
@@ -17,9 +15,9 @@ from launcher.plan.flops import config_flops
 from launcher.plan.memory.estimate import stage_states
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.planner import make_plan
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 EIGHT_B = ["recipe=llama3-8b", "cluster.num_nodes=1", "cluster.gpus_per_node=1", "zero.stage=0"]
 SMALL = ["train.global_batch_size=8", "train.steps=10", "train.tokens=null"]
@@ -82,9 +80,9 @@ def test_lora_plan_is_smaller_and_says_what_trains() -> None:
 
 def test_plan_answers_llama3_70b_lora_on_one_node_in_its_first_lines() -> None:
     args = ["plan", "recipe=llama3-70b", "finetune=lora", "cluster=a100-80gb"]
-    result = runner.invoke(app, [*args, "cluster.num_nodes=1"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
-    head = "\n".join(result.output.splitlines()[:8])
+    result = invoke(*args, "cluster.num_nodes=1", env={"COLUMNS": "200"})
+    assert result.returncode == 0, shown(result)
+    head = "\n".join(shown(result).splitlines()[:8])
     assert "finetune=lora" in head and "trainable of 70.6B" in head, head
     assert "fits" in head or "does not fit" in head or "tight" in head
 
@@ -107,19 +105,22 @@ def test_plan_answers_llama3_70b_lora_on_one_node_in_its_first_lines() -> None:
     ],
 )
 def test_bad_finetune_keys_exit_2_naming_the_key(overrides: list[str], key: str) -> None:
-    result = runner.invoke(app, ["validate", *overrides], env={"COLUMNS": "200"})
-    assert result.exit_code == 2, result.output
-    assert key in result.output and "Traceback" not in result.output, result.output
+    result = invoke("validate", *overrides, env={"COLUMNS": "200"})
+    assert result.returncode == 2, shown(result)
+    assert key in shown(result) and "Traceback" not in shown(result), shown(result)
 
 
 def test_search_prices_and_prunes_finetune_layouts() -> None:
-    result = runner.invoke(
-        app,
-        ["plan", "recipe=llama3-8b", "finetune=lora", "cluster.num_nodes=1", "--search"],
+    result = invoke(
+        "plan",
+        "recipe=llama3-8b",
+        "finetune=lora",
+        "cluster.num_nodes=1",
+        "--search",
         env={"COLUMNS": "200"},
     )
-    assert result.exit_code == 0, result.output
-    proposed = [line for line in result.output.splitlines() if "backend=torch" in line]
-    assert proposed, result.output
+    assert result.returncode == 0, shown(result)
+    proposed = [line for line in shown(result).splitlines() if "backend=torch" in line]
+    assert proposed, shown(result)
     for line in proposed:  # the engine refuses sequence parallel with adapters under tp
         assert not ("parallel.tp=" in line and "sequence_parallel=true" in line), line

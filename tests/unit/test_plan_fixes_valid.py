@@ -4,12 +4,11 @@ are found (issue 33, item 4)."""
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.validate.rules import check, passes
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
 
@@ -43,8 +42,8 @@ def test_torch_offload_is_offered_as_the_group_option_it_needs() -> None:
 
 def test_plan_prints_the_valid_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TERMINAL_WIDTH", "200")
-    result = CliRunner().invoke(app, ["plan", *ONE_NODE, "zero.stage=3"])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", *ONE_NODE, "zero.stage=3")
+    assert result.returncode == 0, shown(result)
     (fix,) = [
         f
         for f in make_plan(compose_config([*ONE_NODE, "zero.stage=3"]).config, accept=passes).fixes
@@ -52,5 +51,5 @@ def test_plan_prints_the_valid_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     gib = fix.device_bytes / 2**30
     assert 10 < gib < 20, gib  # about 16 GiB: weights, gradients and states on the host
-    assert f"zero=stage3-offload -> {gib:.1f}" in result.output
-    assert "none found" not in result.output
+    assert f"zero=stage3-offload -> {gib:.1f}" in shown(result)
+    assert "none found" not in shown(result)

@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.errors import UserError
@@ -22,10 +20,9 @@ from launcher.plan.memory.estimate import bytes_per_param
 from launcher.plan.operators import elementwise_bytes, operators
 from launcher.plan.planner import make_plan
 from launcher.plan.timing.estimate import stage_compute_parts
-from tests.cli import invoke
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 MS = 1e-3
 TINY = ["recipe=tiny"]  # 4 layers, h 128, ffn 512, 4 heads (d 32), vocab 256, seq 256, mbs 8, fp32
 
@@ -260,7 +257,7 @@ def test_the_cached_profile_is_used_and_a_bad_one_ignored_with_a_note(
     write(tmp_path / "cpu.json", tiny_profile())
     plan = make_plan(compose_config(TINY).config)
     assert plan.profile is not None and plan.profile.origin == "cache"
-    result = runner.invoke(app, ["plan", *TINY, "--json"])
+    result = invoke("plan", *TINY, "--json")
     pricing = json.loads(result.stdout)["time"]["pricing"]
     assert pricing["source"] == "profile" and pricing["profile"]["origin"] == "cache"
     assert pricing["parts"]["optimizer"] == "profile"
@@ -273,13 +270,13 @@ def test_the_cached_profile_is_used_and_a_bad_one_ignored_with_a_note(
     write(tmp_path / "cpu.json", doc)
     plan = make_plan(compose_config(TINY).config)
     assert plan.profile is None and plan.profile_note and "ignored" in plan.profile_note
-    result = runner.invoke(app, ["plan", *TINY])
-    assert result.exit_code == 0 and "ignored" in result.output
-    assert "published figures" in result.output
+    result = invoke("plan", *TINY)
+    assert result.returncode == 0 and "ignored" in shown(result)
+    assert "published figures" in shown(result)
 
 
 def test_plan_json_names_published_figures_without_a_profile() -> None:
-    result = runner.invoke(app, ["plan", *TINY, "--json"])
+    result = invoke("plan", *TINY, "--json")
     pricing = json.loads(result.stdout)["time"]["pricing"]
     assert pricing == {"source": "published figures", "profile": None, "parts": None, "note": None}
 

@@ -6,14 +6,12 @@ import json
 from typing import Any
 
 import pytest
-import typer
-from click.testing import CliRunner
 
 from launcher import resources
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.plan.planner import make_plan
 from launcher.views.plan import plan_to_json
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
 PY = {"boolean": bool, "integer": int, "number": (int, float), "string": str, "null": type(None)}
@@ -42,9 +40,9 @@ def conforms(schema: dict[str, Any], value: Any, where: str = "$") -> list[str]:
 
 
 def test_schema_describes_every_recipe_plan() -> None:
-    result = CliRunner().invoke(typer.main.get_command(app), ["plan", "--json-schema"])
-    assert result.exit_code == 0, result.output
-    schema = json.loads(result.output)
+    result = invoke("plan", "--json-schema")
+    assert result.returncode == 0, shown(result)
+    schema = json.loads(result.stdout)
     assert {"memory", "time", "layout"} <= set(schema["required"])
     for name in resources.recipe_names():
         doc = plan_to_json(make_plan(compose_config([f"recipe={name}"]).config))

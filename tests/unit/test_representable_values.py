@@ -5,16 +5,13 @@ int64; `plan --search` exits 2 on a configuration with such a value, as `plan` d
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.validate.rules import check
 from launcher.validate.values import FP32_MAX, FP32_TINY, INT64_MAX
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-
-runner = CliRunner()
 
 
 def errors(*overrides: str) -> list[str]:
@@ -61,10 +58,10 @@ def test_values_within_float32_and_int64_stay_valid() -> None:
 
 
 def test_validate_refuses_the_issue_s_command_with_exit_2() -> None:
-    result = runner.invoke(app, ["validate", "optim.name=sgd", "optim.lr=1e39"])
-    assert result.exit_code == 2, result.output
-    assert "optim.lr=1e+39" in " ".join(result.output.split())
-    assert "Traceback" not in result.output
+    result = invoke("validate", "optim.name=sgd", "optim.lr=1e39")
+    assert result.returncode == 2, shown(result)
+    assert "optim.lr=1e+39" in " ".join(shown(result).split())
+    assert "Traceback" not in shown(result)
 
 
 def test_plan_search_refuses_an_invalid_base_configuration_like_plan() -> None:

@@ -150,7 +150,7 @@ def test_each_ring_step_is_one_kernel_call_on_an_unmasked_or_causal_block(
             calls["bwd", q.shape[2], k.shape[2], rest[3]] += 1
         return real.backward(dout, q, k, *rest)
 
-    monkeypatch.setattr(ra, "_kernel_for", lambda q: Kernel("recorded", forward, backward))
+    monkeypatch.setattr(ra, "kernel_for", lambda q: Kernel("recorded", forward, backward))
     cp = 3
     qkv, dout, ref, _ = _reference(cp, 4, 2, torch.float64)
     results = _ring(cp, qkv, dout, torch.float64)

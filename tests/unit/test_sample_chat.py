@@ -9,7 +9,7 @@ import pytest
 
 from launcher.data.builtin_chat import SPECIALS, write_tokenizer
 from launcher.data.tokenizer import ByteTokenizer
-from launcher.train.sample import _chat_template, _prompt_ids
+from launcher.train.sample import chat_template, prompt_ids
 
 pytestmark = pytest.mark.unit
 
@@ -32,10 +32,10 @@ class _Bytes(ByteTokenizer):
 
 def test_a_prompt_is_a_user_turn_and_the_turn_end_stops(tmp_path: Path) -> None:
     write_tokenizer(tmp_path)
-    template = _chat_template(tmp_path)
+    template = chat_template(tmp_path)
     assert template is not None
     tok = _Bytes()
-    ids, stop = _prompt_ids(tok, template, "hi")
+    ids, stop = prompt_ids(tok, template, "hi")
     # ChatML: "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" (generation prompt).
     expected = [257, *b"user\nhi", 258, *b"\n", 257, *b"assistant\n"]
     assert ids == expected
@@ -43,6 +43,6 @@ def test_a_prompt_is_a_user_turn_and_the_turn_end_stops(tmp_path: Path) -> None:
 
 
 def test_without_a_template_the_text_is_continued(tmp_path: Path) -> None:
-    assert _chat_template(tmp_path) is None  # no tokenizer_config.json
-    ids, stop = _prompt_ids(ByteTokenizer(), None, "hi")
+    assert chat_template(tmp_path) is None  # no tokenizer_config.json
+    ids, stop = prompt_ids(ByteTokenizer(), None, "hi")
     assert ids == list(b"hi") and stop == set()

@@ -6,10 +6,9 @@ import json
 import re
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.verdict import assess
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
 
@@ -71,12 +70,9 @@ def test_layout_rules_run_on_what_did_compose() -> None:
 
 
 def test_search_json_gives_each_candidate_as_an_argument_list_too() -> None:
-    result = CliRunner().invoke(
-        app,
-        ["plan", "--search", "recipe=llama3-8b", "parallel.tp=2", "--top", "3", "--json"],
-    )
-    assert result.exit_code == 0, result.output
-    for candidate in json.loads(result.output)["candidates"]:
+    result = invoke("plan", "--search", "recipe=llama3-8b", "parallel.tp=2", "--top", "3", "--json")
+    assert result.returncode == 0, shown(result)
+    for candidate in json.loads(result.stdout)["candidates"]:
         words = candidate["override_list"]
         assert isinstance(words, list) and all(isinstance(w, str) for w in words)
         assert "parallel.tp=2" in words and words[0].startswith("backend=")

@@ -9,23 +9,19 @@ import shlex
 from pathlib import Path
 
 import pytest
-import typer
-from click.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.launch.preflight import hardware_problems
 from launcher.verdict import assess
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
-COMMAND = typer.main.get_command(app)
 
 
 def top5(*overrides: str) -> list[dict[str, object]]:
-    result = runner.invoke(COMMAND, ["plan", "--search", "--top", "5", "--json", *overrides])
-    assert result.exit_code == 0, result.output
-    candidates: list[dict[str, object]] = json.loads(result.output)["candidates"]
+    result = invoke("plan", "--search", "--top", "5", "--json", *overrides)
+    assert result.returncode == 0, shown(result)
+    candidates: list[dict[str, object]] = json.loads(result.stdout)["candidates"]
     assert candidates
     return candidates
 
@@ -82,9 +78,9 @@ def test_any_backend_widens_and_never_loses_the_best() -> None:
     every = top5(*base, "--any-backend")
     assert every[0]["tokens_per_s"] >= one[0]["tokens_per_s"]  # type: ignore[operator]
     assert {c["backend"] for c in every} <= {"torch", "deepspeed"}  # megatron needs CUDA
-    result = runner.invoke(COMMAND, ["plan", "--search", "--any-backend", *base, "precision=fp8"])
-    assert result.exit_code != 0
-    assert "no backend can run this request" in str(result.exception)
+    result = invoke("plan", "--search", "--any-backend", *base, "precision=fp8")
+    assert result.returncode == 2, shown(result)
+    assert "no backend can run this request" in result.stderr, shown(result)
 
 
 def test_screen_lines_hold_only_what_changes_the_given_configuration() -> None:
@@ -93,9 +89,9 @@ def test_screen_lines_hold_only_what_changes_the_given_configuration() -> None:
     # configuration as the full line in --json.
     base = ("recipe=llama3-8b",)
     full = [str(c["overrides"]) for c in top5(*base)]
-    screen = runner.invoke(COMMAND, ["plan", "--search", "--top", "5", *base])
-    assert screen.exit_code == 0, screen.output
-    lines = screen.output.split("Override lines to copy", 1)[1].splitlines()[1:6]
+    screen = invoke("plan", "--search", "--top", "5", *base)
+    assert screen.returncode == 0, shown(screen)
+    lines = shown(screen).split("Override lines to copy", 1)[1].splitlines()[1:6]
     short = [line.split(None, 1)[1] for line in lines]
     for line, whole in zip(short, full, strict=True):
         assert line.startswith("backend=") and len(line) < len(whole)

@@ -7,7 +7,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from launcher.errors import ConfigError, UserError
 from launcher.launch.local import prepare_run_dir
 from launcher.render.artifacts import render_artifacts, write_artifacts
 from launcher.render.sbatch import RenderError, job_env
+from tests.cli import llmtrain
 
 # Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
@@ -257,16 +257,15 @@ def test_submit_hands_secrets_to_sbatch_through_its_environment(tmp_path: Path) 
         'if [ "$2" = partition ]; then echo "PartitionName=debug Default=YES TotalNodes=2"\n'
         "else exit 1; fi\n",
     )
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    args = [sys.executable, "-m", "launcher", "submit", *TWO_NODES, *SECRETS, "slurm.chain=1"]
+    path = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    args = ["submit", *TWO_NODES, *SECRETS, "slurm.chain=1"]
     work = tmp_path / "work"
     work.mkdir()
-    missing = {k: v for k, v in env.items() if k != "MY_API_KEY"}
-    done = subprocess.run(args, cwd=work, env=missing, capture_output=True, text=True, timeout=120)
+    done = llmtrain(*args, cwd=work, env={**path, "MY_API_KEY": None}, timeout=120)
     assert done.returncode == 2 and "MY_API_KEY not set" in done.stderr
     assert not (work / "runs").exists() and not (bin_dir / "sbatch.calls").exists()
 
-    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    done = llmtrain(*args, cwd=work, env=path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert KEY not in done.stdout + done.stderr and TOKEN not in done.stdout + done.stderr
     calls = (bin_dir / "sbatch.calls").read_text().splitlines()

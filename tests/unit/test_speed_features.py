@@ -8,9 +8,7 @@ launcher/plan/memory/megatron_fsdp.py)."""
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
@@ -20,9 +18,9 @@ from launcher.plan.planner import hardware_view, make_plan
 from launcher.plan.speed_features import KERNEL_GAP_GRAPHED_S, KERNEL_GAP_S
 from launcher.plan.timing.estimate import stage_compute_parts
 from launcher.render.megatron_args import megatron_args
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
 
 DENSE = [
     "model=llama3-8b",
@@ -95,17 +93,17 @@ def cfg(*overrides: str) -> LLMTrainConfig:
 def test_megatron_refusals_exit_2_naming_the_key(
     overrides: list[str], key: str, words: str
 ) -> None:
-    result = runner.invoke(app, ["validate", *DENSE, *overrides])
-    assert result.exit_code == 2, result.output
-    text = " ".join(result.output.split())
+    result = invoke("validate", *DENSE, *overrides)
+    assert result.returncode == 2, shown(result)
+    text = " ".join(shown(result).split())
     assert key in text and words in text, text
-    assert "Traceback" not in result.output
+    assert "Traceback" not in shown(result)
 
 
 def test_mxfp8_accepted_on_blackwell() -> None:
     on_b200 = [*DENSE, "cluster=b200", "precision=fp8", "backend.fp8_scaling=mxfp8"]
-    result = runner.invoke(app, ["validate", *on_b200])
-    assert result.exit_code == 0, result.output
+    result = invoke("validate", *on_b200)
+    assert result.returncode == 0, shown(result)
 
 
 def test_torch_refuses_the_megatron_only_keys() -> None:
@@ -115,9 +113,9 @@ def test_torch_refuses_the_megatron_only_keys() -> None:
         "backend.moe_permute_fusion=true",
         "backend.overlap_param_gather_with_optimizer_step=true",
     ):
-        result = runner.invoke(app, ["validate", *base, extra])
-        assert result.exit_code == 2, (extra, result.output)
-        assert extra.split("=")[0] in " ".join(result.output.split())
+        result = invoke("validate", *base, extra)
+        assert result.returncode == 2, (extra, shown(result))
+        assert extra.split("=")[0] in " ".join(shown(result).split())
 
 
 def test_flags_rendered_as_megatron_lm_spells_them() -> None:
