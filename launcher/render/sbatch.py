@@ -1,8 +1,8 @@
 """The SLURM batch script (job.sbatch) and the multi-node torchrun script (launch.sh) of a run.
 
 Pure functions of the resolved config: the same config renders the same bytes (golden-file tests
-in tests/unit/test_render_golden.py). Every value that comes from the user is shell-quoted, and a
-value that cannot be written safely (a newline in an ``#SBATCH`` line) is refused.
+in tests/unit/render/test_render_golden.py). Every value that comes from the user is shell-quoted,
+and a value that cannot be written safely (a newline in an ``#SBATCH`` line) is refused.
 
 How the job works (job.sbatch):
 

@@ -180,7 +180,7 @@ def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
 # --- item 3: profiles are read bounded, and their figures must be physically possible ------------
 def _profile(tmp_path: Path, **changes: object) -> Path:
     from launcher.plan.hardware import profile as prof
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     doc = tiny_profile()
     for section, value in changes.items():
@@ -227,7 +227,7 @@ def test_a_profile_that_never_ends_is_refused_at_once(
 def test_a_profile_with_impossible_timings_is_refused(
     figure: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     gemms = tiny_profile()["gemm"]
     gemms[1] = {**gemms[1], "fwd_s": figure}
@@ -242,7 +242,7 @@ def test_a_forged_fast_profile_never_predicts_an_impossible_step(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The reproduction: every timing 1e-300 s, digest recomputed; plan predicted a 7e-299 s step.
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     doc = tiny_profile()
     for section in ("gemm", "attention", "elementwise", "loss"):
@@ -261,7 +261,7 @@ def test_profile_errors_never_quote_a_file_at_length(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from launcher.plan.hardware import profile as prof
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     cases = []
     version = tiny_profile()

@@ -27,7 +27,7 @@ from launcher.plan.memory.estimate import (
     stage_states,
 )
 from launcher.render.megatron_args import megatron_args
-from tests.unit.test_plan_memory import LLAMA
+from tests.unit.plan.memory.test_plan_memory import LLAMA
 
 # LLAMA: h 2048, 16 heads of 128, 4 kv heads (k, v 512 wide each), SwiGLU f 8192, V 32000, s 4096.
 

@@ -20,7 +20,7 @@ from launcher.plan.planner import make_plan
 from launcher.plan.schedule import chunk_microbatches_in_flight, combined_1f1b_overlap_share
 from launcher.render.megatron_args import megatron_args
 from tests.cli import invoke, shown
-from tests.unit.test_plan_moe_time import _moe
+from tests.unit.plan.timing.test_plan_moe_time import _moe
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ from launcher.plan.finetune import projections
 from launcher.validate import finetune_rules
 from tests.cli import invoke
 
-ROOT = Path(__file__).resolve().parents[2] / "launcher"
+ROOT = Path(__file__).resolve().parents[3] / "launcher"
 SHARED = {
     "NF4_BLOCK",
     "NF4_SCALER_BLOCK",

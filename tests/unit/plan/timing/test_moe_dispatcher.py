@@ -19,7 +19,7 @@ from launcher.plan.timing.comm import collective_time, expert_alltoall_bus_gbps,
 from launcher.render.megatron_args import megatron_args
 from launcher.search.layouts import fixed_keys, search
 from tests.cli import invoke, shown
-from tests.unit.test_plan_moe_time import _moe
+from tests.unit.plan.timing.test_plan_moe_time import _moe
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,7 @@ from launcher.plan.hardware.lookup import (
 
 pytestmark = pytest.mark.unit
 
-CLUSTER_DIR = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+CLUSTER_DIR = Path(__file__).resolve().parents[4] / "conf" / "cluster"
 CLUSTER_FILES = sorted(CLUSTER_DIR.glob("*.yaml"))
 CLUSTER_FIELDS = {f.name for f in dataclasses.fields(ClusterConfig)}
 

@@ -15,7 +15,7 @@ from launcher.render.megatron_args import MegatronUnsupported, megatron_args
 
 pytestmark = pytest.mark.unit
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 PYTHON, WORKDIR = "/opt/llmtrain/venv/bin/python", "/home/me/project"
 
 CASES = {

@@ -18,7 +18,7 @@ from launcher.config.layout import derive_layout
 from launcher.plan.hardware import profile as prof
 from launcher.plan.hardware.profile_rates import layout_family, overhead_units, rates
 from launcher.plan.planner import make_plan
-from tests.unit.test_plan_profile import TINY, tiny_profile
+from tests.unit.plan.hardware.test_plan_profile import TINY, tiny_profile
 
 pytestmark = pytest.mark.unit
 MS = 1e-3

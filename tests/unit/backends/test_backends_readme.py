@@ -11,7 +11,7 @@ from launcher.backends.table import END, START, markdown_table
 
 pytestmark = pytest.mark.unit
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends.md"
 
 
 def test_docs_table_is_generated_from_the_backend_tables() -> None:

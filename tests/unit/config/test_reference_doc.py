@@ -15,7 +15,7 @@ from launcher.config.schema.keys import all_schema_keys
 
 pytestmark = pytest.mark.unit
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
 
 def test_the_committed_key_reference_matches_the_schema() -> None:

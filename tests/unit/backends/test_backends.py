@@ -251,7 +251,7 @@ def test_megatron_args_render_fsdp_and_parallel_folding() -> None:
 
 # --- one object answers every backend question (issue 20) ---------------------------------------
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
+LAUNCHER = Path(__file__).resolve().parents[3] / "launcher"
 # A behaviour chosen by comparing the backend's name (==, !=, in (...)), outside launcher/backends/.
 NAME_BRANCH = re.compile(r"backend\.name\s*(==|!=|\bin\b|\bnot in\b)|==\s*cfg\.backend\.name")
 

@@ -21,7 +21,7 @@ from launcher.validate.rules import check
 
 pytestmark = pytest.mark.unit
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "published_layouts.yaml"
+DATA = Path(__file__).resolve().parents[2] / "data" / "published_layouts.yaml"
 GIB = 1024**3
 
 

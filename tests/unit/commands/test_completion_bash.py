@@ -22,7 +22,7 @@ from launcher.rundir import RunDir
 
 pytestmark = pytest.mark.integration  # each test starts processes
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 LLMTRAIN = str(Path(sys.executable).with_name("llmtrain"))
 

@@ -15,7 +15,7 @@ from launcher.config.layout import derive_layout
 from launcher.render.artifacts import render_artifacts, write_artifacts
 from launcher.render.megatron_launch import megatron_run_args
 from tests.cli import invoke
-from tests.unit.test_slurm_submit import fake_slurm, stub
+from tests.unit.render.test_slurm_submit import fake_slurm, stub
 
 # Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
