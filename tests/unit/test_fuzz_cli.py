@@ -632,6 +632,7 @@ def fuzz_environment(tmp: Path, data_copy: bool) -> Iterator[FuzzEnv]:
             copied = root
             mp.setattr(resources, "data_root", lambda: copied)
         mp.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
+        mp.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
         mp.delenv("LLMTRAIN_NO_CACHE", raising=False)
         # launch/slurm.py binds prepare_run_dir when first imported: imported here first, it keeps
         # the real one for the tests that run `submit` in this process after these.

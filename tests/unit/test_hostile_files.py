@@ -347,6 +347,7 @@ def test_a_secret_named_variable_is_never_shown_or_cached(
 ) -> None:
     value = "hunter2-do-not-print-7f3a"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv(name, value)
     code, output = said(invoke("show", f"run.name=${{oc.env:{name}}}", timeout=TIMEOUT_S))
@@ -360,6 +361,7 @@ def test_an_environment_value_is_never_written_to_the_compose_cache(
 ) -> None:
     value = "plain-value-from-the-environment"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv("RUN_LABEL", value)
     for _ in range(2):  # the second would be served from the cache

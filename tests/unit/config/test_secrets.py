@@ -41,6 +41,7 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A compose cache of this test's own, enabled, to prove secrets never land in it."""
     cache = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv("MY_API_KEY", KEY)
     return cache

@@ -23,6 +23,7 @@ PASSWD_LINE = "root:x:0:0:root-of-this-test:/root:/bin/bash"
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv("MY_API_KEY", KEY)
     return cache
