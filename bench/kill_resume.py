@@ -7,10 +7,10 @@ One uninterrupted reference run, then for each trial: start the same run in a fr
 a random rank once a random number of steps past the first checkpoint is logged (tests/faults.py
 finds the process through /proc), check `llmtrain run` exits non-zero, run the same command
 again, and compare the final weights digest (summary.json weights_sha256, a sha256 over every
-rank's parameter bytes; tests/unit/test_weights_digest.py shows it tells weights one ulp apart)
-with the reference. A trial passes when the launcher tore the run down, the next run resumed from
-a checkpoint and finished, and the weights match bit for bit. Exit status 0 only when every trial
-passes.
+rank's parameter bytes; tests/unit/train/engines/test_weights_digest.py shows it tells weights one
+ulp apart) with the reference. A trial passes when the launcher tore the run down, the next run
+resumed from a checkpoint and finished, and the weights match bit for bit. Exit status 0 only when
+every trial passes.
 """
 
 from __future__ import annotations

@@ -45,13 +45,13 @@ def cross_validate(rows: list[Prepared]) -> dict[int, float]:
     return out
 
 
-# Software generations: the year of the engine release each source ran (launcher/plan/
-# reference_runs.py and bench/data/calibration.csv name them): Megatron-LM of Narayanan et al.
-# 2021 (N); the Megatron-LM of PR #482, 2023-09 (P482) and llm-foundry's MPT benchmarks, 2023
-# (MP); NeMo 24.03.01 (NL), NeMo 24.07 (NP), torchtitan of 2024-12 (T); NeMo 25.02 (NB), NeMo
-# AutoModel (AM) and torchao's mxfp8 (AO), 2025. A user plans for the newest release with
-# constants fitted on older ones: `forward_chain` fits on every release before a year and
-# predicts that year.
+# Software generations: the year of the engine release each source ran
+# (launcher/plan/calibration/reference_runs.py and bench/data/calibration.csv name them):
+# Megatron-LM of Narayanan et al. 2021 (N); the Megatron-LM of PR #482, 2023-09 (P482) and
+# llm-foundry's MPT benchmarks, 2023 (MP); NeMo 24.03.01 (NL), NeMo 24.07 (NP), torchtitan of
+# 2024-12 (T); NeMo 25.02 (NB), NeMo AutoModel (AM) and torchao's mxfp8 (AO), 2025. A user plans for
+# the newest release with constants fitted on older ones: `forward_chain` fits on every release
+# before a year and predicts that year.
 RELEASE_YEAR = {
     "N": 2021,
     "P482": 2023,

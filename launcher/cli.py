@@ -2,7 +2,7 @@
 concern: each parses, calls one function per step, prints), shell completion, and the entry
 point that turns a user error into one message and exit 2.
 
-Commands here never import torch or deepspeed (see tests/unit/test_cli_imports.py).
+Commands here never import torch or deepspeed (see tests/unit/commands/test_cli_imports.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ around a run: export, sample, status, logs).
 `llmtrain` runs `python -m launcher` in a child process, for what needs one: torchrun and the
 ranks, signals, a terminal, a check of what a fresh interpreter imports.
 
-Both return a `subprocess.CompletedProcess[str]` (args, returncode, stdout, stderr).
+Both return a `subprocess.CompletedProcess[str]` (args, returncode, stdout, stderr); `said` and
+`shown` give what a user sees of one. A test that drives the child while it runs (signals, its
+output read as it comes, a pseudo-terminal) starts it with `start` (a `subprocess.Popen`), or
+takes the command line itself from `command`.
 """
 
 from __future__ import annotations
@@ -23,10 +26,27 @@ import sys
 import traceback
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 # A child command that hangs fails its test instead of the whole session: 10 minutes is over
 # any single command of the suite (the longest, a 40-step SFT run, takes ~40 s here).
 CHILD_TIMEOUT_S = 600
+
+
+def command(*args: str) -> list[str]:
+    """`python -m launcher ARGS` with this interpreter, as an argument list."""
+    return [sys.executable, "-m", "launcher", *args]
+
+
+def _changed(env: Mapping[str, str | None] | None) -> dict[str, str]:
+    """This process's environment changed by `env` (None removes a key)."""
+    environment = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            environment.pop(key, None)
+        else:
+            environment[key] = value
+    return environment
 
 
 def llmtrain(
@@ -37,20 +57,36 @@ def llmtrain(
 ) -> subprocess.CompletedProcess[str]:
     """`python -m launcher ARGS` in a child process, with this process's environment changed
     by `env` (None removes a key)."""
-    environment = dict(os.environ)
-    for key, value in (env or {}).items():
-        if value is None:
-            environment.pop(key, None)
-        else:
-            environment[key] = value
     return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
+        command(*args),
         cwd=cwd,
-        env=environment,
+        env=_changed(env),
         capture_output=True,
         text=True,
         errors="replace",
         timeout=timeout,
+    )
+
+
+def start(
+    *args: str,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str | None] | None = None,
+    stdin: Any = None,
+    stdout: Any = subprocess.PIPE,
+    stderr: Any = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """`python -m launcher ARGS` started in a child process the test drives while it runs
+    (signals, output read as it comes): stdout and stderr piped as text unless given (a file,
+    subprocess.DEVNULL, a terminal's fd), the environment changed by `env` as in `llmtrain`."""
+    return subprocess.Popen(
+        command(*args),
+        cwd=cwd,
+        env=_changed(env),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
     )
 
 
@@ -96,6 +132,30 @@ def _deadline(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+# Typer builds the click command from the app on every call (twice per `entry`: its hint, then
+# the call), ~10-25 ms each; the test process builds it once and reuses it, as a test's own
+# CliRunner on a prebuilt command did.
+_BUILT: dict[int, Any] = {}
+
+
+@contextlib.contextmanager
+def _command_built_once() -> Iterator[None]:
+    import typer.main
+
+    build = typer.main.get_command
+
+    def built(app: Any) -> Any:
+        if id(app) not in _BUILT:
+            _BUILT[id(app)] = (app, build(app))  # the app kept alive: its id stays its own
+        return _BUILT[id(app)][1]
+
+    typer.main.get_command = built
+    try:
+        yield
+    finally:
+        typer.main.get_command = build
+
+
 def invoke(
     *args: str,
     cwd: Path | str | None = None,
@@ -116,6 +176,7 @@ def invoke(
         CliRunner().isolation() as (out, err, _),
         contextlib.chdir(cwd or os.getcwd()),
         _environment(env or {}),
+        _command_built_once(),
     ):
         sys.argv = ["llmtrain", *args]
         try:
@@ -140,4 +201,9 @@ def invoke(
 
 def said(done: subprocess.CompletedProcess[str]) -> tuple[int, str]:
     """(exit code, stdout + stderr) of a command."""
-    return done.returncode, done.stdout + done.stderr
+    return done.returncode, shown(done)
+
+
+def shown(done: subprocess.CompletedProcess[str]) -> str:
+    """What a command printed, stdout then stderr (both on a user's terminal)."""
+    return done.stdout + done.stderr

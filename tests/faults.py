@@ -11,12 +11,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from launcher.rundir import RunDir
-from tests.cli import llmtrain
+from tests.cli import llmtrain, start
 
 # A short 2-process run that checkpoints every 2 steps, in runs/trial of its folder.
 TRIAL_STEPS = 12
@@ -90,13 +89,7 @@ def run_and_kill(
     llmtrain's exit code (the run may also finish first if it is faster than the poll). Its
     stderr is left in cwd/KILLED_STDERR."""
     with open(cwd / KILLED_STDERR, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "launcher", "run", *args],
-            cwd=cwd,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            text=True,
-        )
+        process = start("run", *args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.monotonic() + timeout
     killed = False
     while process.poll() is None and time.monotonic() < deadline:

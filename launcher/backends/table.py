@@ -1,7 +1,7 @@
 """The "What each backend runs" table of docs/backends.md, generated from the backend tables.
 
-``python -m launcher.backends.table`` prints it; tests/unit/test_backends_readme.py asserts that
-docs/backends.md holds exactly this text between its markers.
+``python -m launcher.backends.table`` prints it; tests/unit/backends/test_backends_readme.py asserts
+that docs/backends.md holds exactly this text between its markers.
 """
 
 from __future__ import annotations

@@ -70,8 +70,6 @@ CHAT_LAYOUT = "chat"
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 NAMED_TEMPLATES = ("chatml", "gemma", "llama3", "mistral", "phi3")
 ROLE_PROMPT, ROLE_ASSISTANT, ROLE_FINAL = 0, 1, 2
-TRAIN_ON = ("assistant", "completion", "all")
-OVERLONG = ("truncate", "drop")
 
 
 def prefixes(split: str) -> dict[str, str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher.data.chat_prepare import OVERLONG
+from launcher.config.schema.data import OVERLONG
 from launcher.errors import UserError
 
 DEFAULT_SEQ_LENGTH = 2048

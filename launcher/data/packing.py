@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from launcher.data.chat_prepare import OVERLONG, ROLE_FINAL, TRAIN_ON
+from launcher.config.schema.data import OVERLONG, TRAIN_ON
+from launcher.data.chat_prepare import ROLE_FINAL
 from launcher.errors import UserError
 
 TOKENS, TRAINED, SEGMENT = 0, 1, 2  # the channels of a batch

@@ -29,17 +29,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.config.adapters import (
+    ALL_LINEAR,
+    COLUMN_PARALLEL,
+    NF4_BLOCK,
+    NF4_SCALER_BLOCK,
+    target_modules,
+)
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.model_shape import ModelShape
 
 # NF4 bytes per weight (module docstring): 4-bit codes, int8 scaler per 64, bf16 factor per 256.
-NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
 NF4_BYTES_PER_WEIGHT = 0.5 + 1.0 / NF4_BLOCK + 2.0 / (NF4_BLOCK * NF4_SCALER_BLOCK)
 ADAPTER_WEIGHT_BYTES = 4.0  # fp32 adapters (the master copy)
 ADAPTER_GRAD_BYTES = 4.0
-# Projections split column-wise under tensor parallel (the rest, o and down, row-wise).
-COLUMN_PARALLEL = ("q", "k", "v", "gate", "up")
 
 
 @dataclass(frozen=True)
@@ -58,21 +62,22 @@ def is_finetune(cfg: LLMTrainConfig) -> bool:
 
 
 def projections(m: ModelConfig) -> dict[str, Projection]:
-    """The adaptable projections of a dense block (launcher/train/finetune/lora.py's table)."""
+    """The adaptable projections of a dense block (launcher/config/adapters.py's table), each
+    with its (in, out)."""
     s = ModelShape(m)
     h, d, ffn = m.hidden_size, s.head_dim, m.ffn_hidden_size
     q, kv = m.num_attention_heads * d, s.kv_heads * d
-    dims = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, ffn), "down": (ffn, h)}
-    if m.activation == "swiglu":
-        dims["gate"] = (h, ffn)
-    return {t: Projection(t, i, o) for t, (i, o) in dims.items()}
+    dims = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h)}
+    dims |= {"up": (h, ffn), "down": (ffn, h), "gate": (h, ffn)}  # (in, out), in plan.json's order
+    has = target_modules(m.activation)
+    return {t: Projection(t, i, o) for t, (i, o) in dims.items() if t in has}
 
 
 def targets(cfg: LLMTrainConfig) -> list[Projection]:
     """The projections finetune.targets adapts in each block (all-linear: every one)."""
     known = projections(cfg.model)
     words = [str(t) for t in cfg.finetune.targets]
-    if "all-linear" in words:
+    if ALL_LINEAR in words:
         return list(known.values())
     return [known[t] for t in words if t in known]
 

@@ -1,7 +1,7 @@
 """The SLURM batch script (job.sbatch) and the multi-node torchrun script (launch.sh) of a run.
 
 Pure functions of the resolved config: the same config renders the same bytes (golden-file tests
-in tests/unit/test_render_golden.py). Every value that comes from the user is quoted for what
+in tests/unit/render/test_render_golden.py). Every value that comes from the user is quoted for what
 reads it: shell-quoted in the script's body, quoted as sbatch reads ``#SBATCH`` lines in those
 (``sbatch_quote``); a value that cannot be written safely (a newline in an ``#SBATCH`` line) is
 refused.

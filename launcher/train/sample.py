@@ -72,7 +72,7 @@ def _tokenizer(folder: Path | None) -> Any:
         raise UserError(f"data.path={folder}: tokenizer unreadable ({exc})") from None
 
 
-def _chat_template(folder: Path | None) -> Any:
+def chat_template(folder: Path | None) -> Any:
     """The data's chat template (launcher.data.chat_template), or None when it has none."""
     from launcher.data.chat_template import ChatTemplate
 
@@ -85,7 +85,7 @@ def _chat_template(folder: Path | None) -> Any:
         return None
 
 
-def _prompt_ids(
+def prompt_ids(
     tok: Any, template: Any, prompt: str, messages: list[dict[str, str]] | None = None
 ) -> tuple[list[int], set[int]]:
     """The prompt's ids and the ids that end the reply (end of document; the template's eos)."""
@@ -167,8 +167,8 @@ def sample(
     model = model.to(device=device, dtype=dtype).eval()
     folder = _data_folder(cfg)
     tok = _tokenizer(folder)
-    template = _chat_template(folder) if chat else None
-    ids, stop = _prompt_ids(tok, template, prompt, messages or None)
+    template = chat_template(folder) if chat else None
+    ids, stop = prompt_ids(tok, template, prompt, messages or None)
     vocab, window = cfg.model.vocab_size, cfg.model.seq_length
     if not ids or max(ids) >= vocab:
         raise UserError("the prompt encodes to no tokens, or to ids outside the model's vocabulary")

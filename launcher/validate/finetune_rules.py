@@ -18,6 +18,7 @@ What runs (each checked on CPU by tests/integration/test_lora.py or the engine's
 from __future__ import annotations
 
 from launcher.backends.common import all_backends, backend_of
+from launcher.config.adapters import ALL_LINEAR, NF4_BLOCK, NF4_SCALER_BLOCK, TARGET_WORDS
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
 from launcher.plan.finetune import projections
@@ -35,12 +36,6 @@ def _warning(keys: tuple[str, ...], message: str) -> Problem:
     return (WARNING, keys, message)
 
 
-TARGET_WORDS = ("q", "k", "v", "o", "gate", "up", "down", "all-linear")
-# torchao NF4Tensor: block_size 64 weights, scaler_block_size 256 scalers
-# (torchao/quantization/quantize_/workflows/nf4/nf4_tensor.py, to_nf4's defaults).
-NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
-
-
 def projection_dims(m: ModelConfig) -> dict[str, tuple[int, int]]:
     """(in, out) of each target projection the model has (launcher.plan.finetune.projections)."""
     return {t: (p.fan_in, p.fan_out) for t, p in projections(m).items()}
@@ -50,7 +45,7 @@ def targets_of(cfg: LLMTrainConfig) -> list[str]:
     """The target words finetune.targets selects (all-linear: every projection the model has)."""
     targets = [str(t) for t in cfg.finetune.targets]
     dims = projection_dims(cfg.model)
-    return list(dims) if "all-linear" in targets else [t for t in targets if t in dims]
+    return list(dims) if ALL_LINEAR in targets else [t for t in targets if t in dims]
 
 
 def finetune_values(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
@@ -61,7 +56,7 @@ def finetune_values(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
     dims = projection_dims(cfg.model)
     targets = [str(t) for t in ft.targets]
     unknown = [t for t in targets if t not in TARGET_WORDS]
-    absent = [t for t in targets if t in TARGET_WORDS and t != "all-linear" and t not in dims]
+    absent = [t for t in targets if t in TARGET_WORDS and t != ALL_LINEAR and t not in dims]
     if not targets or unknown:
         out.append(
             _error(
@@ -79,27 +74,17 @@ def finetune_values(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
                 f"e.g. finetune.targets=[{','.join(dims)}]",
             )
         )
-    if ft.rank < 1:
-        out.append(_error(("finetune.rank",), f"finetune.rank={ft.rank}: must be >= 1 (e.g. 16)"))
-    else:
-        chosen = targets_of(cfg)
-        limit = min((min(dims[t]) for t in chosen), default=ft.rank)
-        if ft.rank > limit:
-            out.append(
-                _error(
-                    ("finetune.rank",),
-                    f"finetune.rank={ft.rank} exceeds the smallest adapted dimension ({limit}); "
-                    f"a rank-{ft.rank} update of that projection is not low-rank: "
-                    f"finetune.rank={min(16, limit)}",
-                )
-            )
-    if not ft.alpha > 0:
-        out.append(_error(("finetune.alpha",), f"finetune.alpha={ft.alpha}: must be > 0 (e.g. 32)"))
-    if not 0 <= ft.dropout < 1:
+    # rank >= 1, alpha > 0 and dropout in [0, 1) are the schema's bounds (rule positive-values);
+    # here, what depends on the model: a rank no larger than the smallest adapted dimension.
+    chosen = targets_of(cfg)
+    limit = min((min(dims[t]) for t in chosen), default=ft.rank)
+    if ft.rank > limit:
         out.append(
             _error(
-                ("finetune.dropout",),
-                f"finetune.dropout={ft.dropout}: must be in [0, 1) (e.g. 0.05)",
+                ("finetune.rank",),
+                f"finetune.rank={ft.rank} exceeds the smallest adapted dimension ({limit}); "
+                f"a rank-{ft.rank} update of that projection is not low-rank: "
+                f"finetune.rank={min(16, limit)}",
             )
         )
     if cfg.train.init_from is None:

@@ -148,7 +148,8 @@ def _bound_words(cfg: LLMTrainConfig, spec: Allowed, *, integer: bool) -> str:
         return f"must lie between {low[0]} and {spec.le_key}={_value(cfg, spec.le_key)}"
     if high is not None:
         if not integer:
-            return f"must be in {spec.interval()}"
+            example = f", e.g. {spec.example}" if spec.example is not None else ""
+            return f"must be in {spec.interval()}{example}"
         if spec.example is not None:
             return f"must be an integer in {spec.interval()} ({spec.why}), e.g. {spec.example}"
         return f"must be {low[0]}-{high[0]}"

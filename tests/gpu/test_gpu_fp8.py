@@ -7,11 +7,11 @@ On a GPU machine: `python -m pytest -m gpu tests/gpu/test_gpu_fp8.py`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import llmtrain
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao")
@@ -42,13 +42,7 @@ def test_small_llama_trains_with_real_fp8_on_one_gpu(tmp_path: Path) -> None:
         "precision=fp8",
         "train.recompute=none",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", "--force", *overrides],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = llmtrain("run", "--force", *overrides, cwd=tmp_path, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Failed to load" not in done.stdout + done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()

@@ -33,7 +33,7 @@ def test_ring_on_cuda_matches_whole_sequence_attention(
     import torch.nn.functional as F
 
     from launcher.train.parallel.ring_attention import (
-        _kernel_for,
+        kernel_for,
         ring_attention_on,
         shard_sequence,
     )
@@ -46,7 +46,7 @@ def test_ring_on_cuda_matches_whole_sequence_attention(
     q = torch.randn(b, hq, seq, d, device=dev).to(dt)
     k, v = (torch.randn(b, hkv, seq, d, device=dev).to(dt) for _ in range(2))
     dout = torch.randn(b, hq, seq, d, device=dev).to(dt)
-    assert _kernel_for(q).name == kernel
+    assert kernel_for(q).name == kernel
     # Reference: fp32 causal SDPA on the whole sequence (the inputs already rounded to dtype).
     full = [t.float().requires_grad_() for t in (q, k, v)]
     ref = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=hq != hkv)

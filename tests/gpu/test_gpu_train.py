@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import llmtrain
 
 torch = pytest.importorskip("torch")
 
@@ -40,13 +40,7 @@ def test_llama_style_model_trains_in_bf16_on_one_gpu(tmp_path: Path) -> None:
         "backend=torch",
         "train.recompute=none",
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "run", "--force", *overrides],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = llmtrain("run", "--force", *overrides, cwd=tmp_path, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())

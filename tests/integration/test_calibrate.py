@@ -101,7 +101,8 @@ def test_calibrate_refuses_bad_input_and_leaves_files_alone(tmp_path: Path) -> N
 def test_plan_measure_trains_shrunk_runs_and_extrapolates(tmp_path: Path) -> None:
     done = invoke("plan", "--measure", "recipe=tiny", "--json", cwd=tmp_path, timeout=600)
     if done.returncode == 2 and "is not a fit any real step has" in done.stdout + done.stderr:
-        # The refusal of a noisy fit (tests/unit/test_measurement_noise.py): a busy machine.
+        # The refusal of a noisy fit (tests/unit/plan/hardware/test_measurement_noise.py): a busy
+        # machine.
         pytest.skip("this machine was too busy for two short runs to differ by a layer")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     doc = json.loads(done.stdout)

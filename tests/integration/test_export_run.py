@@ -4,7 +4,7 @@ Each layout trains the same Llama-shaped model with the same seed for 3 steps on
 one process (torch), tensor parallel 2 and FSDP ZeRO-3 (torch, DCP shards), DeepSpeed ZeRO-3
 (fp32 partitions in its optimizer files) and DeepSpeed pipeline parallel 2 (one file per layer).
 Every run is exported with the CLI and the exported folder is run through the numpy reference
-forward of tests/unit/test_export_hf.py (transformers' documented semantics, HF names and
+forward of tests/unit/export/test_export_hf.py (transformers' documented semantics, HF names and
 config.json only). The layouts compute the same training to float rounding, so their exported
 logits must agree: a shard put back in the wrong place, a missing tensor or a wrong name would
 not (measured: <= 6e-7 apart for logits of magnitude ~0.8; the bar is 1e-4).
@@ -21,7 +21,7 @@ import pytest
 from launcher.export.hf_files import read_hf_folder
 from tests.cli import invoke, llmtrain
 from tests.integration.test_run import only_run_dir
-from tests.unit.test_export_hf import reference_gpt2, reference_llama
+from tests.unit.export.test_export_hf import reference_gpt2, reference_llama
 
 pytestmark = pytest.mark.integration
 

@@ -212,9 +212,9 @@ def test_refused_resume_leaves_config_yaml_as_it_was(tmp_path: Path) -> None:
 SUBREAPER = textwrap.dedent(
     """
     import ctypes, json, os, signal, subprocess, sys, time
+    from tests.cli import start
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    llmtrain = subprocess.Popen([sys.executable, "-m", "launcher", "run", *sys.argv[2:]],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    llmtrain = start("run", *sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     def alive_descendants():
         parent_of, state = {}, {}
         for entry in os.listdir("/proc"):

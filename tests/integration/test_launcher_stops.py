@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from launcher.train.checkpoint.store import verify
+from tests import cli
 from tests.cli import llmtrain
 from tests.faults import children, rank_pids, steps_done
 
@@ -38,13 +38,7 @@ ARGS = [
 
 
 def start(cwd: Path, args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "launcher", "run", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return cli.start("run", *args, cwd=cwd)
 
 
 def tree(pid: int) -> list[int]:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.cli import invoke, llmtrain
+from tests.cli import invoke, llmtrain, start
 from tests.faults import steps_done
 
 pytestmark = pytest.mark.integration
@@ -29,13 +28,7 @@ def _runs(cwd: Path) -> list[dict[str, object]]:
 
 def test_list_status_logs_and_cancel_a_local_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "mine"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "run", *ARGS],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start("run", *ARGS, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 180
         while steps_done(run_dir) < 2:

@@ -7,13 +7,12 @@ checkpoint: gone, the run stops with that error before writing, and the second r
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli import start
 from tests.faults import llmtrain_run
 
 pytestmark = pytest.mark.integration
@@ -30,13 +29,7 @@ ARGS = [
 
 def test_a_deleted_lock_file_stops_its_holder_before_its_next_checkpoint(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "one-writer"
-    first = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "run", *ARGS, "train.steps=100000"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start("run", *ARGS, "train.steps=100000", cwd=tmp_path)
     try:
         deadline = time.monotonic() + 180
         while not (run_dir / "checkpoints" / "step_00000005").is_dir():

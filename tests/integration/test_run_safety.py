@@ -11,12 +11,12 @@ import os
 import pickle
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli import start
 from tests.faults import children, llmtrain_run, rank_pids, steps_done
 from tests.payloads import _Reduce, pickle_payloads, rewrite_manifest, torch_save_payloads
 
@@ -32,13 +32,7 @@ ARGS = [
 
 
 def _start(cwd: Path, args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "launcher", "run", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start("run", *args, cwd=cwd)
 
 
 def _wait_steps(process: subprocess.Popen[str], run_dir: Path, steps: int) -> None:

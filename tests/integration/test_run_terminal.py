@@ -22,7 +22,6 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import termios
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import invoke, llmtrain
+from tests.cli import command, invoke, llmtrain
 from tests.faults import steps_done
 
 pytestmark = pytest.mark.integration
@@ -118,10 +117,6 @@ class Terminal:
             self.leader = -1
 
 
-def _llmtrain(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher", *args]
-
-
 def _intervals(text: str) -> list[str]:
     return [line for line in text.splitlines() if INTERVAL.match(line)]
 
@@ -140,7 +135,7 @@ def _no_traceback(run_dir: Path, *texts: str) -> None:
 
 def test_ctrl_c_on_a_terminal_shows_every_interval_then_a_clean_stop(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "screen"
-    screen = Terminal(_llmtrain("run", *ARGS, "train.steps=100000", "run.name=screen"), tmp_path)
+    screen = Terminal(command("run", *ARGS, "train.steps=100000", "run.name=screen"), tmp_path)
     try:
         screen.read_until(lambda text: len(_intervals(text)) >= 2)
         screen.type(b"\x03")  # Ctrl-C
@@ -172,7 +167,7 @@ def test_ctrl_c_on_a_terminal_shows_every_interval_then_a_clean_stop(tmp_path: P
 def test_a_closed_terminal_checkpoints_and_stops_like_ctrl_c(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "hangup"
     args = [*ARGS, "train.steps=100000", "run.name=hangup"]
-    screen = Terminal(_llmtrain("run", *args), tmp_path)
+    screen = Terminal(command("run", *args), tmp_path)
     try:
         screen.read_until(lambda text: len(_intervals(text)) >= 2)
         screen.hang_up()
@@ -195,7 +190,7 @@ def test_a_closed_pipe_never_stops_training(tmp_path: Path) -> None:
     # last step and finishes as it would have.
     run_dir = tmp_path / "runs" / "piped"
     process = subprocess.Popen(
-        _llmtrain("run", *ARGS, "train.steps=8", "train.log_every=1", "run.name=piped"),
+        command("run", *ARGS, "train.steps=8", "train.log_every=1", "run.name=piped"),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -220,8 +215,8 @@ def test_detach_survives_the_terminal_and_cancel_stops_it(tmp_path: Path) -> Non
     # A shell on a terminal starts the run detached, then the terminal closes (logout): the
     # shell's session gets SIGHUP, the run does not.
     run_dir = tmp_path / "runs" / "away"
-    command = " ".join(_llmtrain("run", "--detach", *ARGS, "train.steps=100000", "run.name=away"))
-    shell = Terminal(["/bin/sh", "-c", f"{command}; echo detach-exit=$?; exec sleep 300"], tmp_path)
+    detach = " ".join(command("run", "--detach", *ARGS, "train.steps=100000", "run.name=away"))
+    shell = Terminal(["/bin/sh", "-c", f"{detach}; echo detach-exit=$?; exec sleep 300"], tmp_path)
     try:
         shell.read_until(lambda text: "detach-exit=" in text, timeout=120)
         text = shell.text

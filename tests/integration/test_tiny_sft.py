@@ -4,23 +4,21 @@ prepared on first use), and its metrics count trained tokens beside processed on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import llmtrain
 
 pytestmark = pytest.mark.integration
 
 
 def test_tiny_sft_masked_loss_falls(tmp_path: Path) -> None:
-    env = {**os.environ, "LLMTRAIN_CACHE": str(tmp_path / "cache")}
-    command = [
-        sys.executable, "-m", "launcher", "run", "recipe=tiny-sft", "train.steps=40",
-        "model.seq_length=128", f"run.root_dir={tmp_path / 'runs'}", "run.name=sft",
-    ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = llmtrain(
+        "run", "recipe=tiny-sft", "train.steps=40", "model.seq_length=128",
+        f"run.root_dir={tmp_path / 'runs'}", "run.name=sft",
+        env={"LLMTRAIN_CACHE": str(tmp_path / "cache")}, timeout=600,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "chat data:" in done.stdout and "(packed)" in done.stdout
     run = tmp_path / "runs" / "sft"

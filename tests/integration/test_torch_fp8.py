@@ -181,7 +181,7 @@ def test_run_and_export_give_plain_weights(tmp_path: Path) -> None:
 
     from launcher.export.hf_files import read_hf_folder
     from tests.cli import llmtrain
-    from tests.unit.test_export_hf import reference_llama
+    from tests.unit.export.test_export_hf import reference_llama
 
     overrides = [*SHARED, *FP8, "zero.stage=3", "cluster.gpus_per_node=2", "train.steps=3"]
     args = [*overrides, "model.tie_embeddings=false", "checkpoint.keep_last=1"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import llmtrain_run
-from tests.unit.test_safe_load import _IN_CLOSE_NOWRITE, _inotify
+from tests.unit.train.checkpoint.test_safe_load import _IN_CLOSE_NOWRITE, _inotify
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,7 @@ The strategies are shared with `bench/fuzz_cli.py`, which runs thousands of case
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import subprocess
-import sys
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,16 +29,15 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from launcher import resources
-from launcher.cli import app, entry
 from launcher.config.composition import compose
 from launcher.config.schema import key_info
 from launcher.config.schema.allowed import Allowed
 from launcher.config.schema.keys import field_type
 from launcher.errors import UserError
 from launcher.validate import rules
+from tests.cli import invoke, llmtrain, said
 
 # Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
@@ -81,7 +77,7 @@ POSITIVE_INTS = _bounded(integer=True, ge=1)
 COUNTS = _bounded(integer=True, ge=0)
 POSITIVE_NUMBERS = _bounded(integer=False, gt=0)
 NON_NEGATIVE_NUMBERS = _bounded(integer=False, ge=0)
-MAPPING_KEYS = {k for k in KEYS if typing.get_origin(compose._field_type(k)) is dict}
+MAPPING_KEYS = {k for k in KEYS if typing.get_origin(field_type(k)) is dict}
 # OmegaConf reads these as booleans (and any integer), so they are not junk for a bool key.
 BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "none", "inf", "nan"}
 
@@ -96,7 +92,7 @@ def fields_of(node: str) -> set[str]:
 
 def kind_of(key: str) -> tuple[str, bool]:
     """("int" | "float" | "bool" | "str" | "list[int]" | ... | "dict", optional)."""
-    tp = compose._field_type(key)
+    tp = field_type(key)
     args = typing.get_args(tp)
     optional = type(None) in args
     base = next(a for a in args if a is not type(None)) if optional else tp
@@ -537,58 +533,17 @@ def _refuse(*args: object, **kwargs: object) -> typing.NoReturn:
 class Outcome:
     code: int | None
     output: str
-    # An exception the CLI let escape (a UserError is turned into exit 2 by `entry`, not one).
-    exception: BaseException | None
 
 
-RUNNER = CliRunner()
+def invoke_in_process(args: list[str]) -> Outcome:
+    """The console entry point in this process (tests/cli.py): an exception that escapes it is
+    printed with its traceback (exit 1), which `judge` reports."""
+    return Outcome(*said(invoke(*args)))
 
 
-def invoke_app(args: list[str]) -> Outcome:
-    """typer's test runner on `launcher.cli.app`; a UserError is what `entry` prints and exits 2."""
-    result = RUNNER.invoke(app, args, catch_exceptions=True)
-    exc = result.exception
-    if exc is None or isinstance(exc, SystemExit):
-        return Outcome(result.exit_code, result.output, None)
-    if type(exc) is not WouldLaunch and isinstance(exc, UserError):
-        return Outcome(exc.exit_code, f"{result.output}error: {exc}", None)
-    return Outcome(result.exit_code, result.output, exc)
-
-
-def invoke_entry(args: list[str]) -> Outcome:
-    """The console-script entry point in this process, with sys.argv set as a shell would."""
-    old_argv = sys.argv
-    code: int | None = None
-    caught: BaseException | None = None
-    with RUNNER.isolation() as (_, _, mixed):
-        sys.argv = ["llmtrain", *args]
-        try:
-            entry()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except Exception as exc:
-            caught = exc
-        finally:
-            sys.argv = old_argv
-            sys.stdout.flush()
-            sys.stderr.flush()
-        output = mixed.getvalue().decode("utf-8", "replace")
-    return Outcome(code, output, caught)
-
-
-def invoke_subprocess(args: list[str], cwd: Path, env: dict[str, str]) -> Outcome:
+def invoke_subprocess(args: list[str], cwd: Path) -> Outcome:
     """`python -m launcher ARGS` in a child process, as a user runs it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        capture_output=True,
-        text=True,
-        errors="replace",
-        cwd=cwd,
-        env=env,
-        timeout=120,
-    )
-    return Outcome(done.returncode, done.stdout + done.stderr, None)
+    return Outcome(*said(llmtrain(*args, cwd=cwd, env={"COLUMNS": "200"}, timeout=120)))
 
 
 def command_args(case: Case, command: str) -> list[str]:
@@ -618,8 +573,6 @@ class Verdict:
 def judge(case: Case, command: str, outcome: Outcome, cwd: Path) -> Verdict:
     """How the CLI answered a bad case."""
     out = []
-    if outcome.exception is not None:
-        out.append(f"escaped {type(outcome.exception).__name__}: {outcome.exception}")
     if "Traceback" in outcome.output:
         out.append("a traceback was printed")
     leftovers = sorted(p.name for p in cwd.iterdir())
@@ -648,11 +601,9 @@ def check_case(case: Case, command: str, via: str, env: FuzzEnv) -> Verdict:
         written.append(path)
     try:
         if via == "subprocess":
-            outcome = invoke_subprocess(args, env.cwd, env.child_env)
-        elif via == "entry":
-            outcome = invoke_entry(args)
+            outcome = invoke_subprocess(args, env.cwd)
         else:
-            outcome = invoke_app(args)
+            outcome = invoke_in_process(args)
         return judge(case, command, outcome, env.cwd)
     finally:
         for path in written:
@@ -663,8 +614,6 @@ def check_case(case: Case, command: str, via: str, env: FuzzEnv) -> Verdict:
 class FuzzEnv:
     cwd: Path
     data_root: Path
-    # Not in repr: a failing example prints the FuzzEnv, never the environment's values.
-    child_env: dict[str, str] = dataclasses.field(repr=False)
 
 
 @contextmanager
@@ -683,6 +632,7 @@ def fuzz_environment(tmp: Path, data_copy: bool) -> Iterator[FuzzEnv]:
             copied = root
             mp.setattr(resources, "data_root", lambda: copied)
         mp.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
+        mp.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
         mp.delenv("LLMTRAIN_NO_CACHE", raising=False)
         # launch/slurm.py binds prepare_run_dir when first imported: imported here first, it keeps
         # the real one for the tests that run `submit` in this process after these.
@@ -691,13 +641,12 @@ def fuzz_environment(tmp: Path, data_copy: bool) -> Iterator[FuzzEnv]:
         mp.setattr("launcher.launch.local.prepare_run_dir", _refuse)
         mp.setattr("launcher.launch.local.launch", _refuse)
         mp.chdir(cwd)
-        child_env = {**os.environ, "COLUMNS": "200"}
-        yield FuzzEnv(cwd=cwd, data_root=root, child_env=child_env)
+        yield FuzzEnv(cwd=cwd, data_root=root)
 
 
 # --- the tests (about 450 cases; the bench runs thousands) ---
 
-VIA = st.sampled_from(["app", "entry"])
+VIA = st.just("in-process")
 COMMAND = st.sampled_from(COMMANDS)
 FUZZ = settings(
     deadline=None,
@@ -817,7 +766,7 @@ def test_regressions(
         "run",
     ):  # in-process, then guarded
         case = Case("regression", tuple(overrides), (named,), commands=commands)
-        assert not check_case(case, command, "entry", env).problems, (overrides, command)
+        assert not check_case(case, command, "in-process", env).problems, (overrides, command)
 
 
 @pytest.mark.parametrize(
@@ -842,4 +791,4 @@ def test_config_file_regressions(file_env: FuzzEnv, path: str, text: str, named:
     select = (f"recipe={name}",) if path.startswith("recipes/") else ("model=" + name, "~recipe")
     case = Case("regression", select, (named,), files=((path, text),))
     for command in ("show", "run"):
-        assert not check_case(case, command, "entry", file_env).problems, (path, command)
+        assert not check_case(case, command, "in-process", file_env).problems, (path, command)

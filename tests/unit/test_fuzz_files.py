@@ -272,7 +272,7 @@ def test_run_files(content: bytes, kind: str, target: str) -> None:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory with one real (signed) checkpoint, made once."""
-    from tests.unit.test_safe_load import make_run
+    from tests.unit.train.checkpoint.test_safe_load import make_run
 
     return make_run(tmp_path_factory.mktemp("trained"), steps=(1,))
 

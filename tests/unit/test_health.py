@@ -6,14 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from typer.testing import CliRunner
 
-from launcher.cli import app
 from launcher.health import LossSpikes, finite_or_none, nonfinite, robust_zscore
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-
-runner = CliRunner()
 
 
 def test_nonfinite_names_the_quantity_and_leaves_the_scaler_its_overflows() -> None:
@@ -84,20 +81,20 @@ def test_loss_spikes_flag_upward_jumps_only_and_skip_nonfinite_losses() -> None:
     ],
 )
 def test_validate_refuses_values_that_crash_or_diverge_in_the_rank(override: str, key: str) -> None:
-    result = runner.invoke(app, ["validate", override])
-    assert result.exit_code == 2, result.output
-    assert f"{key}=" in result.output and "Traceback" not in result.output
+    result = invoke("validate", override)
+    assert result.returncode == 2, shown(result)
+    assert f"{key}=" in shown(result) and "Traceback" not in shown(result)
 
 
 def test_run_dry_run_refuses_a_bad_run_name_as_run_does() -> None:
     # `run --dry-run` exited 0 for run.name=.. while `run` exited 2 (issue 19, item 11).
-    result = runner.invoke(app, ["run", "--dry-run", "run.name=.."])
-    assert result.exit_code == 2, result.output
-    assert "run.name='..'" in result.output
+    result = invoke("run", "--dry-run", "run.name=..")
+    assert result.returncode == 2, shown(result)
+    assert "run.name='..'" in shown(result)
 
 
 def test_hot_lr_and_long_warmup_are_warnings_not_errors() -> None:
     # The issue's diverging reproduction must still launch (it then stops with exit 3).
-    result = runner.invoke(app, ["validate", "optim.lr=30", "optim.warmup_steps=500"])
-    assert result.exit_code == 0, result.output
-    assert "optim.lr=30" in result.output and "optim.warmup_steps=500" in result.output
+    result = invoke("validate", "optim.lr=30", "optim.warmup_steps=500")
+    assert result.returncode == 0, shown(result)
+    assert "optim.lr=30" in shown(result) and "optim.warmup_steps=500" in shown(result)

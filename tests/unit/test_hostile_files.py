@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir import RunDir
-from tests.cli import invoke, said
+from tests.cli import invoke, llmtrain, said
 
 # Unit tests (tests/conftest.py marks them); those that start a process are marked integration.
 
@@ -167,12 +167,7 @@ def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert launcher.stdout is not None and launcher.stdout.readline().strip() == "held"
-        done = subprocess.run(
-            [sys.executable, "-m", "launcher", "cancel", "x", "--root", str(root)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = llmtrain("cancel", "x", "--root", str(root), timeout=60)
         assert done.returncode == 0, done.stderr
         assert "stopped" in done.stdout, done.stdout
         assert launcher.wait(timeout=10) == 130
@@ -185,7 +180,7 @@ def test_cancel_signals_the_proven_launcher(tmp_path: Path) -> None:
 # --- item 3: profiles are read bounded, and their figures must be physically possible ------------
 def _profile(tmp_path: Path, **changes: object) -> Path:
     from launcher.plan.hardware import profile as prof
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     doc = tiny_profile()
     for section, value in changes.items():
@@ -232,7 +227,7 @@ def test_a_profile_that_never_ends_is_refused_at_once(
 def test_a_profile_with_impossible_timings_is_refused(
     figure: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     gemms = tiny_profile()["gemm"]
     gemms[1] = {**gemms[1], "fwd_s": figure}
@@ -247,7 +242,7 @@ def test_a_forged_fast_profile_never_predicts_an_impossible_step(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The reproduction: every timing 1e-300 s, digest recomputed; plan predicted a 7e-299 s step.
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     doc = tiny_profile()
     for section in ("gemm", "attention", "elementwise", "loss"):
@@ -266,7 +261,7 @@ def test_profile_errors_never_quote_a_file_at_length(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from launcher.plan.hardware import profile as prof
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     cases = []
     version = tiny_profile()
@@ -352,6 +347,7 @@ def test_a_secret_named_variable_is_never_shown_or_cached(
 ) -> None:
     value = "hunter2-do-not-print-7f3a"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv(name, value)
     code, output = said(invoke("show", f"run.name=${{oc.env:{name}}}", timeout=TIMEOUT_S))
@@ -365,6 +361,7 @@ def test_an_environment_value_is_never_written_to_the_compose_cache(
 ) -> None:
     value = "plain-value-from-the-environment"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMTRAIN_CACHE", raising=False)  # it would win
     monkeypatch.delenv("LLMTRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv("RUN_LABEL", value)
     for _ in range(2):  # the second would be served from the cache
@@ -421,9 +418,10 @@ def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> Non
     import time
 
     from launcher.config.composition.config_file import read_yaml_file
+    from launcher.config.schema import LLMTrainConfig
     from launcher.data.chat_template import ChatTemplate
     from launcher.errors import ConfigError, UserError
-    from launcher.train.checkpoint.init_from import InitFromError, _hf_tensors
+    from launcher.train.checkpoint.init_from import problems
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -434,7 +432,11 @@ def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> Non
         read_yaml_file(fifo, "--config")
     model = tmp_path / "model"
     model.mkdir()
+    (model / "config.json").write_text("{}")
     os.mkfifo(model / "model.safetensors.index.json")
-    with pytest.raises(InitFromError):  # shapes only (preflight): never waits on the FIFO
-        _hf_tensors(model, meta=True)
+    cfg = LLMTrainConfig()
+    cfg.train.init_from = str(model)
+    # Preflight reads the shapes alone, and never waits on the FIFO.
+    (problem,) = problems(cfg)
+    assert problem.startswith(f"train.init_from={model}: "), problem
     assert time.monotonic() - start < 5

@@ -267,3 +267,29 @@ def test_the_loading_circle_is_gone_and_would_be_seen() -> None:
         "launcher.train.checkpoint.init_from" in circle
         for circle in module_cycles(old, "launcher.train")
     )
+
+
+# Rooms below the rest of their floor (docs/development.md's rooms): the schema imports nothing
+# else of config/, the GPU catalog and its profiles nothing else of plan/.
+BASE_ROOMS = {
+    "launcher/config/schema/": "launcher.config.schema",
+    "launcher/plan/hardware/": "launcher.plan.hardware",
+}
+
+
+def above_base_rooms(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    out = []
+    for f, m in found:
+        for folder, room in BASE_ROOMS.items():
+            floor = room.rsplit(".", 1)[0]
+            inside = m == room or m.startswith(room + ".")
+            if f.startswith(folder) and m.startswith(floor + ".") and not inside:
+                out.append((f, m))
+    return out
+
+
+def test_the_base_rooms_import_nothing_else_of_their_floor() -> None:
+    assert above_base_rooms(imports()) == []
+    # What it reports, on an edge that would run up (plan/hardware -> plan/memory):
+    up = ("launcher/plan/hardware/profile.py", "launcher.plan.memory.estimate")
+    assert above_base_rooms([up, ("launcher/config/schema/keys.py", "launcher.errors")]) == [up]

@@ -24,7 +24,7 @@ from launcher.data.prepare import prepare
 from launcher.errors import UserError
 from tests.cli import invoke, said
 from tests.unit.test_outputs import snapshot
-from tests.unit.test_safe_load import make_run
+from tests.unit.train.checkpoint.test_safe_load import make_run
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ from launcher.data.prepare import prepare
 from launcher.errors import UserError
 from tests.cli import invoke, said
 from tests.payloads import pickle_payloads, torch_save_payloads
-from tests.unit.test_safe_load import data_file, make_run
+from tests.unit.train.checkpoint.test_safe_load import data_file, make_run
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ def test_a_process_file_is_one_unit_and_any_other_test_is_its_own() -> None:
         "tests/integration/test_run.py"
     )
     assert schedule.scope_of("tests/slurm/test_slurm.py::test_b") == "tests/slurm/test_slurm.py"
-    unit = "tests/unit/test_cli.py::test_help_lists_commands"
+    unit = "tests/unit/commands/test_cli.py::test_help_lists_commands"
     assert schedule.scope_of(unit) == unit
 
 

@@ -9,17 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
-from click.testing import CliRunner
 
 from launcher import resources
-from launcher.cli import app
 from launcher.verdict import assess
+from tests.cli import invoke, shown
 
 pytestmark = pytest.mark.unit
-runner = CliRunner()
-# The click command built once (typer's runner rebuilds it on every call: half the test's time).
-COMMAND = typer.main.get_command(app)
 
 SIX_MISTAKES = (
     "cluster.gpus_per_node=2",
@@ -34,14 +29,15 @@ SIX_MISTAKES = (
 )
 
 
-def invoke(command: list[str], overrides: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
-    result = runner.invoke(COMMAND, [*command, *overrides, "--json"])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    return result.exit_code, json.loads(result.output)
+def answer(command: list[str], overrides: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
+    """(exit code, the --json document) of a command."""
+    result = invoke(*command, *overrides, "--json")
+    assert "Traceback" not in result.stderr, shown(result)
+    return result.returncode, json.loads(result.stdout)
 
 
 def test_six_independent_mistakes_are_reported_together() -> None:
-    code, doc = invoke(["validate"], SIX_MISTAKES)
+    code, doc = answer(["validate"], SIX_MISTAKES)
     assert code == 2
     by_rule = {(e["rule"], e["keys"][0] if e["keys"] else "") for e in doc["errors"]}
     assert ("config", "parallel.tpp") in by_rule
@@ -52,10 +48,10 @@ def test_six_independent_mistakes_are_reported_together() -> None:
     assert ("backend-capabilities", "backend") in by_rule
     assert len(doc["errors"]) == 6, doc["errors"]
     # The text screen lists the six too, and the dry runs say the same.
-    text = runner.invoke(COMMAND, ["validate", *SIX_MISTAKES])
-    assert "6 error(s)" in text.output
+    text = invoke("validate", *SIX_MISTAKES)
+    assert "6 error(s)" in shown(text)
     for command in (["run", "--dry-run"], ["submit", "--dry-run"]):
-        code2, doc2 = invoke(command, SIX_MISTAKES)
+        code2, doc2 = answer(command, SIX_MISTAKES)
         assert (code2, doc2["errors"]) == (2, doc["errors"])
 
 
@@ -93,12 +89,11 @@ def test_dry_runs_start_nothing_and_write_nothing(tmp_path: Path) -> None:
     os.chdir(tmp_path)
     try:
         for command in ("run", "submit"):
-            result = runner.invoke(
-                COMMAND,
-                [command, "--dry-run", "cluster.gpus_per_node=2", "train.global_batch_size=16"],
+            result = invoke(
+                command, "--dry-run", "cluster.gpus_per_node=2", "train.global_batch_size=16"
             )
-            assert result.exit_code == 0, result.output
-            assert "would launch" in result.output
+            assert result.returncode == 0, shown(result)
+            assert "would launch" in shown(result)
     finally:
         os.chdir(cwd)
     assert list(tmp_path.iterdir()) == []
@@ -108,11 +103,11 @@ def test_megatron_without_a_checkout_is_a_refusal_for_run_and_submit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("MEGATRON_LM_PATH", raising=False)
-    code, doc = invoke(["validate"], ("recipe=gpt3-175b",))
+    code, doc = answer(["validate"], ("recipe=gpt3-175b",))
     assert code == 0 and doc["valid"]
     assert any("no Megatron-LM checkout is named" in n for n in doc["notes"])
     for command in ("run", "submit"):
-        code2, doc2 = invoke([command, "--dry-run"], ("recipe=gpt3-175b",))
+        code2, doc2 = answer([command, "--dry-run"], ("recipe=gpt3-175b",))
         assert code2 == 2 and doc2["errors"] == []
         (found,) = [r for r in doc2["refusals"][command] if "Megatron-LM" in r]
         assert "backend.megatron_path=" in found and "MEGATRON_LM_PATH" in found
@@ -120,7 +115,7 @@ def test_megatron_without_a_checkout_is_a_refusal_for_run_and_submit(
     # A checkout named by the environment: submit no longer refuses.
     (tmp_path / "pretrain_gpt.py").write_text("")
     monkeypatch.setenv("MEGATRON_LM_PATH", str(tmp_path))
-    code3, doc3 = invoke(["submit", "--dry-run"], ("recipe=gpt3-175b",))
+    code3, doc3 = answer(["submit", "--dry-run"], ("recipe=gpt3-175b",))
     assert code3 == 0, doc3["refusals"]
     # Data in llmtrain's shard format is not Megatron-LM's: no silent --mock-data run.
     from launcher.data.prepare import prepare
@@ -128,7 +123,7 @@ def test_megatron_without_a_checkout_is_a_refusal_for_run_and_submit(
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text to tokenize, twice over. " * 200)
     prepare([corpus], tmp_path / "shards", fmt="shards")
-    code5, doc5 = invoke(
+    code5, doc5 = answer(
         ["submit", "--dry-run"], ("recipe=gpt3-175b", f"data.path={tmp_path / 'shards'}")
     )
     assert code5 == 2
@@ -136,14 +131,14 @@ def test_megatron_without_a_checkout_is_a_refusal_for_run_and_submit(
     assert "--format megatron" in found and "backend.megatron_extra_args=[--data-path," in found
     # The same text prepared in Megatron's format is rendered as --data-path: no refusal for it.
     prepare([corpus], tmp_path / "indexed", fmt="megatron")
-    _, doc6 = invoke(
+    _, doc6 = answer(
         ["submit", "--dry-run"], ("recipe=gpt3-175b", f"data.path={tmp_path / 'indexed'}")
     )
     assert not [r for r in doc6["refusals"]["submit"] if "shard format" in r]
     # A named folder without pretrain_gpt.py: the key, the folder and how to get it.
     empty = tmp_path / "empty"
     empty.mkdir()
-    code4, doc4 = invoke(
+    code4, doc4 = answer(
         ["submit", "--dry-run"], ("recipe=gpt3-175b", f"backend.megatron_path={empty}")
     )
     assert code4 == 2
@@ -203,9 +198,9 @@ def test_validate_and_dry_runs_agree_on_every_case(monkeypatch: pytest.MonkeyPat
     assert len(all_cases) >= 14 * 14
     outcomes: set[tuple[bool, int, int, int]] = set()
     for overrides in all_cases:
-        v_code, v_doc = invoke(["validate"], overrides)
-        r_code, r_doc = invoke(["run", "--dry-run"], overrides)
-        s_code, s_doc = invoke(["submit", "--dry-run"], overrides)
+        v_code, v_doc = answer(["validate"], overrides)
+        r_code, r_doc = answer(["run", "--dry-run"], overrides)
+        s_code, s_doc = answer(["submit", "--dry-run"], overrides)
         for doc in (r_doc, s_doc):
             for key in ("valid", "errors", "warnings", "notes", "refusals", "layout"):
                 assert doc[key] == v_doc[key], (overrides, key)
@@ -228,19 +223,19 @@ def test_plan_predicts_a_layout_the_backend_refuses_with_one_that_runs_it() -> N
     Megatron runs it as is. `plan` predicts it with Megatron and says so; validate and the dry
     runs still refuse it as configured (exit 2)."""
     base = ("recipe=bloom-176b", "backend=torch")
-    code, doc = invoke(["plan"], base)
+    code, doc = answer(["plan"], base)
     assert code == 0
     assert doc["backend"] == "megatron"
     swap = doc["backend_substituted"]
     assert (swap["requested"], swap["planned"]) == ("torch", "megatron")
     assert any("tied input/output embeddings" in r for r in swap["reasons"])
-    _, as_megatron = invoke(["plan"], ("recipe=bloom-176b", "backend=megatron"))
+    _, as_megatron = answer(["plan"], ("recipe=bloom-176b", "backend=megatron"))
     assert doc["time"]["step_s"] == as_megatron["time"]["step_s"]
     assert "backend_substituted" not in as_megatron
     for command in (["validate"], ["run", "--dry-run"], ["submit", "--dry-run"]):
-        assert invoke(command, base)[0] == 2
+        assert answer(command, base)[0] == 2
     # Arithmetic errors are never planned around, whatever another backend runs.
-    code, doc = invoke(["plan"], (*base, "train.global_batch_size=2047"))
+    code, doc = answer(["plan"], (*base, "train.global_batch_size=2047"))
     assert code == 2 and "time" not in doc
 
 

@@ -542,6 +542,5 @@ def element_problems(values: dict[str, Any]) -> list[str]:
 
 
 # Older names, kept for the callers that imported them from here.
-_field_type = field_type
 __all__ = ["BUDGET_PARTNER", "Composed", "all_schema_keys", "compose_config", "groups"]
 __all__ += ["group_options", "unknown_key_problems"]

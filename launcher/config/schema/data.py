@@ -8,6 +8,10 @@ from typing import Any
 from launcher.config.schema.allowed import a_path, one_of
 from launcher.config.schema.common import AT_LEAST_0, AT_LEAST_1
 
+# Chat data's choices, read here by composition and validate and by launcher/data/packing.py.
+TRAIN_ON = ("assistant", "completion", "all")
+OVERLONG = ("truncate", "drop")
+
 
 @dataclass
 class DataConfig:
@@ -34,12 +38,12 @@ class DataConfig:
     tokenizer, for fine-tuning; launcher/data/builtin_chat.py) or preference (generated pairs of
     a right and a wrong answer to the same questions, the same tokenizer, for
     finetune.objective=dpo|simpo|orpo; launcher/data/builtin_preference.py)."""
-    train_on: str = field(default="assistant", metadata=one_of("assistant", "completion", "all"))
+    train_on: str = field(default="assistant", metadata=one_of(*TRAIN_ON))
     """Chat data (`llmtrain data prepare --input-format chat|instruct`, docs/finetuning.md):
     which tokens carry loss: assistant (every assistant turn), completion (the last assistant
     turn only) or all (every token of the conversation)."""
     packing: bool = True
     """Several examples per row of model.seq_length + 1 tokens, attention kept within each
     (true), or one example a row, padded (false)."""
-    overlong: str = field(default="truncate", metadata=one_of("truncate", "drop"))
+    overlong: str = field(default="truncate", metadata=one_of(*OVERLONG))
     """An example longer than a row: truncate (keep its first seq_length + 1 tokens) or drop."""

@@ -16,13 +16,13 @@ class FinetuneConfig:
 
     name: str = field(default="full", metadata=one_of("full", "lora", "qlora"))
     """The fine-tuning method."""
-    rank: int = 16
+    rank: int = field(default=16, metadata=bounds(ge=1, example="16"))
     """The adapter's rank r: A is [r, in], B is [out, r]; 1 <= r <= min(in, out) of every
     target."""
-    alpha: float = 32.0
-    """The update is scaled by alpha / r (alpha > 0)."""
-    dropout: float = 0.0
-    """Dropout on the adapter branch's input, in [0, 1)."""
+    alpha: float = field(default=32.0, metadata=bounds(gt=0, example="32"))
+    """The update is scaled by alpha / r."""
+    dropout: float = field(default=0.0, metadata=bounds(ge=0, lt=1, example="0.05"))
+    """Dropout on the adapter branch's input."""
     targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "o"])
     """Projections to adapt: q k v o (attention), gate up down (MLP; gate only with swiglu), or
     all-linear (every one of them the model has)."""

@@ -5,8 +5,8 @@ default, allowed values and docstring, a table per section, with the group optio
     python -m launcher.config.schema.reference_doc --check   # exit 1 when it is out of date
 
 The page's text above ``REFERENCE_HEADING`` is written by hand and kept as it is; everything from
-that heading on is generated (tests/unit/test_reference_doc.py fails when it drifts). Pure but for
-``main``; imports neither Hydra nor torch.
+that heading on is generated (tests/unit/config/test_reference_doc.py fails when it drifts). Pure
+but for ``main``; imports neither Hydra nor torch.
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ def _data_tokenizer_config(folder: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _tokenizer_files(cfg: LLMTrainConfig) -> TokenizerFiles:
+def tokenizer_files(cfg: LLMTrainConfig) -> TokenizerFiles:
     """The run's tokenizer, named by its prepared data (index.json), or the built-in data's."""
     if cfg.data.path is None:
         if cfg.data.builtin in ("chat", "preference"):  # the same byte-level ChatML tokenizer
@@ -348,7 +348,7 @@ def export_hf(
             "which config.json would be written): " + "; ".join(shown) + ". Was config.yaml "
             "changed after the checkpoint was written? Nothing was exported"
         )
-    tok = _tokenizer_files(cfg)
+    tok = tokenizer_files(cfg)
     extra, vocab = dict(tok.files), cfg.model.vocab_size
     tokens = special_tokens(extra, tok.eod_id, tok.data_config)
     dtype = next(iter(tensors.values())).dtype

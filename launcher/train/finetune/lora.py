@@ -13,19 +13,9 @@ compute dtype inside each matmul (torchao's ``linear_nf4``; its backward never f
 gradient). Every frozen weight that is not a target (embeddings, norms, head) stays in its
 dtype.
 
-Targets (``finetune.targets``), our module names beside Hugging Face Llama's:
+Targets (``finetune.targets``): the table of launcher/config/adapters.py.
 
-| target | module | HF name   |
-|--------|--------|-----------|
-| q      | wq     | q_proj    |
-| k      | wk     | k_proj    |
-| v      | wv     | v_proj    |
-| o      | wo     | o_proj    |
-| gate   | w1     | gate_proj (swiglu MLP only) |
-| up     | w3     | up_proj   (swiglu; w1 with a GELU MLP, which has no gate) |
-| down   | w2     | down_proj |
-
-The model has no fused qkv projection. Adaptable: the dense blocks' attention and MLP
+Adaptable: the dense blocks' attention and MLP
 projections. Not adaptable (refused by ``launcher.validate.finetune_rules``): MoE experts (their
 weights are grouped GEMM tensors, ``launcher.train.model.experts``, not linears) and multi-head
 latent attention's projections.
@@ -46,27 +36,17 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from launcher.config import adapters
 from launcher.config.schema import FinetuneConfig, ModelConfig
 
-# finetune.targets -> the projection's module name in attention / the MLP.
-ATTENTION_TARGETS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo"}
-ALL_LINEAR = "all-linear"
 ADAPTER_PREFIX = "lora_"
-
-
-def mlp_targets(m: ModelConfig) -> dict[str, str]:
-    """The MLP's targets and module names: gate/up/down with swiglu, up/down with GELU."""
-    if m.activation == "swiglu":
-        return {"gate": "w1", "up": "w3", "down": "w2"}
-    return {"up": "w1", "down": "w2"}
 
 
 def target_modules(m: ModelConfig, targets: list[str]) -> dict[str, str]:
     """{target: module name} the model has for `targets` (all-linear: every one); unknown or
     absent targets are left out (``finetune_rules`` names them)."""
-    known = {**{k: f"attention.{v}" for k, v in ATTENTION_TARGETS.items()}}
-    known.update({k: f"feed_forward.{v}" for k, v in mlp_targets(m).items()})
-    if ALL_LINEAR in targets:
+    known = adapters.target_modules(m.activation)
+    if adapters.ALL_LINEAR in targets:
         return known
     return {t: known[t] for t in targets if t in known}
 

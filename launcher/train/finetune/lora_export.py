@@ -28,22 +28,13 @@ from typing import Any
 
 import torch
 
+from launcher.config.adapters import HF_NAMES
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
 from launcher.train.finetune import lora
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# Our projection module -> Hugging Face Llama's (launcher/export/hf_layout.py _llama_names).
-HF_PROJECTIONS = {
-    "wq": "q_proj",
-    "wk": "k_proj",
-    "wv": "v_proj",
-    "wo": "o_proj",
-    "w1": "gate_proj",
-    "w3": "up_proj",
-    "w2": "down_proj",
-}
 
 
 def adapters_of(state: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
@@ -108,19 +99,19 @@ def peft_tensors(adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for name, tensor in adapters.items():
         # layers.{i}.{attention|feed_forward}.{w}.lora_{a|b}.weight
         parts = name.split(".")
-        if len(parts) != 6 or parts[0] != "layers" or parts[3] not in HF_PROJECTIONS:
+        if len(parts) != 6 or parts[0] != "layers" or parts[3] not in HF_NAMES:
             raise UserError(f"adapter {name!r}: not a projection of a Llama block")
         layer, block, proj, which = parts[1], parts[2], parts[3], parts[4]
         module = "self_attn" if block == "attention" else "mlp"
         letter = "A" if which == "lora_a" else "B"
-        key = f"base_model.model.model.layers.{layer}.{module}.{HF_PROJECTIONS[proj]}"
+        key = f"base_model.model.model.layers.{layer}.{module}.{HF_NAMES[proj]}"
         out[f"{key}.lora_{letter}.weight"] = tensor.contiguous()
     return out
 
 
 def peft_config(cfg: LLMTrainConfig, adapters: dict[str, torch.Tensor]) -> dict[str, Any]:
     ft = cfg.finetune
-    targets = sorted({HF_PROJECTIONS[k.split(".")[3]] for k in adapters})
+    targets = sorted({HF_NAMES[k.split(".")[3]] for k in adapters})
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -1,7 +1,8 @@
 """The decoder-only transformer that `llmtrain run` trains, built from a ``ModelConfig``.
 
 Its parameter count equals ``launcher.plan.model_shape.ModelShape(cfg).total_params()`` for every
-shape (the architecture is described there; ``tests/unit/test_train_model.py`` checks each recipe).
+shape (the architecture is described there; ``tests/unit/train/model/test_train_model.py`` checks
+each recipe).
 
 Module names follow torchtitan, so parallel plans can address them:
 

@@ -19,7 +19,7 @@ the block's exact share (FlashAttention's backward; PyTorch's own context parall
 torch/distributed/tensor/experimental/_context_parallel/_attention.py, does the same). A rank's
 key/value gradients travel with its keys/values and arrive back home after cp hops.
 
-Kernels (``_kernel_for``): on CPU aten's flash attention for CPU
+Kernels (``kernel_for``): on CPU aten's flash attention for CPU
 (``_scaled_dot_product_flash_attention_for_cpu`` and its backward), which takes fewer key/value
 heads than query heads as they are (grouped-query attention) and works in tiles, so a block's
 workspace is O(rows + keys), never a rows x keys score matrix. On CUDA aten's flash attention for
@@ -236,7 +236,7 @@ CUDA_FLASH = Kernel("cuda_flash", _flash_cuda_forward, _flash_cuda_backward)
 CUDA_EFFICIENT = Kernel("cuda_efficient", _efficient_cuda_forward, _efficient_cuda_backward)
 
 
-def _kernel_for(q: torch.Tensor) -> Kernel:
+def kernel_for(q: torch.Tensor) -> Kernel:
     if q.device.type == "cpu":
         return CPU_FLASH
     if q.device.type == "cuda":
@@ -270,7 +270,7 @@ def forward_block(
     """Attend `block`'s rows of q [b, hq, s, d] to its keys of k, v [b, hkv, s, d] with one fused
     kernel call, and merge the result into the running output `out` [b, hq, s, dv] and
     log-sum-exp `lse` [b, hq, s] (fp32 accumulators, updated in place; other rows untouched)."""
-    kernel = _kernel_for(q)
+    kernel = kernel_for(q)
     width = max(q.shape[-1], v.shape[-1])
     qb = _pad_head(q[:, :, block.rows], width)
     kb = _pad_head(k[:, :, block.keys], width)
@@ -298,7 +298,7 @@ def backward_block(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The block's gradients (dq of its rows, dk and dv of its keys) from the kernel's backward,
     given the FINAL output `out` (q's dtype) and log-sum-exp `lse` of the whole row."""
-    kernel = _kernel_for(q)
+    kernel = kernel_for(q)
     width = max(q.shape[-1], v.shape[-1])
     rows = block.rows
     dq, dk, dv = kernel.backward(
