@@ -19,7 +19,7 @@ must end within seconds, exit 0 or 2, print no traceback and change no file.
 Measured (2-core CPU box): --cases 3000 --seed 1: 3,020 cases (20 in child processes), all exit 2
 naming the key, 223 s; --cases 5000 --seed 2: 5,030 cases, all exit 2 naming the key, 385 s.
 
-`--templates N` adds N chat templates drawn from tests/unit/test_fuzz_templates.py's grammar
+`--templates N` adds N chat templates drawn from tests/unit/data/test_fuzz_templates.py's grammar
 (loops, repetition, widths, powers, padding, namespace doubling, recursion, raise_exception with
 escapes), each through `data prepare` as a user runs it: rendered by the template worker (a child
 process with its address-space limit and watchdog) under a `--template-seconds` time budget. A

@@ -40,7 +40,7 @@ FAMILIES: dict[str, tuple[str, list[str], dict[str, str], bool]] = {
 }
 
 # Real templates shipped inside TRL (trl/chat_templates/, TRL 1.16.0, the dev extra), used as
-# data: the families tests/unit/test_named_templates.py checks the built-in templates against.
+# data: the families tests/unit/data/test_named_templates.py checks the built-in templates against.
 TRL_FAMILIES: dict[str, tuple[str, list[str], dict[str, str], bool]] = {
     "phi3": (
         "phi3.jinja",

@@ -66,7 +66,7 @@ from launcher.excerpt import message as quoted
 CHAT_LAYOUT = "chat"
 # Built-in chat templates, `--chat-template NAME`: Jinja files written for llmtrain from each
 # format's public description (cited at the top of each file), checked token for token against
-# transformers on the models' real templates (tests/unit/test_named_templates.py).
+# transformers on the models' real templates (tests/unit/data/test_named_templates.py).
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 NAMED_TEMPLATES = ("chatml", "gemma", "llama3", "mistral", "phi3")
 ROLE_PROMPT, ROLE_ASSISTANT, ROLE_FINAL = 0, 1, 2

@@ -3,7 +3,7 @@
 preference dataset named by data.path is checked against the objective before launch, from its
 index (``launcher.data.chat_checks.preference_problems``). Never imports torch.
 
-What runs (tests/unit/test_preference_engine.py, tests/integration/test_tiny_dpo.py):
+What runs (tests/unit/train/finetune/test_preference_engine.py, tests/integration/test_tiny_dpo.py):
 backend=torch with one process, DDP, ZeRO-1, FSDP2 (zero 2/3) and tensor parallel;
 backend=deepspeed with ZeRO 0-3 and no tp/pp; finetune=full|lora|qlora as each of those runs it.
 Refused, each with a value that works: pipeline parallel (the schedules take one loss over

@@ -260,7 +260,7 @@ def test_the_measure_table_fits_80_columns_without_cutting_a_word() -> None:
 
 def test_plan_states_no_band_from_a_profile_calibrate_marked_as_noise(tmp_path: Path) -> None:
     from launcher.plan.hardware import profile as prof
-    from tests.unit.test_plan_profile import tiny_profile
+    from tests.unit.plan.hardware.test_plan_profile import tiny_profile
 
     doc = tiny_profile()
     problems = ["GEMM attention wq: repeats spread 80% of their median (limit 25%)"]

@@ -2,10 +2,10 @@
 folder whose files are not regular files, checkpoint.resume=false over a run, a resume's history
 recorded only once its checkpoint loaded, and `cancel` through a hard-linked lock.
 
-The run directories are real (tests/unit/test_safe_load.py's ``make_run``: a composed config.yaml
+The run directories are real (tests/unit/train/checkpoint/test_safe_load.py's ``make_run``: a composed config.yaml
 and a signed checkpoint); `run` runs in this process with ``launch`` replaced, so a command that
 gets past the resume decision exits 42 instead of starting torchrun. The safetensors headers of
-item 3 are in tests/unit/test_safetensors_header.py.
+item 3 are in tests/unit/export/test_safetensors_header.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from launcher import fsio
 from launcher.config.run_config import accept_resume
 from launcher.rundir import MAX_RUN_NAME_BYTES, NAME_MAX, RunDir, fresh_name
 from tests.cli import invoke, said
-from tests.unit.test_safe_load import MODEL, make_run
+from tests.unit.train.checkpoint.test_safe_load import MODEL, make_run
 
 # Unit tests (tests/conftest.py marks them); the one that starts a process is marked integration.
 
@@ -241,7 +241,7 @@ def test_cancel_of_a_hard_linked_copy_never_stops_the_original(tmp_path: Path) -
         [sys.executable, "-c", HOLDER, str(run)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

@@ -19,7 +19,7 @@ pytest.importorskip("torchao")
 
 from launcher.train.checkpoint.tensor_parts import plain_parts, tensor_bytes  # noqa: E402
 from launcher.train.trainer import Trainer  # noqa: E402
-from tests.unit.test_weights_digest import Fixed  # noqa: E402
+from tests.unit.train.engines.test_weights_digest import Fixed  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from launcher.data.packing import ChatRows
 from launcher.plan.padded_length import capped, expected_longest, priced_length
 from launcher.plan.planner import make_plan
 from launcher.train.finetune.masked_loss import micro_batches, trim_to_longest, unpack
-from tests.unit.test_chat_packing import _Examples
+from tests.unit.data.test_chat_packing import _Examples
 
 pytestmark = pytest.mark.unit
 
