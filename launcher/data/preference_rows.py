@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from launcher.data.chat_prepare import OVERLONG, ROLE_FINAL
+from launcher.config.schema.data import OVERLONG
+from launcher.data.chat_prepare import ROLE_FINAL
 from launcher.data.packing import SEGMENT, TOKENS, TRAINED, PackingReport
 from launcher.errors import UserError
 

@@ -5,7 +5,7 @@ whole window being run again (``launcher.train.model.transformer.Transformer.for
 The cached forward is the model's own forward split by position: the same modules (embeddings,
 norms, wq/wk/wv/wo, feed-forward or MoE, head), rotary tables at the absolute positions of the new
 tokens, and a causal mask over [cached + new] keys; its logits equal the full forward's
-(``tests/unit/train/test_kv_cache.py``). It covers the standard attention (``model.Attention``: MHA and
+(tests/unit/train/test_kv_cache.py). It covers the standard attention (``model.Attention``: MHA and
 GQA, RoPE or learned positions) of a whole model on one device; ``supports`` says no for multi-head
 latent attention and partial or parallelised models, which keep the full forward. The cache holds
 at most ``seq_length`` positions: past it the window slides and every position would move, so the

@@ -409,7 +409,7 @@ def _export_adapter(
             "merged model without --adapter"
         )
     adapters = lora_export.adapters_of(state, checkpoint)
-    tok = _tokenizer_files(cfg)
+    tok = tokenizer_files(cfg)
     extra = dict(tok.files)
     extra.update(tokenizer_extras(extra, tok.eod_id, cfg.model.seq_length, tok.data_config))
     source = lora_export.base_run(cfg)  # an llmtrain run: exported beside, as DIR/base

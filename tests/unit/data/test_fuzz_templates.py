@@ -9,7 +9,7 @@ conversation's own text.
 Each is rendered in this process under a small budget (1 s, 1 MiB records: 2 MiB of output): it
 must end within a few seconds, either with its text (no longer than the budget) or with a
 TemplateRenderError whose message is short and holds no escape byte and no long run of the
-template's text. What the guard cannot see is for the worker (tests/unit/data/test_hostile_templates.py,
+template's text. What the guard cannot see is for the worker (data/test_hostile_templates.py,
 bench/fuzz_cli.py --templates); one example here runs the real entry point in a child process.
 """
 

@@ -2,7 +2,8 @@
 folder whose files are not regular files, checkpoint.resume=false over a run, a resume's history
 recorded only once its checkpoint loaded, and `cancel` through a hard-linked lock.
 
-The run directories are real (tests/unit/train/checkpoint/test_safe_load.py's ``make_run``: a composed config.yaml
+The run directories are real (train/checkpoint/test_safe_load.py's ``make_run``: a composed
+config.yaml
 and a signed checkpoint); `run` runs in this process with ``launch`` replaced, so a command that
 gets past the resume decision exits 42 instead of starting torchrun. The safetensors headers of
 item 3 are in tests/unit/export/test_safetensors_header.py.

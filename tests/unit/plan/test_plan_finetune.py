@@ -122,8 +122,8 @@ def test_qlora_runs_under_fsdp2() -> None:
     """The NF4 base sharded by FSDP2 (torchao's NF4 all-gather hooks): 8 x 8192 rows of whole
     NF4 blocks, accepted (before: refused as zero.stage >= 2)."""
     args = ["validate", "recipe=llama3-70b-qlora", "zero.stage=3", "cluster.gpus_per_node=8"]
-    result = runner.invoke(app, args, env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
+    result = invoke(*args, env={"COLUMNS": "200"})
+    assert result.returncode == 0, shown(result)
 
 
 def test_search_prices_and_prunes_finetune_layouts() -> None:
