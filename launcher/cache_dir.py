@@ -9,7 +9,7 @@ default for an unset XDG_CACHE_HOME). Under it:
     moves
                         only this folder)
     corpus-stdlib-v1/   the built-in datasets, prepared on first use (launcher.data.builtin_corpus,
-    chat-tiny-v1/       launcher.data.builtin_chat)
+    chat-tiny-v1/       launcher.data.chat.builtin_chat)
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def data_prepare(
     )
     document = index.to_json()
     if index.layout == "chat":
-        from launcher.data.chat_report import packing_reports
+        from launcher.data.chat.chat_report import packing_reports
 
         document["packing"] = packing_reports(Path(output), seq_length)
     if as_json:

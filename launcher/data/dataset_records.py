@@ -10,7 +10,7 @@ for offline use: https://huggingface.co/docs/datasets/loading#offline) while a d
 so a dataset id is found in the cache (``$HF_DATASETS_CACHE``, else ``datasets.config``'s
 ``~/.cache/huggingface/datasets``) or refused with exit 2 naming it and where it looked.
 
-- ``*.jsonl``: one JSON object a line (``launcher.data.chat_records``);
+- ``*.jsonl``: one JSON object a line (``launcher.data.chat.chat_records``);
 - ``*.parquet``: ``datasets.Dataset.from_parquet``, one split;
 - a ``save_to_disk`` folder: ``datasets.load_from_disk``; a ``DatasetDict`` folder gives its
   ``--split`` (default ``train``);
@@ -178,7 +178,7 @@ def iter_records(
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, record) of every input in order: JSON Lines lines (read under `limits`, as
     ``chat_records`` reads them), dataset rows."""
-    from launcher.data.chat_records import _records
+    from launcher.data.chat.chat_records import _records
 
     for raw in inputs:
         path = Path(raw)

@@ -10,11 +10,11 @@ or exhausting the machine's memory is here, with the option that raises it:
   process inside Rust (SIGABRT), where no error can be caught: the reader refuses the line before
   it is parsed. 16 MiB is some 4 million tokens, 30 times a 128k-token context.
 - ``template_seconds`` (30 s, fixed): rendering one conversation with its chat template, every
-  rendering of it together (``launcher.data.chat_template``: one for the text, one per assistant
+  rendering of it together (``templating.chat_template``: one for the text, one per assistant
   message). Real templates take milliseconds.
 - ``output_chars`` (twice ``record_bytes``): the text one rendering may produce.
 - ``render_memory_bytes`` (2 GiB, or 64 times ``record_bytes`` when that is more): what the
-  process that renders templates may allocate beyond its start (``launcher.data.template_worker``
+  process that renders templates may allocate beyond its start (``templating.template_worker``
   sets it as its address-space limit).
 """
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from launcher.config.schema.data import OVERLONG, TRAIN_ON
-from launcher.data.chat_prepare import ROLE_FINAL
+from launcher.data.chat.chat_prepare import ROLE_FINAL
 from launcher.errors import UserError
 
 TOKENS, TRAINED, SEGMENT = 0, 1, 2  # the channels of a batch
@@ -75,7 +75,7 @@ class PackingReport:
         return {**asdict(self), "padding_share": round(self.padding_share, 6)}
 
     def _trained_what(self) -> str:
-        # Preference pairs (launcher.data.preference_rows) train on their responses alone.
+        # Preference pairs (launcher.data.chat.preference_rows) train on their responses alone.
         if self.train_on == "response":
             return "the responses of preference pairs"
         return f"data.train_on={self.train_on}"

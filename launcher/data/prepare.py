@@ -23,7 +23,7 @@ are held out as the validation split (``--valid-fraction``, ``is_valid_document`
 ``fmt="megatron"`` each split is a Megatron-LM ``.bin/.idx`` pair instead of shards. Training
 windows are non-overlapping runs of seq_length + 1 tokens over the concatenation of all shards
 (``launcher.train.data.TokenShards``, the runtime reader); the tail is dropped. Chat and instruct
-records go to ``launcher.data.chat_prepare``.
+records go to ``launcher.data.chat.chat_prepare``.
 
 Nothing here imports torch, and nothing is ever downloaded: a BPE is trained locally with the
 `tokenizers` library.
@@ -109,7 +109,7 @@ def prepare(
     (``is_valid_document``).
 
     `input_format`: "text" (documents), "chat", "instruct" or "preference" (conversations, or
-    pairs of them, with loss roles, ``launcher.data.chat_prepare``; `chat_template` a Jinja file
+    pairs of them, with loss roles, ``chat.chat_prepare``; `chat_template` a Jinja file
     replacing the tokenizer's; their inputs may also be parquet files, ``save_to_disk`` folders
     and cached dataset ids, `records` a ``dataset_records.RecordOptions``: split and columns);
     None: told from the records (``detect_input_format``).
@@ -226,9 +226,9 @@ def detect_input_format(
     inputs: Sequence[Path], text_key: str = "text", limits: DataLimits | None = None
 ) -> str:
     """text, chat or instruct: chat/instruct when every input is JSON Lines whose first record has
-    no `text_key` but the keys of a conversation (``launcher.data.chat_records``). The first line
+    no `text_key` but the keys of a conversation (``chat.chat_records``). The first line
     is read bounded; a file that cannot be read is "text" (whose reader says why)."""
-    from launcher.data.chat_records import record_format
+    from launcher.data.chat.chat_records import record_format
     from launcher.data.documents import record_lines
 
     try:
@@ -271,9 +271,9 @@ def _prepare_conversations(
     limits: DataLimits,
     records: RecordOptions | None = None,
 ) -> PreparedIndex:
-    """Chat or instruct records into a "chat" layout folder (launcher.data.chat_prepare);
+    """Chat or instruct records into a "chat" layout folder (launcher.data.chat.chat_prepare);
     `kind` "" tells the format from the first record."""
-    from launcher.data.chat_prepare import prepare_chat
+    from launcher.data.chat.chat_prepare import prepare_chat
     from launcher.data.dataset_records import record_inputs
 
     if kind and kind not in INPUT_FORMATS:

@@ -47,7 +47,7 @@ class SourceInfo:
     # Megatron prefixes of the splits, when the data is in .bin/.idx form (None: llmtrain shards).
     train_prefix: Path | None
     valid_prefix: Path | None
-    # Chat data (index.json layout "chat", launcher.data.chat_prepare): the prefixes above hold
+    # Chat data (index.json layout "chat", launcher.data.chat.chat_prepare): the prefixes above hold
     # the tokens, these the per-token loss roles; and what the index records of it.
     train_roles: Path | None = None
     valid_roles: Path | None = None
@@ -248,7 +248,7 @@ def source_problems(
         )
         return problems
     if chat:
-        return problems  # rows are counted after packing (launcher.data.chat_checks)
+        return problems  # rows are counted after packing (launcher.data.chat.chat_checks)
     windows = sum(i.train_tokens // width for i in infos)
     if not problems and len(infos) == 1 and windows < global_batch:
         info = infos[0]

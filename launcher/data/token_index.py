@@ -48,7 +48,7 @@ class PreparedIndex:
     # in megatron_prefixes ({"train": ..., "valid": ...}), and `shards` is empty.
     layout: str = "shards"
     megatron_prefixes: dict[str, str] = field(default_factory=dict)
-    # layout "chat" (launcher.data.chat_prepare): conversations with per-token loss roles; here the
+    # layout "chat" (chat.chat_prepare): conversations with per-token loss roles; here the
     # roles' prefixes, the input format, the template and the example counts.
     chat: dict[str, Any] = field(default_factory=dict)
     format: str = INDEX_FORMAT

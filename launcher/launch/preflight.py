@@ -143,7 +143,7 @@ def data_problems(cfg: LLMTrainConfig) -> list[str]:
                 f"model.vocab_size={cfg.model.vocab_size}: the built-in corpus is byte-level "
                 "(256 symbols); use model.vocab_size=256 or more"
             ]
-    from launcher.data.chat_checks import chat_problems
+    from launcher.data.chat.chat_checks import chat_problems
     from launcher.data.sources import source_problems
 
     d = cfg.data

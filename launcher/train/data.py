@@ -13,7 +13,7 @@ from launcher.cache_dir import cache_root
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.blend import BlendedTokens, BlendEntry, WindowedDataset, Windows
 from launcher.data.builtin_corpus import builtin_corpus_dir
-from launcher.data.chat_checks import open_chat_rows
+from launcher.data.chat.chat_checks import open_chat_rows
 from launcher.data.sources import SourceInfo, data_spec, describe, validation_sources
 from launcher.data.token_index import INDEX_FILE, PreparedIndex, check_vocab
 from launcher.errors import UserError
@@ -157,10 +157,10 @@ BUILTIN_ROWS = ("chat", "preference")
 
 def _builtin_rows(name: str) -> SourceInfo:
     if name == "preference":
-        from launcher.data.builtin_preference import builtin_preference_dir
+        from launcher.data.chat.builtin_preference import builtin_preference_dir
 
         return describe(str(builtin_preference_dir(cache_root())), "data.builtin=preference")
-    from launcher.data.builtin_chat import builtin_chat_dir
+    from launcher.data.chat.builtin_chat import builtin_chat_dir
 
     return describe(str(builtin_chat_dir(cache_root())), "data.builtin=chat")
 

@@ -68,7 +68,8 @@ def main() -> None:
     from launcher import fsio
     from launcher.health import EXIT_DIVERGED
     from launcher.rundir import RunDir
-    from launcher.train.trainer import EXIT_PREEMPTED, TrainingDiverged, write_error
+    from launcher.train.rank_faults import write_error
+    from launcher.train.trainer import EXIT_PREEMPTED, TrainingDiverged
 
     code = 1
     try:

@@ -51,11 +51,11 @@ def _data_folder(cfg: Any) -> Path | None:
     if cfg.data.path is not None:
         return Path(cfg.data.path).expanduser()
     if cfg.data.builtin == "chat":
-        from launcher.data.builtin_chat import builtin_chat_dir
+        from launcher.data.chat.builtin_chat import builtin_chat_dir
 
         return builtin_chat_dir(cache_root())
     if cfg.data.builtin == "preference":
-        from launcher.data.builtin_preference import builtin_preference_dir
+        from launcher.data.chat.builtin_preference import builtin_preference_dir
 
         return builtin_preference_dir(cache_root())
     return None
@@ -73,8 +73,8 @@ def _tokenizer(folder: Path | None) -> Any:
 
 
 def chat_template(folder: Path | None) -> Any:
-    """The data's chat template (launcher.data.chat_template), or None when it has none."""
-    from launcher.data.chat_template import ChatTemplate
+    """The data's chat template (templating.chat_template), or None when it has none."""
+    from launcher.data.templating.chat_template import ChatTemplate
 
     config = folder / "tokenizer_config.json" if folder is not None else None
     if config is None or not config.is_file():
@@ -97,7 +97,7 @@ def prompt_ids(
                 "template (this run's data has none, or --raw was given); give one PROMPT"
             )
         return [int(i) for i in tok.encode(prompt)], stop
-    from launcher.data.chat_template import TemplateRenderError
+    from launcher.data.templating.chat_template import TemplateRenderError
 
     try:
         messages = messages or [{"role": "user", "content": prompt}]

@@ -14,8 +14,6 @@ import importlib
 import json
 import os
 import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +52,7 @@ from launcher.train.evaluation import Evaluator, eval_due
 from launcher.train.finetune.preference_reference import reference_table
 from launcher.train.model.transformer import seed_step
 from launcher.train.optim import learning_rate
+from launcher.train.rank_faults import Watchdog, fault_injection
 from launcher.train.reporting.metrics import MetricsWriter, current_rss, memory_bytes, peak_memory
 from launcher.train.reporting.rank_log import rank_logger
 from launcher.train.reporting.summary import format_summary, summarize
@@ -127,62 +126,6 @@ def stop_exit_code() -> int:
     return 0 if os.environ.get(LAUNCHER_PID_ENV) else EXIT_PREEMPTED
 
 
-class Watchdog:
-    """Declares this rank hung when ``beat()`` has not been called for `timeout_s` seconds: writes
-    this rank's error file (which the launcher shows) and exits; torchrun stops the others."""
-
-    def __init__(self, timeout_s: float, run: RunDir, rank: int):
-        self.timeout_s = timeout_s
-        self.run, self.rank = run, rank
-        self.last = time.monotonic()
-        self.step = 0
-        if timeout_s > 0:
-            threading.Thread(target=self._watch, name="llmtrain-watchdog", daemon=True).start()
-
-    def beat(self, step: int) -> None:
-        self.last, self.step = time.monotonic(), step
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(min(5.0, self.timeout_s / 4))
-            idle = time.monotonic() - self.last
-            if idle > self.timeout_s:
-                message = (
-                    f"no training progress for {idle:.0f} s after step {self.step} "
-                    f"(train.hang_timeout_s={self.timeout_s:g}); the run is stopped"
-                )
-                write_error(self.run, self.rank, "HangDetected", message, "")
-                print(f"rank {self.rank}: {message}", file=sys.stderr, flush=True)
-                os._exit(1)
-
-
-def write_error(run: RunDir, rank: int, kind: str, message: str, trace: str) -> None:
-    """The error file the launcher reads to say which rank failed first and why."""
-    error = {
-        "rank": rank,
-        "time": time.time(),
-        "type": kind,
-        "message": message,
-        "traceback": trace,
-    }
-    try:
-        run.logs.mkdir(exist_ok=True)
-        fsio.write_text_atomic(run.rank_error(rank), json.dumps(error, indent=1), root=run.root)
-    except OSError as exc:  # a full disk: stderr (torchrun.log) is all that is left
-        print(
-            f"rank {rank}: cannot write its error file ({exc}): {kind}: {message}", file=sys.stderr
-        )
-
-
-def fault_injection(rank: int) -> int | None:
-    """Test hook: LLMTRAIN_FAIL_AT_STEP=N (and LLMTRAIN_FAIL_RANK=R, default 0) makes rank R fail
-    before step N: it raises, or with LLMTRAIN_FAIL_MODE=hang it stops making progress."""
-    step = os.environ.get("LLMTRAIN_FAIL_AT_STEP")
-    if step and int(os.environ.get("LLMTRAIN_FAIL_RANK", "0")) == rank:
-        return int(step)
-    return None
-
-
 @dataclass
 class StepRecord:
     done: int
@@ -248,15 +191,8 @@ class Trainer:
             self.layout.micro_batch_size * self.layout.grad_accum,
             cfg.train.seed,
         )
-        self.evaluator: Evaluator | None = None
+        self.evaluator = self._evaluator()
         self.val: dict[str, float] = {}
-        if cfg.train.eval_every:
-            per_rank = self.layout.micro_batch_size * self.layout.grad_accum
-            valid = validation_data(cfg, cfg.train.eval_steps * per_rank * info.dp_size)
-            if valid is None:
-                raise UserError(f"train.eval_every={cfg.train.eval_every}: no validation data")
-            steps = cfg.train.eval_steps
-            self.evaluator = Evaluator(valid, steps, per_rank, info.dp_rank, info.dp_size)
         self.writer = CheckpointWriter(
             run.checkpoints, self.rank, cfg.checkpoint.keep_last, dist.barrier
         )
@@ -306,6 +242,17 @@ class Trainer:
                 f"{info.world_size} process(es): {self.layout.global_batch_size} x "
                 f"{cfg.model.seq_length} tokens per step; {self.policy.describe()}"
             )
+
+    def _evaluator(self) -> Evaluator | None:
+        """train.eval_every's evaluator over this rank's share of the validation data."""
+        cfg, info = self.cfg, self.engine.info
+        if not cfg.train.eval_every:
+            return None
+        per_rank = self.layout.micro_batch_size * self.layout.grad_accum
+        valid = validation_data(cfg, cfg.train.eval_steps * per_rank * info.dp_size)
+        if valid is None:
+            raise UserError(f"train.eval_every={cfg.train.eval_every}: no validation data")
+        return Evaluator(valid, cfg.train.eval_steps, per_rank, info.dp_rank, info.dp_size)
 
     def _init_state(self) -> Any:
         """train.init_from's weights, unless this run has checkpoints to resume (resume wins)."""

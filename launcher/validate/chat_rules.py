@@ -2,16 +2,16 @@
 
 What can be told from the configuration alone: the built-in chat dataset (data.builtin=chat) with
 a layout or backend that cannot train it. A chat dataset named by data.path is checked against
-the same conditions before launch, from its files (``launcher.data.chat_checks``)."""
+the same conditions before launch, from its files (``launcher.data.chat.chat_checks``)."""
 
 from __future__ import annotations
 
 from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.data.chat_checks import layout_problems
+from launcher.data.chat.chat_checks import layout_problems
 
-# The built-in chat dataset's vocabulary (launcher.data.builtin_chat.VOCAB_SIZE, which a unit test
+# The built-in chat dataset's vocabulary (chat.builtin_chat.VOCAB_SIZE, which a unit test
 # compares; a literal here so validation does not import the tokenizers library).
 BUILTIN_CHAT_VOCAB = 259
 

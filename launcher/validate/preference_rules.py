@@ -1,7 +1,7 @@
 """The rules of preference training (finetune.objective=dpo|simpo|orpo; docs/finetuning.md), rule
 "preference" in ``launcher.validate.rules``: what the configuration alone says cannot run. A
 preference dataset named by data.path is checked against the objective before launch, from its
-index (``launcher.data.chat_checks.preference_problems``). Never imports torch.
+index (``launcher.data.chat.chat_checks.preference_problems``). Never imports torch.
 
 What runs (tests/unit/train/finetune/test_preference_engine.py, tests/integration/test_tiny_dpo.py):
 backend=torch with one process, DDP, ZeRO-1, FSDP2 (zero 2/3) and tensor parallel;
@@ -17,7 +17,7 @@ from __future__ import annotations
 from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.data.preference_rows import packing_message
+from launcher.data.chat.preference_rows import packing_message
 from launcher.plan.preference import is_preference, reference_mode
 
 Problem = tuple[str, tuple[str, ...], str]

@@ -419,7 +419,7 @@ def test_chat_templates_and_config_files_are_read_bounded(tmp_path: Path) -> Non
 
     from launcher.config.composition.config_file import read_yaml_file
     from launcher.config.schema import LLMTrainConfig
-    from launcher.data.chat_template import ChatTemplate
+    from launcher.data.templating.chat_template import ChatTemplate
     from launcher.errors import ConfigError, UserError
     from launcher.train.checkpoint.init_from import problems
 

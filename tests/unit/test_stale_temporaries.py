@@ -142,6 +142,6 @@ def _wait_for_temporary(parent: int, tmp_path: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"launcher.data.template_worker" in argv and str(parent).encode() in argv:
+        if b"launcher.data.templating.template_worker" in argv and str(parent).encode() in argv:
             workers.append(int(entry.name))
     return workers

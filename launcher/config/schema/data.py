@@ -35,9 +35,9 @@ class DataConfig:
     builtin: str = field(default="corpus", metadata=one_of("corpus", "chat", "preference"))
     """Without data.path / data.blend: corpus (the built-in text corpus, pre-training), chat
     (the built-in chat dataset, a few hundred generated conversations with a byte-level ChatML
-    tokenizer, for fine-tuning; launcher/data/builtin_chat.py) or preference (generated pairs of
+    tokenizer, for fine-tuning; data/chat/builtin_chat.py) or preference (generated pairs of
     a right and a wrong answer to the same questions, the same tokenizer, for
-    finetune.objective=dpo|simpo|orpo; launcher/data/builtin_preference.py)."""
+    finetune.objective=dpo|simpo|orpo; launcher/data/chat/builtin_preference.py)."""
     train_on: str = field(default="assistant", metadata=one_of(*TRAIN_ON))
     """Chat data (`llmtrain data prepare --input-format chat|instruct`, docs/finetuning.md):
     which tokens carry loss: assistant (every assistant turn), completion (the last assistant

@@ -16,7 +16,7 @@ user's own, or the BPE trained by ``data prepare``) is copied, with the named sp
 chat template of the folder's tokenizer_config.json; the byte tokenizer is written as an
 equivalent tokenizer.json (``byte_tokenizer``) with the special ids its data used: <|endoftext|>
 256 where index.json names that end-of-document id, none for older byte data and the built-in
-corpus; data.builtin=chat gets its own byte + ChatML tokenizer (``launcher.data.builtin_chat``).
+corpus; data.builtin=chat gets its own byte + ChatML tokenizer (``chat.builtin_chat``).
 tokenizer_config.json, special_tokens_map.json, config.json and generation_config.json name the
 same bos/eos/pad (``special_tokens``). transformers is never imported.
 """
@@ -234,10 +234,10 @@ def _byte_tokenizer(specials: tuple[str, ...]) -> dict[str, bytes]:
 
 
 def _builtin_chat_tokenizer() -> TokenizerFiles:
-    """data.builtin=chat: the tokenizer its data is made with (``launcher.data.builtin_chat``:
+    """data.builtin=chat: the tokenizer its data is made with (``launcher.data.chat.builtin_chat``:
     the bytes, then <|endoftext|> 256, <|im_start|> 257, <|im_end|> 258; ChatML), written again
     here (it is generated, the same on every machine) rather than read from a cache."""
-    from launcher.data.builtin_chat import SPECIALS, write_tokenizer
+    from launcher.data.chat.builtin_chat import SPECIALS, write_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tokenizer(Path(tmp))

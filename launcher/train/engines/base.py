@@ -9,7 +9,7 @@ data-parallel shard: a LongTensor of shape [grad_accum * micro_batch_size, seq_l
 are row[:-1], targets row[1:]), or for fine-tuning data [.., 3, seq_length + 1]: tokens,
 trained-target flags and packed examples' ids (``launcher.train.finetune.masked_loss``; the loss is
 then the global mean over trained tokens), or for preference pairs [.., 2, 3, seq_length + 1]
-(chosen, rejected: ``launcher.data.preference_rows``; micro_batch_size counts pairs, the loss is the
+(chosen, rejected: ``chat.preference_rows``; micro_batch_size counts pairs, the loss is the
 mean over the global batch's pairs, ``finetune.preference``). Ranks of the same dp index
 (tensor, pipeline and context peers) receive the same rows. The engine splits them into
 micro-batches, accumulates, clips and steps the optimizer at ``lr``. The loss it returns is the mean

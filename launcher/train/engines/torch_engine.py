@@ -5,15 +5,15 @@ The mesh (``torch_mesh``): dims ("pp", "dp", "cp", "tp"), tp innermost and pp ou
 parallel adds a second mesh ("pp", "edp", "ep", "cp", "tp") over the same ranks.
 
 How each piece is applied, in order, to every model part (the whole model, or each pipeline chunk):
-1. Build on the meta device, delete what this pipeline chunk does not hold (layers outside its
-   range, the embeddings off the first chunk, norm and head off the last), materialise on the
-   device and initialise with ``init_weights(seed)``: each parameter draws from a generator
-   seeded by its name, so a chunk's weights equal those layers in the unsplit model.
-   finetune=lora|qlora: after train.init_from's weights are copied in, the base's digest is
-   taken (each rank hashing its share) and the base frozen, the target projections wrapped in
-   ``launcher.train.finetune.lora.LoRALinear`` (NF4 base weights for qlora); under tp their adapters
-   are sharded like the weight they adapt (``torch_parallelize.adapter_plan``), the optimizer and
-   checkpoints hold the adapters alone (``torch_state.TRAINABLE_OPTIONS``).
+1. Build on the meta device and delete what this pipeline chunk does not hold (layers outside its
+   range, the embeddings off the first chunk, norm and head off the last). finetune=lora|qlora:
+   the target projections wrapped in ``finetune.lora.LoRALinear`` (``finetune.adapters``; under
+   tp sharded like the weight they adapt, ``torch_parallelize.adapter_plan``); the optimizer and
+   checkpoints hold the adapters alone (``torch_state.TRAINABLE_OPTIONS``). Steps 2-6 run on
+   meta too; only then is this rank's shard materialised and filled (``train.parallel.build``):
+   each parameter drawn whole from a generator seeded by its name (or read by slice from
+   train.init_from) and sliced, so every layout holds the same weights; qlora's bases to NF4
+   block by block; the frozen base's digest from each rank's share of the tensors.
 2. Tensor parallel (tp > 1), the torchtitan plan (``torch_parallelize``: which projections are
    Colwise, Rowwise or replicated in dense, MoE and multi-head latent attention blocks).
    Expert parallel (ep > 1): each rank keeps E/ep routed experts of every MoE layer (deleted on
@@ -34,7 +34,8 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``; zero.stage=3 ->
    ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
    Mixed precision: FSDP2's MixedPrecisionPolicy (compute dtype for params, grad dtype for the
-   reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32.
+   reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32
+   (bf16 under precision=bf16-pure: no master copy).
    precision.loss_scaling=dynamic (precision=fp16): ``ShardedGradScaler`` (Micikevicius et al.
    2018: scale the loss, skip the step and halve the scale on inf/NaN gradients, double it after
    2000 clean steps); its state is saved with the checkpoint.
@@ -99,21 +100,25 @@ from launcher.train.engines import torch_grads
 from launcher.train.engines.base import Engine, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.engines.torch_grads import full
-from launcher.train.engines.torch_loss import full_logits_loss, loss_context, vocab_parallel_loss
+from launcher.train.engines.torch_loss import (
+    cp_micro_batches,
+    cp_unpacked,
+    full_logits_loss,
+    loss_context,
+    vocab_parallel_loss,
+)
 from launcher.train.engines.torch_mesh import build_meshes
 from launcher.train.engines.torch_pairs import PairSteps
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
+from launcher.train.engines.torch_summary import engine_summary
 from launcher.train.finetune import adapters, lora
 from launcher.train.finetune.masked_loss import (
     LossFn,
-    Micro,
     is_chat_rows,
     loss_divisor,
-    micro_batches,
     trained_tokens,
-    unpack,
 )
 from launcher.train.finetune.preference import PreferenceObjective
 from launcher.train.model import fp8
@@ -128,7 +133,7 @@ from launcher.train.optim import build_optimizer, fused_on, optimizer_class, par
 from launcher.train.optim_in_backward import InBackwardOptimizer
 from launcher.train.parallel import build
 from launcher.train.parallel.expert_parallel import ExpertParallel
-from launcher.train.parallel.ring_attention import ContextParallel, shard_sequence
+from launcher.train.parallel.ring_attention import ContextParallel
 from launcher.validate import finetune_rules, preference_rules
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -406,7 +411,7 @@ class TorchEngine(PairSteps, Engine):
         else:
             trained, divisor = self._trained(rows)
             if lay.pp > 1:
-                inputs, targets, segments = self._unpacked(rows)
+                inputs, targets, segments = cp_unpacked(rows, self.layout.cp, self.cp_rank)
                 if segments is not None:  # the later stages would attend across examples
                     raise ValueError("packed chat rows need parallel.pp=1: set data.packing=false")
                 self.pipeline_loss.divisor = divisor
@@ -417,7 +422,7 @@ class TorchEngine(PairSteps, Engine):
                 loss = self._forward_backward(
                     [
                         functools.partial(self._model_loss, model, i, t, s, divisor)
-                        for i, t, s in self._micro_batches(rows)
+                        for i, t, s in cp_micro_batches(rows, self.layout, self.cp_rank)
                     ]
                 )
         if self.manual_dp_sync:
@@ -473,32 +478,12 @@ class TorchEngine(PairSteps, Engine):
         total = int(count)
         return total, loss_divisor(total, lay.dp * lay.cp, rows.shape[0] // lay.micro_batch_size)
 
-    def _unpacked(
-        self, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(inputs, targets, segments) of `rows`, this cp rank's share of the sequence."""
-        inputs, targets, segments = unpack(rows)
-        if self.layout.cp > 1:
-            inputs = shard_sequence(inputs, self.layout.cp, self.cp_rank)
-            targets = shard_sequence(targets, self.layout.cp, self.cp_rank)
-        return inputs, targets, segments
-
-    def _micro_batches(self, rows: torch.Tensor) -> list[Micro]:
-        """The unpacked micro-batches of a step (pp = 1); with cp > 1 whole rows, sharded (each
-        rank's two chunks need the full, evenly divisible sequence)."""
-        mbs = self.layout.micro_batch_size
-        if self.layout.cp == 1:
-            return micro_batches(rows, mbs)  # each cut to its longest example
-        inputs, targets, seg = self._unpacked(rows)
-        cut = [slice(i, i + mbs) for i in range(0, len(rows), mbs)]
-        return [(inputs[c], targets[c], None if seg is None else seg[c]) for c in cut]
-
     def evaluate(self, rows: torch.Tensor) -> float:
         lay = self.layout
         rows = rows.to(self.device, non_blocking=True)
         if self.objective is not None:  # preference pairs: their mean loss, no update
             return self._evaluate_pairs(rows)
-        inputs, targets, segments = self._unpacked(rows)
+        inputs, targets, segments = cp_unpacked(rows, self.layout.cp, self.cp_rank)
         _, divisor = self._trained(rows)
         self.pipeline_loss.divisor = divisor
         if lay.pp > 1 and segments is not None:  # the later stages would attend across examples
@@ -512,7 +497,7 @@ class TorchEngine(PairSteps, Engine):
                 else:
                     parts = [
                         self._model_loss(self.parts[0], i, t, seg, divisor).float()
-                        for i, t, seg in self._micro_batches(rows)
+                        for i, t, seg in cp_micro_batches(rows, self.layout, self.cp_rank)
                     ]
                     loss = torch.stack(parts).mean()
         finally:
@@ -605,43 +590,7 @@ class TorchEngine(PairSteps, Engine):
         )
 
     def extra_state(self) -> dict[str, Any]:
-        lay = self.layout
-        return {
-            "engine": "torch",
-            "mesh": {"pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "tp": lay.tp, "ep": lay.ep},
-            "data_parallel": "fsdp2"
-            if self.fsdp
-            else ("ddp" if lay.dp * lay.cp > 1 else "none") + ("+zero1" if self.zero == 1 else ""),
-            "loss_scale": self.scaler.get_scale() if self.scaler is not None else None,
-            "fp8": self._fp8_kind(),
-            "fp8_layers": sum(
-                fp8.is_float8_linear(m) for part in self.parts for m in part.modules()
-            )
-            if self.fp8
-            else 0,
-            "pp_schedule": self.cfg.parallel.pp_schedule if lay.pp > 1 else None,
-            "loss": "chunked"
-            if self.chunked_loss
-            else "vocab-parallel"
-            if self.vocab_parallel
-            else "full logits",
-            "chunks": self.chunk_ids,
-            "finetune": self.cfg.finetune.name,
-            "params_trainable": sum(
-                (p.to_local() if isinstance(p, DTensor) else p).numel()
-                for p in self._params()
-                if p.requires_grad
-            ),
-            "params_local": sum(
-                (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self._params()
-            ),
-        }
-
-    def _fp8_kind(self) -> str | None:
-        if not self.fp8:
-            return None
-        recipe = self.cfg.precision.fp8_recipe
-        return ("emulated " if self.cfg.precision.fp8_emulate else "") + f"torchao float8 {recipe}"
+        return engine_summary(self)
 
     def close(self) -> None:
         self.schedule = None

@@ -12,9 +12,11 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from launcher.config.layout import Layout
 from launcher.train.engines.torch_grads import full
-from launcher.train.finetune.masked_loss import masked_loss
+from launcher.train.finetune.masked_loss import Micro, masked_loss, micro_batches, unpack
 from launcher.train.finetune.preference_loss import token_logps
+from launcher.train.parallel.ring_attention import shard_sequence
 
 
 def full_logits_loss(
@@ -48,3 +50,25 @@ def token_log_probs(
     (finetune.preference_loss): from full logits, or under tp from logits split over the
     vocabulary (loss_parallel's cross-entropy with reduction="none", inside ``loss_context``)."""
     return token_logps(output if vocab_parallel else full(output), targets)
+
+
+def cp_unpacked(
+    rows: torch.Tensor, cp: int, cp_rank: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(inputs, targets, segments) of `rows`, this cp rank's share of the sequence."""
+    inputs, targets, segments = unpack(rows)
+    if cp > 1:
+        inputs = shard_sequence(inputs, cp, cp_rank)
+        targets = shard_sequence(targets, cp, cp_rank)
+    return inputs, targets, segments
+
+
+def cp_micro_batches(rows: torch.Tensor, layout: Layout, cp_rank: int) -> list[Micro]:
+    """The unpacked micro-batches of a step (pp = 1), each cut to its longest example; with
+    cp > 1 whole rows, sharded (each rank's two chunks need the full, evenly divisible sequence)."""
+    mbs = layout.micro_batch_size
+    if layout.cp == 1:
+        return micro_batches(rows, mbs)
+    inputs, targets, seg = cp_unpacked(rows, layout.cp, cp_rank)
+    cut = [slice(i, i + mbs) for i in range(0, len(rows), mbs)]
+    return [(inputs[c], targets[c], None if seg is None else seg[c]) for c in cut]

@@ -1,7 +1,7 @@
 """Preference training inside an engine (finetune.objective=dpo|simpo|orpo): one micro-batch's
 loss from preference rows, the reference's log-probabilities, the step's reward metrics.
 
-The batch contract (``launcher.data.preference_rows``): each step a rank receives its pairs as
+The batch contract (``launcher.data.chat.preference_rows``): each step a rank receives its pairs as
 int64 [pairs, 2, 3, seq + 1] (chosen, rejected); a micro-batch is ``micro_batch_size`` pairs. Its
 sequences go through the model in ONE forward, concatenated along the batch: all the chosen rows,
 then all the rejected rows ([2 x pairs, seq], TRL's "concatenated forward"), so the model sees
@@ -53,7 +53,7 @@ def settings(cfg: LLMTrainConfig) -> Settings:
 
 
 def is_pairs(rows: torch.Tensor) -> bool:
-    """Preference rows [pairs, 2, 3, seq + 1] (launcher.data.preference_rows)."""
+    """Preference rows [pairs, 2, 3, seq + 1] (launcher.data.chat.preference_rows)."""
     return rows.dim() == 4
 
 

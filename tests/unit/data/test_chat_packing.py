@@ -104,7 +104,7 @@ def test_padded_rows_run_with_a_pipeline() -> None:
 
 
 def test_rule_knows_the_builtin_vocabulary() -> None:
-    from launcher.data.builtin_chat import VOCAB_SIZE
+    from launcher.data.chat.builtin_chat import VOCAB_SIZE
     from launcher.validate.chat_rules import BUILTIN_CHAT_VOCAB
 
     assert BUILTIN_CHAT_VOCAB == VOCAB_SIZE

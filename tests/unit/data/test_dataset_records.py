@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.data.builtin_chat import write_tokenizer
+from launcher.data.chat.builtin_chat import write_tokenizer
 from tests.cli import invoke
 
 datasets = pytest.importorskip("datasets")

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.data.chat_template import ChatTemplate, TemplateRenderError
 from launcher.data.limits import DataLimits
+from launcher.data.templating.chat_template import ChatTemplate, TemplateRenderError
 from launcher.errors import UserError
 
 ESC = "\x1b[2J"

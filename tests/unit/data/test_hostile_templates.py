@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from launcher.data import limits as limits_module
-from launcher.data import template_worker
-from launcher.data.chat_template import ChatTemplate, TemplateRenderError
 from launcher.data.limits import DataLimits
+from launcher.data.templating import template_worker
+from launcher.data.templating.chat_template import ChatTemplate, TemplateRenderError
 from tests.chat_fixtures import FAMILIES, TEMPLATES, build_tokenizer
 from tests.cli import invoke, said
 

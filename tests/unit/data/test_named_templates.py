@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.data.chat_prepare import NAMED_TEMPLATES, load_chat_tokenizer
-from launcher.data.chat_records import Conversation
+from launcher.data.chat.chat_prepare import NAMED_TEMPLATES, load_chat_tokenizer
+from launcher.data.chat.chat_records import Conversation
 from tests.chat_fixtures import build_tokenizer, hf_tokenizer, trl_templates
 from tests.cli import invoke
 

@@ -1,5 +1,5 @@
 """`data prepare --input-format preference` (strings, message lists, UltraFeedback's shape, an
-implicit prompt), the pairs' rows (launcher/data/preference_rows.py) and the built-in pairs."""
+implicit prompt), the pairs' rows (launcher/data/chat/preference_rows.py) and the built-in pairs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.data.builtin_chat import write_tokenizer
-from launcher.data.builtin_preference import pairs
-from launcher.data.chat_checks import open_chat_rows
+from launcher.data.chat.builtin_chat import write_tokenizer
+from launcher.data.chat.builtin_preference import pairs
+from launcher.data.chat.chat_checks import open_chat_rows
 from launcher.data.sources import describe
 from launcher.data.token_index import PreparedIndex
 from tests.cli import invoke
@@ -113,7 +113,7 @@ def test_bad_pairs_exit_2_naming_the_line(tmp_path: Path, record: dict, says: st
 def test_overlong_pairs_truncate_or_drop_together(tmp_path: Path) -> None:
     long = {"prompt": Q, "chosen": RIGHT + " " + "x" * 200, "rejected": WRONG}
     assert _prepare(tmp_path, [RECORDS["strings"], long]).returncode == 0
-    from launcher.data.preference_rows import PreferenceRows
+    from launcher.data.chat.preference_rows import PreferenceRows
 
     rows = _rows(tmp_path / "out", 64)
     assert rows.num_sequences(64) == 2 and rows.report.truncated == 1

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.data.chat_prepare import load_chat_tokenizer
-from launcher.data.chat_records import Conversation
+from launcher.data.chat.chat_prepare import load_chat_tokenizer
+from launcher.data.chat.chat_records import Conversation
 from launcher.data.hf_tokenizer import HFTokenizerFile
 from launcher.errors import UserError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.data.builtin_chat import SPECIALS, write_tokenizer
+from launcher.data.chat.builtin_chat import SPECIALS, write_tokenizer
 from launcher.data.tokenizer import ByteTokenizer
 from launcher.train.sample import chat_template, prompt_ids
 

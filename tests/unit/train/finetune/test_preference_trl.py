@@ -20,7 +20,7 @@ pytest.importorskip("datasets", reason="TRL's trainer needs the datasets package
 trl = pytest.importorskip("trl", reason="trl is in the dev extra (pip install -e '.[dev]')")
 
 from launcher.config.schema import LLMTrainConfig, ModelConfig  # noqa: E402
-from launcher.data.builtin_chat import write_tokenizer  # noqa: E402
+from launcher.data.chat.builtin_chat import write_tokenizer  # noqa: E402
 from launcher.export.hf_layout import hf_config, to_hf  # noqa: E402
 from launcher.train.finetune.preference import PreferenceObjective  # noqa: E402
 from launcher.train.finetune.preference_loss import token_logps  # noqa: E402

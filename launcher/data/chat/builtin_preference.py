@@ -2,7 +2,7 @@
 use, never downloaded.
 
 600 pairs from a seeded generator over the built-in chat data's questions
-(``launcher.data.builtin_chat``: arithmetic, reversing and spelling words, capitals, counting
+(``launcher.data.chat.builtin_chat``: arithmetic, reversing and spelling words, capitals, counting
 letters), each with the right answer as ``chosen`` and a wrong one in the same format as
 ``rejected`` (a sum off by one to three, the word unreversed or another word reversed, one letter
 misspelt, another country's capital, a wrong count). Records are in TRL's conversational format
@@ -20,7 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from launcher.data.builtin_chat import _CAPITALS, _SYSTEMS, _WORDS, write_tokenizer
+from launcher.data.chat.builtin_chat import _CAPITALS, _SYSTEMS, _WORDS, write_tokenizer
 
 BUILTIN_PREFERENCE = "pairs-tiny-v1"
 PAIRS = 600

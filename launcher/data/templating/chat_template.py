@@ -2,9 +2,9 @@
 it, and the character spans of the assistant turns in the result.
 
 Rendering is what transformers 4.4x-5.x do in ``utils/chat_template_utils.py`` (the environment:
-``launcher.data.template_sandbox``, which also keeps a template inside its time and size budget,
+``templating.template_sandbox``, which also keeps a template inside its time and size budget,
 ``launcher.data.limits``; ``data prepare`` renders in a child process besides,
-``launcher.data.template_worker``). The template sees ``messages``, ``tools`` (None),
+``launcher.data.templating.template_worker``). The template sees ``messages``, ``tools`` (None),
 ``documents`` (None), ``add_generation_prompt`` and the tokenizer's named special tokens
 (``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``,
 ``mask_token``: those tokenizer_config.json names) as strings; keys of a message whose value is
@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from launcher import bounded_read
-from launcher.data import template_sandbox
 from launcher.data.documents import SURROGATE
 from launcher.data.limits import DataLimits
-from launcher.data.template_sandbox import TemplateBudgetError
+from launcher.data.templating import template_sandbox
+from launcher.data.templating.template_sandbox import TemplateBudgetError
 from launcher.errors import UserError
 from launcher.excerpt import message as quoted
 

@@ -1,6 +1,6 @@
 """Preference pairs into training rows: the batch contract of preference data. No torch.
 
-A prepared preference dataset (``launcher.data.chat_prepare``, ``chat.input_format:
+A prepared preference dataset (``launcher.data.chat.chat_prepare``, ``chat.input_format:
 "preference"``) stores pair i as sequences 2i (prompt + chosen) and 2i + 1 (prompt + rejected),
 each with its loss roles; the response is role 2 (``ROLE_FINAL``), the only tokens that carry
 loss, whatever data.train_on says.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from launcher.config.schema.data import OVERLONG
-from launcher.data.chat_prepare import ROLE_FINAL
+from launcher.data.chat.chat_prepare import ROLE_FINAL
 from launcher.data.packing import SEGMENT, TOKENS, TRAINED, PackingReport
 from launcher.errors import UserError
 

@@ -16,9 +16,9 @@ DEFAULT_SEQ_LENGTH = 2048
 def packing_reports(folder: Path, seq_length: int | None) -> dict[str, Any]:
     """{"seq_length", "reports": [PackingReport JSON...], "lines": [text...]} for the training
     split under data.train_on=assistant and every packing / over-long combination."""
+    from launcher.data.chat.preference_rows import PreferenceRows, is_preference_index
     from launcher.data.megatron_indexed import IndexedDataset
     from launcher.data.packing import ChatRows
-    from launcher.data.preference_rows import PreferenceRows, is_preference_index
     from launcher.data.token_index import PreparedIndex
 
     length = seq_length or DEFAULT_SEQ_LENGTH

@@ -1,7 +1,7 @@
 """`data prepare` renders every conversation's chat template in one child process, under a budget
 the parent enforces from outside.
 
-The guard inside the template sandbox (``launcher.data.template_sandbox``) stops the templates it
+The guard inside the template sandbox (``templating.template_sandbox``) stops the templates it
 can see going over their budget, with the template line. What it cannot see (one C-level
 operation on a huge value, a filter looping in Python over a huge string) is caught here: the
 child runs with an address-space limit (RLIMIT_AS: ``DataLimits.render_memory_bytes`` beyond what
@@ -19,7 +19,7 @@ tokenizing overlap. Frames are JSON lines both ways (nothing is unpickled):
     child -> parent   {"ready": true} (or {"error"}), then {"text", "spans"} or
                       {"error", "kind"} a line
 
-Run as ``python -m launcher.data.template_worker PARENT_PID``.
+Run as ``python -m launcher.data.templating.template_worker PARENT_PID``.
 """
 
 from __future__ import annotations
@@ -58,13 +58,13 @@ class TemplateWorker:
         self.origin = template.origin
         self.limits = limits
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH", "")) if p
         )
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher.data.template_worker", str(os.getpid())],
+            [sys.executable, "-m", "launcher.data.templating.template_worker", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -289,7 +289,7 @@ def _write(document: dict[str, Any]) -> None:
 
 
 def _serve() -> None:
-    from launcher.data.chat_template import (
+    from launcher.data.templating.chat_template import (
         ChatTemplate,
         TemplateBudgetExceeded,
         TemplateRenderError,

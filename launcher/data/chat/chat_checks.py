@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.data.preference_rows import is_preference_index, packing_message
+from launcher.data.chat.preference_rows import is_preference_index, packing_message
 from launcher.errors import UserError
 
 
@@ -79,9 +79,9 @@ def objective_problem(cfg: Any, path: str, pairs: bool) -> str:
 
 def open_chat_rows(info: Any, split: str, cfg: Any) -> Any:
     """The rows of one split of a described chat dataset, as the run reads them."""
+    from launcher.data.chat.preference_rows import PreferenceRows, is_preference_index
     from launcher.data.megatron_indexed import IndexedDataset
     from launcher.data.packing import ChatRows
-    from launcher.data.preference_rows import PreferenceRows, is_preference_index
 
     tokens_prefix = info.valid_prefix if split == "valid" else info.train_prefix
     roles_prefix = info.valid_roles if split == "valid" else info.train_roles

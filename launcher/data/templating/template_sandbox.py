@@ -26,7 +26,7 @@ the conversation being rendered (``watching``, ``launcher.data.limits``):
   text is counted as it streams out.
 
 What the guard cannot see (one C-level operation on a huge value: ``str.join`` of a million long
-strings) the template worker catches from outside (``launcher.data.template_worker``: a child
+strings) the template worker catches from outside (``templating.template_worker``: a child
 process with an address-space limit, killed when a conversation overruns its time).
 """
 
@@ -358,6 +358,26 @@ def _strftime_now(fmt: str) -> str:
 
 
 @cache
+def _guard_tree(tree: Any, nodes: Any) -> Any:
+    """The parsed template `tree`, every {% for %} iterating through the loop guard and every `~`
+    measured (a Concat node is no operator the sandbox intercepts); `nodes`: jinja2.nodes."""
+
+    def measured(node: Any) -> Any:
+        return nodes.Filter(node, _SIZE_FILTER, [], [], None, None, lineno=node.lineno)
+
+    for loop in tree.find_all(nodes.For):
+        loop.iter = nodes.Filter(
+            loop.iter, _LOOP_FILTER, [], [], None, None, lineno=loop.iter.lineno
+        )
+    for parent in list(tree.find_all(nodes.Node)):
+        for field, value in parent.iter_fields():
+            if isinstance(value, nodes.Concat):
+                setattr(parent, field, measured(value))
+            elif isinstance(value, list):
+                value[:] = [measured(v) if isinstance(v, nodes.Concat) else v for v in value]
+    return tree
+
+
 def environment() -> Any:
     """The sandboxed environment, built once (jinja2 is imported here only)."""
     try:
@@ -431,25 +451,7 @@ def environment() -> Any:
             return watch.result(super().call(__context, __obj, *args, **kwargs))
 
         def _parse(self, source: str, name: str | None, filename: str | None) -> Any:
-            """The parsed template, every {% for %} iterating through the loop guard and every
-            `~` measured (a Concat node is no operator the sandbox intercepts)."""
-            tree = super()._parse(source, name, filename)
-            for loop in tree.find_all(jinja2.nodes.For):
-                loop.iter = jinja2.nodes.Filter(
-                    loop.iter, _LOOP_FILTER, [], [], None, None, lineno=loop.iter.lineno
-                )
-            for parent in list(tree.find_all(jinja2.nodes.Node)):
-                for field, value in parent.iter_fields():
-                    if isinstance(value, jinja2.nodes.Concat):
-                        setattr(parent, field, _measured(value))
-                    elif isinstance(value, list):
-                        value[:] = [
-                            _measured(v) if isinstance(v, jinja2.nodes.Concat) else v for v in value
-                        ]
-            return tree
-
-    def _measured(node: Any) -> Any:
-        return jinja2.nodes.Filter(node, _SIZE_FILTER, [], [], None, None, lineno=node.lineno)
+            return _guard_tree(super()._parse(source, name, filename), jinja2.nodes)
 
     env = GuardedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]

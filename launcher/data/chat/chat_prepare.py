@@ -1,8 +1,8 @@
 """`llmtrain data prepare --input-format chat|instruct|preference`: conversations to token ids
 and loss roles.
 
-Each conversation (``launcher.data.chat_records``) is rendered with the chat template
-(``launcher.data.chat_template``), tokenized with the tokenizer.json (no special tokens added: the
+Each conversation (``launcher.data.chat.chat_records``) is rendered with the chat template
+(``templating.chat_template``), tokenized with the tokenizer.json (no special tokens added: the
 template writes them) and each token given a role byte:
 
     0  not an assistant token (system, user and tool text, the template's markup)
@@ -16,7 +16,7 @@ over-long policy (``launcher.data.packing``), so none of them needs the data pre
 An instruct record with a tokenizer that has no chat template is the prompt's text followed by the
 completion's and the end-of-document token (role 2 on the completion and that token).
 
-A preference record (``launcher.data.preference_records``) is two examples, prompt + chosen and
+A preference record (``launcher.data.chat.preference_records``) is two examples, prompt + chosen and
 prompt + rejected, stored one after the other (sequences 2i and 2i + 1 of its split, a pair never
 split between train and valid); the response is each one's last assistant turn (role 2), and
 index.json's ``chat`` holds ``input_format: "preference"`` and the pair counts.
@@ -27,7 +27,7 @@ datasets with one sequence per conversation, the same lengths: ``{split}_chat_to
 ``tokenizer_config.json`` (the template) copied beside. Nothing here imports torch.
 
 Every conversation is rendered in one child process under the budget of ``launcher.data.limits``
-(``launcher.data.template_worker``), streamed while this process tokenizes; a conversation the
+(``templating.template_worker``), streamed while this process tokenizes; a conversation the
 template refuses, or one that runs over a budget, ends the command with exit 2 naming FILE:LINE,
 the template (and its line where known) and the budget.
 """
@@ -46,20 +46,20 @@ from typing import Any
 import numpy as np
 
 from launcher import fsio
-from launcher.data.chat_records import INPUT_FORMATS, Conversation, conversation, record_format
-from launcher.data.chat_template import (
+from launcher.data.chat.chat_records import INPUT_FORMATS, Conversation, conversation, record_format
+from launcher.data.chat.preference_records import PREFERENCE, pair
+from launcher.data.dataset_records import RecordOptions, iter_records
+from launcher.data.hf_tokenizer import HFTokenizerFile
+from launcher.data.length_histogram import HISTOGRAM_KEY, length_histogram
+from launcher.data.limits import DataLimits
+from launcher.data.templating.chat_template import (
     CONFIG_FILE,
     ChatTemplate,
     TemplateBudgetExceeded,
     TemplateRenderError,
     token_mask,
 )
-from launcher.data.dataset_records import RecordOptions, iter_records
-from launcher.data.hf_tokenizer import HFTokenizerFile
-from launcher.data.length_histogram import HISTOGRAM_KEY, length_histogram
-from launcher.data.limits import DataLimits
-from launcher.data.preference_records import PREFERENCE, pair
-from launcher.data.template_worker import TemplateWorker, refusal
+from launcher.data.templating.template_worker import TemplateWorker, refusal
 from launcher.errors import UserError
 from launcher.excerpt import message as quoted
 
@@ -67,7 +67,7 @@ CHAT_LAYOUT = "chat"
 # Built-in chat templates, `--chat-template NAME`: Jinja files written for llmtrain from each
 # format's public description (cited at the top of each file), checked token for token against
 # transformers on the models' real templates (tests/unit/data/test_named_templates.py).
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
 NAMED_TEMPLATES = ("chatml", "gemma", "llama3", "mistral", "phi3")
 ROLE_PROMPT, ROLE_ASSISTANT, ROLE_FINAL = 0, 1, 2
 

@@ -64,7 +64,7 @@ def _records(path: Path, limits: DataLimits) -> Iterator[tuple[str, dict[str, An
 
 
 def record_format(record: dict[str, Any]) -> str | None:
-    if "chosen" in record and "rejected" in record:  # launcher.data.preference_records
+    if "chosen" in record and "rejected" in record:  # launcher.data.chat.preference_records
         return "preference"
     if "messages" in record or "conversations" in record:
         return "chat"

@@ -13,7 +13,7 @@ One record a line (blank lines skipped) with ``chosen`` and ``rejected`` and, us
 
 After the prompt is taken off, each response must be exactly one assistant message with text.
 A pair becomes two conversations, prompt + chosen and prompt + rejected
-(``launcher.data.chat_records.Conversation``), which ``launcher.data.chat_prepare`` renders with
+(``chat.chat_records.Conversation``), which ``launcher.data.chat.chat_prepare`` renders with
 the chat template: the response is the conversation's last assistant turn (role 2), the tokens
 that carry the loss. Every problem is a ``UserError`` naming the file and line.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.data.chat_records import ROLES, Conversation
+from launcher.data.chat.chat_records import ROLES, Conversation
 from launcher.errors import UserError
 
 PREFERENCE = "preference"
