@@ -119,26 +119,44 @@ def _byte_of(char: str) -> int:
     return others[code - 256]
 
 
-def builtin_chat_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
-    """The prepared built-in chat dataset under `cache_root` (made once, under a file lock)."""
+def prepared_builtin(
+    cache_root: Path,
+    name: str,
+    file_name: str,
+    records: list[dict[str, Any]],
+    input_format: str,
+    source: dict[str, Any],
+    timeout_s: float,
+) -> Path:
+    """A built-in set of `records` (`input_format`: chat or preference; written to `file_name`)
+    prepared once under `cache_root`/`name` with the byte + ChatML tokenizer, under a file lock."""
     from launcher.data.builtin_corpus import prepared_once
     from launcher.data.prepare import prepare
 
     def make(target: Path) -> None:
-        source = Path(cache_root) / f"{BUILTIN_CHAT}.source"
-        source.mkdir(exist_ok=True)
-        records = source / "conversations.jsonl"
-        records.write_text("".join(json.dumps(r) + "\n" for r in conversations()), encoding="utf-8")
-        tokenizer = write_tokenizer(source / "tokenizer")
+        folder = Path(cache_root) / f"{name}.source"
+        folder.mkdir(exist_ok=True)
+        file = folder / file_name
+        file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        tokenizer = write_tokenizer(folder / "tokenizer")
         prepare(
-            [records],
+            [file],
             target,
             tokenizer=str(tokenizer),
             overwrite=True,
-            source={"kind": "builtin-chat", "conversations": CONVERSATIONS},
+            source=source,
             valid_fraction=0.05,
             fmt="megatron",
-            input_format="chat",
+            input_format=input_format,
         )
 
-    return prepared_once(cache_root, BUILTIN_CHAT, make, timeout_s)
+    return prepared_once(cache_root, name, make, timeout_s)
+
+
+def builtin_chat_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
+    """The prepared built-in chat dataset under `cache_root` (made once, under a file lock)."""
+    source = {"kind": "builtin-chat", "conversations": CONVERSATIONS}
+    records = conversations()
+    return prepared_builtin(
+        cache_root, BUILTIN_CHAT, "conversations.jsonl", records, "chat", source, timeout_s
+    )

@@ -15,12 +15,11 @@ ordinary ``data prepare --input-format preference`` output for ``data.path``.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
-from launcher.data.chat.builtin_chat import _CAPITALS, _SYSTEMS, _WORDS, write_tokenizer
+from launcher.data.chat.builtin_chat import _CAPITALS, _SYSTEMS, _WORDS, prepared_builtin
 
 BUILTIN_PREFERENCE = "pairs-tiny-v1"
 PAIRS = 600
@@ -82,24 +81,8 @@ def pairs(count: int = PAIRS, seed: int = 0) -> list[dict[str, Any]]:
 
 def builtin_preference_dir(cache_root: Path, timeout_s: float = 600.0) -> Path:
     """The prepared built-in preference pairs under `cache_root` (made once, under a lock)."""
-    from launcher.data.builtin_corpus import prepared_once
-    from launcher.data.prepare import prepare
-
-    def make(target: Path) -> None:
-        source = Path(cache_root) / f"{BUILTIN_PREFERENCE}.source"
-        source.mkdir(exist_ok=True)
-        records = source / "pairs.jsonl"
-        records.write_text("".join(json.dumps(r) + "\n" for r in pairs()), encoding="utf-8")
-        tokenizer = write_tokenizer(source / "tokenizer")
-        prepare(
-            [records],
-            target,
-            tokenizer=str(tokenizer),
-            overwrite=True,
-            source={"kind": "builtin-preference", "pairs": PAIRS},
-            valid_fraction=0.05,
-            fmt="megatron",
-            input_format="preference",
-        )
-
-    return prepared_once(cache_root, BUILTIN_PREFERENCE, make, timeout_s)
+    source = {"kind": "builtin-preference", "pairs": PAIRS}
+    records = pairs()
+    return prepared_builtin(
+        cache_root, BUILTIN_PREFERENCE, "pairs.jsonl", records, "preference", source, timeout_s
+    )
