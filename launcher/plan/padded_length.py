@@ -30,12 +30,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launcher.backends.build_order import cuts_to_longest
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.data.length_histogram import read_histogram
-
-# Where the engines cut micro-batches (module docstring): the backends and the layouts.
-_CUTTING_BACKENDS = ("torch", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -75,12 +73,7 @@ def capped(hist: dict[int, int], seq_length: int, overlong: str) -> dict[int, in
 
 def padded_batches(cfg: LLMTrainConfig, layout: Layout) -> bool:
     """Whether the run pads micro-batches to their longest example (module docstring)."""
-    return (
-        not cfg.data.packing
-        and cfg.backend.name in _CUTTING_BACKENDS
-        and layout.pp == 1
-        and layout.cp == 1
-    )
+    return not cfg.data.packing and cuts_to_longest(cfg) and layout.pp == 1 and layout.cp == 1
 
 
 def priced_length(cfg: LLMTrainConfig, layout: Layout) -> PricedLength | None:

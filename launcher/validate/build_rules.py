@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from launcher.backends.build_order import shards_before_materialising
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.validate.rule import Violation, error
@@ -39,7 +40,7 @@ def _fixes(cfg: LLMTrainConfig, layout: Layout) -> list[tuple[str, LLMTrainConfi
     over the GPUs given, else over 2, 4 or 8 GPUs of the node."""
     from launcher.config.layout import derive_layout
 
-    if cfg.backend.name != "torch":
+    if not shards_before_materialising(cfg):
         return []
     zero = dataclasses.replace(cfg.zero, stage=3)
     out = []

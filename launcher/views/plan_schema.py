@@ -17,6 +17,7 @@ SAMPLES = (
     ("recipe=llama3-405b",),
     ("recipe=deepseek-v3",),
     ("recipe=gpt-7b", "cluster=a100-40gb", "zero.stage=0"),  # does not fit: fixes listed
+    ("recipe=tiny-dpo-lora",),  # preference pairs: the reference named
 )
 
 _TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"))

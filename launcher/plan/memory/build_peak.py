@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launcher.backends.build_order import builds_in_zero_init, shards_before_materialising
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.dtypes import DTYPE_BYTES
@@ -92,15 +93,15 @@ def nf4_block_elements(cfg: LLMTrainConfig, tp: int) -> tuple[float, float]:
 def weight_bytes(cfg: LLMTrainConfig) -> float:
     """Bytes of a weight as built: fp32 on the CPU, the compute dtype under DeepSpeed's bf16/fp16
     (its zero.Init casts), fp32 master weights otherwise (torch keeps fp32 parameters)."""
-    if cfg.cluster.gpu == "cpu" or cfg.backend.name != "deepspeed":
+    if cfg.cluster.gpu == "cpu" or not builds_in_zero_init(cfg):
         return FP32
     return float(DTYPE_BYTES[cfg.precision.compute_dtype])
 
 
 def build_peak(cfg: LLMTrainConfig, layout: Layout, weights: float) -> BuildPeak:
     """`weights`: the heaviest rank's steady weights (``StageMemory.weights``)."""
-    fsdp = cfg.zero.stage >= 2 and cfg.backend.name == "torch"
-    zero3 = cfg.zero.stage == 3 and cfg.backend.name == "deepspeed"
+    fsdp = cfg.zero.stage >= 2 and shards_before_materialising(cfg)
+    zero3 = cfg.zero.stage == 3 and builds_in_zero_init(cfg)
     shards = zero_shard(layout) if (fsdp or zero3) else 1
     largest = float(largest_tensor(cfg))
     local = largest / (max(1, layout.tp) * shards)

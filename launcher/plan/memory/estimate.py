@@ -196,15 +196,17 @@ class MemoryPlan:
         """fits | tight | does_not_fit: the one verdict `plan`, `plan --search` (the
         configuration as given) and the dry runs print.
 
-        fits: as `fits`. tight: over the headroom but within the GPU's memory (reserved +
-        overhead <= capacity): it runs if the prediction holds, with no margin for its error.
-        does_not_fit: the planned device memory exceeds the GPU's physical memory; never called
-        "tight", however wide the prediction's error band (`band`, which the plan prints beside
-        the figure instead).
+        fits: as `fits`. tight: it does not fit with headroom, but allocated + overhead (what
+        must be resident; the caching allocator frees its cache before failing) is within the
+        prediction's error band of the capacity: (allocated + overhead) x (1 - band) <= capacity
+        (a refusal is said only when even the worst over-prediction cross-validation has seen
+        could not make it fit: published runs that ran sit there).
+        does_not_fit: even the band's optimistic end exceeds the capacity.
         """
         if self.fits:
             return "fits"
-        if self.heaviest.device_total <= self.capacity:
+        h = self.heaviest
+        if (h.allocated + h.overhead) * (1.0 - self.band) <= self.capacity:
             return "tight"
         return "does_not_fit"
 
