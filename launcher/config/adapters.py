@@ -20,7 +20,8 @@ The model has no fused qkv projection. ``all-linear`` adapts every projection th
 
 from __future__ import annotations
 
-ALL_LINEAR = "all-linear"
+from launcher.config.schema.finetune import ALL_LINEAR as ALL_LINEAR  # re-exported
+
 ATTENTION_MODULES = {"q": "wq", "k": "wk", "v": "wv", "o": "wo"}
 # Every word finetune.targets takes, in the order messages list them.
 TARGET_WORDS = (*ATTENTION_MODULES, "gate", "up", "down", ALL_LINEAR)

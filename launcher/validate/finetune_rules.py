@@ -204,7 +204,7 @@ def _qlora(cfg: LLMTrainConfig, layout: Layout) -> list[Problem]:
 def nf4_weights(cfg: LLMTrainConfig) -> list[str]:
     """The projections qlora stores in NF4: its targets, or with finetune.quantize=all-linear
     every projection of the blocks."""
-    if cfg.finetune.quantize == "all-linear":
+    if cfg.finetune.quantize == ALL_LINEAR:
         return list(projection_dims(cfg.model))
     return targets_of(cfg)
 
@@ -216,7 +216,7 @@ def _nf4_blocks(cfg: LLMTrainConfig, shards: int) -> list[Problem]:
     dims = projection_dims(cfg.model)
     block = NF4_BLOCK * NF4_SCALER_BLOCK
     names = nf4_weights(cfg)
-    key = "finetune.quantize" if cfg.finetune.quantize == "all-linear" else "finetune.targets"
+    key = "finetune.quantize" if cfg.finetune.quantize == ALL_LINEAR else "finetune.targets"
     bad = [t for t in names if (dims[t][0] * dims[t][1]) % block]
     if bad:
         return [

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from launcher.config.schema.allowed import bounds, one_of
 
+# Every projection of the blocks: a word of finetune.targets and of finetune.quantize
+# (launcher/config/adapters.py lists the projections).
+ALL_LINEAR = "all-linear"
+
 
 @dataclass
 class FinetuneConfig:
@@ -26,7 +30,7 @@ class FinetuneConfig:
     targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "o"])
     """Projections to adapt: q k v o (attention), gate up down (MLP; gate only with swiglu), or
     all-linear (every one of them the model has)."""
-    quantize: str = field(default="targets", metadata=one_of("targets", "all-linear"))
+    quantize: str = field(default="targets", metadata=one_of("targets", ALL_LINEAR))
     """qlora: which frozen weights are stored in NF4: the adapted projections (targets), or every
     linear of the transformer blocks (all-linear), adapted or not."""
     objective: str = field(default="sft", metadata=one_of("sft", "dpo", "simpo", "orpo"))

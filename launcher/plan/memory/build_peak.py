@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.backends.build_order import builds_in_zero_init, shards_before_materialising
+from launcher.config.adapters import ALL_LINEAR
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.dtypes import DTYPE_BYTES
@@ -82,7 +83,7 @@ def largest_tensor(cfg: LLMTrainConfig) -> int:
 
 def nf4_block_elements(cfg: LLMTrainConfig, tp: int) -> tuple[float, float]:
     """(elements of one block's NF4 weights, of the largest of them) on a tp rank (qlora)."""
-    if cfg.finetune.quantize == "all-linear":
+    if cfg.finetune.quantize == ALL_LINEAR:
         chosen = list(projections(cfg.model).values())
     else:
         chosen = targets(cfg)

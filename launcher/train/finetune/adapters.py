@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from launcher.config.adapters import ALL_LINEAR
 from launcher.config.schema import LLMTrainConfig
 from launcher.train.finetune import lora
 from launcher.train.finetune.lora import (
@@ -84,7 +85,7 @@ def quantize(unit: nn.Module, cfg: LLMTrainConfig, in_block: bool) -> int:
     if not nf4_on(cfg):
         return 0
     count = lora.quantize_bases(unit)
-    if cfg.finetune.quantize == "all-linear" and in_block:
+    if cfg.finetune.quantize == ALL_LINEAR and in_block:
         for linear in frozen_linears(unit):
             if not nf4_param(linear.weight):
                 linear.weight = lora.to_nf4_param(linear.weight)

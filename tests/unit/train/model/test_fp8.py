@@ -148,7 +148,7 @@ def test_torchao_import_noise_is_filtered() -> None:
         [
             sys.executable,
             "-c",
-            "from launcher.train import fp8; fp8.float8(); fp8.tp_styles('tensorwise')",
+            "from launcher.train.model import fp8; fp8.float8(); fp8.tp_styles('tensorwise')",
         ],
         capture_output=True,
         text=True,
