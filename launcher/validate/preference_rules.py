@@ -17,7 +17,6 @@ from __future__ import annotations
 from launcher.backends.common import backend_of
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.data.chat.preference_rows import packing_message
 from launcher.plan.preference import is_preference, reference_mode
 
 Problem = tuple[str, tuple[str, ...], str]
@@ -151,6 +150,8 @@ def _data(cfg: LLMTrainConfig) -> list[Problem]:
             )
         )
     if d.packing:
+        from launcher.data.chat.preference_rows import packing_message  # numpy: not at start-up
+
         out.append((ERROR, ("data.packing",), packing_message("data.builtin=preference")))
     if cfg.model.vocab_size < BUILTIN_VOCAB:
         out.append(

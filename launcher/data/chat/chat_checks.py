@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.data.chat.preference_rows import is_preference_index, packing_message
 from launcher.errors import UserError
 
 
@@ -44,6 +43,8 @@ def chat_problems(cfg: Any, global_batch: int, pp: int, cp: int) -> list[str]:
         if cfg.finetune.objective != "sft":
             return [objective_problem(cfg, d.path, pairs=False)]
         return []
+    from launcher.data.chat.preference_rows import is_preference_index, packing_message
+
     pairs = is_preference_index(info.chat)
     if pairs != (cfg.finetune.objective != "sft"):
         return [objective_problem(cfg, d.path, pairs)]
