@@ -191,7 +191,8 @@ def show_prepared(document: dict[str, Any], output: str) -> None:
             + f" ({document['total_tokens']:,} tokens, "
             f"{chat['assistant_tokens']:,} of them assistant tokens) to {output} (vocab "
             f"{document['vocab_size']}, template {chat['template']}); train on it with "
-            f"data.path={output}"
+            f"data.path={output}",
+            soft_wrap=True,  # one line whatever the path's length: grep finds its parts
         )
         for line in document["packing"]["lines"]:
             out.print(line)
@@ -205,5 +206,6 @@ def show_prepared(document: dict[str, Any], output: str) -> None:
         f"wrote {document['total_tokens']:,} training and {document['valid_tokens']:,} "
         f"validation tokens ({files}) to {output} (vocab {document['vocab_size']}, "
         f"{document['tokenizer']}, end of document id {document['eod_id']}); train on it "
-        f"with data.path={output}"
+        f"with data.path={output}",
+        soft_wrap=True,
     )

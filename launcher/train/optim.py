@@ -18,12 +18,15 @@ SMALL_STATE_NAMES = ("adamw8bit", "adamw4bit")
 
 def param_groups(params: Iterable[nn.Parameter], optim: OptimConfig) -> list[dict[str, Any]]:
     """GPT-style weight decay: on matrices (dim >= 2: linear and embedding weights), not on norms
-    and biases (nanoGPT's configure_optimizers makes the same split)."""
+    and biases (nanoGPT's configure_optimizers makes the same split). The dimensions are the
+    whole tensor's: a parameter built under DeepSpeed's zero.Init is an empty 1-D stand-in whose
+    shape is ``ds_shape``."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for param in params:
         if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
+            dims = len(getattr(param, "ds_shape", param.shape))
+            (decay if dims >= 2 else no_decay).append(param)
     groups = [
         {"params": decay, "weight_decay": optim.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

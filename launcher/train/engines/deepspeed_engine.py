@@ -216,13 +216,14 @@ class DeepSpeedEngine(Engine):
         # finetune.objective=dpo|simpo|orpo: the loss of preference pairs (train/preference.py).
         self.objective = PreferenceObjective(cfg) if is_preference(cfg) else None
         self.base_digest: str | None = None  # of the frozen base, under finetune=lora|qlora
-        model = self._build_model(cfg, seed, init_state)
+        self.dp_group: Any = None  # the default group (all ranks) unless tensor parallel
+        # The (dp, tp) groups before the build: zero.Init partitions over the dp group.
+        mpu = self._tensor_parallel_groups(layout.tp) if layout.tp > 1 else None
+        model = self._build_model(cfg, seed, init_state, mpu)
         self.pipeline = layout.pp > 1
         # The pipeline's loss function is fixed at build time: its divisor is set per step.
         self.pipeline_loss = LossFn()
         module = self._pipeline_module(model, layout.pp) if self.pipeline else model
-        self.dp_group: Any = None  # the default group (all ranks) unless tensor parallel
-        mpu = self._tensor_parallel_groups(layout.tp) if layout.tp > 1 else None
         # ZeRO-1/2 hand the client optimizer one flat fp32 partition per parameter group
         # (deepspeed/runtime/zero/stage_1_and_2.py: param_groups[i]["params"] =
         # [single_partition_of_fp32_groups[i]]): the fused Adam kernel updates it in one pass
@@ -248,13 +249,15 @@ class DeepSpeedEngine(Engine):
         )
         self.info = self._parallel_info(tensor_parallel=layout.tp > 1)
 
-    def _build_model(self, cfg: LLMTrainConfig, seed: int, init_state: Any) -> Transformer:
+    def _build_model(
+        self, cfg: LLMTrainConfig, seed: int, init_state: Any, mpu: Any
+    ) -> Transformer:
         """This rank's model, built and filled by ``train.parallel.build``: under ZeRO-3 inside
         ``deepspeed.zero.Init`` (each module's parameters partitioned as it is constructed, then
         each rank's flat partition filled), elsewhere whole on the device as DeepSpeed keeps it;
         adapters and recomputation applied before DeepSpeed wraps anything."""
         device = engine_device()
-        with self._zero3_init(cfg), device, skip_default_init():
+        with self._zero3_init(cfg, mpu), device, skip_default_init():
             model = Transformer(cfg.model)
         initial = build.drawn(model, seed)
         loaded = build.as_source(init_state)
@@ -280,16 +283,20 @@ class DeepSpeedEngine(Engine):
         apply_recompute(model, cfg.train.recompute)
         return model
 
-    def _zero3_init(self, cfg: LLMTrainConfig) -> contextlib.AbstractContextManager[Any]:
+    def _zero3_init(self, cfg: LLMTrainConfig, mpu: Any) -> contextlib.AbstractContextManager[Any]:
         """ZeRO-3: ``deepspeed.zero.Init`` with the run's ds_config (its dtype, its offload);
-        the other stages keep the whole model on every rank anyway."""
+        the other stages keep the whole model on every rank anyway. Under AutoTP (`mpu`, the
+        (dp, tp) groups) the partitions span the data-parallel group, as the engine's, and the
+        ds_config's batch is checked against dp ranks, not every rank."""
         if cfg.zero.stage != 3:
             return contextlib.nullcontext()
         import deepspeed
 
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
         init: contextlib.AbstractContextManager[Any] = deepspeed.zero.Init(
-            config_dict_or_path=_engine_ds_config(cfg)
+            config_dict_or_path=_engine_ds_config(cfg),
+            mpu=mpu,
+            data_parallel_group=None if mpu is None else mpu.get_data_parallel_group(),
         )
         return init
 

@@ -101,3 +101,5 @@ def test_an_unknown_name_lists_the_built_in_templates(tmp_path: Path) -> None:
                   "--output", str(tmp_path / "out"), "--chat-template", "chatml")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "template chatml (built in)" in done.stdout
+    # one line, however long the path (stdout into a pipe must not wrap it at 80 columns)
+    assert done.stdout.splitlines()[0].endswith(f"data.path={tmp_path / 'out'}")
