@@ -124,6 +124,9 @@ def _deepspeed_state(
         )
     if files.names("zero_pp_rank_*_mp_rank_00_model_states.pt", tag_dir):
         # ZeRO-3: each rank's fp32 partition sits in its optimizer file; DeepSpeed merges them.
+        from launcher.train.deepspeed_import import import_deepspeed
+
+        import_deepspeed()
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         with deepspeed_loading(files):

@@ -359,6 +359,9 @@ def read_non_tensor_state(
 def deepspeed_globals() -> list[Any]:
     """Classes DeepSpeed pickles into its checkpoints besides tensors and builtins (found by
     loading real ZeRO 0-3 checkpoints of this version with weights_only=True)."""
+    from launcher.train.deepspeed_import import import_deepspeed
+
+    import_deepspeed()
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

@@ -56,6 +56,7 @@ from launcher.train.checkpoint.safe_load import (
     read_json,
     verify_weights_only,
 )
+from launcher.train.deepspeed_import import import_deepspeed
 from launcher.train.engines.base import Engine, RankInfo, StepResult
 from launcher.train.engines.dist import engine_device
 from launcher.train.finetune import adapters, lora
@@ -193,7 +194,7 @@ def _engine_ds_config(cfg: LLMTrainConfig) -> dict[str, Any]:
 
 class DeepSpeedEngine(Engine):
     def __init__(self, cfg: LLMTrainConfig, seed: int, init_state: Any = None):
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         # DeepSpeed's comm backend JIT-compiles a shared-memory all-reduce when it starts on CPU
         # (~42 s and a C++ compiler on a fresh machine, measured here). Only its
