@@ -2,6 +2,8 @@
 chunk of the model keeps, the schedule over this rank's chunks (GPipe, 1F1B or interleaved 1F1B
 with parallel.vpp chunks per rank), and one training or evaluation pass through it. The loss lives
 on the last stage; the other stages return zero, which the engine's sum over the world leaves out.
+``torch.distributed.pipelining`` is imported when a schedule is built: it imports torch._dynamo
+(~0.8 CPU s a rank, measured here), which a run without pipeline stages never uses.
 """
 
 from __future__ import annotations
@@ -10,12 +12,6 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 
 from launcher.config.layout import Layout
 
@@ -47,6 +43,13 @@ def build_schedule(
     loss_fn: Any,
 ) -> Any:
     """The pipeline schedule (parallel.pp_schedule `kind`) over this rank's `parts`."""
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
+
     chunks = lay.pp * lay.vpp
     stages = [
         PipelineStage(part, chunk, chunks, device, group=group)
