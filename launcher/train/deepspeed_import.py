@@ -26,4 +26,5 @@ def import_deepspeed() -> ModuleType:
     finally:
         if hidden:
             del sys.modules["mlflow"]
-    return deepspeed
+    module: ModuleType = deepspeed
+    return module
