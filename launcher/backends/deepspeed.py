@@ -22,6 +22,7 @@ from launcher.backends.engine_choices import chunked_loss_elsewhere
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.backends.memory_savers import savers_not_run
 from launcher.backends.moe_overlap import moe_overlap_not_run
+from launcher.backends.optimizer_offload import state_offload_not_run
 from launcher.backends.optimizer_precision import state_dtype_not_run
 from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout, split_keys
@@ -144,6 +145,7 @@ BACKEND = Backend(
         fp8_param_gather_not_run,
         state_dtype_not_run,
         savers_not_run,
+        state_offload_not_run,
         moe_overlap_not_run,
         activation_modules_not_run,
         speed_features_not_run,

@@ -26,6 +26,7 @@ from launcher.backends.common import Backend, Refusal
 from launcher.backends.fp8_params import megatron_fp8_param_gather
 from launcher.backends.memory_savers import savers_not_run
 from launcher.backends.moe_overlap import megatron_moe_overlap
+from launcher.backends.optimizer_offload import state_offload_not_run
 from launcher.backends.optimizer_precision import megatron_state_dtype
 from launcher.backends.speed_features import megatron_speed_features
 from launcher.config.layout import Layout
@@ -103,6 +104,7 @@ BACKEND = Backend(
         megatron_fp8_param_gather,
         megatron_state_dtype,
         savers_not_run,
+        state_offload_not_run,
         megatron_moe_overlap,
         megatron_activation_modules,
         megatron_speed_features,

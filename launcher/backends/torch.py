@@ -23,6 +23,7 @@ from launcher.backends.engine_choices import (
 from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.backends.memory_savers import torch_savers
 from launcher.backends.moe_overlap import moe_overlap_not_run
+from launcher.backends.optimizer_offload import torch_state_offload
 from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
@@ -282,6 +283,7 @@ BACKEND = Backend(
     combos=(
         fp8_param_gather_not_run,
         torch_savers,
+        torch_state_offload,
         moe_overlap_not_run,
         activation_modules_not_run,
         speed_features_not_run,

@@ -20,16 +20,18 @@ from launcher.plan.memory.estimate import (
     GIB,
     HardwareView,
     MemoryPlan,
+    StageMemory,
     bytes_per_param,
     estimate_memory,
     fp8_weight_copy_bytes,
 )
 from launcher.plan.memory.memory_savers import saver_notes
 from launcher.plan.memory.model_states import moment_bytes
+from launcher.plan.memory.offload import paged_states_note
 from launcher.plan.memory.stage_activations import offloaded_bytes
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.padded_length import priced_length
-from launcher.plan.timing.estimate import TimePlan, estimate_time
+from launcher.plan.timing.estimate import PCIE_GBPS, TimePlan, estimate_time
 from launcher.plan.timing.measured import coverage
 from launcher.plan.totals import Totals, estimate_totals
 
@@ -429,9 +431,17 @@ def make_plan(
         profile=profile,
         profile_note=profile_note,
         sources=tuple(sources.items()),
-        savers=tuple(saver_notes(cfg, layout, offloaded_bytes(cfg, layout, memory.heaviest.stage))),
+        savers=_saver_lines(cfg, layout, memory.heaviest),
         priced_length=None if padded is None else padded.note,
     )
+
+
+def _saver_lines(cfg: LLMTrainConfig, layout: Layout, heaviest: StageMemory) -> tuple[str, ...]:
+    """One line per memory saver in force (memory_savers.saver_notes, offload's optim.offload)."""
+    lines = saver_notes(cfg, layout, offloaded_bytes(cfg, layout, heaviest.stage))
+    if cfg.optim.offload == "cpu":
+        lines.append(paged_states_note(cfg, heaviest.host_bytes, PCIE_GBPS))
+    return tuple(lines)
 
 
 __all__ = [

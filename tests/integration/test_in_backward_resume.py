@@ -2,7 +2,8 @@
 ``InBackwardOptimizer`` as a list (launcher/train/optim_in_backward.py); N steps straight and N/2,
 save, a fresh engine loads, N/2 more end with the same weights and the same optimizer state,
 every tensor ``torch.equal``. One rank launched once (tests/elastic.py) for fp32, bf16 and
-8-bit states; one layer, 4 steps each."""
+8-bit states, and with optim.offload=cpu (states on the host between updates); one layer, 4
+steps each."""
 
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def _straight_and_resumed(cases: dict[str, list[str]], save_root: str) -> dict[s
     from launcher.train.engines.dist import init_process_group_from_env
     from launcher.train.engines.torch_state import engine_state
     from launcher.train.optim_in_backward import InBackwardOptimizer
+    from launcher.train.optim_offload import StepInTurn
     from launcher.train.trainer import build_engine
 
     torch.set_num_threads(1)
@@ -89,7 +91,7 @@ def _straight_and_resumed(cases: dict[str, list[str]], save_root: str) -> dict[s
         for name, overrides in cases.items():
             cfg, save_dir = compose_config(overrides).config, Path(save_root) / name
             engine = build_engine(cfg)
-            assert isinstance(engine.optimizer, InBackwardOptimizer), engine.optimizer
+            assert isinstance(engine.optimizer, (InBackwardOptimizer, StepInTurn))
             losses, straight = run(engine, cfg, 0, save_dir)
             engine.close()
             fresh = build_engine(cfg)
@@ -116,15 +118,23 @@ def _straight_and_resumed(cases: dict[str, list[str]], save_root: str) -> dict[s
 
 # fp32 states; bf16 states (they came back fp32 from load_state_dict before); 8-bit states.
 # One launch for the three (a launch costs more than the 4 steps of each).
+# optim.offload=cpu: the states on the host between updates (launcher/train/optim_offload.py),
+# in the backward and, without it, stepped in turn after it.
 CASES = {
     "fp32": ["optim.state_dtype=fp32"],
     "bf16": ["optim.state_dtype=bf16"],
     "8bit": ["optim.name=adamw8bit"],
+    "bf16-offload": ["optim.state_dtype=bf16", "optim.offload=cpu"],
+    "8bit-offload": ["optim.name=adamw8bit", "optim.offload=cpu"],
 }
+# The same without optim.in_backward: one optimizer a parameter, stepped in turn after it.
+AFTER_BACKWARD = {"8bit-offload-after": ["optim.name=adamw8bit", "optim.offload=cpu"]}
 
 
 def test_in_backward_resume_is_bit_identical(tmp_path: Path) -> None:
     cases = {name: [*TINY, *IN_BACKWARD, *extra] for name, extra in CASES.items()}
+    after = [o for o in IN_BACKWARD if o != "optim.in_backward=true"]
+    cases |= {name: [*TINY, *after, *extra] for name, extra in AFTER_BACKWARD.items()}
     (results,) = run_ranks(1, _straight_and_resumed, cases, str(tmp_path))
     for name, result in results.items():
         assert result["resumed"] == result["losses"][SAVE_AT:], (name, result)

@@ -1,6 +1,7 @@
 """Every memory saver of issue #40 trains the tiny model on the CPU in one run: pure bf16
-weights, 4-bit AdamW states, the optimizer stepped in the backward, activations through the
-offload hooks (launcher/backends/memory_savers.py lists what each needs)."""
+weights, 4-bit AdamW states, the optimizer stepped in the backward with its states kept on the
+host between updates (optim.offload), activations through the offload hooks
+(launcher/backends/memory_savers.py lists what each needs)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ SAVERS = [
     "optim.in_backward=true",
     "optim.grad_clip=0",
     "train.activation_offload=true",
+    "optim.offload=cpu",
     "train.global_batch_size=4",
     "optim.lr=3e-3",
 ]

@@ -39,6 +39,7 @@ from launcher.config.composition.overrides import override_key
 from launcher.config.schema import LLMTrainConfig, key_info
 from launcher.config.schema.keys import (
     BUDGET_PARTNER,
+    IN_BACKWARD_SETS,
     all_schema_keys,
     dataclass_of,
     field_type,
@@ -205,6 +206,7 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
         raise ConfigError(not_mapping_files() or [str(exc)]) from None
     values["recipe"] = choices.get("recipe", "none")
     _command_line_budget_wins(parsed, values)
+    _in_backward_sets(parsed, values)
     problems = unknown_key_problems(values) + choice_problems(values) + element_problems(values)
     # A secret's value copied into another key (`${oc.env:NAME}`): refused before it is cached,
     # written, shown or put in a job name.
@@ -381,6 +383,25 @@ def _command_line_budget_wins(parsed: list[ParsedOverride], values: dict[str, An
         )
     if length:
         train["epochs"] = None
+
+
+def _in_backward_sets(parsed: list[ParsedOverride], values: dict[str, Any]) -> None:
+    """optim.in_backward=true given by the user sets the keys it needs (keys.IN_BACKWARD_SETS)
+    that the user did not give: a recipe's clipping and global batch are not a choice the
+    in-backward step can keep. One given alongside it stays, and validate says why it cannot."""
+    given = {ov.key.lstrip("+") for ov in parsed if not ov.is_delete and ov.value is not None}
+    optim = values.get("optim")
+    if "optim.in_backward" not in given or not isinstance(optim, dict):
+        return
+    if optim.get("in_backward") is not True:
+        return
+    batch = {"train.global_batch_size", "train.grad_accum"}
+    for key, value in IN_BACKWARD_SETS.items():
+        if key in given or (key in batch and batch & given):
+            continue
+        group, leaf = key.split(".")
+        if isinstance(values.get(group), dict):
+            values[group][leaf] = value
 
 
 def config_from_values(values: dict[str, Any]) -> LLMTrainConfig:

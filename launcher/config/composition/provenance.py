@@ -13,7 +13,7 @@ from launcher import resources
 from launcher.config.composition import config_file
 from launcher.config.composition.compose import RECIPE_SCALE_KEYS, Composed
 from launcher.config.composition.overrides import is_group_choice, override_key
-from launcher.config.schema.keys import BUDGET_PARTNER
+from launcher.config.schema.keys import BUDGET_PARTNER, IN_BACKWARD_SETS
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -101,6 +101,15 @@ def value_sources(composed: Composed) -> dict[str, str]:
             sources[leaf] = "command line" if "recipe" in cli_groups else "default recipe"
         elif any(leaf == k or leaf.startswith(f"{k}.") for k in cli_keys):
             sources[leaf] = "command line"
+        elif leaf in IN_BACKWARD_SETS and _set_by_in_backward(
+            leaf, composed.values, cli_keys | set(files)
+        ):
+            where = files.get("optim.in_backward")
+            sources[leaf] = (
+                f"config file {where} (optim.in_backward sets it)"
+                if where
+                else "command line (optim.in_backward=true sets it)"
+            )
         elif BUDGET_PARTNER.get(leaf) in cli_keys:
             sources[leaf] = f"command line ({BUDGET_PARTNER[leaf]} replaces it)"
         elif in_file:
@@ -128,3 +137,13 @@ def value_sources(composed: Composed) -> dict[str, str]:
         else:
             sources[leaf] = "schema default"
     return sources
+
+
+def _set_by_in_backward(leaf: str, values: dict[str, Any], given: set[str]) -> bool:
+    """Whether compose set `leaf` because optim.in_backward=true was given in `given`
+    (compose._in_backward_sets; a batch key given there keeps both batch keys)."""
+    optim = values.get("optim")
+    if "optim.in_backward" not in given or leaf in given or not isinstance(optim, dict):
+        return False
+    batch = {"train.global_batch_size", "train.grad_accum"}
+    return optim.get("in_backward") is True and not (leaf in batch and batch & given)

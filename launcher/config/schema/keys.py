@@ -19,6 +19,16 @@ from launcher.errors import did_you_mean
 # on the command line replaces the other coming from a recipe or group file (a recipe's 300B
 # tokens and `train.steps=20` for a trial mean 20 steps), unless both are given there.
 BUDGET_PARTNER = {"train.steps": "train.tokens", "train.tokens": "train.steps"}
+# optim.in_backward=true given on the command line (or in --config) steps each parameter inside
+# the backward, which cannot clip the global norm nor accumulate micro-batches
+# (launcher/backends/memory_savers.py): the keys it sets unless given there too, to the values
+# it runs with (torchtune's optimizer_in_bwd configs: clip_grad_norm null,
+# gradient_accumulation_steps 1). A batch of null: micro_batch_size x dp, one micro-batch a step.
+IN_BACKWARD_SETS: dict[str, float | None] = {
+    "optim.grad_clip": 0.0,
+    "train.global_batch_size": None,
+    "train.grad_accum": None,
+}
 
 
 def groups() -> list[str]:

@@ -154,3 +154,11 @@ class OptimConfig:
     step into the backward pass"; torchtune's optimizer_in_bwd). backend=torch on one device (no
     data, tensor or pipeline parallel), with optim.grad_clip=0, one micro-batch a step
     (grad_accum=1) and train.max_nonfinite_skips=0: a step once taken cannot be withheld."""
+    offload: str = field(default="none", metadata=one_of("none", "cpu"))
+    """cpu: the optimizer's states (Adam's m and v, quantized or not) live in pinned host memory;
+    each parameter's are copied to the device for its update and back after it, one parameter
+    at a time (in its backward hook with optim.in_backward), so the device holds one tensor's
+    states instead of all (bitsandbytes' paged optimizers move them on demand; this moves them
+    every step; launcher/train/optim_offload.py). The update itself runs on the device, unlike
+    zero.offload_optimizer's CPU step. backend=torch without tp, ep or ZeRO sharding; plan
+    prices the states on the host and their PCIe copies (launcher/plan/memory/offload.py)."""

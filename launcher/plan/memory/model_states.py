@@ -16,7 +16,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.memory import memory_savers
-from launcher.plan.memory.offload import gradient_placement
+from launcher.plan.memory.offload import gradient_placement, state_placement
 from launcher.plan.model_shape import ModelShape
 
 # Optimizer states in fp32 per parameter, besides the master copy: Adam keeps m and v (Kingma & Ba
@@ -243,6 +243,9 @@ def stage_states(
         reduce = cfg.precision.grad_dtype if compute != "fp32" else "fp32"
         gradients += DTYPE_BYTES[reduce] * params.total
     optimizer = sharded(bpp.optimizer, z.stage >= 1)
+    # optim.offload=cpu: Adam's moments on the host, one tensor's on the GPU (offload.py).
+    optimizer, paged = state_placement(cfg, layout, optimizer, params.total, moment_bytes(cfg))
+    host += paged
     if z.offload_optimizer == "cpu":
         host += optimizer
         optimizer = 0.0
@@ -270,7 +273,7 @@ def _finetune_states(
     if cfg.optim.in_backward:  # one adapter's gradient at a time (plan/memory_savers.py)
         gradients = memory_savers.in_backward_gradients(cfg, layout, finetune.ADAPTER_GRAD_BYTES)
     optimizer = moment_bytes(cfg) * adapters / (shard if z.stage >= 1 else 1)
-    host = 0.0
+    optimizer, host = state_placement(cfg, layout, optimizer, adapters, moment_bytes(cfg))
     if z.offload_optimizer == "cpu":
-        host, optimizer = optimizer, 0.0
+        host, optimizer = host + optimizer, 0.0
     return StageStates(params.total + adapters, weights, gradients, optimizer, host)

@@ -14,11 +14,30 @@
   gradients and the optimizer states on the CPU (torch/distributed/fsdp/_fully_shard/
   _fsdp_api.py: the optimizer step runs on the CPU), so the sharded gradients are host memory.
 - Megatron's --optimizer-cpu-offload and every other case: the gradients stay where they were.
+
+optim.offload=cpu (backend=torch, launcher/train/optim_offload.py) is another design: Adam's
+moments (m and v, block-quantized for adamw8bit / adamw4bit) live in pinned host memory and are
+copied to the GPU one parameter at a time for an update that runs there, then copied back; the
+weights (and under mixed precision the fp32 parameters, which are the master) and the gradients
+stay on the GPU. bitsandbytes' paged optimizers (docs: "Paged optimizers", CUDA unified memory
+paging the states out when the GPU runs short; torchtune's single-device full recipes run
+PagedAdamW8bit with optimizer_in_bwd) keep the same bytes on the host under pressure; torchao's
+CPUOffloadOptimizer (torchao/optim/cpu_offload.py, 0.18) and ZeRO-Offload (Ren et al. 2021)
+move the fp32 master and the step to the host too. Priced here, one formula each:
+- device: the states of the largest trainable tensor (memory_savers.largest_trainable_tensor),
+  the only ones on the GPU at a time; host: every parameter's states.
+- time: every state byte crosses the host link twice a step (down before its update, up after
+  it), at timing.estimate.PCIE_GBPS (pinned cudaMemcpy over PCIe 4.0 x16, cited there),
+  serialised with the update (the engine copies on the compute stream: nothing hides it).
+  On the CPU (cluster=cpu) the host is the device: nothing saved, nothing priced.
 """
 
 from __future__ import annotations
 
+from launcher.backends.common import backend_of
+from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
+from launcher.plan.memory.memory_savers import largest_trainable_tensor
 
 # DeepSpeed's estimate_zero3_model_states_mem_needs: host bytes x this margin (stage3.py).
 DEEPSPEED_HOST_BUFFER_FACTOR = 1.5
@@ -56,4 +75,41 @@ def offload_assumption(cfg: LLMTrainConfig) -> str:
     return (
         "CPU offload (Megatron --optimizer-cpu-offload): the distributed optimizer's states on "
         "the host; gradients stay on the GPU."
+    )
+
+
+def pages_states(cfg: LLMTrainConfig) -> bool:
+    """Whether optim.offload=cpu moves the optimizer states off the GPU (torch, not the CPU)."""
+    return (
+        cfg.optim.offload == "cpu" and backend_of(cfg).name == "torch" and cfg.cluster.gpu != "cpu"
+    )
+
+
+def state_placement(
+    cfg: LLMTrainConfig, layout: Layout, optimizer: float, params: float, moment_bytes: float
+) -> tuple[float, float]:
+    """(GPU, host) bytes of the optimizer bucket under optim.offload=cpu (module docstring):
+    `optimizer` the bucket without it, `params` the trainable parameters whose states move,
+    `moment_bytes` their states' bytes per parameter (the master, if any, stays)."""
+    if not pages_states(cfg):
+        return optimizer, 0.0
+    host = moment_bytes * params
+    one = moment_bytes * largest_trainable_tensor(cfg, layout)
+    return optimizer - host + one, host
+
+
+def paged_states_s(host_state_bytes: float, pcie_gbps: float) -> float:
+    """Seconds a step spends copying optim.offload's states down and back (module docstring)."""
+    return 2.0 * host_state_bytes / (pcie_gbps * 1e9)
+
+
+def paged_states_note(cfg: LLMTrainConfig, host_state_bytes: float, pcie_gbps: float) -> str:
+    """The plan's saver line for optim.offload."""
+    if not pages_states(cfg):
+        return "optimizer states offload: runs on the CPU with nothing to move (no saving)"
+    gib = host_state_bytes / 2**30
+    return (
+        f"optimizer states on the host (optim.offload=cpu): {gib:.2f} GiB, one parameter's on "
+        f"the GPU at a time; {2 * gib:.2f} GiB over PCIe a step "
+        f"(+{paged_states_s(host_state_bytes, pcie_gbps):.2f} s at {pcie_gbps:g} GB/s)"
     )

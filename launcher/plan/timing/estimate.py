@@ -29,7 +29,9 @@
   all of it is exposed.
 - Bubble: (p-1)/(v*m) of the per-micro-batch pipeline time (schedule.py).
 - Optimizer step: memory-bound, (2 * optimizer + gradients + weights) bytes over HBM bandwidth; with
-  CPU offload over HOST_GBPS, plus gradients down and weights up over PCIE_GBPS.
+  CPU offload over HOST_GBPS, plus gradients down and weights up over PCIE_GBPS; with
+  optim.offload=cpu on the GPU, plus the states down and up over PCIE_GBPS
+  (plan/memory/offload.py paged_states_s).
 - Activation offload (train.activation_offload): the PCIe copies beyond what the compute hides
   (plan/memory_savers.py offload_exposed_s).
 """
@@ -48,6 +50,7 @@ from launcher.plan.flops import FlopsPerToken, attention_core_flops_fwd
 from launcher.plan.memory.estimate import HardwareView, StageMemory
 from launcher.plan.memory.memory_savers import offload_exposed_s
 from launcher.plan.memory.model_states import bytes_per_param
+from launcher.plan.memory.offload import paged_states_s, pages_states
 from launcher.plan.memory.stage_activations import offloaded_bytes
 from launcher.plan.model_shape import ModelShape
 from launcher.plan.schedule import bubble_overhead
@@ -280,7 +283,10 @@ def _optimizer_s(cfg: LLMTrainConfig, hw: HardwareView, st: StageMemory) -> floa
         # Measured: the engine's optimizer step (clip, step, zero_grad) on this rank's shard.
         measured = hw.profile.optimizer_s(st.optimizer / bpp.optimizer)
         optimizer_s = optimizer_s if measured is None else measured
-    if st.host_bytes > 0:
+    if pages_states(cfg):  # optim.offload=cpu: the update on the GPU, the states over PCIe
+        optimizer_s += 2.0 * st.host_bytes / (hw.hbm_gbps * 1e9)
+        optimizer_s += paged_states_s(st.host_bytes, PCIE_GBPS)
+    elif st.host_bytes > 0:
         optimizer_s += 2.0 * st.host_bytes / (HOST_GBPS * 1e9)
         optimizer_s += (st.gradients + st.host_bytes / HOST_BYTES_PER_UPLOADED_BYTE) / (
             PCIE_GBPS * 1e9

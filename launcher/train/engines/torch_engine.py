@@ -131,6 +131,7 @@ from launcher.train.model.transformer import (
 )
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.optim_in_backward import InBackwardOptimizer
+from launcher.train.optim_offload import StepInTurn, offloaded
 from launcher.train.parallel import build
 from launcher.train.parallel.expert_parallel import ExpertParallel
 from launcher.train.parallel.ring_attention import ContextParallel
@@ -314,15 +315,18 @@ class TorchEngine(PairSteps, Engine):
                 yield param.to_local() if isinstance(param, DTensor) else param
 
     def _build_optimizer(self) -> Any:
-        params = [param for part in self.parts for param in part.parameters()]
-        params = [p for p in params if p.requires_grad]  # finetune: the adapters alone
+        params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         # With CPUOffloadPolicy the sharded parameters and their optimizer states live on the
         # host: the foreach implementation steps them there as before.
         fused = fused_on(self.device) and self.cfg.zero.offload_params == "none"
+
+        def one(param: list[nn.Parameter]) -> torch.optim.Optimizer:  # optim.offload's states
+            return offloaded(build_optimizer(param, self.cfg.optim, fused), self.cfg.optim.offload)
+
         if self.cfg.optim.in_backward:  # one optimizer a parameter, stepped in the backward
-            return InBackwardOptimizer(
-                params, lambda one: build_optimizer(one, self.cfg.optim, fused=fused)
-            )
+            return InBackwardOptimizer(params, one)
+        if self.cfg.optim.offload == "cpu":  # states on the host, one parameter's at a time
+            return StepInTurn(params, one)
         if self.zero == 1:
             cls, options = optimizer_class(self.cfg.optim, fused)
             return ZeroRedundancyOptimizer(

@@ -121,6 +121,36 @@ def test_a_training_length_on_the_command_line_replaces_the_recipes() -> None:
     assert (both.steps, both.tokens) == (5, 100)
 
 
+def test_in_backward_asked_sets_no_clipping_and_one_micro_batch_unless_given() -> None:
+    # The tiny recipe's global batch 8 and the optim group's clip 1.0 would refuse the step in
+    # the backward (2 micro-batches of 4, a clipped norm): asked for, it brings its own values.
+    asked = ["optim.in_backward=true", "train.micro_batch_size=4"]
+    composed = compose_config(asked)
+    cfg = composed.config
+    assert (cfg.optim.grad_clip, cfg.train.global_batch_size, cfg.train.grad_accum) == (
+        0.0,
+        None,
+        None,
+    )
+    sources = value_sources(composed)
+    assert sources["optim.grad_clip"] == "command line (optim.in_backward=true sets it)"
+    assert sources["train.global_batch_size"] == "command line (optim.in_backward=true sets it)"
+    # A value given beside it stays (validate then says why it cannot run); so does the batch.
+    given = compose_config([*asked, "optim.grad_clip=0.5", "train.grad_accum=2"]).config
+    assert (given.optim.grad_clip, given.train.global_batch_size, given.train.grad_accum) == (
+        0.5,
+        8,
+        2,
+    )
+    assert (
+        value_sources(compose_config([*asked, "optim.grad_clip=0.5"]))["optim.grad_clip"]
+        == "command line"
+    )
+    # Not asked (or asked false): the recipe's values.
+    plain = compose_config(["optim.in_backward=false"]).config
+    assert (plain.optim.grad_clip, plain.train.global_batch_size) == (1.0, 8)
+
+
 @pytest.mark.parametrize(("recipe", "base"), [("tiny-sft-lora", "tiny-llama"),
                                               ("tiny-dpo-lora", "tiny-sft-merged")])  # fmt: skip
 def test_recipe_bases_resolve_under_run_root_dir(recipe: str, base: str) -> None:

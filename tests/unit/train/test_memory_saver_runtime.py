@@ -100,3 +100,83 @@ def test_bf16_states_stay_bf16_through_load_state_dict() -> None:
     assert torch.equal(weights[0], weights[1])
     mine, loaded = first.state[weights[0]]["exp_avg"], second.state[weights[1]]["exp_avg"]
     assert loaded.dtype == mine.dtype == torch.bfloat16
+
+
+def _offloaded_pair(name: str, state_dtype: str = "fp32"):  # type: ignore[no-untyped-def]
+    """Two equal weights: one stepped by the plain optimizer, one by optim.offload's."""
+    from launcher.config.schema import OptimConfig
+    from launcher.train.optim import build_optimizer
+    from launcher.train.optim_offload import StepInTurn, offloaded
+
+    optim = OptimConfig(name=name, state_dtype=state_dtype, lr=1e-2)
+    torch.manual_seed(0)
+    weights = [nn.Parameter(torch.randn(64, 64)) for _ in range(2)]
+    weights[1].data.copy_(weights[0].data)
+    plain = build_optimizer([weights[0]], optim)
+    paged = StepInTurn([weights[1]], lambda ps: offloaded(build_optimizer(ps, optim)))
+    return weights, plain, paged
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("adamw", "fp32"), ("adamw", "bf16")])
+def test_offloaded_states_step_on_a_device_copy_and_equal_the_plain_step(
+    name: str, dtype: str
+) -> None:
+    weights, plain, paged = _offloaded_pair(name, dtype)
+    (inner,) = list(paged)
+    seen: list[bool] = []
+
+    def spy(optimizer: torch.optim.Optimizer, *_: object) -> None:  # runs after the move down
+        for key in ("exp_avg", "exp_avg_sq"):
+            state = optimizer.state[weights[1]].get(key)
+            if state is not None:
+                seen.append(state.data_ptr() != held[key].data_ptr())
+
+    inner.register_step_pre_hook(spy)
+    held: dict[str, torch.Tensor] = {}
+    for _ in range(3):
+        for weight, optimizer in zip(weights, (plain, paged), strict=True):
+            optimizer.zero_grad()
+            weight.square().sum().backward()
+            optimizer.step()
+        state = inner.state[weights[1]]
+        if held:  # the same host buffers, written back into, step after step
+            assert all(state[k] is held[k] for k in held)
+        held = {k: state[k] for k in ("exp_avg", "exp_avg_sq")}
+    assert seen == [True] * 4  # steps 2 and 3 updated copies, not the host buffers
+    assert torch.equal(weights[0], weights[1])
+    assert held["exp_avg"].dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("adamw", "bf16"), ("adamw8bit", "fp32")])
+def test_offloaded_states_come_back_to_the_host_from_a_checkpoint(name: str, dtype: str) -> None:
+    weights, plain, paged = _offloaded_pair(name, dtype)
+    (inner,) = list(paged)
+    for weight, optimizer in zip(weights, (plain, paged), strict=True):
+        weight.square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    saved = inner.state_dict()  # torchao's 8-bit state has no clone: the step tensor alone
+    saved["state"] = {
+        i: {k: v.clone() if k == "step" else v for k, v in entry.items()}
+        for i, entry in saved["state"].items()
+    }
+    kind = type(inner.state[weights[1]]["exp_avg"])
+    _, _, resumed = _offloaded_pair(name, dtype)  # a fresh engine's optimizer, same weight
+    (fresh,) = list(resumed)
+    fresh.param_groups[0]["params"] = [weights[1]]
+    fresh.load_state_dict(saved)
+    state = fresh.state[weights[1]]
+    assert type(state["exp_avg"]) is kind  # 8-bit codes stay codes; bf16 stays bf16
+    if dtype == "bf16":
+        assert state["exp_avg"].dtype == torch.bfloat16
+    for _ in range(3):  # the resumed steps take the same bits
+        for weight, optimizer in zip(weights, (plain, resumed), strict=True):
+            optimizer.zero_grad()
+            weight.square().sum().backward()
+            optimizer.step()
+    assert torch.equal(weights[0], weights[1])
+    # ... and the host keeps the states' own form after them (a bf16 moment copied into an
+    # fp32 buffer made by the load came back fp32: twice the bytes, other roundings).
+    state = fresh.state[weights[1]]
+    assert type(state["exp_avg"]) is kind
+    assert state["exp_avg"].dtype == plain.state[weights[0]]["exp_avg"].dtype

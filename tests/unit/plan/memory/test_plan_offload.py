@@ -126,3 +126,91 @@ def test_fp8_param_gather_refusals(overrides: tuple[str, ...], named: str) -> No
     cfg = compose_config([*MEG_FP8, "precision.fp8_param_gather=true", *overrides]).config
     found = raw_refusals(cfg.backend.name, cfg)
     assert any(named in r.keys and "fp8_param_gather" in r.message for r in found), found
+
+
+# Issue #40's acceptance command (optim.in_backward asked: grad_clip 0, gbs = mbs, compose).
+RTX7B = (
+    "model=llama2-7b",
+    "finetune=full",
+    "cluster=rtx4090",
+    "optim.name=adamw8bit",
+    "optim.in_backward=true",
+    "train.recompute=full",
+    "train.micro_batch_size=4",
+    "model.seq_length=2048",
+)
+PARAMS_7B = 6_738_415_616  # 32 x 202,383,360 + 2 x 32,000 x 4,096 + 4,096 (final norm)
+LARGEST_7B = 32_000 * 4_096  # the embedding / output layer: the largest tensor's states
+
+
+def test_optim_offload_moves_the_moments_to_the_host_and_prices_pcie() -> None:
+    from launcher.plan.timing.estimate import PCIE_GBPS
+
+    pure = ("precision=bf16-pure",)
+    paged = make_plan(compose_config([*RTX7B, *pure, "optim.offload=cpu"]).config)
+    plain = make_plan(compose_config([*RTX7B, *pure]).config)
+    on, off = paged.memory.heaviest, plain.memory.heaviest
+    moments = 2 * (1 + 4 / 256)  # 8-bit m and v: a code a value, one fp32 scale a 256-block
+    # Host: every parameter's moments, 6,738,415,616 x 2.03125 = 13.69e9 B = 12.75 GiB.
+    assert on.host_bytes == pytest.approx(PARAMS_7B * moments)
+    assert on.host_bytes / GIB == pytest.approx(12.75, abs=0.01)
+    assert off.host_bytes == 0
+    # GPU: the largest tensor's moments alone, 131,072,000 x 2.03125 = 0.25 GiB (bf16-pure has
+    # no master: the whole bucket is the moments).
+    assert off.optimizer == pytest.approx(PARAMS_7B * moments)
+    assert on.optimizer == pytest.approx(LARGEST_7B * moments)
+    # Weights, gradients and activations do not move.
+    assert (on.weights, on.gradients, on.activations) == (
+        off.weights,
+        off.gradients,
+        off.activations,
+    )
+    # Time: 2 x 13.69e9 B down and up at 25 GB/s = 1.095 s, plus the states' extra HBM pass
+    # (read + write of the moved bytes, 2 x 13.69e9 / 1008e9 = 27 ms) on the step.
+    pcie = 2 * PARAMS_7B * moments / (PCIE_GBPS * 1e9)
+    assert pcie == pytest.approx(1.095, abs=0.001)
+    hbm_left = 2 * (off.optimizer - on.optimizer) / 1008e9  # now read at the host's copy
+    assert paged.time.optimizer_s - plain.time.optimizer_s == pytest.approx(pcie, abs=hbm_left)
+    assert paged.time.step_s > plain.time.step_s + 1.0
+    text = " | ".join(paged.savers)
+    assert "optim.offload=cpu" in text and "12.75 GiB" in text and "+1.09 s" in text
+    # The acceptance command's closest honest form fits: bf16-pure and the states on the host.
+    assert paged.memory.heaviest.device_total < 24 * GIB
+    # Mixed precision keeps the fp32 parameter (the master) on the GPU: 4 B x 6.74e9 = 25.1 GiB
+    # beside 12.6 GiB of bf16 copies priced: no offload of the moments alone makes it fit.
+    mixed = make_plan(compose_config([*RTX7B, "precision=bf16", "optim.offload=cpu"]).config)
+    assert mixed.memory.heaviest.optimizer == pytest.approx(PARAMS_7B * 4 + LARGEST_7B * moments)
+    assert not mixed.memory.fits
+
+
+def test_optim_offload_moves_nothing_on_the_cpu_and_lora_moves_the_adapters() -> None:
+    cpu = make_plan(compose_config(["optim.offload=cpu", "cluster=cpu"]).config)
+    assert cpu.memory.heaviest.host_bytes == 0
+    assert "nothing to move" in " | ".join(cpu.savers)
+    lora = [*RTX7B[:1], "finetune=lora", "cluster=rtx4090", "train.micro_batch_size=1"]
+    on = make_plan(compose_config([*lora, "optim.offload=cpu"]).config).memory.heaviest
+    off = make_plan(compose_config(lora).config).memory.heaviest
+    # Every adapter's fp32 m and v (8 B a parameter, no master) go to the host; the largest
+    # adapter's stay: rank 16 x 4,096 (q, k, v and o are 4,096 wide) x 8 B = 524,288 B.
+    assert on.host_bytes == pytest.approx(off.optimizer) and on.host_bytes > 0
+    assert on.optimizer == pytest.approx(16 * 4096 * 8)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (("parallel.tp=2", "cluster.gpus_per_node=2"), "parallel.tp"),
+        (("zero.stage=1", "cluster.gpus_per_node=2"), "zero.stage"),
+        (("precision=fp16",), "precision"),
+        (("backend=deepspeed",), "backend"),
+    ],
+)
+def test_optim_offload_refusals_name_the_key(overrides: tuple[str, ...], named: str) -> None:
+    from launcher.backends import raw_refusals
+
+    cfg = compose_config(["optim.offload=cpu", *overrides]).config
+    refusals = raw_refusals(cfg.backend.name, cfg)
+    assert any(
+        "optim.offload" in r.keys and named in r.keys and "optim.offload=none" in r.message
+        for r in refusals
+    ), [r.message for r in refusals]
