@@ -21,9 +21,9 @@ attention must stay causal within each. Two kernels do that:
 from __future__ import annotations
 
 from launcher.backends.common import Refusal, device_of
+from launcher.config.epoch_rows import index_layout
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
-from launcher.data.length_histogram import read_layout
 
 PACKED_KERNELS = ("sdpa", "flex")
 
@@ -62,7 +62,7 @@ def packed_rows(cfg: LLMTrainConfig) -> bool:
         return False
     if d.path is None:
         return d.builtin == "chat"
-    return read_layout(d.path) == "chat"
+    return index_layout(d.path) == "chat"
 
 
 def packed_attention(cfg: LLMTrainConfig) -> tuple[str, str] | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from launcher.bounded_read import read_regular
 
@@ -42,33 +41,13 @@ def length_histogram(lengths: Iterable[int]) -> dict[str, int]:
     return {str(k): counts[k] for k in sorted(counts)}
 
 
-def _read_index(folder: str | Path) -> dict[str, Any]:
-    data = json.loads(
-        read_regular(
-            Path(folder).expanduser() / "index.json", _MAX_INDEX_BYTES, follow_symlinks=True
-        )
-    )
-    if not isinstance(data, dict):
-        raise ValueError("index.json holds no object")
-    return data
-
-
-def read_layout(folder: str | Path) -> str | None:
-    """The layout a prepared folder's index.json names (chat, shards, megatron); None when it
-    cannot be read."""
-    try:
-        layout = _read_index(folder).get("layout", "shards")
-    except (OSError, ValueError):
-        return None
-    return layout if isinstance(layout, str) else None
-
-
 def read_histogram(folder: str | Path) -> dict[int, int] | None:
     """The training split's histogram of the prepared chat folder; {} for a prepared folder of
     another layout (pre-training tokens: whole rows); None when there is none to read (no
     index.json, unreadable, a chat folder prepared before histograms)."""
+    index = Path(folder).expanduser() / "index.json"
     try:
-        data = _read_index(folder)
+        data = json.loads(read_regular(index, _MAX_INDEX_BYTES, follow_symlinks=True))
         if data.get("layout") != "chat":
             return {}
         hist = {int(k): int(v) for k, v in data["chat"][HISTOGRAM_KEY].items()}
