@@ -16,6 +16,8 @@ differ only in summation order, ~1e-16 relative per operation, a few hundred ope
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,3 +119,17 @@ def test_auto_runs_flex_on_a_gpu_only() -> None:
     # A CPU run (the default auto) builds the dense mask, as before flex existed.
     model = build_model(TINY, seed=0)
     assert model._document_mask(SEGMENTS).mask is not None
+
+
+def test_the_bench_exits_on_a_flex_miss() -> None:
+    # bench/sft_attention.py's verdict (pure): flex at 8,192 tokens within 10% of is_causal.
+    path = Path(__file__).resolve().parents[4] / "bench" / "sft_attention.py"
+    spec = importlib.util.spec_from_file_location("sft_attention", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = {"check": "time", "seq": 8192, "is_causal_ms": 100.0}
+    assert bench.misses({**row, "flex_ms": 109.9}) == []
+    assert "+11.0%" in bench.misses({**row, "flex_ms": 111.0})[0]
+    assert bench.misses({**row, "seq": 4096, "flex_ms": 150.0}) == []  # only 8k is the target
+    assert bench.misses(row) == []  # no flex figure (the CPU)
