@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_module
 import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy
 
 from launcher.backends.packed_attention import packed_kernel
 from launcher.config.schema import ModelConfig
-from launcher.train.model import document_mask
+from launcher.train.model import document_mask, selective_checkpoint
 from launcher.train.model.transformer import apply_recompute, build_model
 
 pytestmark = [
@@ -133,3 +135,26 @@ def test_the_bench_exits_on_a_flex_miss() -> None:
     assert "+11.0%" in bench.misses({**row, "flex_ms": 111.0})[0]
     assert bench.misses({**row, "seq": 4096, "flex_ms": 150.0}) == []  # only 8k is the target
     assert bench.misses(row) == []  # no flex figure (the CPU)
+
+
+@pytest.mark.usefixtures("cpu_backward")
+def test_selective_recompute_keeps_the_flex_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Op-level selective recompute saves the attention kernel's output (plan prices no second
+    # attention forward); flex_attention reaches the policy as a higher-order op.
+    decided: list[CheckpointPolicy] = []
+    policy_of = selective_checkpoint.selective_policy
+
+    def recording() -> Callable[..., CheckpointPolicy]:
+        policy = policy_of()
+
+        def record(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+            decision = policy(ctx, func, *args, **kwargs)
+            if func is torch.ops.higher_order.flex_attention:
+                decided.append(decision)
+            return decision
+
+        return record
+
+    monkeypatch.setattr(selective_checkpoint, "selective_policy", recording)
+    _run("flex", "selective")
+    assert decided and set(decided) == {CheckpointPolicy.MUST_SAVE}
