@@ -24,6 +24,7 @@ from launcher.backends.memory_savers import savers_not_run
 from launcher.backends.moe_overlap import moe_overlap_not_run
 from launcher.backends.optimizer_offload import state_offload_not_run
 from launcher.backends.optimizer_precision import state_dtype_not_run
+from launcher.backends.packed_attention import flex_not_run
 from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout, split_keys
 from launcher.config.pipeline_split import SPLIT_KEYS
@@ -156,6 +157,7 @@ BACKEND = Backend(
         _fp16_on_cpu,
         _compile_requested,
         chunked_loss_elsewhere,
+        flex_not_run,
     ),
     engine="launcher.train.engines.deepspeed_engine:DeepSpeedEngine",
     # No expert parallel (parallel.ep=1): every rank holds every expert and the routed copies stay

@@ -25,6 +25,7 @@
   with torch's loss_parallel (torchtitan's default under tp); otherwise the full logits in the
   compute dtype plus fp32 copies.
 - MoE experts: grouped GEMMs over tokens sorted by expert (``launcher.train.model.experts``).
+- Packed rows' attention: flex or sdpa (``launcher.backends.packed_attention``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.backends.common import Refusal, device_of, precision_of
+from launcher.backends.packed_attention import packed_attention
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
+
+# What each packed-rows kernel is, as plan states it (launcher/backends/packed_attention.py).
+PACKED_KERNEL_TEXT = {
+    "flex": "flex_attention with a document BlockMask (compiled; blocks between examples skipped)",
+    "sdpa": "SDPA with a dense [b, 1, s, s] document mask (memory-efficient kernel, no flash)",
+}
 
 # The chunked loss's fp32 logits per chunk: at most 2**27 elements (512 MiB); at V = 128k that is
 # ~1k tokens, a [1k x h x 128k] GEMM, large enough to run at full speed on a GPU.
@@ -122,6 +130,10 @@ class EngineChoices:
     # llmtrain's torch engine under tp > 1: the logits stay split over the vocabulary and the loss
     # is torch's loss_parallel (plan.memory.LOSS_PARALLEL_BACKWARD_BYTES prices it).
     vocab_parallel_loss: bool = False
+    # Packed rows: the kernel that keeps their examples apart (sdpa | flex) and why;
+    # None where rows are not packed (launcher/backends/packed_attention.py).
+    packed_attention: str | None = None
+    packed_why: str = ""
 
     def summary(self) -> str:
         """One short line for plan's first screen (the full lines come with --detail)."""
@@ -138,6 +150,8 @@ class EngineChoices:
         )
         if self.moe:
             parts.append("grouped-GEMM experts")
+        if self.packed_attention:
+            parts.append(f"packed rows: {self.packed_attention} document mask")
         return ", ".join(parts)
 
     def lines(self) -> list[str]:
@@ -159,6 +173,10 @@ class EngineChoices:
         out.append(f"loss: {loss} ({self.loss_why})")
         if self.moe:
             out.append(f"experts: {self.moe}")
+        if self.packed_attention:
+            out.append(
+                f"packed rows: {PACKED_KERNEL_TEXT[self.packed_attention]} ({self.packed_why})"
+            )
         return out
 
 
@@ -241,6 +259,7 @@ def engine_choices(cfg: LLMTrainConfig) -> EngineChoices:
         loss_why = "train.chunked_loss=false"
     else:
         loss_why = problem
+    packed = packed_attention(cfg)
     moe = None
     if torch_engine and (m.num_experts or 0) > 1:
         moe = "grouped GEMMs (torch._grouped_mm on CUDA bf16, else padded bmm)"
@@ -255,6 +274,8 @@ def engine_choices(cfg: LLMTrainConfig) -> EngineChoices:
         moe=moe,
         compiled_blocks=compile_on and torch_engine,
         vocab_parallel_loss=torch_engine and cfg.parallel.tp > 1,
+        packed_attention=None if packed is None else packed[0],
+        packed_why="" if packed is None else packed[1],
     )
 
 
@@ -270,4 +291,5 @@ def engine_json(cfg: LLMTrainConfig) -> dict[str, object]:
         "chunked_loss": c.chunked_loss,
         "loss_why": c.loss_why,
         "moe": c.moe,
+        "packed_attention": c.packed_attention,
     }

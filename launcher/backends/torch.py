@@ -24,6 +24,7 @@ from launcher.backends.fp8_params import fp8_param_gather_not_run
 from launcher.backends.memory_savers import torch_savers
 from launcher.backends.moe_overlap import moe_overlap_not_run
 from launcher.backends.optimizer_offload import torch_state_offload
+from launcher.backends.packed_attention import flex_not_run
 from launcher.backends.speed_features import speed_features_not_run
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig, ModelConfig
@@ -296,6 +297,7 @@ BACKEND = Backend(
         _loss_scaling_with_pipeline,
         _fp8,
         chunked_loss_elsewhere,
+        flex_not_run,
     ),
     engine="launcher.train.engines.torch_engine:TorchEngine",
     # launcher/train/parallel/expert_parallel.py dispatch_combine: one all_to_all_single of every

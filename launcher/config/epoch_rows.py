@@ -91,6 +91,14 @@ def epoch_rows(cfg: LLMTrainConfig) -> EpochRows | None:
     )
 
 
+def index_layout(folder: str) -> str | None:
+    """The layout a prepared folder's index.json names (shards, megatron, chat); None when it
+    cannot be read."""
+    index = _read_index(str(Path(folder).expanduser() / "index.json"))
+    layout = None if index is None else index.get("layout", "shards")
+    return layout if isinstance(layout, str) else None
+
+
 @lru_cache(maxsize=16)
 def _read_index(path: str) -> dict[str, Any] | None:
     try:

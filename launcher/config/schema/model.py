@@ -52,6 +52,12 @@ class ModelConfig:
     """The output head shares the input embedding's weights."""
     attention: str = field(default="flash", metadata=one_of("flash", "eager"))
     """Attention implementation: a fused flash kernel or the eager softmax(QK^T)V."""
+    packed_attention: str = field(default="auto", metadata=one_of("auto", "sdpa", "flex"))
+    """How packed rows (data.packing=true on chat data) keep attention within each example:
+    flex (torch flex_attention with a document BlockMask, compiled: flash-class speed, CUDA
+    only), sdpa (scaled_dot_product_attention with a dense [b, 1, s, s] mask: no flash kernel)
+    or auto (flex on a GPU, sdpa on the CPU, with attention dropout or model.attention=eager;
+    launcher/backends/engine_choices.py)."""
     linear_bias: bool = False
     """Bias terms on the linear layers (GPT-2/3 style) and on the norms (LayerNorm has one)."""
     num_experts: int | None = field(default=None, metadata=AT_LEAST_1)

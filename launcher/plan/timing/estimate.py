@@ -139,7 +139,9 @@ def stage_compute_parts(
         # (the search's bound): every measured class at its fastest measured rate
         # (Rates.optimistic), the others from the catalog with unbounded token dimensions.
         rates = hw.profile if exact else hw.profile.optimistic()
-        return measured_parts(cfg, layout, rates, n_dense, n_moe, with_head, catalog)
+        return measured_parts(
+            cfg, layout, rates, n_dense, n_moe, with_head, catalog, hw.arch, hw.hbm_gbps
+        )
 
     parts = priced(dense, moe, head)
     if mtp:

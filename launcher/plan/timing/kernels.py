@@ -25,7 +25,8 @@ One place per formula; the fitted constants (``fitted.py``) are dimensionless an
   factor times s / (s + ATTN_HALF_SEQ)
   for a key block of s (s / cp per ring step with context parallelism: each step is one kernel call
   on a block of that length). Forward 1, backward 2.5 forward-equivalents (the backward recomputes
-  QK^T: five matmuls against two). Eager attention (Megatron 2021) is two batched GEMMs per head
+  QK^T: five matmuls against two). Packed rows' kernels (flex, or SDPA with a dense mask):
+  packed_rows.py. Eager attention (Megatron 2021) is two batched GEMMs per head
   (QK^T and AV, smallest dimension head_dim) plus its softmax as bytes below.
 - Everything else -- norms, residual adds, rotary, activation functions, dropout, the softmax of
   eager attention, fp8 casts, the cross-entropy over the vocabulary (MoE routing: see above) --
@@ -64,6 +65,7 @@ from launcher.plan.speed_features import (
     loss_bytes_per_logit,
     router_score_passes,
 )
+from launcher.plan.timing.packed_rows import packed_attention_s, packed_kernel_of
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ class _Key:
     dropout: bool
     eager: bool
     kernel: str
+    packed: str  # packed rows' kernel (flex | sdpa), "" where rows are not packed
     seq: int
     act_bytes: int
     # layout / run
@@ -331,6 +334,7 @@ def stage_parts(
         dropout=uses_dropout(cfg),
         eager=m.attention == "eager",
         kernel=attention_kernel(cfg),
+        packed=packed_kernel_of(cfg),
         seq=m.seq_length,
         act_bytes=DTYPE_BYTES[cfg.precision.compute_dtype],
         tokens=layout.micro_batch_size * m.seq_length / max(1, layout.cp),
@@ -443,8 +447,14 @@ def _attention_core(k: _Key) -> tuple[float, float]:
     if k.eager:
         attn_fwd = _gemm(k, full_fwd, k.seq, k.seq, k.head_dim_qk, k.peak, 1.0, tokens_dim=False)
         return attn_fwd, 2.0 * attn_fwd
-    rate = k.peak * attention_efficiency(k.seq / k.cp, k.c, k.kernel, k.arch)
+    kernel = "sdpa" if k.packed else k.kernel  # packed_rows.py prices against FA2
+    rate = k.peak * attention_efficiency(k.seq / k.cp, k.c, kernel, k.arch)
     attn_fwd = k.tokens * 0.5 * full_fwd / rate
+    if k.packed:
+        mask = k.tokens * k.seq * heads_here
+        return packed_attention_s(
+            k.packed, (attn_fwd, 2.5 * attn_fwd), k.arch, mask, k.act_bytes, k.hbm_gbps * 1e9
+        )
     return attn_fwd, 2.5 * attn_fwd
 
 

@@ -28,6 +28,7 @@ from launcher.plan.operators import Gemm, Operators, elementwise_bytes, operator
 from launcher.plan.recompute import extra_forwards
 from launcher.plan.timing.comm import Collective
 from launcher.plan.timing.kernels import ComputeParts
+from launcher.plan.timing.packed_rows import packed_attention_s, packed_kernel_of
 
 
 def _gemms_s(rates: Rates, gemms: tuple[Gemm, ...]) -> tuple[float, float] | None:
@@ -49,9 +50,12 @@ def stage_parts(
     moe_layers: int,
     head: bool,
     catalog: ComputeParts,
+    arch: str,
+    hbm_gbps: float,
 ) -> ComputeParts:
     """One micro-batch on one GPU holding the given layers, priced from the profile where it
-    measured the class, from `catalog` (kernels.stage_parts) where it did not."""
+    measured the class, from `catalog` (kernels.stage_parts) where it did not; `arch` and
+    `hbm_gbps` (the device's) price packed rows' attention from the causal kernel measured."""
     ops = operators(cfg, layout)
     fp8 = cfg.precision.fp8 and not cfg.precision.fp8_emulate
     eager = ops.attention.kind == "eager"
@@ -92,6 +96,11 @@ def stage_parts(
         fwd, bwd, _ = found_attn
         # With context parallelism each rank runs cp blocks of s / cp keys (the ring), the
         # causal one measured: cp x its time (kernels.py prices the same s^2 / cp per rank).
+        kernel = packed_kernel_of(cfg)
+        if kernel:  # packed rows: from the causal kernel measured (packed_rows.py)
+            mask = ops.tokens * a.seq * a.heads
+            elem = DTYPE_BYTES[cfg.precision.compute_dtype]
+            fwd, bwd = packed_attention_s(kernel, (fwd, bwd), arch, mask, elem, hbm_gbps * 1e9)
         attention_s = (dense_layers + moe_layers) * (fwd * (1 + a_x) + bwd) * max(1, layout.cp)
 
     bytes_s = catalog.bytes_s

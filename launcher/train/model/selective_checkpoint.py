@@ -25,15 +25,21 @@ SAC_MATMULS = _aten_ops("mm", "addmm", "_scaled_mm")
 # Attention kernels and collectives whose outputs are kept rather than recomputed: the kernels
 # are the expensive part of a layer, and a reduce-scatter replayed in the backward would cost a
 # second round of communication (torchtitan's list has the same families).
-SAC_KEPT = _aten_ops(
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_flash_attention_for_cpu",
-) | frozenset(
-    op.default
-    for op in (getattr(torch.ops._c10d_functional, "reduce_scatter_tensor", None),)
-    if op is not None
+SAC_KEPT = (
+    _aten_ops(
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    | frozenset(
+        op.default
+        for op in (getattr(torch.ops._c10d_functional, "reduce_scatter_tensor", None),)
+        if op is not None
+    )
+    | frozenset(  # packed rows' flex_attention (launcher.train.model.document_mask): a HOP
+        op for op in (getattr(torch.ops.higher_order, "flex_attention", None),) if op is not None
+    )
 )
 
 

@@ -19,7 +19,9 @@ Choices worth knowing:
 - Attention goes through ``F.scaled_dot_product_attention``. ``model.attention=flash`` passes
   ``is_causal=True`` (flash / memory-efficient kernels on GPU); ``eager`` passes an explicit boolean
   lower-triangular ``attn_mask`` instead, which rules out the flash kernel (memory-efficient or math
-  path). GQA uses SDPA's ``enable_gqa`` (no repeated k/v copies).
+  path). GQA uses SDPA's ``enable_gqa`` (no repeated k/v copies). Packed rows attend within each
+  example through flex_attention or SDPA with a dense mask (``model.packed_attention``,
+  ``launcher.train.model.document_mask``).
 - Head counts are read from the projections' outputs at forward time (``view(b, s, -1, d)``), so
   tensor-parallel Colwise/Rowwise sharding of wq/wk/wv/wo needs no change here (DTensor weights
   report their global shape, so the weights are not consulted). Replicating kv heads when
@@ -74,6 +76,7 @@ from launcher.config.schema import ModelConfig
 from launcher.plan.model_shape import ModelShape
 from launcher.train.finetune.masked_loss import masked_loss
 from launcher.train.model.chunked_loss import chunked_cross_entropy
+from launcher.train.model.document_mask import DocumentMask, flex_core, resolve_kernel
 from launcher.train.model.experts import compute_dtype, routed, stack
 from launcher.train.model.init_weights import init_weights, skip_default_init
 from launcher.train.model.selective_checkpoint import selective_context
@@ -126,23 +129,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     else:
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     return (x.float() * cos + rotated * sin).to(x.dtype)
-
-
-class DocumentMask:
-    """Packed examples in each row (``launcher.data.packing``): segment ids [b, s] become the
-    positions of every token within its example [b, s] (restarting at 0) and a block-diagonal
-    causal mask [b, 1, s, s] (True: may attend), so no token sees another example."""
-
-    def __init__(self, segments: torch.Tensor):
-        s = segments.shape[1]
-        index = torch.arange(s, device=segments.device).expand_as(segments)
-        starts = torch.ones_like(segments, dtype=torch.bool)
-        starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
-        first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-        self.positions = index - first
-        same = segments[:, :, None] == segments[:, None, :]
-        causal = torch.ones(s, s, dtype=torch.bool, device=segments.device).tril()
-        self.mask = (same & causal)[:, None]
 
 
 def attention_core(
@@ -201,18 +187,20 @@ class _CoreMixin:
         v: torch.Tensor,
         doc: DocumentMask | None = None,
     ) -> torch.Tensor:
-        mask = None if doc is None else doc.mask
         if self.context_parallel is not None:  # no attention dropout here (backends/torch.py)
-            if mask is not None:
+            if doc is not None:
                 raise ValueError("packed examples (data.packing) do not run with parallel.cp > 1")
             return self.context_parallel.attention(q, k, v)
         p = self.dropout if self.training else 0.0
+        core: Callable[..., torch.Tensor] = attention_core
+        args: tuple[Any, ...] = (q, k, v, self.kind, p, None if doc is None else doc.mask)
+        if doc is not None and doc.block_mask is not None:  # model.packed_attention: flex
+            core, args = flex_core, (q, k, v, doc.block_mask)
         if self.recompute_core and torch.is_grad_enabled():
             # use_reentrant=False replays the forward with the same RNG state (preserve_rng_state),
             # so recomputed dropout masks equal the original ones.
-            out = checkpoint(attention_core, q, k, v, self.kind, p, mask, use_reentrant=False)
-            return cast(torch.Tensor, out)
-        return attention_core(q, k, v, self.kind, p, mask)
+            return cast(torch.Tensor, checkpoint(core, *args, use_reentrant=False))
+        return core(*args)
 
 
 class Attention(_CoreMixin, nn.Module):
@@ -465,6 +453,14 @@ class Transformer(nn.Module):
             None if cfg.tie_embeddings else nn.Linear(h, cfg.vocab_size, bias=False)
         )
 
+    def _document_mask(self, segments: torch.Tensor) -> DocumentMask:
+        """Positions and mask of packed rows, by model.packed_attention's kernel on this device."""
+        c = self.config
+        kernel = resolve_kernel(
+            c.packed_attention, segments.device, c.attention, c.attention_dropout
+        )
+        return DocumentMask(segments, kernel)
+
     def head_weight(self) -> torch.Tensor | None:
         """The output layer's weight [V, h] (the embedding when tied), or None on a stage
         without the head."""
@@ -491,7 +487,7 @@ class Transformer(nn.Module):
         restart and attention stays within each example). `loss_divisor`: targets equal to
         ``masked_loss.IGNORE_INDEX`` carry no loss and the summed loss is divided by this
         (``launcher.train.finetune.masked_loss``); None: the plain mean."""
-        doc = None if segments is None else DocumentMask(segments)
+        doc = None if segments is None else self._document_mask(segments)
         if self.tok_embeddings is not None and not tokens.is_floating_point():
             h = _call(self.tok_embeddings, tokens)
             if self.pos_embeddings is not None:
