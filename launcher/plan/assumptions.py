@@ -104,7 +104,8 @@ def _compute_assumptions() -> list[str]:
         "at the kernel's published rate x one fitted factor, norms/activations/rotary/casts/"
         "routing as bytes over HBM; constants fitted on calibration.csv (fitted.py).",
         "Error bands: leave-one-source-out cross-validation on calibration.csv, by regime; "
-        "'tight' = over the headroom but within the GPU's memory; above it, 'does not fit'.",
+        "'tight' = over the headroom but allocated + CUDA context within the GPU's memory (the "
+        "allocator frees its cache before failing); above it, 'does not fit', whatever the band.",
     ]
 
 

@@ -109,7 +109,8 @@ def _given(cfg: LLMTrainConfig, headroom: float) -> tuple[Candidate | None, str]
         return None, "not valid (" + ", ".join(errors) + ")"
     plan = make_plan(cfg, headroom=headroom, with_fixes=False, padded_batches=False)
     # The word `plan` prints for the same configuration (MemoryPlan.verdict): tight is over the
-    # headroom, within the GPU's memory; the search ranks only layouts that fit.
+    # headroom, allocated + overhead within the GPU's memory; the search ranks only layouts that
+    # fit.
     verdict = VERDICT_WORDS[plan.memory.verdict]
     if not plan.memory.fits:
         return None, verdict

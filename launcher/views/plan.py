@@ -97,7 +97,7 @@ def time_band_text(plan: Plan) -> str:
 
 VERDICT_TEXT = {
     "fits": "[bold green]fits[/]",
-    "tight": "[bold yellow]tight[/] (over the headroom, within the GPU's memory)",
+    "tight": "[bold yellow]tight[/] (over the headroom; allocated within the GPU's memory)",
     "does_not_fit": "[bold red]does not fit[/]",
 }
 

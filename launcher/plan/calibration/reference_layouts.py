@@ -137,6 +137,11 @@ def run_config(
         prec = PrecisionConfig(
             name="fp16", compute_dtype="fp16", grad_dtype="fp16", loss_scaling="dynamic"
         )
+    elif precision == "bf16-pure":
+        # bf16 weights with no fp32 master copy; `grad` stays the reduce dtype.
+        prec = PrecisionConfig(
+            name="bf16-pure", compute_dtype="bf16", master_weights=False, grad_dtype=grad
+        )
     else:
         prec = PrecisionConfig(
             name=precision, compute_dtype="bf16", grad_dtype=grad, fp8=precision == "fp8"

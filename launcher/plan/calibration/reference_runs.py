@@ -27,8 +27,14 @@ Choices made where a source is silent (each also stated in the CSV's last column
 - P482: Llama2-7B, 8 x H800, bf16, distributed optimizer, flash attention, no recompute; the tool
   prints GiB. Sequence length 2048 (the tool's own example; at 4096 the weights and optimizer plus
   the activations exceed what was measured).
+- NP10 (Nemotron-4 340B): its NeMo launcher config sets the optimizer's dtype to bf16 (Adam's
+  states in bf16, no master copy: precision.master_weights=false, optim.state_dtype=bf16; cited
+  at _nemotron4_340b_optimizer).
 - AM (AutoModel, FSDP2, TE, DeepEP, fake balanced gate): full activation checkpointing; DeepEP
-  priced as backend.moe_dispatcher=flex (which llmtrain's torch engine itself refuses).
+  priced as backend.moe_dispatcher=flex (which llmtrain's torch engine itself refuses). AM1-AM3
+  (the MoE parallelizer): bf16 parameters with no fp32 master (precision=bf16-pure, fp32
+  reduce) and no resharding after the forward (zero.stage=2), cited at _automodel_runs; AM4
+  (dense) FSDP2 ZeRO-3 in mixed precision.
 - NB7, NB8 (NeMo Mixtral): backend.moe_dispatcher=alltoall, NeMo's MixtralConfig's dispatcher.
 - MP (Composer FSDP FULL_SHARD): MPT blocks (LayerNorm without bias, GELU MLP of 4h, no dropout,
   tied embeddings), flash attention.
@@ -236,8 +242,27 @@ def _nemo_h100_runs(l8: ModelConfig, l70: ModelConfig) -> list[ReferenceRun]:
     ]
     for rid, model, gpus, np_lay, np_tps in np_rows:
         cfg = run_config(rid, model, h, gpus, **np_lay, **nemo)  # type: ignore[arg-type]
+        if rid == "NP10":
+            cfg = _nemotron4_340b_optimizer(cfg)
         out.append(_tps(rid, "NP", cfg, gpus, np_tps))
     return out
+
+
+def _nemotron4_340b_optimizer(cfg: LLMTrainConfig) -> LLMTrainConfig:
+    """NP10's optimizer as NeMo 24.07 ran Nemotron-4 340B: Adam's states in bf16, no master.
+
+    NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_340b.yaml
+    (@7c842fcd 2024-06-17 through @dbdb2355 2024-07-30, NeMo 24.07's launcher; the only model
+    of the NP rows whose config says so): megatron_amp_O2: true (line 107), optim
+    distributed_fused_adam with grad_sync_dtype: bf16 and dtype: bf16 (lines 159-162).
+    NVIDIA/NeMo @8e3d65dcfe megatron_base_model.py lines 791-807: the optimizer dtype (bf16)
+    equals the O2 model dtype, so store_params=False: Apex's DistributedFusedAdam keeps m and
+    v in bf16 and no master copy of the bf16 weights (4 bytes a parameter, sharded over dp)."""
+    return replace(
+        cfg,
+        precision=replace(cfg.precision, master_weights=False),
+        optim=replace(cfg.optim, state_dtype="bf16"),
+    )
 
 
 def _nemo_long_context_runs() -> list[ReferenceRun]:
@@ -344,18 +369,49 @@ def _automodel_runs(l70: ModelConfig) -> list[ReferenceRun]:
     # AM1-AM3 ran "TE + DeepEP" (the CSV's notes): node-deduplicated dispatch, flex. llmtrain's
     # torch engine refuses flex (it runs alltoall), but the planner prices what AutoModel ran;
     # AM4 is dense (no dispatcher).
-    am = {"backend": "torch", "zero": 3, "recompute": "full", "kernel": "te", "dispatcher": "flex"}
+    # AM1-AM3 (NVIDIA-NeMo/Automodel 8d9bfb90e, the commit that published AM1's figure): the
+    # MoE models are built on meta and initialised by load_model_from_base_checkpoint
+    # (components/checkpoint/checkpointing.py:233, model.initialize_weights()), whose default
+    # dtype is bf16 and which ends in self.to(dtype) (models/qwen3_moe/model.py:256-272,
+    # models/deepseek_v3/model.py:284-300): the parameters FSDP2 shards are bf16, so
+    # torch.optim.Adam's m and v are bf16 and there is no fp32 master (bf16-pure); gradients
+    # are reduced in fp32 (components/moe/parallelizer.py:127, reduce_dtype=torch.float32).
+    # parallelize_model's reshard_after_forward defaults to False (parallelizer.py:187; AM2's
+    # and AM3's yaml set it false, AM1's leaves the default): FSDP2 without resharding after
+    # the forward, llmtrain's zero.stage=2 on backend=torch.
+    am = {
+        "backend": "torch",
+        "zero": 2,
+        "recompute": "full",
+        "kernel": "te",
+        "dispatcher": "flex",
+        "precision": "bf16-pure",
+    }
     am_rows: list[tuple[str, ModelConfig, int, dict[str, object], float]] = [
         ("AM1", qwen, 8, {"ep": 8, "mbs": 4, "gbs": 512}, 21.773),
         ("AM2", dsv3, 256, {"pp": 4, "ep": 64, "vpp": 8, "gbs": 512}, 8.18),
         ("AM3", dsv3, 1024, {"pp": 4, "ep": 64, "vpp": 8, "gbs": 8192}, 37.87),
-        ("AM4", l70, 64, {"cp": 2, "gbs": 128, "compile": True}, 18.9),
     ]
     for rid, model, gpus, am_lay, step in am_rows:
         cfg = run_config(rid, model, h, gpus, **am_lay, **am)  # type: ignore[arg-type]
         out.append(
             ReferenceRun(rid, "step_s", step, cfg, f"{step:g} s per step", "AM", published=step)
         )
+    # AM4 (dense Llama 3 70B, the generic FSDP2 parallelizer): ZeRO-3 in mixed precision.
+    am4 = run_config(
+        "AM4",
+        l70,
+        h,
+        64,
+        cp=2,
+        gbs=128,
+        compile=True,
+        backend="torch",
+        zero=3,
+        recompute="full",
+        kernel="te",
+    )
+    out.append(ReferenceRun("AM4", "step_s", 18.9, am4, "18.9 s per step", "AM", published=18.9))
     return out
 
 

@@ -196,17 +196,20 @@ class MemoryPlan:
         """fits | tight | does_not_fit: the one verdict `plan`, `plan --search` (the
         configuration as given) and the dry runs print.
 
-        fits: as `fits`. tight: it does not fit with headroom, but allocated + overhead (what
-        must be resident; the caching allocator frees its cache before failing) is within the
-        prediction's error band of the capacity: (allocated + overhead) x (1 - band) <= capacity
-        (a refusal is said only when even the worst over-prediction cross-validation has seen
-        could not make it fit: published runs that ran sit there).
-        does_not_fit: even the band's optimistic end exceeds the capacity.
+        fits: as `fits`. tight: it does not fit with the headroom, but what must be resident,
+        allocated + overhead on every GPU, is within the GPU's physical memory: the
+        caching allocator's reserve above allocated is cache it gives back before failing
+        (pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp, the header comment: when cudaMalloc
+        fails it frees a cached block of sufficient size, then every cached block not split,
+        and retries before raising out-of-memory). Split blocks it cannot free, which is why
+        this is "tight", not "fits".
+        does_not_fit: allocated + overhead exceeds the physical memory. The prediction's error
+        band (`band`) is printed beside the figure; it never widens the verdict, so nothing
+        planned above the GPU's memory is called "tight".
         """
         if self.fits:
             return "fits"
-        h = self.heaviest
-        if (h.allocated + h.overhead) * (1.0 - self.band) <= self.capacity:
+        if max(s.allocated + s.overhead for s in self.stages) <= self.capacity:
             return "tight"
         return "does_not_fit"
 

@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 
+from launcher.config.composition.compose import compose_config
 from launcher.config.composition.presets import model_preset
 from launcher.config.schema import (
     BackendConfig,
@@ -22,7 +23,9 @@ from launcher.config.schema import (
     ZeroConfig,
 )
 from launcher.plan.calibration.bands import error_band
+from launcher.plan.calibration.reference_layouts import GIB
 from launcher.plan.calibration.reference_runs import ReferenceRun, points, predicted
+from launcher.plan.memory.estimate import MemoryPlan, StageMemory
 from launcher.plan.planner import hardware_view, make_plan
 
 pytestmark = pytest.mark.unit
@@ -93,13 +96,60 @@ def test_memory_falls_as_tp_grows() -> None:
     assert device[-1] < 0.3 * device[0]
 
 
-def test_verdict_tight_within_the_band() -> None:
-    # Llama 3 70B at tp=2 on 80 GB: allocated far above capacity -> does_not_fit; the same with
-    # the band widened to cover the excess -> tight (memory.fits stays False either way).
-    plan = make_plan(_tp_cfg(1))
-    mem = plan.memory
-    assert mem.verdict == "does_not_fit" and not mem.fits
+def _stage(allocated_gib: float, fragmentation: float = 1.1, stage: int = 0) -> StageMemory:
+    """A stage whose buckets sum to `allocated_gib` (all weights), with a 2.5 GiB CUDA context."""
+    return StageMemory(
+        stage, 1, 0, allocated_gib * GIB, 0, 0, 0, 0, 2.5 * GIB, 1, 0.0, fragmentation
+    )
+
+
+def test_verdict_tight_only_within_the_physical_memory() -> None:
+    # 80 GiB, 10% headroom: usable 72 GiB. CUDA context 2.5 GiB, fragmentation 1.1.
+    def verdict(*stages: StageMemory, band: float = 0.0) -> str:
+        return MemoryPlan(stages, 80 * GIB, 0.1, band=band).verdict
+
+    # 60 allocated: reserved 66 + 2.5 = 68.5 <= 72 -> fits.
+    assert verdict(_stage(60)) == "fits"
+    # 70 allocated: 77 + 2.5 = 79.5 > 72, but 70 + 2.5 = 72.5 <= 80 -> tight.
+    assert verdict(_stage(70)) == "tight"
+    # 77.5 allocated: 77.5 + 2.5 = 80.0 <= 80 -> tight (the edge); 77.6: 80.1 > 80 -> does not
+    # fit, whatever the band (the band rule said tight: 80.1 x (1 - 0.456) = 43.6 <= 80).
+    assert verdict(_stage(77.5)) == "tight"
+    assert verdict(_stage(77.6)) == "does_not_fit"
+    assert verdict(_stage(77.6), band=0.456) == "does_not_fit"
+    # The band never changes the word.
+    for gib in (60, 70, 77.5, 77.6, 110.6):
+        assert verdict(_stage(gib), band=0.456) == verdict(_stage(gib))
+    # Every GPU counts, not only the one with the largest reserve: stage 0 reserves 70 x 1.2 =
+    # 84 (the heaviest), stage 1 reserves 78 x 1.0 = 78 but must hold 78 + 2.5 = 80.5 > 80.
+    assert verdict(_stage(70, 1.2, 0), _stage(78, 1.0, 1)) == "does_not_fit"
+    assert verdict(_stage(70, 1.2, 0), _stage(77, 1.0, 1)) == "tight"
+
+
+def test_nothing_above_the_gpus_memory_is_tight() -> None:
+    # Allocated from 0 to twice the capacity, bands 0 .. 0.6: "tight" only when allocated +
+    # overhead is within the physical memory, "does not fit" exactly when it is not.
+    for tenth in range(0, 1600, 7):
+        stage = _stage(tenth / 10)
+        need = stage.allocated + stage.overhead
+        for band in (0.0, 0.088, 0.3, 0.456, 0.6):
+            word = MemoryPlan((stage,), 80 * GIB, 0.1, band=band).verdict
+            assert (word == "does_not_fit") == (need > 80 * GIB), (tenth, band)
+    # Issue #40: Llama 2 7B fully fine-tuned in pure bf16 on one RTX 4090, 35.7 GiB planned on
+    # the card's 24 GiB, was printed "tight".
+    cfg = compose_config(
+        [
+            "model=llama2-7b",
+            "finetune=full",
+            "cluster=rtx4090",
+            "optim.name=adamw8bit",
+            "optim.in_backward=true",
+            "precision=bf16-pure",
+            "train.recompute=full",
+            "train.micro_batch_size=4",
+            "model.seq_length=2048",
+        ]
+    ).config
+    mem = make_plan(cfg, with_fixes=False).memory
     h = mem.heaviest
-    need = (h.allocated + h.overhead) / mem.capacity  # > 1
-    wide = dataclasses.replace(mem, band=1.0 - 1.0 / need + 1e-6)
-    assert wide.verdict == "tight" and not wide.fits
+    assert h.allocated + h.overhead > mem.capacity and mem.verdict == "does_not_fit"

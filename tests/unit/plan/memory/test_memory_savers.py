@@ -159,15 +159,14 @@ def _stage(total: float) -> StageMemory:
     return StageMemory(0, 1, 0, total, 0, 0, 0, 0, 0.0, 1, 0.0, fragmentation=1.0)
 
 
-def test_tight_only_within_the_memory_band_of_the_gpus_memory() -> None:
-    # 80 GiB, 10% headroom: usable 72; the published memory band 8.8% (leave-one-source-out).
+def test_above_the_gpus_memory_the_verdict_is_does_not_fit_never_tight() -> None:
+    # 80 GiB, 10% headroom: usable 72; the memory band (8.8% or 45.6%) never widens the word.
     assert MemoryPlan((_stage(70 * GIB),), 80 * GIB, 0.1, band=0.088).verdict == "fits"
     assert MemoryPlan((_stage(79 * GIB),), 80 * GIB, 0.1, band=0.088).verdict == "tight"
-    # 84 GiB priced, 84 x (1 - 0.088) = 76.6 <= 80: published runs that ran sit here (the plan
-    # over-prices them within its band), so the word is tight, not a refusal.
-    assert MemoryPlan((_stage(84 * GIB),), 80 * GIB, 0.1, band=0.088).verdict == "tight"
-    # 110.6 GiB on 80 (issue #40): 110.6 x 0.912 = 100.9 > 80, does not fit.
-    assert MemoryPlan((_stage(110.6 * GIB),), 80 * GIB, 0.1, band=0.088).verdict == "does_not_fit"
+    # 84 GiB allocated on 80: does not fit (the band rule called it tight: 84 x 0.912 = 76.6).
+    assert MemoryPlan((_stage(84 * GIB),), 80 * GIB, 0.1, band=0.088).verdict == "does_not_fit"
+    # 110.6 GiB on 80 (issue #40), even with a 45.6% band.
+    assert MemoryPlan((_stage(110.6 * GIB),), 80 * GIB, 0.1, band=0.456).verdict == "does_not_fit"
 
 
 # Fine-tuning layouts: models x methods x GPUs x micro-batches x recompute x savers (216).
@@ -206,9 +205,9 @@ def test_plan_and_search_say_the_same_verdict_on_fine_tuning_layouts() -> None:
             plan = make_plan(cfg, with_fixes=False)
             _, status = _given(cfg, 0.10)
             assert status == words[plan.memory.verdict], (model, variant)
-            h = plan.memory.heaviest
-            # does not fit: even the band's optimistic end of what must be resident is over.
-            above = (h.allocated + h.overhead) * (1 - plan.memory.band) > plan.memory.capacity
+            # does not fit exactly when what must be resident exceeds the GPU's memory.
+            need = max(s.allocated + s.overhead for s in plan.memory.stages)
+            above = need > plan.memory.capacity
             assert (plan.memory.verdict == "does_not_fit") == above, (model, variant)
             seen.add(plan.memory.verdict)
     assert len(_BASES) * len(_VARIANTS) >= 200 and seen == {"fits", "tight", "does_not_fit"}
