@@ -193,9 +193,7 @@ class CheckedFile(io.RawIOBase):
 
     def _check(self) -> None:
         if self._stat() != self.identity:
-            raise UnsafeCheckpointError(
-                f"{self.path}: refused: written to while it was being read"
-            )
+            raise UnsafeCheckpointError(f"{self.path}: refused: written to while it was being read")
 
     def readable(self) -> bool:
         return True
