@@ -187,10 +187,55 @@ def from_hf(tensors: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
 def hf_renames(m: ModelConfig) -> dict[str, str] | None:
     """llmtrain name -> HF name where the HF layout renames tensors and nothing else (Llama,
     Mixtral: a rank can read its slice of each tensor from the file); None where tensors are
-    transformed (GPT-2's fused, transposed attention)."""
+    transformed (GPT-2's fused, transposed attention: ``hf_slices``)."""
     if hf_architecture(m) == "GPT2LMHeadModel":
         return None
     return _llama_names(m)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Where one llmtrain tensor lies in an HF tensor: `name`, transposed or not, from row
+    `first` of the (transposed) HF tensor on; ours[r, c] = hf.T[first + r, c] when transposed."""
+
+    name: str
+    transposed: bool = False
+    first: int = 0
+
+
+def hf_slices(m: ModelConfig) -> dict[str, Slice]:
+    """{llmtrain name: Slice} of every tensor of `hf_architecture(m)`: a box of ours is a box of
+    theirs (read by slice for train.init_from)."""
+    if hf_architecture(m) != "GPT2LMHeadModel":
+        return {ours: Slice(theirs) for ours, theirs in _llama_names(m).items()}
+    h = m.hidden_size
+    out = {
+        "tok_embeddings.weight": Slice("transformer.wte.weight"),
+        "pos_embeddings.weight": Slice("transformer.wpe.weight"),
+        "norm.weight": Slice("transformer.ln_f.weight"),
+        "norm.bias": Slice("transformer.ln_f.bias"),
+    }
+    kinds = ("weight", "bias") if m.linear_bias else ("weight",)
+    for i in range(m.num_layers):
+        ours, theirs = f"layers.{i}", f"transformer.h.{i}"
+        for ln, hf_ln in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            for kind in ("weight", "bias"):
+                out[f"{ours}.{ln}.{kind}"] = Slice(f"{theirs}.{hf_ln}.{kind}")
+        for j, w in enumerate(("wq", "wk", "wv")):
+            for kind in kinds:
+                transposed = kind == "weight"
+                fused = f"{theirs}.attn.c_attn.{kind}"
+                out[f"{ours}.attention.{w}.{kind}"] = Slice(fused, transposed, j * h)
+        for ours_w, theirs_w in (
+            ("attention.wo", "attn.c_proj"),
+            ("feed_forward.w1", "mlp.c_fc"),
+            ("feed_forward.w2", "mlp.c_proj"),
+        ):
+            for kind in kinds:
+                out[f"{ours}.{ours_w}.{kind}"] = Slice(
+                    f"{theirs}.{theirs_w}.{kind}", kind == "weight"
+                )
+    return out
 
 
 def _check_names(have: Mapping[str, Array], want: Any, what: str) -> None:

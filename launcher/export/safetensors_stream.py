@@ -110,7 +110,7 @@ def write_file(
                     f"{spec.dtype} {list(spec.shape)}"
                 )
             if tensor.numel():
-                f.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+                f.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
             del tensor
 
 

@@ -101,9 +101,11 @@ def base_source(cfg: LLMTrainConfig) -> Any:
     if cfg.train.init_from is None:
         return initialiser
     try:
-        return Chain(as_source(open_source(cfg)), initialiser)
+        given = as_source(open_source(cfg))
     except InitFromError as exc:
         raise UserError(f"the run's base: {exc}") from None
+    assert given is not None
+    return Chain(given, initialiser)
 
 
 def merged(
@@ -126,7 +128,7 @@ def merged(
     digests: dict[str, str] = {}
 
     def base(name: str) -> torch.Tensor:
-        values = source.box(name, (0,) * len(shapes[name]), shapes[name]).float()
+        values: torch.Tensor = source.box(name, (0,) * len(shapes[name]), shapes[name]).float()
         digests.setdefault(name, lora.base_digest({name: values})[name])
         return values
 

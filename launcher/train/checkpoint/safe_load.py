@@ -166,7 +166,7 @@ class CheckpointFiles:
         return sorted(found)
 
 
-HASH_CHUNK = 8 << 20  # bytes hashed at once while a streamed file is checked
+HASH_CHUNK = 1 << 20  # bytes hashed at once while a streamed file is checked
 
 
 class CheckedFile(io.RawIOBase):
