@@ -246,10 +246,10 @@ class HFSlices:
 
         where = self.slices[plain_name(name)]
         entry = self.where[where.name]
-        if not where.transposed and not where.first:
+        ours = self.shapes.get(plain_name(name), entry.shape)
+        if not where.transposed and ours == entry.shape:
             return fp32_digest(entry)
         # A part of a fused tensor, or a transposed one: our rows, from the model's shape.
-        ours = self.shapes[plain_name(name)]
         return rows_digest(ours, lambda offsets, box: self.box(name, offsets, box))
 
     def __len__(self) -> int:
