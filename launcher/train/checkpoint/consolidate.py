@@ -16,7 +16,10 @@ Whatever layout wrote it:
 Every file is read once, through the checkpoint's ``safe_load.CheckpointFiles`` (its bytes checked
 against the manifest, then deserialized from that same buffer).
 
-``shapes`` gives the tensor shapes alone (what ``train.init_from`` checks before training).
+``shapes`` gives the tensor shapes alone (what ``train.init_from`` checks before training);
+``DcpTensors`` reads a DCP checkpoint's tensors one at a time (``gather``, export and sample,
+``init_from.CheckpointSlices``), its files streamed (``CheckpointFiles.open``) rather than each
+read whole.
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 Steps: the run's own config.yaml gives the model; the newest checkpoint that verifies (or the one
 of ``--step``, refused with the reason when it does not verify: damaged, or unsigned while
-``LLMTRAIN_CHECKPOINT_KEY`` is set) is read back whole (``consolidate.full_state``, every file
-read once and checked against the manifest: ``safe_load.CheckpointFiles``), checked tensor by
-tensor against the shapes config.yaml's model gives (config.json is written from it: a mismatch is
-refused), mapped to the HF layout its shape has (``hf_layout``: Llama, Mixtral or GPT-2; anything
-else refused with the keys that make it so) and written with ``hf_files.write_hf_folder`` into a
+``LLMTRAIN_CHECKPOINT_KEY`` is set) is read tensor by tensor (``gather``: DCP shards gathered one
+tensor at a time, a DeepSpeed checkpoint read whole; every file checked against the manifest as it
+is read: ``safe_load.CheckpointFiles``), its shapes checked against those config.yaml's model gives
+before anything is read (config.json is written from it: a mismatch is refused), mapped to the HF
+layout its shape has (``hf_layout.hf_recipes``: Llama, Mixtral or GPT-2; anything else refused
+with the keys that make it so) one HF tensor at a time and written with
+``hf_files.write_hf_folder`` (``safetensors_stream``: each tensor written as it is made) into a
 temporary sibling, then put in place by ``launcher.outputs`` (its marker, no replacing of what
 appeared meanwhile; --overwrite replaces only an earlier export): safetensors shards + index,
 config.json, generation_config.json and the tokenizer.
