@@ -170,7 +170,7 @@ def open_append(path: Path, root: Path | None = None, binary: bool = False) -> I
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
-def _open_regular(path: Path) -> int:
+def open_regular(path: Path) -> int:
     """A descriptor of the regular file `path`, opened without blocking and without following a
     symlink at its name (launcher.bounded_read); anything else is an UnsafePathError (an
     OSError, as callers of these readers expect)."""
@@ -185,14 +185,14 @@ def _open_regular(path: Path) -> int:
 def read_bytes(path: Path) -> bytes:
     """Read a regular file without following a symlink at its name (a FIFO or device there is
     refused, never waited on)."""
-    fd = _open_regular(path)
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         return f.read()
 
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    fd = _open_regular(path)
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)

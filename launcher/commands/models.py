@@ -53,6 +53,7 @@ def export(
         note(resolved.note)
     folder = resolved.folder or Path(run_dir)
     result = export_hf(folder, Path(out_dir), step=step, overwrite=overwrite, adapter=adapter)
+    note(result.gathered, label="weights: ")
     if as_json:
         print_json(result.to_json())
     else:
@@ -129,6 +130,7 @@ def sample(
         folder, prompt or "", max_new_tokens=max_new_tokens, step=step, chat=not raw,
         messages=conversation, decoding=decoding,
     )  # fmt: skip
+    note(result.loaded, label="weights: ")
     if as_json:
         print_json(result.to_json())
     elif result.template is not None:  # a chat reply: the reply alone, below the prompt

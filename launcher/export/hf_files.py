@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from launcher import bounded_read
 from launcher.excerpt import excerpt
 from launcher.export.safetensors_header import read_header
+from launcher.export.safetensors_stream import Spec, Streamed, write_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -32,23 +33,22 @@ TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_SHARD_BYTES = 5 * 10**9
 
 
-def _shards(tensors: Mapping[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def _shards(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:
+    """The tensors by name, a new shard whenever the next would take one past `max_bytes`."""
+    shards: list[list[Spec]] = [[]]
     size = 0
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().contiguous().cpu()
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > max_bytes:
-            shards.append({})
+    for spec in sorted(specs, key=lambda s: s.name):
+        if shards[-1] and size + spec.nbytes > max_bytes:
+            shards.append([])
             size = 0
-        shards[-1][name] = tensor
-        size += nbytes
+        shards[-1].append(spec)
+        size += spec.nbytes
     return shards
 
 
 def write_hf_folder(
     out: Path,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor] | Streamed,
     config: Mapping[str, Any],
     tokenizer: Path | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
@@ -56,26 +56,29 @@ def write_hf_folder(
     extra_files: Mapping[str, bytes] | None = None,
 ) -> list[Path]:
     """Write the folder `out` (which must not exist, or be empty); return the files written.
-    `extra_files`: {file name: content} written beside (generation_config.json, ...)."""
+    `tensors`: in memory, or ``Streamed`` (each made when its turn comes and written before the
+    next is made: ``safetensors_stream``). `extra_files`: {file name: content} written beside
+    (generation_config.json, ...)."""
     out = Path(out)
     if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
         raise FileExistsError(f"{out}: exists and is not an empty folder; choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        shards = _shards(tensors, max_shard_bytes)
+        stream = tensors if isinstance(tensors, Streamed) else Streamed.of(tensors)
+        shards = _shards(stream.specs, max_shard_bytes)
         meta = {"format": "pt", **(metadata or {})}
         if len(shards) == 1:
-            save_file(shards[0], str(tmp / SINGLE_FILE), metadata=meta)
+            write_file(tmp / SINGLE_FILE, shards[0], stream.make, meta)
         else:
             weight_map: dict[str, str] = {}
             total = 0
             for i, shard in enumerate(shards, start=1):
                 name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, str(tmp / name), metadata=meta)
-                for key, tensor in shard.items():
-                    weight_map[key] = name
-                    total += tensor.numel() * tensor.element_size()
+                write_file(tmp / name, shard, stream.make, meta)
+                for spec in shard:
+                    weight_map[spec.name] = name
+                    total += spec.nbytes
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         (tmp / CONFIG_FILE).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")

@@ -19,6 +19,7 @@ torch tensors or numpy arrays (only ``.T``, slicing and concatenation are used).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.norms import norm_epsilon
@@ -146,13 +147,32 @@ Array = Any
 Transform = Callable[[Mapping[str, Array]], dict[str, Array]]
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """One HF tensor: made by `make` from llmtrain's tensors `inputs` (in that order)."""
+
+    inputs: tuple[str, ...]
+    make: Callable[[list[Array]], Array]
+
+
+def _same(parts: list[Array]) -> Array:
+    return parts[0]
+
+
+def hf_recipes(m: ModelConfig) -> dict[str, Recipe]:
+    """{HF name: Recipe} of `hf_architecture(m)`: each HF tensor from the few llmtrain tensors
+    it is made of (one, or a GPT-2 layer's q, k, v), so an export can make them one at a time."""
+    if hf_architecture(m) == "GPT2LMHeadModel":
+        return _gpt2_recipes(m)
+    return {theirs: Recipe((ours,), _same) for ours, theirs in _llama_names(m).items()}
+
+
 def to_hf(state: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
     """llmtrain's full (unsharded) state dict -> HF tensors of `hf_architecture(m)`."""
-    if hf_architecture(m) == "GPT2LMHeadModel":
-        return _gpt2_from_ours(state, m)
-    names = _llama_names(m)
-    _check_names(state, names.keys(), "llmtrain checkpoint")
-    return {names[k]: state[k] for k in names}
+    recipes = hf_recipes(m)
+    if hf_architecture(m) != "GPT2LMHeadModel":
+        _check_names(state, [r.inputs[0] for r in recipes.values()], "llmtrain checkpoint")
+    return {name: r.make([state[k] for k in r.inputs]) for name, r in recipes.items()}
 
 
 def from_hf(tensors: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
@@ -167,10 +187,55 @@ def from_hf(tensors: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
 def hf_renames(m: ModelConfig) -> dict[str, str] | None:
     """llmtrain name -> HF name where the HF layout renames tensors and nothing else (Llama,
     Mixtral: a rank can read its slice of each tensor from the file); None where tensors are
-    transformed (GPT-2's fused, transposed attention)."""
+    transformed (GPT-2's fused, transposed attention: ``hf_slices``)."""
     if hf_architecture(m) == "GPT2LMHeadModel":
         return None
     return _llama_names(m)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Where one llmtrain tensor lies in an HF tensor: `name`, transposed or not, from row
+    `first` of the (transposed) HF tensor on; ours[r, c] = hf.T[first + r, c] when transposed."""
+
+    name: str
+    transposed: bool = False
+    first: int = 0
+
+
+def hf_slices(m: ModelConfig) -> dict[str, Slice]:
+    """{llmtrain name: Slice} of every tensor of `hf_architecture(m)`: a box of ours is a box of
+    theirs (read by slice for train.init_from)."""
+    if hf_architecture(m) != "GPT2LMHeadModel":
+        return {ours: Slice(theirs) for ours, theirs in _llama_names(m).items()}
+    h = m.hidden_size
+    out = {
+        "tok_embeddings.weight": Slice("transformer.wte.weight"),
+        "pos_embeddings.weight": Slice("transformer.wpe.weight"),
+        "norm.weight": Slice("transformer.ln_f.weight"),
+        "norm.bias": Slice("transformer.ln_f.bias"),
+    }
+    kinds = ("weight", "bias") if m.linear_bias else ("weight",)
+    for i in range(m.num_layers):
+        ours, theirs = f"layers.{i}", f"transformer.h.{i}"
+        for ln, hf_ln in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            for kind in ("weight", "bias"):
+                out[f"{ours}.{ln}.{kind}"] = Slice(f"{theirs}.{hf_ln}.{kind}")
+        for j, w in enumerate(("wq", "wk", "wv")):
+            for kind in kinds:
+                transposed = kind == "weight"
+                fused = f"{theirs}.attn.c_attn.{kind}"
+                out[f"{ours}.attention.{w}.{kind}"] = Slice(fused, transposed, j * h)
+        for ours_w, theirs_w in (
+            ("attention.wo", "attn.c_proj"),
+            ("feed_forward.w1", "mlp.c_fc"),
+            ("feed_forward.w2", "mlp.c_proj"),
+        ):
+            for kind in kinds:
+                out[f"{ours}.{ours_w}.{kind}"] = Slice(
+                    f"{theirs}.{theirs_w}.{kind}", kind == "weight"
+                )
+    return out
 
 
 def _check_names(have: Mapping[str, Array], want: Any, what: str) -> None:
@@ -186,37 +251,60 @@ def _zeros_like_rows(weight: Array, rows: int) -> Array:
     return weight[:rows, 0] * 0
 
 
-def _gpt2_from_ours(state: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:
+def _transposed(parts: list[Array]) -> Array:
+    return parts[0].T
+
+
+def _zero_bias(parts: list[Array]) -> Array:
+    return _zeros_like_rows(parts[0], parts[0].shape[0])
+
+
+def _fused_qkv(parts: list[Array]) -> Array:
+    return _cat(parts, 0).T
+
+
+def _fused_zero_bias(parts: list[Array]) -> Array:
+    return _cat([_zero_bias([p]) for p in parts], 0)
+
+
+def _gpt2_recipes(m: ModelConfig) -> dict[str, Recipe]:
+    """GPT-2's tensors from ours: Conv1D weights transposed, q/k/v fused into c_attn, zero biases
+    where the model has none."""
     out = {
-        "transformer.wte.weight": state["tok_embeddings.weight"],
-        "transformer.wpe.weight": state["pos_embeddings.weight"],
-        "transformer.ln_f.weight": state["norm.weight"],
-        "transformer.ln_f.bias": state["norm.bias"],
+        "transformer.wte.weight": Recipe(("tok_embeddings.weight",), _same),
+        "transformer.wpe.weight": Recipe(("pos_embeddings.weight",), _same),
+        "transformer.ln_f.weight": Recipe(("norm.weight",), _same),
+        "transformer.ln_f.bias": Recipe(("norm.bias",), _same),
     }
-
-    def bias(name: str, weight: Array) -> Array:
-        return state[name] if name in state else _zeros_like_rows(weight, weight.shape[0])
-
     for i in range(m.num_layers):
         ours, theirs = f"layers.{i}", f"transformer.h.{i}"
         for ln, hf_ln in (("attention_norm", "ln_1"), ("ffn_norm", "ln_2")):
-            out[f"{theirs}.{hf_ln}.weight"] = state[f"{ours}.{ln}.weight"]
-            out[f"{theirs}.{hf_ln}.bias"] = state[f"{ours}.{ln}.bias"]
-        q, k, v = (state[f"{ours}.attention.{w}.weight"] for w in ("wq", "wk", "wv"))
-        out[f"{theirs}.attn.c_attn.weight"] = _cat([q, k, v], 0).T
-        out[f"{theirs}.attn.c_attn.bias"] = _cat(
-            [bias(f"{ours}.attention.{w}.bias", x) for w, x in (("wq", q), ("wk", k), ("wv", v))],
-            0,
+            out[f"{theirs}.{hf_ln}.weight"] = Recipe((f"{ours}.{ln}.weight",), _same)
+            out[f"{theirs}.{hf_ln}.bias"] = Recipe((f"{ours}.{ln}.bias",), _same)
+        qkv = tuple(f"{ours}.attention.{w}" for w in ("wq", "wk", "wv"))
+        out[f"{theirs}.attn.c_attn.weight"] = Recipe(tuple(f"{p}.weight" for p in qkv), _fused_qkv)
+        out[f"{theirs}.attn.c_attn.bias"] = (
+            Recipe(tuple(f"{p}.bias" for p in qkv), _concat)
+            if m.linear_bias
+            else Recipe(tuple(f"{p}.weight" for p in qkv), _fused_zero_bias)
         )
         for ours_w, theirs_w in (
             ("attention.wo", "attn.c_proj"),
             ("feed_forward.w1", "mlp.c_fc"),
             ("feed_forward.w2", "mlp.c_proj"),
         ):
-            weight = state[f"{ours}.{ours_w}.weight"]
-            out[f"{theirs}.{theirs_w}.weight"] = weight.T
-            out[f"{theirs}.{theirs_w}.bias"] = bias(f"{ours}.{ours_w}.bias", weight)
+            weight = f"{ours}.{ours_w}.weight"
+            out[f"{theirs}.{theirs_w}.weight"] = Recipe((weight,), _transposed)
+            out[f"{theirs}.{theirs_w}.bias"] = (
+                Recipe((f"{ours}.{ours_w}.bias",), _same)
+                if m.linear_bias
+                else Recipe((weight,), _zero_bias)
+            )
     return out
+
+
+def _concat(parts: list[Array]) -> Array:
+    return _cat(parts, 0)
 
 
 def _gpt2_to_ours(tensors: Mapping[str, Array], m: ModelConfig) -> dict[str, Array]:

@@ -1,15 +1,17 @@
 """`llmtrain sample RUN "prompt"`: a short continuation from a run's newest checkpoint.
 
 For a quick look without leaving the tool: the model as the checkpoint holds it (a finetune run's
-adapters merged into the base they were trained on, checked by digest: ``lora_export.merged``),
-on the CPU (or the first GPU when there is one) in fp32, the prompt encoded with the run's
-tokenizer (the prepared data's, or bytes), then `max_new_tokens` greedy steps (argmax, no
-sampling: the same text every time), stopping early at the end-of-document token. When the run's
-data carries a chat template (fine-tuning data: its tokenizer_config.json), the prompt is one user
-message rendered with that template and its generation prompt, as the model was trained to see it,
-and the template's end-of-turn token (its eos_token) also stops the reply; `chat=False` continues
-the raw text instead; `messages` (a multi-turn conversation, ``launcher.train.decoding``) are
-rendered the same way. `decoding`: greedy by default, or sampled (temperature, top-k, top-p, a
+adapters merged into the base they were trained on, checked by digest: ``gather.merged``), on the
+CPU (or the first GPU when there is one) in fp32, built on meta and filled tensor by tensor
+(``launcher.train.checkpoint.gather``: beside the model, the host holds one tensor at a time; on
+the CPU the model itself is whole, as decoding needs it, and the note says so), the prompt encoded
+with the run's tokenizer (the prepared data's, or bytes), then `max_new_tokens` greedy steps
+(argmax, no sampling: the same text every time), stopping early at the end-of-document token. When
+the run's data carries a chat template (fine-tuning data: its tokenizer_config.json), the prompt is
+one user message rendered with that template and its generation prompt, as the model was trained to
+see it, and the template's end-of-turn token (its eos_token) also stops the reply; `chat=False`
+continues the raw text instead; `messages` (a multi-turn conversation, ``launcher.train.decoding``)
+are rendered the same way. `decoding`: greedy by default, or sampled (temperature, top-k, top-p, a
 seed) in fp32 or bf16 (``launcher.train.decoding``). The context is cut to the model's seq_length
 (the most recent tokens). A KV cache (``launcher.train.kv_cache``, the same logits as the full
 forward) runs each new token once while the context fits seq_length; past it, or for a model the
@@ -35,6 +37,7 @@ class Sample:
     text: str
     tokens: int
     template: str | None = None  # where the chat template came from, when one was applied
+    loaded: str = ""  # how the weights were read (launcher.train.checkpoint.gather)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +46,7 @@ class Sample:
             "text": self.text,
             "tokens": self.tokens,
             "chat_template": self.template,
+            "loaded": self.loaded,
         }
 
 
@@ -122,12 +126,8 @@ def sample(
 ) -> Sample:
     import torch
 
-    from launcher.train.checkpoint.consolidate import ConsolidateError, full_state
     from launcher.train.checkpoint.hf_export import pick_checkpoint, run_config
-    from launcher.train.checkpoint.init_from import InitFromError, copy_into
-    from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
     from launcher.train.decoding import Decoding, next_token
-    from launcher.train.model.transformer import build_model
 
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise UserError(f"--max-new-tokens={max_new_tokens}: between 1 and {MAX_NEW_TOKENS}")
@@ -146,25 +146,9 @@ def sample(
         ) from None
     cfg = run_config(run_dir)
     step_done, checkpoint = pick_checkpoint(run_dir, step)
-    try:
-        files = CheckpointFiles.verified(checkpoint)
-        state = full_state(checkpoint / "engine", cfg.model.num_layers, files)
-    except (ConsolidateError, UnsafeCheckpointError, KeyError) as exc:
-        raise UserError(f"{checkpoint}: cannot be read: {exc}") from None
-    if cfg.finetune.name != "full":
-        from launcher.train.finetune import lora_export
-
-        state = lora_export.merged(
-            cfg, state, checkpoint / "engine", files, outcome="nothing was generated"
-        )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(cfg.model, "cpu", seed=cfg.train.seed)
-    try:
-        copy_into(model, state)
-    except InitFromError as exc:
-        raise UserError(f"{checkpoint}: does not fit the run's model ({exc})") from None
     dtype = torch.bfloat16 if decoding.dtype == "bf16" else torch.float32
-    model = model.to(device=device, dtype=dtype).eval()
+    model, loaded = _load(cfg, checkpoint, device, dtype)
     folder = _data_folder(cfg)
     tok = _tokenizer(folder)
     template = chat_template(folder) if chat else None
@@ -190,4 +174,42 @@ def sample(
                 break
             new.append(nxt)
     origin = template.origin if template is not None else None
-    return Sample(step_done, prompt, tok.decode(new), len(new), origin)
+    return Sample(step_done, prompt, tok.decode(new), len(new), origin, loaded)
+
+
+def _load(cfg: Any, checkpoint: Path, device: Any, dtype: Any) -> tuple[Any, str]:
+    """The run's model on `device` in `dtype`, built on meta and filled tensor by tensor from the
+    checkpoint (``gather``: the host holds one tensor at a time beside the model; a finetune
+    run's adapters merged, its base checked by digest), and the line saying what was held."""
+    import torch
+
+    from launcher.train.checkpoint import gather
+    from launcher.train.checkpoint.consolidate import ConsolidateError
+    from launcher.train.checkpoint.init_from import mismatches
+    from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
+    from launcher.train.model.transformer import build_model
+
+    model = build_model(cfg.model, "meta").to(dtype=dtype).to_empty(device=device)
+    try:
+        files = CheckpointFiles.verified(checkpoint)
+        tensors = gather.open_checkpoint(checkpoint / "engine", cfg.model.num_layers, files)
+        if cfg.finetune.name != "full":
+            tensors = gather.merged(
+                cfg, tensors, checkpoint / "engine", files, outcome="nothing was generated"
+            )
+        params = dict(model.named_parameters())
+        have = {k: shape for k, (shape, _) in tensors.specs.items()}
+        found = mismatches(have, {k: tuple(v.shape) for k, v in params.items()})
+        if found:
+            raise UserError(f"{checkpoint}: does not fit the run's model ({'; '.join(found[:5])})")
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(tensors.tensor(name))
+        tensors.check()
+    except (ConsolidateError, UnsafeCheckpointError, KeyError) as exc:
+        raise UserError(f"{checkpoint}: cannot be read: {exc}") from None
+    where = "the GPU" if device.type == "cuda" else "the CPU"
+    held = tensors.how()
+    if device.type == "cpu":
+        held += f"; the whole model is on the CPU to decode ({gather.mib(tensors.total)} as read)"
+    return model.eval(), f"loaded onto {where}: {held}"

@@ -57,6 +57,9 @@ def train_and_export(where: Path, *overrides: str) -> Path:
     # leave its state (accelerator, loggers) in the test process.
     exported = llmtrain("export", str(only_run_dir(where)), "--out", "hf", "--json", cwd=where)
     assert exported.returncode == 0, exported.stderr[-3000:]
+    # What was held at once (issue #39): DCP one tensor at a time, DeepSpeed read whole.
+    held = "read whole: a DeepSpeed" if "backend=deepspeed" in overrides else "gathered tensor by"
+    assert f"weights: {held}" in exported.stderr, exported.stderr[-3000:]
     document = json.loads(exported.stdout)
     assert document["step"] == 3 and document["architecture"] == "LlamaForCausalLM"
     return where / "hf"

@@ -50,6 +50,7 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     document = json.loads(sample.stdout)
     assert document["step"] == 5 and 0 <= document["tokens"] <= 5
     assert document["chat_template"] is not None
+    assert document["loaded"].startswith("loaded onto the CPU: gathered tensor by tensor")
     raw = invoke("sample", "tiny-sft-lora", "def ", "--raw", "--json", cwd=tmp_path)
     assert raw.returncode == 0 and json.loads(raw.stdout)["chat_template"] is None
     # Seeded sampling gives the same text again; a conversation of --user/--assistant turns.
@@ -75,6 +76,8 @@ def test_tiny_lora_flow(tmp_path: Path) -> None:
     merged = invoke("export", "tiny-sft-lora", "--out", "merged", "--json", cwd=tmp_path)
     assert merged.returncode == 0, merged.stderr[-3000:]
     assert json.loads(merged.stdout)["architecture"] == "LlamaForCausalLM"
+    # The base (train.init_from, a run) read tensor by tensor, merged and written one at a time.
+    assert "weights: gathered tensor by tensor" in merged.stderr, merged.stderr[-2000:]
     adapter = invoke("export", "tiny-sft-lora", "--out", "adapter", "--adapter", cwd=tmp_path)
     assert adapter.returncode == 0, adapter.stderr[-3000:]
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

@@ -16,7 +16,10 @@ Whatever layout wrote it:
 Every file is read once, through the checkpoint's ``safe_load.CheckpointFiles`` (its bytes checked
 against the manifest, then deserialized from that same buffer).
 
-``shapes`` gives the tensor shapes alone (what ``train.init_from`` checks before training).
+``shapes`` gives the tensor shapes alone (what ``train.init_from`` checks before training);
+``DcpTensors`` reads a DCP checkpoint's tensors one at a time (``gather``, export and sample,
+``init_from.CheckpointSlices``), its files streamed (``CheckpointFiles.open``) rather than each
+read whole.
 """
 
 from __future__ import annotations
@@ -59,13 +62,14 @@ def is_deepspeed(engine_dir: Path) -> bool:
 
 
 def _dcp_model_entries(
-    engine_dir: Path, files: CheckpointFiles
+    engine_dir: Path, files: CheckpointFiles, metadata: Any = None
 ) -> dict[str, tuple[torch.Size, torch.dtype]]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from launcher.train.checkpoint.safe_load import SafeFileSystemReader
 
-    metadata = SafeFileSystemReader(str(engine_dir), files).read_metadata()
+    if metadata is None:
+        metadata = SafeFileSystemReader(str(engine_dir), files).read_metadata()
     entries = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata):
@@ -103,6 +107,69 @@ def _dcp_state(engine_dir: Path, files: CheckpointFiles) -> dict[str, torch.Tens
     except CheckpointException as exc:
         raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
     return {_clean(k): v for k, v in model.items()}
+
+
+class DcpTensors:
+    """The model tensors of a DCP checkpoint, each read whole on its own (``tensor``) by DCP's
+    own resharding from the shards that overlap it: the most in memory at once is that tensor
+    (and one saved chunk while it is copied in), whatever the layout that wrote it. Files are
+    streamed through ``CheckpointFiles.open`` (hashed against the manifest, read by offset); the
+    metadata is read once."""
+
+    def __init__(self, engine_dir: Path, files: CheckpointFiles):
+        from launcher.train.checkpoint.safe_load import SafeFileSystemReader
+
+        self.engine_dir, self.files = Path(engine_dir), files
+        reader = SafeFileSystemReader(str(engine_dir), files)
+        metadata = reader.read_metadata()
+        self._reader = _cached_reader(str(engine_dir), files, metadata)
+        self.entries = {
+            _clean(k): (MODEL_PREFIX + k, tuple(size), dtype)
+            for k, (size, dtype) in _dcp_model_entries(engine_dir, files, metadata).items()
+        }
+
+    def specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """{name: (shape, dtype)} of every model tensor, from the metadata alone."""
+        return {name: (shape, dtype) for name, (_, shape, dtype) in self.entries.items()}
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The whole tensor `name`, read from the shards that hold it."""
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+        from launcher.train.checkpoint.safe_load import (
+            TensorOnlyLoadPlanner,
+            UnsafeCheckpointError,
+            checkpoint_failure,
+        )
+
+        key, shape, dtype = self.entries[name]
+        out = torch.empty(shape, dtype=dtype)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "assuming a single process"
+                dcp_load(
+                    {"model": {key[len(MODEL_PREFIX) :]: out}},
+                    storage_reader=self._reader,
+                    planner=TensorOnlyLoadPlanner(),
+                    no_dist=True,
+                )
+        except CheckpointException as exc:
+            raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
+        return out
+
+
+def _cached_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
+    """A ``SafeFileSystemReader`` that serves `metadata` (already read and checked) again."""
+    from launcher.train.checkpoint.safe_load import SafeFileSystemReader
+
+    class Reader(SafeFileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            assert metadata.storage_meta is not None
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(path, files)
 
 
 def _deepspeed_state(

@@ -2,11 +2,13 @@
 
 Steps: the run's own config.yaml gives the model; the newest checkpoint that verifies (or the one
 of ``--step``, refused with the reason when it does not verify: damaged, or unsigned while
-``LLMTRAIN_CHECKPOINT_KEY`` is set) is read back whole (``consolidate.full_state``, every file
-read once and checked against the manifest: ``safe_load.CheckpointFiles``), checked tensor by
-tensor against the shapes config.yaml's model gives (config.json is written from it: a mismatch is
-refused), mapped to the HF layout its shape has (``hf_layout``: Llama, Mixtral or GPT-2; anything
-else refused with the keys that make it so) and written with ``hf_files.write_hf_folder`` into a
+``LLMTRAIN_CHECKPOINT_KEY`` is set) is read tensor by tensor (``gather``: DCP shards gathered one
+tensor at a time, a DeepSpeed checkpoint read whole; every file checked against the manifest as it
+is read: ``safe_load.CheckpointFiles``), its shapes checked against those config.yaml's model gives
+before anything is read (config.json is written from it: a mismatch is refused), mapped to the HF
+layout its shape has (``hf_layout.hf_recipes``: Llama, Mixtral or GPT-2; anything else refused
+with the keys that make it so) one HF tensor at a time and written with
+``hf_files.write_hf_folder`` (``safetensors_stream``: each tensor written as it is made) into a
 temporary sibling, then put in place by ``launcher.outputs`` (its marker, no replacing of what
 appeared meanwhile; --overwrite replaces only an earlier export): safetensors shards + index,
 config.json, generation_config.json and the tokenizer.
@@ -24,6 +26,7 @@ same bos/eos/pad (``special_tokens``). transformers is never imported.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -55,6 +58,7 @@ class ExportResult:
     parameters: int
     tokenizer: str
     files: list[str] = field(default_factory=list)
+    gathered: str = ""  # what was held at once (launcher.train.checkpoint.gather)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +69,7 @@ class ExportResult:
             "parameters": self.parameters,
             "tokenizer": self.tokenizer,
             "files": self.files,
+            "gathered": self.gathered,
         }
 
 
@@ -298,14 +303,13 @@ def export_hf(
 ) -> ExportResult:
     """Export `run_dir`'s checkpoint to the Hugging Face folder `out` (see the module docstring);
     a finetune=lora|qlora run's adapters merged into its base, or with `adapter` the adapters
-    alone as a PEFT folder (``launcher.train.finetune.lora_export``)."""
-    import torch
-
+    alone as a PEFT folder (``launcher.train.finetune.lora_export``). The weights are read and
+    written one tensor at a time (``gather``; a DeepSpeed checkpoint is read whole)."""
     from launcher import outputs
     from launcher.export.hf_files import DEFAULT_SHARD_BYTES, write_hf_folder
-    from launcher.export.hf_layout import LayoutError, hf_architecture, hf_config, to_hf
-    from launcher.train.checkpoint.consolidate import ConsolidateError, full_state
-    from launcher.train.checkpoint.init_from import expected_shapes, mismatches
+    from launcher.export.hf_layout import LayoutError, hf_architecture
+    from launcher.train.checkpoint import gather
+    from launcher.train.checkpoint.consolidate import ConsolidateError
     from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
 
     run_dir, out = Path(run_dir), Path(out)
@@ -317,30 +321,68 @@ def export_hf(
         raise UserError(f"{run_dir}: {exc}") from None
     step_done, checkpoint = pick_checkpoint(run_dir, step)
     try:
-        # Each file read once, checked against the manifest, loaded from that buffer.
+        # Each file checked against the manifest as it is read (safe_load.CheckpointFiles).
         files = CheckpointFiles.verified(checkpoint)
-        state = full_state(checkpoint / "engine", cfg.model.num_layers, files)
+        model = gather.open_checkpoint(checkpoint / "engine", cfg.model.num_layers, files)
     except (ConsolidateError, UnsafeCheckpointError, KeyError) as exc:
         raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
     if adapter:
-        return _export_adapter(cfg, state, checkpoint, step_done, out, found, run_dir)
+        return _export_adapter(cfg, model, checkpoint, step_done, out, found, run_dir)
     if cfg.finetune.name != "full":  # adapters only: merged into the base they were trained on
-        from launcher.train.finetune import lora_export
+        model = gather.merged(cfg, model, checkpoint / "engine", files)
+    stream = _hf_stream(cfg, model, checkpoint, run_dir)
+    tok = tokenizer_files(cfg)
+    extra, vocab = dict(tok.files), cfg.model.vocab_size
+    tokens = special_tokens(extra, tok.eod_id, tok.data_config)
+    from launcher.export.hf_layout import hf_config
 
-        state = lora_export.merged(cfg, state, checkpoint / "engine", files)
-    # config.json is written from config.yaml's model.*: every tensor must have the shape that
-    # config gives it, or the folder would describe another model than the weights it holds.
-    have = {k: tuple(v.shape) for k, v in state.items()}
+    dtype = stream.specs[0].dtype
+    config = hf_config(cfg.model, torch_dtype=str(dtype).removeprefix("torch."))
+    config.update(special_ids(tok.eod_id, vocab, tokens))
+    extra.update(tokenizer_extras(extra, tok.eod_id, cfg.model.seq_length, tok.data_config))
+    generation = generation_ids(tok.eod_id, vocab, tokens)
+    extra[GENERATION_CONFIG] = (json.dumps(generation, indent=2, sort_keys=True) + "\n").encode()
+    metadata = {"llmtrain_run": run_dir.name, "llmtrain_step": str(step_done)}
+
+    def write(folder: Path) -> None:
+        try:
+            write_hf_folder(
+                folder,
+                stream,
+                config,
+                max_shard_bytes=max_shard_bytes or DEFAULT_SHARD_BYTES,
+                metadata=metadata,
+                extra_files=extra,
+            )
+        except (ConsolidateError, UnsafeCheckpointError) as exc:
+            raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
+        model.check()  # a LoRA base's digest: refused here, nothing is put in place
+
+    _install_staged(write, out, found, run_dir, step_done)
+    return ExportResult(
+        out=out,
+        step=step_done,
+        checkpoint=checkpoint,
+        architecture=architecture,
+        parameters=sum(math.prod(s.shape) for s in stream.specs),
+        tokenizer=tok.description,
+        files=sorted(p.name for p in out.iterdir()),
+        gathered=model.how(stream.largest),
+    )
+
+
+def _hf_stream(cfg: LLMTrainConfig, model: Any, checkpoint: Path, run_dir: Path) -> Any:
+    """The HF tensors of `model` (``gather.ModelTensors``) announced from the shapes alone and
+    made one at a time (``hf_layout.hf_recipes``); a model whose tensors do not have the shapes
+    config.yaml gives (config.json is written from it) is refused before anything is read."""
+    import torch
+
+    from launcher.export.hf_layout import LayoutError, hf_recipes
+    from launcher.export.safetensors_stream import Spec, Streamed
+    from launcher.train.checkpoint.init_from import expected_shapes, mismatches
+
+    have = {k: shape for k, (shape, _) in model.specs.items()}
     misfits = mismatches(have, expected_shapes(cfg.model))
-    try:
-        tensors = to_hf(state, cfg.model) if not misfits else {}
-        if not misfits:
-            shapes = expected_shapes(cfg.model)
-            meta = {k: torch.empty(v, device="meta") for k, v in shapes.items()}
-            want = {k: tuple(v.shape) for k, v in to_hf(meta, cfg.model).items()}
-            misfits = mismatches({k: tuple(v.shape) for k, v in tensors.items()}, want)
-    except (LayoutError, KeyError, RuntimeError) as exc:
-        raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
     if misfits:
         shown = misfits[:5] + ([f"... and {len(misfits) - 5} more"] if len(misfits) > 5 else [])
         raise UserError(
@@ -348,44 +390,29 @@ def export_hf(
             "which config.json would be written): " + "; ".join(shown) + ". Was config.yaml "
             "changed after the checkpoint was written? Nothing was exported"
         )
-    tok = tokenizer_files(cfg)
-    extra, vocab = dict(tok.files), cfg.model.vocab_size
-    tokens = special_tokens(extra, tok.eod_id, tok.data_config)
-    dtype = next(iter(tensors.values())).dtype
-    config = hf_config(cfg.model, torch_dtype=str(dtype).removeprefix("torch."))
-    config.update(special_ids(tok.eod_id, vocab, tokens))
-    extra.update(tokenizer_extras(extra, tok.eod_id, cfg.model.seq_length, tok.data_config))
-    generation = generation_ids(tok.eod_id, vocab, tokens)
-    extra[GENERATION_CONFIG] = (json.dumps(generation, indent=2, sort_keys=True) + "\n").encode()
-    metadata = {"llmtrain_run": run_dir.name, "llmtrain_step": str(step_done)}
-    _install_staged(
-        lambda folder: write_hf_folder(
-            folder,
-            tensors,
-            config,
-            max_shard_bytes=max_shard_bytes or DEFAULT_SHARD_BYTES,
-            metadata=metadata,
-            extra_files=extra,
-        ),
-        out,
-        found,
-        run_dir,
-        step_done,
-    )
-    return ExportResult(
-        out=out,
-        step=step_done,
-        checkpoint=checkpoint,
-        architecture=architecture,
-        parameters=sum(int(v.numel()) for v in tensors.values()),
-        tokenizer=tok.description,
-        files=sorted(p.name for p in out.iterdir()),
-    )
+    recipes = hf_recipes(cfg.model)
+    specs = []
+    try:
+        for name, recipe in recipes.items():
+            meta = [
+                torch.empty(model.specs[k][0], dtype=model.specs[k][1], device="meta")
+                for k in recipe.inputs
+            ]
+            made = recipe.make(meta)
+            specs.append(Spec(name, made.dtype, tuple(made.shape)))
+    except (LayoutError, KeyError, RuntimeError) as exc:
+        raise UserError(f"{checkpoint}: cannot be exported: {exc}") from None
+
+    def make(name: str) -> Any:
+        recipe = recipes[name]
+        return recipe.make([model.tensor(k) for k in recipe.inputs])
+
+    return Streamed(specs, make)
 
 
 def _export_adapter(
     cfg: LLMTrainConfig,
-    state: dict[str, Any],
+    model: Any,
     checkpoint: Path,
     step_done: int,
     out: Path,
@@ -394,6 +421,7 @@ def _export_adapter(
 ) -> ExportResult:
     """`--adapter`: the adapters alone as a PEFT folder (launcher.train.finetune.lora_export)."""
     from launcher.export.hf_layout import hf_architecture
+    from launcher.train.checkpoint import gather
     from launcher.train.finetune import lora_export
 
     if cfg.finetune.name == "full":
@@ -408,7 +436,7 @@ def _export_adapter(
             f"{architecture}, whose fused projections take other adapter shapes); export the "
             "merged model without --adapter"
         )
-    adapters = lora_export.adapters_of(state, checkpoint)
+    adapters = gather.adapters(model, checkpoint)
     tok = tokenizer_files(cfg)
     extra = dict(tok.files)
     extra.update(tokenizer_extras(extra, tok.eod_id, cfg.model.seq_length, tok.data_config))
@@ -421,6 +449,7 @@ def _export_adapter(
             export_hf(source[0], folder / "base", step=source[1])
 
     _install_staged(write, out, found, run_dir, step_done)
+    size = sum(v.numel() * v.element_size() for v in adapters.values())
     return ExportResult(
         out=out,
         step=step_done,
@@ -429,6 +458,7 @@ def _export_adapter(
         parameters=sum(int(v.numel()) for v in adapters.values()),
         tokenizer=tok.description,
         files=sorted(p.name for p in out.iterdir()),
+        gathered=f"the adapters alone read ({gather.mib(size)}); the base is not read",
     )
 
 

@@ -1,13 +1,14 @@
 """``train.init_from=DIR``: start a fresh run (step 0, fresh optimizer) from existing weights.
 
 DIR is a Hugging Face folder as ``llmtrain export`` writes it (config.json + safetensors), a run
-directory (its newest checkpoint that verifies), or one checkpoint folder (``step_XXXXXXXX``,
-which must verify). The weights are mapped to llmtrain's names (``hf_layout.from_hf``, or read
-back whole by ``export.consolidate``) and must match the configured model exactly: every
-parameter present with its shape, nothing left over. ``problems`` says what differs (key and
-both shapes) from the shapes alone, without reading the data (``preflight`` calls it before any
-process starts); ``load_state`` reads the tensors (each rank, in the trainer). A run that has
-checkpoints of its own resumes from them instead (the trainer logs that init_from is ignored).
+directory (its newest checkpoint that verifies), or one checkpoint folder (``step_XXXXXXXX``, which
+must verify). The weights are mapped to llmtrain's names (``hf_layout``) and must match the
+configured model exactly: every parameter present with its shape, nothing left over. ``problems``
+says what differs (key and both shapes) from the shapes alone, without reading the data
+(``preflight`` calls it before any process starts); ``open_source`` gives the engines a reader of
+the boxes each rank holds (``HFSlices``, ``CheckpointSlices``; a DeepSpeed checkpoint is read whole
+by ``load_state``). A run that has checkpoints of its own resumes from them instead (the trainer
+logs that init_from is ignored).
 """
 
 from __future__ import annotations
@@ -204,12 +205,20 @@ class HFSlices:
     returns (``checkpoint.safetensors_slices``: no memory mapping, whose pages would stay in
     the rank's resident set), converted to the parameter's dtype per slice
     (``launcher.train.parallel.build``); a frozen tensor's digest is read in bounded chunks of rows.
-    Safetensors never unpickles."""
+    `slices` maps our names to theirs (``hf_layout.hf_slices``: a rename, or GPT-2's transposed
+    and fused q/k/v, whose box is a box of the fused tensor). Safetensors never unpickles."""
 
-    def __init__(self, path: Path, renames: dict[str, str]):
+    def __init__(
+        self,
+        path: Path,
+        slices: dict[str, Any],
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ):
+        from launcher.export.hf_layout import Slice
         from launcher.train.checkpoint.safetensors_slices import read_header
 
-        self.path, self.renames = path, renames
+        self.path, self.shapes = path, shapes or {}
+        self.slices = {k: Slice(v) if isinstance(v, str) else v for k, v in slices.items()}
         self.where: dict[str, Any] = {}
         for file in _hf_files(path):
             self.where.update(read_header(file))
@@ -217,42 +226,91 @@ class HFSlices:
     def has(self, name: str) -> bool:
         from launcher.train.finetune.lora import plain_name
 
-        return plain_name(name) in self.renames
+        return plain_name(name) in self.slices
 
     def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
         from launcher.train.checkpoint.safetensors_slices import read_box
         from launcher.train.finetune.lora import plain_name
 
-        return read_box(self.where[self.renames[plain_name(name)]], offsets, shape)
+        where = self.slices[plain_name(name)]
+        entry = self.where[where.name]
+        if where.transposed:  # ours[r, c] = theirs[c, first + r]
+            theirs = (offsets[1], where.first + offsets[0])
+            return read_box(entry, theirs, (shape[1], shape[0])).T
+        return read_box(entry, (where.first + offsets[0], *offsets[1:]), shape)
 
     def digest(self, name: str) -> str:
         """``lora.base_digest``'s hex of the whole tensor (its values as fp32 bytes)."""
-        from launcher.train.checkpoint.safetensors_slices import fp32_digest
+        from launcher.train.checkpoint.safetensors_slices import fp32_digest, rows_digest
         from launcher.train.finetune.lora import plain_name
 
-        return fp32_digest(self.where[self.renames[plain_name(name)]])
+        where = self.slices[plain_name(name)]
+        entry = self.where[where.name]
+        ours = self.shapes.get(plain_name(name), entry.shape)
+        if not where.transposed and ours == entry.shape:
+            return fp32_digest(entry)
+        # A part of a fused tensor, or a transposed one: our rows, from the model's shape.
+        return rows_digest(ours, lambda offsets, box: self.box(name, offsets, box))
 
     def __len__(self) -> int:
-        return len(self.renames)
+        return len(self.slices)
+
+
+class CheckpointSlices:
+    """train.init_from's llmtrain checkpoint (the torch engine's DCP), read tensor by tensor:
+    a box is sliced out of its whole tensor, read on its own from the shards that hold it
+    (``consolidate.DcpTensors``), so a rank holds at most one whole tensor beside its shard;
+    every file hashed against the verified manifest as it is streamed (``safe_load``)."""
+
+    def __init__(self, tensors: Any):
+        self.tensors = tensors
+
+    def has(self, name: str) -> bool:
+        from launcher.train.finetune.lora import plain_name
+
+        return plain_name(name) in self.tensors.entries
+
+    def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+        from launcher.train.finetune.lora import plain_name
+        from launcher.train.parallel.build import box_index
+
+        whole: torch.Tensor = self.tensors.tensor(plain_name(name))
+        return whole[box_index(offsets, shape)]
+
+    def __len__(self) -> int:
+        return len(self.tensors.entries)
 
 
 def open_source(cfg: LLMTrainConfig) -> Any:
     """train.init_from for the engines' build (``train.parallel.build``), checked against the
-    model first (every name and shape, from the headers alone): Hugging Face Llama-layout
-    folders read by slice (``HFSlices``); a GPT-2 folder or one of our checkpoints as whole
-    tensors (``load_state``)."""
-    from launcher.export.hf_layout import hf_renames
+    model first (every name and shape, from the headers or the DCP metadata alone): Hugging Face
+    folders read by slice (``HFSlices``), our torch-engine checkpoints tensor by tensor
+    (``CheckpointSlices``); a DeepSpeed checkpoint as whole tensors (``load_state``)."""
+    from launcher.export.hf_layout import hf_slices
+    from launcher.train.checkpoint.consolidate import DcpTensors, is_dcp
+    from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
+    from launcher.train.checkpoint.store import ENGINE_DIR
 
     assert cfg.train.init_from is not None
     path = Path(cfg.train.init_from).expanduser()
-    renames = hf_renames(cfg.model)
-    if _kind(path) != "hf" or renames is None:
-        return load_state(cfg)
-    have = {k: tuple(v.shape) for k, v in _read(path, cfg.model, meta=True).items()}
-    found = mismatches(have, expected_shapes(cfg.model))
+    kind = _kind(path)
+    want = expected_shapes(cfg.model)
+    try:
+        if kind == "hf":
+            source: Any = HFSlices(path, dict(hf_slices(cfg.model)), want)
+            have = {k: tuple(v.shape) for k, v in _read(path, cfg.model, meta=True).items()}
+        else:
+            checkpoint = _checkpoint(path, kind)
+            if not is_dcp(checkpoint / ENGINE_DIR):
+                return load_state(cfg)
+            files = CheckpointFiles.verified(checkpoint)
+            source = CheckpointSlices(DcpTensors(checkpoint / ENGINE_DIR, files))
+            have = {k: shape for k, (shape, _) in source.tensors.specs().items()}
+    except (OSError, ValueError, UnsafeCheckpointError) as exc:
+        if isinstance(exc, InitFromError):
+            raise
+        raise InitFromError(f"{KEY}={path}: {exc}") from None
+    found = mismatches(have, want)
     if found:
         raise InitFromError(f"{KEY}={path} does not fit the model: " + "; ".join(found[:5]))
-    try:
-        return HFSlices(path, renames)
-    except (OSError, ValueError) as exc:
-        raise InitFromError(f"{KEY}={path}: {exc}") from None
+    return source

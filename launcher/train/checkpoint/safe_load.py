@@ -12,6 +12,15 @@ folders an engine wrote outside a checkpoint. Cost: a file is held in memory whi
 deserialized (at most about twice the largest file at once) and hashed once more than before
 (the verifier that picks the checkpoint hashed it already).
 
+Streamed (``CheckpointFiles.open``, what DCP's tensor files are read through, so that a rank's
+file of shards is never in memory whole): the file is opened once without following a link, its
+bytes hashed through that descriptor in bounded chunks and compared with the manifest, then read
+by ``os.preadv`` at the offsets asked for. What was hashed is what is read: the descriptor keeps
+the inode hashed even if the name is swapped, and the inode's change time (``st_ctime``, which
+every write moves and no caller but root can set back) is checked after every read, so a file
+rewritten in place after it was hashed is refused. A file reopened later with the same inode,
+size and times is not hashed again.
+
 No code from checkpoints:
 
 - torch engine (DCP, torch 2.13): tensors sit in ``*.distcp`` files read back with
@@ -38,6 +47,7 @@ dotted Python name of a global a pickle asked for (checked to be one).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -71,6 +81,7 @@ class CheckpointFiles:
     def __init__(self, root: Path, manifest: dict[str, Any] | None):
         self.root = Path(os.path.abspath(root))
         self.manifest = manifest
+        self._hashed: dict[str, tuple[int, ...]] = {}  # rel -> identity when its hash matched
 
     @classmethod
     def verified(cls, checkpoint: Path) -> CheckpointFiles:
@@ -114,6 +125,33 @@ class CheckpointFiles:
             )
         return data
 
+    def open(self, path: str | os.PathLike[str]) -> CheckedFile:
+        """`path` as a seekable binary stream of exactly the bytes the manifest lists (module
+        docstring, "Streamed"): hashed once through its descriptor, then read by offset."""
+        rel = self.relative(path)
+        if self.manifest is not None and rel not in self.manifest["files"]:
+            raise UnsafeCheckpointError(
+                f"{self.root / rel}: refused: not listed in the checkpoint's manifest.json"
+            )
+        try:
+            fd = fsio.open_regular(self.root / rel)
+        except OSError as exc:
+            raise UnsafeCheckpointError(
+                f"{self.root / rel}: unreadable ({exc.strerror or type(exc).__name__})"
+            ) from None
+        stream = CheckedFile(fd, self.root / rel)
+        if self.manifest is not None and self._hashed.get(rel) != stream.identity:
+            meta = self.manifest["files"][rel]
+            size, digest = stream.sha256()
+            if size != meta.get("size") or digest != meta.get("sha256"):
+                stream.close()
+                raise UnsafeCheckpointError(
+                    f"{self.root / rel}: refused: its bytes differ from the checkpoint's "
+                    "manifest.json (changed since the checkpoint was verified)"
+                )
+            self._hashed[rel] = stream.identity
+        return stream
+
     def names(self, pattern: str, under: Path) -> list[Path]:
         """The files under `under` whose names match the glob `pattern`: the manifest's when
         there is one (a file added later is not seen), else what lies there."""
@@ -126,6 +164,67 @@ class CheckpointFiles:
             if parent == prefix and Path(name).match(pattern):
                 found.append(self.root / rel)
         return sorted(found)
+
+
+HASH_CHUNK = 1 << 20  # bytes hashed at once while a streamed file is checked
+
+
+class CheckedFile(io.RawIOBase):
+    """A checkpoint file read by offset through one descriptor; every read checks that the inode
+    has not changed since it was opened (``CheckpointFiles.open``)."""
+
+    def __init__(self, fd: int, path: Path):
+        super().__init__()
+        self.fd, self.path, self.position = fd, path, 0
+        self.identity = self._stat()
+
+    def _stat(self) -> tuple[int, ...]:
+        st = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def sha256(self) -> tuple[int, str]:
+        """(size, sha256) of the whole file, read in chunks of HASH_CHUNK bytes."""
+        hasher, offset = hashlib.sha256(), 0
+        while chunk := os.pread(self.fd, HASH_CHUNK, offset):
+            hasher.update(chunk)
+            offset += len(chunk)
+        self._check()
+        return offset, hasher.hexdigest()
+
+    def _check(self) -> None:
+        if self._stat() != self.identity:
+            raise UnsafeCheckpointError(f"{self.path}: refused: written to while it was being read")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.position, os.SEEK_END: self.identity[2]}
+        self.position = base[whence] + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        done = 0
+        while done < len(view):
+            n = os.preadv(self.fd, [view[done:]], self.position + done)
+            if n <= 0:
+                break
+            done += n
+        self._check()
+        self.position += done
+        return done
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self.fd)
+        super().close()
 
 
 _DOTTED = re.compile(r"[A-Za-z_]\w{0,60}(?:\.[A-Za-z_]\w{0,60}){0,8}")
@@ -232,7 +331,8 @@ class _CheckedFileSystem(FileSystem):
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
         if mode != "rb":
             raise UnsafeCheckpointError(f"{path}: a checkpoint is only read while loading")
-        yield io.BytesIO(self.files.read(path))
+        with self.files.open(path) as stream:  # read by offset: only the items asked for
+            yield stream
 
 
 class SafeFileSystemReader(FileSystemReader):

@@ -20,28 +20,16 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from launcher.export.safetensors_stream import TORCH_DTYPES
 from launcher.plan.memory.build_peak import DIGEST_CHUNK_BYTES
 
-# safetensors' dtype names (safetensors/src/tensor.rs, Dtype).
-DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
+DTYPES = TORCH_DTYPES  # safetensors' dtype names (safetensors/src/tensor.rs, Dtype)
 # The most read at once for a digest: rows of a whole tensor, converted to fp32 one chunk at a time
 # (the plan prices it: launcher.plan.memory.build_peak).
 CHUNK_BYTES = DIGEST_CHUNK_BYTES
@@ -133,16 +121,21 @@ def _outer(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
 def fp32_digest(entry: Entry) -> str:
     """sha256 of the whole tensor's values as fp32 bytes (``lora.base_digest`` of it, the same
     hex), read in chunks of rows of at most CHUNK_BYTES (fp32)."""
+    whole = Entry(entry.path, entry.dtype, entry.shape or (1,), entry.begin)
+    return rows_digest(whole.shape, lambda offsets, shape: read_box(whole, offsets, shape))
+
+
+def rows_digest(
+    shape: tuple[int, ...], box: Callable[[tuple[int, ...], tuple[int, ...]], torch.Tensor]
+) -> str:
+    """``fp32_digest`` of a tensor of `shape` whose boxes `box(offsets, shape)` gives: its rows
+    read CHUNK_BYTES (as fp32) at a time, in order."""
     hasher = hashlib.sha256()
-    shape = entry.shape or (1,)
+    shape = shape or (1,)
     rows, row = shape[0], math.prod(shape[1:])
     step = max(1, CHUNK_BYTES // max(1, row * 4))
     for first in range(0, rows, step):
         n = min(step, rows - first)
-        part = read_box(
-            Entry(entry.path, entry.dtype, shape, entry.begin),
-            (first,) + (0,) * (len(shape) - 1),
-            (n, *shape[1:]),
-        )
-        hasher.update(part.float().reshape(-1).view(torch.uint8).numpy().tobytes())
+        part = box((first,) + (0,) * (len(shape) - 1), (n, *shape[1:]))
+        hasher.update(part.float().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return hasher.hexdigest()

@@ -2,9 +2,9 @@
 
 A finetune=lora|qlora checkpoint holds the adapters (and their optimizer state) plus the digest of
 the base weights they were trained on (``lora.BASE_FILE``). The base is rebuilt as the run built
-it: train.init_from's weights (``init_from.load_state``), or, without one, the seeded random
-initialisation (train.seed); its digest must equal the checkpoint's, or nothing is exported (the
-base folder changed since training).
+it, tensor by tensor (``launcher.train.checkpoint.gather.merged``): train.init_from's weights, or,
+without one, the seeded random initialisation (train.seed); its digest must equal the
+checkpoint's, or nothing is exported (the base folder changed since training).
 
 - Merged (``llmtrain export RUN --out DIR``): W + (alpha / r) * B @ A for every adapted weight,
   in fp32, then written as any full run's export (``hf_export``).
@@ -31,66 +31,9 @@ import torch
 from launcher.config.adapters import HF_NAMES
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
-from launcher.train.finetune import lora
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-def adapters_of(state: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
-    """The adapter tensors of a consolidated finetune checkpoint (refused when there are none)."""
-    found = {k: v.float() for k, v in state.items() if lora.is_adapter(k)}
-    if not found:
-        raise UserError(f"{where}: a finetune run's checkpoint without adapter tensors")
-    return found
-
-
-def base_model(cfg: LLMTrainConfig) -> torch.nn.Module:
-    """The frozen base as the run built it (module docstring), on the CPU in fp32."""
-    from launcher.train.checkpoint.init_from import InitFromError, copy_into, load_state
-    from launcher.train.model.transformer import build_model
-
-    model = build_model(cfg.model, "cpu", seed=cfg.train.seed)
-    if cfg.train.init_from is not None:
-        try:
-            copy_into(model, load_state(cfg))
-        except InitFromError as exc:
-            raise UserError(f"the run's base: {exc}") from None
-    return model
-
-
-def checked_base(
-    cfg: LLMTrainConfig, engine_dir: Path, files: Any, outcome: str
-) -> dict[str, torch.Tensor]:
-    """The base's state dict, its digest checked against the checkpoint's BASE_FILE; a refusal
-    ends with `outcome` (what the command did not do: "nothing was exported")."""
-    from launcher.train.checkpoint.safe_load import read_json
-
-    model = base_model(cfg)
-    digest = lora.combined_digest(lora.base_digest(dict(model.named_parameters())))
-    try:
-        saved = read_json(files, engine_dir / lora.BASE_FILE)
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{engine_dir}: no readable {lora.BASE_FILE} ({exc})") from None
-    problem = lora.base_problem(saved, digest)
-    if problem is not None:
-        raise UserError(f"{engine_dir}: {problem}; {outcome}")
-    return {k: v.detach() for k, v in model.state_dict().items()}
-
-
-def merged(
-    cfg: LLMTrainConfig,
-    state: dict[str, torch.Tensor],
-    engine_dir: Path,
-    files: Any,
-    outcome: str = "nothing was exported",
-) -> dict[str, torch.Tensor]:
-    """The plain model's state dict: the checked base with the adapters merged (`outcome`: what
-    a refused base means for the command, see ``checked_base``)."""
-    adapters = adapters_of(state, engine_dir)
-    base = checked_base(cfg, engine_dir, files, outcome)
-    scale = cfg.finetune.alpha / cfg.finetune.rank
-    return lora.merge_adapters(base, adapters, scale)
 
 
 def peft_tensors(adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -144,3 +144,32 @@ def test_every_box_of_every_rank_reads_back_exactly(
     monkeypatch.setattr(slices, "CHUNK_BYTES", 80)  # one row of b (4 x 5 fp32) a read
     for name, x in tensors.items():
         assert slices.fp32_digest(header[name]) == base_digest({name: x.float()})[name], name
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_gpt2_folder_is_read_by_slice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bias: bool
+) -> None:
+    """GPT-2's q/k/v are fused and transposed in c_attn: a box of ours is a box of theirs, read
+    alone; digests by rows of ours equal the whole tensor's (before: read whole, per rank)."""
+    from launcher.export.hf_files import write_hf_folder
+    from launcher.export.hf_layout import hf_architecture, to_hf
+    from launcher.train.checkpoint import safetensors_slices as slices
+    from launcher.train.finetune.lora import base_digest
+
+    gpt2 = ["recipe=tiny", "model.num_layers=2", "model.hidden_size=64",
+            "model.ffn_hidden_size=128", "model.num_attention_heads=4",
+            f"model.linear_bias={str(bias).lower()}"]  # fmt: skip
+    cfg = compose_config([*gpt2, f"train.init_from={tmp_path / 'hf'}"]).config
+    assert hf_architecture(cfg.model) == "GPT2LMHeadModel"
+    state = build_model(cfg.model, "cpu", seed=5).state_dict()
+    write_hf_folder(tmp_path / "hf", to_hf(state, cfg.model), {})
+    source = open_source(cfg)
+    assert isinstance(source, HFSlices)
+    monkeypatch.setattr(slices, "CHUNK_BYTES", 3 * 64 * 4)  # three rows of a [*, 64] tensor
+    for name, whole in state.items():
+        offsets = tuple(n // 4 for n in whole.shape)
+        shape = tuple(n - n // 4 - n // 8 for n in whole.shape)
+        index = tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
+        assert torch.equal(source.box(name, offsets, shape), whole[index]), name
+        assert source.digest(name) == base_digest({name: whole})[name], name
