@@ -5,6 +5,8 @@ small-state Adam steps eagerly off CUDA."""
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -53,6 +55,22 @@ def test_in_backward_steps_equal_the_plain_step_and_free_the_gradients() -> None
     for a, b in zip(plain.parameters(), fused.parameters(), strict=True):
         assert torch.equal(a, b)
     assert len(list(in_bwd)) == 4  # one optimizer a parameter: DCP checkpoints them as a list
+
+
+def test_in_backward_optimizer_does_not_keep_its_model_alive() -> None:
+    # The hooks live on the parameters (C++ autograd metadata, which the garbage collector does
+    # not traverse): a hook holding its optimizer (which holds the parameter) strongly made a
+    # cycle no collection breaks, so a dropped engine kept its weights and states for good (the
+    # savers bench measured 180 MiB of a previous engine under the next saver's peak).
+    model = _model()
+    in_bwd = InBackwardOptimizer(
+        list(model.parameters()), lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False)
+    )
+    model(torch.randn(8, 16)).square().sum().backward()  # the states exist
+    weights = [weakref.ref(p) for p in model.parameters()]
+    del model, in_bwd
+    gc.collect()
+    assert all(w() is None for w in weights)
 
 
 @pytest.mark.parametrize("name", ["adamw8bit", "adamw4bit", "adamw"])
