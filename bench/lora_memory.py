@@ -169,6 +169,17 @@ SAVERS = {
 }
 
 
+def offload_priced(overrides: list[str]) -> float:
+    """The plan's activation-offload PCIe bytes a micro-batch, the same run priced on a GPU."""
+    from launcher.config.composition.compose import compose_config
+    from launcher.config.layout import derive_layout
+    from launcher.plan.memory.stage_activations import offloaded_bytes
+
+    gpu = [*overrides, "cluster=h100-80gb", "cluster.gpus_per_node=1"]
+    cfg = compose_config(gpu).config
+    return offloaded_bytes(cfg, derive_layout(cfg), 0)
+
+
 def savers(limit: float) -> int:
     """Each saver's allocated peak, plan vs measured (the --savers convention above)."""
     import cpu_allocated_peak as peak  # bench/, beside this file
@@ -202,6 +213,12 @@ def savers(limit: float) -> int:
             f"{name:<12} {plan / MIB:9.2f} {got['peak'] / MIB:9.2f} {error:+7.1%} "
             f"{got['opt_step'] / MIB:9.2f} {left / MIB:6.1f}"
         )
+        if got["movable"]:
+            moved = offload_priced([*base, *extra])
+            print(
+                f"{'':<12} on a GPU the hooks would move {got['movable'] / MIB:.2f} MiB a "
+                f"micro-batch each way; the plan's PCIe bytes {moved / MIB:.2f} (not compared)"
+            )
     if dist.is_initialized():
         dist.destroy_process_group()
     print(

@@ -10,10 +10,13 @@ told the side stream uses it, ``record_stream``). On the backward the host copy 
 side stream and the compute stream waits for that copy alone.
 
 What stays on the device: parameters (autograd saves the weight itself, which the device keeps
-anyway), and tensors under MIN_OFFLOAD_BYTES (torchtune's threshold too: copies that small cost
-more in launches than they free). On the CPU the hooks run but keep every tensor where it is
-(there is no other memory to move it to): training is identical, the loss bit for bit.
-launcher/plan/activation_offload.py prices what it frees and the PCIe time it cannot hide.
+anyway) and torch.autocast's compute-dtype copies of them (views and casts of a parameter back
+to its AccumulateGrad node: weights, not activations; the plan prices them on the device and
+sends no PCIe time for them), and tensors under MIN_OFFLOAD_BYTES (torchtune's threshold too:
+copies that small cost more in launches than they free). On the CPU the hooks run but keep every
+tensor where it is (there is no other memory to move it to): training is identical, the loss bit
+for bit; ``stats.movable_bytes`` counts what a GPU would move (bench/lora_memory.py --savers).
+launcher/plan/memory/memory_savers.py prices what it frees and the PCIe time it cannot hide.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ from torch import nn
 
 # Saved tensors smaller than this stay on the device (torchtune's min_offload_size, 1024 bytes).
 MIN_OFFLOAD_BYTES = 1024
+# Autograd nodes of a view or a dtype cast: one input, the same values (a weight's copy).
+_VIEW_OR_CAST = {"ToCopyBackward0", "TBackward0", "TransposeBackward0", "ViewBackward0"}
+
+
+def is_weight(tensor: torch.Tensor) -> bool:
+    """A parameter, or a view or cast of one (torch.autocast saves ``weight.to(bf16).t()``)."""
+    if isinstance(tensor, nn.Parameter):
+        return True
+    node = tensor.grad_fn
+    while node is not None and node.name() in _VIEW_OR_CAST:
+        node = node.next_functions[0][0]
+    return isinstance(getattr(node, "variable", None), nn.Parameter)  # AccumulateGrad's leaf
 
 
 @dataclass
@@ -38,6 +53,7 @@ class OffloadStats:
     saved_bytes: int = 0
     moved: int = 0
     moved_bytes: int = 0
+    movable_bytes: int = 0  # what a GPU would move (= moved_bytes there; counted on the CPU too)
 
 
 @dataclass
@@ -51,11 +67,10 @@ class ActivationOffload:
         nbytes = tensor.numel() * tensor.element_size()
         self.stats.saved += 1
         self.stats.saved_bytes += nbytes
-        if (
-            tensor.device.type != "cuda"
-            or isinstance(tensor, nn.Parameter)
-            or nbytes < MIN_OFFLOAD_BYTES
-        ):
+        if nbytes < MIN_OFFLOAD_BYTES or is_weight(tensor):
+            return tensor
+        self.stats.movable_bytes += nbytes
+        if tensor.device.type != "cuda":
             return tensor
         self.stats.moved += 1
         self.stats.moved_bytes += nbytes

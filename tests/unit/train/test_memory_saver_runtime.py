@@ -36,6 +36,21 @@ def test_activation_offload_hooks_run_and_change_nothing_on_the_cpu() -> None:
         assert torch.equal(a.grad, b.grad)
 
 
+def test_activation_offload_moves_activations_not_autocasts_weight_copies() -> None:
+    # Under bf16 autocast a linear saves its input's bf16 copy (8 x 256 x 2 = 4,096 bytes: an
+    # activation, moved on a GPU) and its weight's bf16 copy, transposed (256 x 256 x 2 =
+    # 131,072 bytes: a weight, kept on the device with the parameter as the plan prices it).
+    linear = nn.Linear(256, 256, bias=False)
+    x = torch.randn(8, 256, requires_grad=True)
+    offload = ActivationOffload()
+    with offload.hooks(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = linear(x)
+    y.float().sum().backward()
+    assert offload.stats.saved_bytes == 4_096 + 131_072
+    assert offload.stats.movable_bytes == 4_096
+    assert offload.stats.moved_bytes == 0  # the CPU: nowhere to move it
+
+
 def test_in_backward_steps_equal_the_plain_step_and_free_the_gradients() -> None:
     x = torch.randn(8, 16)
     plain, fused = _model(), _model()
