@@ -12,7 +12,9 @@ side stream and the compute stream waits for that copy alone.
 What stays on the device: parameters (autograd saves the weight itself, which the device keeps
 anyway) and torch.autocast's compute-dtype copies of them (views and casts of a parameter back
 to its AccumulateGrad node: weights, not activations; the plan prices them on the device and
-sends no PCIe time for them), and tensors under MIN_OFFLOAD_BYTES (torchtune's threshold too:
+sends no PCIe time for them), what the forward saves after the last block (``keep_after``:
+the final norm, the head and the loss, needed first by the backward), and tensors under
+MIN_OFFLOAD_BYTES (torchtune's threshold too:
 copies that small cost more in launches than they free). On the CPU the hooks run but keep every
 tensor where it is (there is no other memory to move it to): training is identical, the loss bit
 for bit; ``stats.movable_bytes`` counts what a GPU would move (bench/lora_memory.py --savers).
@@ -62,12 +64,31 @@ class ActivationOffload:
 
     stream: Any = None
     stats: OffloadStats = field(default_factory=OffloadStats)
+    past_last_block: bool = False  # the rest of this forward stays on the device
+
+    def keep_after_blocks(self, model: nn.Module) -> None:
+        """``keep_after`` the last of the model's blocks (``model.layers``, DDP's inner model's)."""
+        layers = getattr(getattr(model, "module", model), "layers", None)
+        if layers:
+            self.keep_after(list(layers.values())[-1])
+
+    def keep_after(self, last_block: nn.Module) -> None:
+        """Keep on the device what the forward saves once `last_block` has run: the final
+        norm, the output layer and the loss, whose saved tensors the backward needs first, so a
+        copy out would come straight back (torchtune keeps its output layer's likewise,
+        get_act_offloading_ctx_manager, v0.6; the chunked loss saves the output layer's fp32
+        weight gradient, vocab x hidden)."""
+
+        def passed(*_: Any) -> None:
+            self.past_last_block = True
+
+        last_block.register_forward_hook(passed)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         nbytes = tensor.numel() * tensor.element_size()
         self.stats.saved += 1
         self.stats.saved_bytes += nbytes
-        if nbytes < MIN_OFFLOAD_BYTES or is_weight(tensor):
+        if nbytes < MIN_OFFLOAD_BYTES or is_weight(tensor) or self.past_last_block:
             return tensor
         self.stats.movable_bytes += nbytes
         if tensor.device.type != "cuda":
@@ -102,5 +123,6 @@ class ActivationOffload:
     def hooks(self) -> Iterator[None]:
         """Offload what the forward inside saves (the backward unpacks it wherever it runs)."""
         self.stats = OffloadStats()
+        self.past_last_block = False
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield

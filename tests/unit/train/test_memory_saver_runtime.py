@@ -51,6 +51,25 @@ def test_activation_offload_moves_activations_not_autocasts_weight_copies() -> N
     assert offload.stats.moved_bytes == 0  # the CPU: nowhere to move it
 
 
+def test_activation_offload_keeps_what_follows_the_last_block_on_the_device() -> None:
+    # fp32, 8 tokens of 256: l1 saves its input x (8 x 256 x 4 = 8,192 bytes; its weight is a
+    # parameter), the ReLU its output (8,192), the head its input (the same 8,192-byte storage,
+    # saved again) and its weight. After the last block (the ReLU here) nothing moves: the head
+    # and the loss use what they save at once, in the first steps of the backward (the plan
+    # prices them on the device; the chunked loss saves the output layer's fp32 weight gradient).
+    model = nn.Sequential(
+        nn.Linear(256, 256, bias=False), nn.ReLU(), nn.Linear(256, 256, bias=False)
+    )
+    x = torch.randn(8, 256)
+    offload = ActivationOffload()
+    offload.keep_after(model[1])
+    for _ in range(2):  # every forward starts offloading again
+        with offload.hooks():
+            loss = model(x).square().sum()
+        loss.backward()
+        assert offload.stats.movable_bytes == 8_192 + 8_192
+
+
 def test_in_backward_steps_equal_the_plain_step_and_free_the_gradients() -> None:
     x = torch.randn(8, 16)
     plain, fused = _model(), _model()
