@@ -29,6 +29,9 @@ torch.profiler's +/- allocation events up to the optimizer's step; the step's ow
 apart ("opt step") and not compared, as the plan prices the step CUDA runs (fused Adam, torchao
 compiled), which allocates next to nothing, where the CPU engine runs eager code that
 materialises temporaries (foreach sqrt(v); torchao's dequantized fp32 copy of each state).
+Under the activation-offload row: what its hooks would move on a GPU (saved tensors of 1 KiB
+or more that are not weights, counted on the CPU where nothing moves) beside the plan's PCIe
+bytes for the same run priced on a GPU; printed, not compared (docs/finetuning.md says why).
 "left": the tensor bytes still alive once a saver's engine is dropped (each saver's peak must
 not include the previous engine's). Exit status 1 when any |plan - measured| / measured exceeds
 --savers-limit, or when an engine leaves more than 1 MiB alive.
