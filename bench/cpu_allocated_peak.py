@@ -151,11 +151,13 @@ def measure(overrides: list[str]) -> dict[str, float]:
         r for (t, _), r in zip(memory, running, strict=True) if step_at is None or t < step_at
     ]
     during = [r for (t, _), r in zip(memory, running, strict=True) if step_at and t >= step_at]
+    offload = getattr(engine, "offload", None)  # train.activation_offload: its last forward's
     engine.close()
     return {
         "start": float(start),
         "peak": float(start + max([0, *before])),
         "opt_step": float(start + max([0, *during])),
+        "movable": float(offload.stats.movable_bytes if offload is not None else 0),
     }
 
 

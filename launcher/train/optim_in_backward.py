@@ -17,6 +17,7 @@ Valid only with one micro-batch a step, no gradient clipping, no loss scaling an
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,12 +43,21 @@ class InBackwardOptimizer:
             self._handles.append(param.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
 
     def _hook(self, optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor], None]:
+        # Weak references: the hook lives on the parameter, in autograd's C++ metadata, which
+        # the garbage collector does not traverse; a strong one (hook -> optimizer -> parameter
+        # -> hook) would be a cycle no collection breaks, keeping the weights and states of a
+        # dropped engine for the life of the process.
+        owner, stepper = weakref.ref(self), weakref.ref(optimizer)
+
         def step_now(param: torch.Tensor) -> None:
+            this, one = owner(), stepper()
+            if this is None or one is None:  # the optimizer is gone: the gradient stays
+                return
             assert param.grad is not None
             grad = param.grad.detach()
-            self._squares = self._squares.to(grad.device) + grad.float().square().sum()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            this._squares = this._squares.to(grad.device) + grad.float().square().sum()
+            one.step()
+            one.zero_grad(set_to_none=True)
 
         return step_now
 

@@ -12,9 +12,10 @@ Priced from what ``launcher.train.parallel.build`` does (its docstring has the o
     tensor in the weight dtype;
   - qlora without FSDP2: a block is materialised in fp32 (the meta model's dtype; the NF4 bases
     are not cast) and each adapted weight converted from a bf16 copy (``lora.to_nf4_param``): the
-    block's NF4 weights at 4 bytes, plus 2 bytes of the largest;
-  - qlora under FSDP2: the whole tensor is quantized on the host (``build.fill_nf4``); the device
-    receives the rank's NF4 rows, which are the steady state.
+    block's NF4 weights at 4 bytes, plus 2 bytes of the largest and torchao's quantization
+    temporaries for it (``nf4_quantize_bytes``);
+  - qlora under FSDP2: the whole tensor is quantized on the host (``build.fill_nf4``, with the
+    same temporaries there); the device receives the rank's NF4 rows, which are the steady state.
 - Host, per rank: the initialiser draws each parameter whole in fp32 on the CPU and keeps the box
   (``init_weights.InitRule.full``), one tensor at a time; train.init_from reads the box alone
   (``init_from.HFSlices``, plain file reads, nothing mapped; the file's dtype is not known to the
@@ -45,6 +46,22 @@ if TYPE_CHECKING:
     from launcher.plan.memory.estimate import StageMemory
 
 FP32, BF16 = 4.0, 2.0
+# torchao's to_nf4 (torchao/quantization/quantize_/workflows/nf4/nf4_tensor.py, 0.18:
+# convert_to_norm_float_weight, quantize_tensor_nearest): beside its bf16 input it holds the
+# scaled copy (bf16, 2 bytes a weight) and the uint8 codes (1), and finds each code CHUNK_SIZE =
+# 2^20 values at a time from their distances to the 16 NF4 values: the difference and its
+# absolute value, [2^20, 16] in bf16 each. (Measured with torch.profiler on the CPU, 4096 x 4096
+# bf16: 3 bytes a weight + 64.75 MiB.) Before pytorch/ao#196 (May 2024) the distances were
+# taken over the whole tensor at once: 66 bytes a weight.
+NF4_QUANTIZE_BYTES_PER_WEIGHT = 2.0 + 1.0
+NF4_QUANTIZE_CHUNK_BYTES = 2 * 16 * BF16 * 2**20
+
+
+def nf4_quantize_bytes(elements: float) -> float:
+    """torchao's to_nf4 temporaries for a weight of `elements` values, beyond its bf16 input."""
+    return elements * NF4_QUANTIZE_BYTES_PER_WEIGHT + NF4_QUANTIZE_CHUNK_BYTES
+
+
 # The most a rank reads at once to digest a frozen tensor of train.init_from (fp32 bytes), used by
 # launcher/train/checkpoint/safetensors_slices.py.
 DIGEST_CHUNK_BYTES = 64 << 20
@@ -113,9 +130,9 @@ def build_peak(cfg: LLMTrainConfig, layout: Layout, weights: float) -> BuildPeak
     if zero3:
         device = largest * weight_bytes(cfg)
         mechanism = "zero.Init: largest tensor whole"
+    block, top = nf4_block_elements(cfg, max(1, layout.tp))
     if qlora and not fsdp:
-        block, top = nf4_block_elements(cfg, max(1, layout.tp))
-        device = block * FP32 + top * BF16
+        device = block * FP32 + top * BF16 + nf4_quantize_bytes(top)
         mechanism = "a block in fp32 before NF4"
     elif qlora:
         device = local * NF4_BYTES_PER_WEIGHT
@@ -127,7 +144,7 @@ def build_peak(cfg: LLMTrainConfig, layout: Layout, weights: float) -> BuildPeak
     if loaded and tuned:
         host += 2 * DIGEST_CHUNK_BYTES
     if qlora and fsdp:
-        host += largest * (BF16 + NF4_BYTES_PER_WEIGHT)
+        host += largest * (BF16 + NF4_BYTES_PER_WEIGHT) + nf4_quantize_bytes(top)
     return BuildPeak(weights, device, host, max(1, cfg.cluster.gpus_per_node), mechanism)
 
 

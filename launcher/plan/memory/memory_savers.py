@@ -20,8 +20,9 @@ stage_activations.py, stage_liveness.py and timing.py.
   the forward produces it and comes back for its layer's backward (torchtune's
   OffloadActivations). On the device: the layer being computed and the one whose copy is in
   flight (OFFLOAD_LAYERS_ON_DEVICE) of the kept activations; the logits and loss (the head) are
-  used at once and priced on the device. Time: the bytes cross PCIe twice (out in the forward,
-  back in the backward) at timing.PCIE_GBPS, on a side stream beside the compute: only what
+  used at once and priced on the device. Time: every layer's kept activations cross PCIe twice
+  (out in the forward, back in the backward; the two layers on the device are copies in flight,
+  not tensors left behind) at timing.PCIE_GBPS, on a side stream beside the compute: only what
   exceeds the forward's share of the compute (out) and the backward's (back) is exposed. On the
   CPU engine nothing moves (no other memory): no saving, no time.
 """

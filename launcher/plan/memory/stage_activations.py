@@ -188,13 +188,13 @@ def _head(cfg: LLMTrainConfig, layout: Layout, here: _StageLayers, stage: int) -
 
 def offloaded_bytes(cfg: LLMTrainConfig, layout: Layout, stage: int) -> float:
     """Activation bytes one micro-batch sends to host memory under train.activation_offload
-    (and brings back): the kept activations the device does not hold (0 without offload)."""
+    (and brings back): every layer's kept activations, those of the layers the device holds at
+    a time included (they are the copies in flight; memory_savers.py), 0 without offload."""
     if not memory_savers.offloads(cfg):
         return 0.0
     here = _stage_layers(cfg, layout, stage)
     kept, _ = _layers_kept_and_rebuilt(cfg, layout, here)
-    per_microbatch = kept / max(1, here.in_flight)
-    return per_microbatch - memory_savers.device_kept(cfg, per_microbatch, here.held)
+    return kept / max(1, here.in_flight)
 
 
 def activation_parts(cfg: LLMTrainConfig, layout: Layout, stage: int) -> ActivationParts:

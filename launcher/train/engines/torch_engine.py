@@ -183,6 +183,8 @@ class TorchEngine(PairSteps, Engine):
         self.pure_bf16 = memory_savers.pure_bf16(cfg)
         self.offload = ActivationOffload() if cfg.train.activation_offload else None
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
+        if self.offload is not None:  # the head and the loss keep what they save on the device
+            self.offload.keep_after_blocks(self.parts[-1])
         self.init_state = None
         self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
         self.optimizer = self._build_optimizer()

@@ -36,8 +36,11 @@ def test_qlora_without_fsdp_holds_a_block_in_fp32() -> None:
     _, peak = _peak("recipe=llama3-70b-qlora")
     # all-linear, one block: q, o 8192 x 8192 (67,108,864 each); k, v 8192 x 1024 (8,388,608
     # each); gate, up, down 8192 x 28672 (234,881,024 each): 855,638,016 elements at 4 B
-    # = 3,422,552,064 B, plus the largest's bf16 copy 469,762,048 B.
-    assert peak.device_transient == 3_422_552_064 + 469_762_048
+    # = 3,422,552,064 B, plus the largest's bf16 copy 469,762,048 B, plus torchao's to_nf4
+    # temporaries for it: the scaled bf16 copy (2 B) and the uint8 codes (1 B) a weight,
+    # 3 x 234,881,024 = 704,643,072 B, and one 2^20-value chunk's distances to the 16 NF4
+    # values, their difference and its absolute value in bf16: 2 x 16 x 2 x 2^20 = 67,108,864 B.
+    assert peak.device_transient == 3_422_552_064 + 469_762_048 + 704_643_072 + 67_108_864
     assert peak.mechanism == "a block in fp32 before NF4"
 
 
@@ -47,8 +50,11 @@ def test_qlora_under_fsdp2_quantizes_on_the_host() -> None:
     )
     nf4 = 0.5 + 1 / 64 + 2 / (64 * 256)  # bytes a weight: codes, scalers, factors
     assert peak.device_transient == EMBED / 8 * nf4
-    # Host: the whole fp32 tensor, its bf16 copy and NF4, and the box.
-    assert peak.host_per_rank == EMBED * (4 + 2 + nf4) + EMBED / 8 * 4
+    # Host: the whole fp32 tensor, its bf16 copy and NF4, and the box; and to_nf4's
+    # temporaries for the largest quantized weight (gate/up/down, 8192 x 28672): 3 B a weight
+    # and one chunk's distances, 67,108,864 B (as above).
+    temporaries = 3 * 8192 * 28672 + 67_108_864
+    assert peak.host_per_rank == EMBED * (4 + 2 + nf4) + EMBED / 8 * 4 + temporaries
 
 
 def test_init_from_full_training_reads_the_box_alone() -> None:
