@@ -172,8 +172,12 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
         spread = spread_problems(values, os.environ)  # the environment may hold a new value
         if spread:
             raise ConfigError(spread)
-        config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
-        return Composed(config=config, values=values, choices=choices, overrides=overrides)
+        try:
+            config = typing.cast(LLMTrainConfig, _build(LLMTrainConfig, values))
+        except (KeyError, TypeError):  # an entry of another schema: composed again below
+            config = None
+        if config is not None:
+            return Composed(config=config, values=values, choices=choices, overrides=overrides)
     import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException

@@ -4,7 +4,7 @@ Composing with Hydra costs about 0.25 s (importing Hydra and composing its own c
 the start-up budget of `show`/`plan`. The composed values are a pure function of the overrides and
 of the files they are composed from, so a result is cached under a key made of: the llmtrain
 version, the override strings, the (path, size, mtime) of every file under conf/ and recipes/
-plus the schema's modules, and the value of every environment variable that an ``${oc.env:NAME}``
+plus the schema's modules as this process imported them, and the value of every environment variable that an ``${oc.env:NAME}``
 in those files or the overrides may resolve (so a changed variable is never served stale). Any
 edit to those files changes the key. An entry that cannot be read or has the wrong shape is
 removed and composed again. Only successful compositions are
@@ -55,21 +55,37 @@ def env_references(texts: list[str]) -> list[str]:
     return sorted({name for text in texts for name in _ENV_REFERENCE.findall(text)})
 
 
+def _code_stamp() -> str:
+    """(path, size, mtime) of the code that composes: the schema's modules (one per config
+    group), compose.py (its rules too) and compose_messages.py (the keys' index rule), read once,
+    when this process imported them. Read at every call instead, a process that imported the old
+    schema before an upgrade would store its compositions under the new code's key: served to
+    every later command, they lack the new keys (seen: KeyError 'packed_attention')."""
+    files = sorted(Path(schema.__file__).parent.glob("*.py"))
+    files.append(Path(__file__).with_name("compose.py"))
+    files.append(Path(__file__).with_name("compose_messages.py"))
+    stamp = ""
+    for path in files:
+        stat = path.stat()
+        stamp += f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+    return stamp
+
+
+_CODE_STAMP = _code_stamp()
+
+
 def key(overrides: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([__version__, list(overrides)]).encode())
-    # The schema's modules (one per config group), and compose.py: its rules too.
-    files = sorted(Path(schema.__file__).parent.glob("*.py"))
-    files.append(Path(__file__).with_name("compose.py"))
-    files.append(Path(__file__).with_name("compose_messages.py"))  # and the keys' index rule
+    digest.update(_CODE_STAMP.encode())
+    files: list[Path] = []
     for root in (resources.conf_dir(), resources.recipes_dir()):
         files += sorted(root.rglob("*.yaml"))
     texts = list(overrides)
     for path in files:
         stat = path.stat()
         digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-        if path.suffix == ".yaml":
-            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+        texts.append(path.read_text(encoding="utf-8", errors="replace"))
     for name in env_references(texts):
         # The value is hashed into the key (never stored): unset and empty differ.
         value = os.environ.get(name)

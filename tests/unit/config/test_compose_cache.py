@@ -90,3 +90,41 @@ def test_a_wrong_shaped_cache_entry_is_rebuilt(data_copy: Path, entry: str) -> N
     assert compose_cache.load(overrides) is None
     assert compose_config(overrides).config == expected
     assert compose_cache.load(overrides) is not None
+
+
+def test_schema_code_keys_as_this_process_imported_it(
+    data_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade while a command runs: the schema's files change on disk under a process that
+    imported the old ones. Its compositions (old schema) must not be stored under the new code's
+    key, or later commands read entries that lack the new keys (a KeyError traceback, seen when a
+    new model key landed under a running process)."""
+    before = compose_cache.key(("recipe=tiny",))
+    schema_dir = Path(compose_cache.schema.__file__).parent
+    real_stat = Path.stat
+
+    def newer(path: Path, *args: object, **kwargs: object) -> os.stat_result:
+        result = real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+        if path.parent == schema_dir or path.name == "compose.py":
+            fields = list(result)
+            fields[8] += 60  # st_mtime: the file was replaced a minute later
+            return os.stat_result(fields)
+        return result
+
+    monkeypatch.setattr(Path, "stat", newer)
+    assert compose_cache.key(("recipe=tiny",)) == before
+
+
+def test_an_entry_of_another_schema_is_composed_again(data_copy: Path) -> None:
+    """An entry whose values lack a key of this schema (written by an older llmtrain) is not a
+    traceback: Hydra composes again."""
+    import json
+
+    overrides = ("recipe=tiny",)
+    fresh = compose_config(overrides)
+    (entry,) = [p for p in (data_copy.parent / "cache").rglob("*") if p.is_file()]
+    document = json.loads(entry.read_text())
+    text = json.dumps(document)
+    assert '"num_layers"' in text
+    entry.write_text(text.replace('"num_layers"', '"num_layers_old"'))
+    assert compose_config(overrides).config == fresh.config
