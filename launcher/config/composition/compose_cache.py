@@ -4,10 +4,10 @@ Composing with Hydra costs about 0.25 s (importing Hydra and composing its own c
 the start-up budget of `show`/`plan`. The composed values are a pure function of the overrides and
 of the files they are composed from, so a result is cached under a key made of: the llmtrain
 version, the override strings, the (path, size, mtime) of every file under conf/ and recipes/
-plus the schema's modules as this process imported them, and the value of every environment variable that an ``${oc.env:NAME}``
-in those files or the overrides may resolve (so a changed variable is never served stale). Any
-edit to those files changes the key. An entry that cannot be read or has the wrong shape is
-removed and composed again. Only successful compositions are
+plus the schema's modules as this process imported them, and the value of every environment
+variable that an ``${oc.env:NAME}`` in those files or the overrides may resolve (so a changed
+variable is never served stale). Any edit to those files changes the key. An entry that cannot
+be read or has the wrong shape is removed and composed again. Only successful compositions are
 cached; errors always go through Hydra again, and so does a composition holding a secret's value
 (``launcher.config.secrets``): it is never written to disk. A composition that reads the
 environment (``${oc.env:...}`` in an override, a --config file or a recipe given by path) is never
