@@ -78,7 +78,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import (
     DTensor,
 )
@@ -108,6 +107,7 @@ from launcher.train.engines.torch_loss import (
     vocab_parallel_loss,
 )
 from launcher.train.engines.torch_mesh import build_meshes
+from launcher.train.engines.torch_optimizer import engine_optimizer
 from launcher.train.engines.torch_pairs import PairSteps
 from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
@@ -129,9 +129,7 @@ from launcher.train.model.transformer import (
     apply_recompute,
     build_model,
 )
-from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.optim_in_backward import InBackwardOptimizer
-from launcher.train.optim_offload import StepInTurn, offloaded
 from launcher.train.parallel import build
 from launcher.train.parallel.expert_parallel import ExpertParallel
 from launcher.train.parallel.ring_attention import ContextParallel
@@ -187,7 +185,7 @@ class TorchEngine(PairSteps, Engine):
             self.offload.keep_after_blocks(self.parts[-1])
         self.init_state = None
         self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
-        self.optimizer = self._build_optimizer()
+        self.optimizer = engine_optimizer(self)
         self.schedule: Any = None
         if lay.pp > 1:
             self.schedule = build_schedule(
@@ -315,29 +313,6 @@ class TorchEngine(PairSteps, Engine):
         for part in self.parts:
             for param in part.parameters():
                 yield param.to_local() if isinstance(param, DTensor) else param
-
-    def _build_optimizer(self) -> Any:
-        params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
-        # With CPUOffloadPolicy the sharded parameters and their optimizer states live on the
-        # host: the foreach implementation steps them there as before.
-        fused = fused_on(self.device) and self.cfg.zero.offload_params == "none"
-
-        def one(param: list[nn.Parameter]) -> torch.optim.Optimizer:  # optim.offload's states
-            return offloaded(build_optimizer(param, self.cfg.optim, fused), self.cfg.optim.offload)
-
-        if self.cfg.optim.in_backward:  # one optimizer a parameter, stepped in the backward
-            return InBackwardOptimizer(params, one)
-        if self.cfg.optim.offload == "cpu":  # states on the host, one parameter's at a time
-            return StepInTurn(params, one)
-        if self.zero == 1:
-            cls, options = optimizer_class(self.cfg.optim, fused)
-            return ZeroRedundancyOptimizer(
-                cast(Any, param_groups(params, self.cfg.optim)),
-                optimizer_class=cls,
-                process_group=self.dp_mesh.get_group(),
-                **options,
-            )
-        return build_optimizer(params, self.cfg.optim, fused=fused)
 
     # --- training -------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
