@@ -9,7 +9,6 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from launcher.train.optim import build_optimizer, fused_on, optimizer_class, param_groups
 from launcher.train.optim_in_backward import InBackwardOptimizer
@@ -32,6 +31,8 @@ def engine_optimizer(engine: Any) -> Any:
     if cfg.optim.offload == "cpu":  # states on the host, one parameter's at a time
         return StepInTurn(params, one)
     if engine.zero == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # see torch_state._is_zero1
+
         cls, options = optimizer_class(cfg.optim, fused)
         return ZeroRedundancyOptimizer(
             cast(Any, param_groups(params, cfg.optim)),

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import Optimizer
 
 from launcher.train.checkpoint.safe_load import (
@@ -107,6 +107,14 @@ def _chunk_entries(state: dict[str, Any], part: str, back: dict[str, str]) -> di
     return {back[f"{part}/{key}"]: value for key, value in state.items()}
 
 
+def _is_zero1(optimizer: Optimizer) -> bool:
+    """ZeroRedundancyOptimizer (zero.stage=1), checked without importing torch.distributed.optim
+    (its functional optimizers are TorchScript-compiled at import: ~0.9 s a rank, measured here),
+    which only a zero.stage=1 run has imported."""
+    zero = sys.modules.get("torch.distributed.optim")
+    return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
+
+
 def state_options(parts: list[nn.Module]) -> StateDictOptions:
     """TRAINABLE_OPTIONS where some parameters are frozen (fine-tuning), else STATE_OPTIONS."""
     frozen = any(not p.requires_grad for part in parts for p in part.parameters())
@@ -118,7 +126,7 @@ def _engine_state(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``engine_state`` and the map from its keys back to those of ``model_arg(parts)``."""
     model = model_arg(parts)
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if _is_zero1(optimizer):
         # DCP does not know ZeroRedundancyOptimizer: the model goes through DCP, each rank's
         # optimizer shard into its own file (_save_extra).
         model_only = {"model": get_model_state_dict(model, options=state_options(parts))}
@@ -143,9 +151,9 @@ def save_extra(
 ) -> list[Path]:
     """The optimizer shard of ZeRO-1 (every rank) and the loss scaler's state (rank 0)."""
     written: list[Path] = []
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if _is_zero1(optimizer):
         path = directory / ZERO1_OPTIM_FILE.format(rank=rank)
-        torch.save(optimizer.optim.state_dict(), path)
+        torch.save(cast(Any, optimizer).optim.state_dict(), path)
         written.append(path)
     if scaler is not None and rank == 0:
         path = directory / SCALER_FILE
@@ -214,12 +222,12 @@ def load_state(
             state[part][key] = saved[part][key]
         for key, value in tensors[part].items():
             state[part][key] = value
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if _is_zero1(optimizer):
         model_sd = _chunk_entries(state["model"], "model", back)
         set_model_state_dict(model_arg(parts), model_sd, options=state_options(parts))
         shard = directory / ZERO1_OPTIM_FILE.format(rank=dist.get_rank())
         data = io.BytesIO(files.read(shard))
-        optimizer.optim.load_state_dict(torch.load(data, weights_only=True))
+        cast(Any, optimizer).optim.load_state_dict(torch.load(data, weights_only=True))
     else:
         set_state_dict(
             model_arg(parts),
