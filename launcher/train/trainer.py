@@ -33,7 +33,7 @@ from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
 from launcher.health import DIVERGED, LossSpikes, finite_or_none
 from launcher.plan.document import PlanFigures
-from launcher.plan.preference import is_preference
+from launcher.plan.preference import is_preference, reference_mode
 from launcher.rundir import RunDir
 from launcher.train.checkpoint.policy import CheckpointPolicy
 from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
@@ -259,12 +259,13 @@ class Trainer:
         source = self.cfg.train.init_from
         if source is None:
             return None
-        # finetune=lora|qlora: checkpoints hold the adapters alone; a resume needs the base too.
-        adapters_only = self.cfg.finetune.name != "full"
+        # finetune=lora|qlora: checkpoints hold the adapters alone; a resume needs the base too,
+        # as does dpo's reference copy (always the base, never a checkpoint).
+        needs_base = self.cfg.finetune.name != "full" or reference_mode(self.cfg) == "copy"
         if (
             self.cfg.checkpoint.resume
             and complete_checkpoints(self.run.checkpoints)
-            and not adapters_only
+            and not needs_base
         ):
             self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
             return None

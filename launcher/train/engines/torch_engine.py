@@ -182,6 +182,7 @@ class TorchEngine(PairSteps, Engine):
         self.pure_bf16 = memory_savers.pure_bf16(cfg)
         self.offload = ActivationOffload() if cfg.train.activation_offload else None
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
+        self.reference_copy = self._reference_copy(seed)  # dpo, finetune.reference=copy
         self.init_state = None
         self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
         self.optimizer = self._build_optimizer()
