@@ -80,6 +80,12 @@ class TrainingDiverged(RuntimeError):
 assert TrainingDiverged.__name__ == DIVERGED  # the launcher recognises the rank's error by it
 
 
+def base_needed_on_resume(cfg: LLMTrainConfig) -> bool:
+    """Whether a resumed run still reads train.init_from: its checkpoints hold the adapters alone
+    (finetune=lora|qlora), or dpo's reference copy is built from it (never from a checkpoint)."""
+    return cfg.finetune.name != "full" or reference_mode(cfg) == "copy"
+
+
 def build_engine(cfg: LLMTrainConfig, init_state: Any = None) -> Engine:
     """The configured backend's engine (Backend.engine names its class, imported here)."""
     backend = backend_of(cfg)
@@ -259,13 +265,10 @@ class Trainer:
         source = self.cfg.train.init_from
         if source is None:
             return None
-        # finetune=lora|qlora: checkpoints hold the adapters alone; a resume needs the base too,
-        # as does dpo's reference copy (always the base, never a checkpoint).
-        needs_base = self.cfg.finetune.name != "full" or reference_mode(self.cfg) == "copy"
         if (
             self.cfg.checkpoint.resume
             and complete_checkpoints(self.run.checkpoints)
-            and not needs_base
+            and not base_needed_on_resume(self.cfg)
         ):
             self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
             return None

@@ -24,6 +24,7 @@ from launcher.train.finetune.preference_reference import (  # noqa: E402
     reference_table,
     resume_problem,
 )
+from launcher.train.trainer import base_needed_on_resume  # noqa: E402
 
 SEQ, PAIRS = 24, 4
 SMALL = [
@@ -143,3 +144,11 @@ def test_the_reference_copy_equals_the_precomputed_reference(
     assert [r.loss for r in got] == [r.loss for r in want]
     assert [r.preference for r in got] == [r.preference for r in want]
     assert got[-1].loss != got[0].loss  # the policy moved; the copy did not
+
+
+def test_a_resume_rebuilds_the_reference_copy_from_train_init_from() -> None:
+    """The copy is the base, never the checkpoint: a resumed full run with reference=copy still
+    reads train.init_from (precomputed reads its stored table instead)."""
+    assert base_needed_on_resume(config("finetune=full", "finetune.reference=copy"))
+    assert not base_needed_on_resume(config("finetune=full"))
+    assert base_needed_on_resume(config())  # lora: the checkpoints hold the adapters alone
