@@ -122,7 +122,8 @@ def checkpoint_bytes(cfg: LLMTrainConfig, total_params: int) -> float:
 
 def _memory_only(cfg: LLMTrainConfig, hw: HardwareView, headroom: float) -> MemoryPlan:
     priced = preference.priced_config(cfg)
-    return estimate_memory(priced, derive_layout(priced), hw, headroom)
+    memory = estimate_memory(priced, derive_layout(priced), hw, headroom)
+    return preference.with_reference_copy(cfg, memory)
 
 
 def _with_sections(cfg: LLMTrainConfig, **parts: dict[str, object]) -> LLMTrainConfig:
@@ -387,6 +388,7 @@ def make_plan(
     priced = preference.priced_config(cfg)
     priced_layout = derive_layout(priced) if priced is not cfg else layout
     memory = estimate_memory(priced, priced_layout, hw, headroom)
+    memory = preference.with_reference_copy(cfg, memory)  # dpo, finetune.reference=copy
     flops = config_flops(cfg)
     time = estimate_time(priced, priced_layout, hw, flops, memory.stages)
     time = _with_reference(cfg, time, flops)

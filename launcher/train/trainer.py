@@ -33,7 +33,7 @@ from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
 from launcher.health import DIVERGED, LossSpikes, finite_or_none
 from launcher.plan.document import PlanFigures
-from launcher.plan.preference import is_preference
+from launcher.plan.preference import is_preference, reference_mode
 from launcher.rundir import RunDir
 from launcher.train.checkpoint.policy import CheckpointPolicy
 from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError, read_json
@@ -78,6 +78,12 @@ class TrainingDiverged(RuntimeError):
 
 
 assert TrainingDiverged.__name__ == DIVERGED  # the launcher recognises the rank's error by it
+
+
+def base_needed_on_resume(cfg: LLMTrainConfig) -> bool:
+    """Whether a resumed run still reads train.init_from: its checkpoints hold the adapters alone
+    (finetune=lora|qlora), or dpo's reference copy is built from it (never from a checkpoint)."""
+    return cfg.finetune.name != "full" or reference_mode(cfg) == "copy"
 
 
 def build_engine(cfg: LLMTrainConfig, init_state: Any = None) -> Engine:
@@ -259,12 +265,10 @@ class Trainer:
         source = self.cfg.train.init_from
         if source is None:
             return None
-        # finetune=lora|qlora: checkpoints hold the adapters alone; a resume needs the base too.
-        adapters_only = self.cfg.finetune.name != "full"
         if (
             self.cfg.checkpoint.resume
             and complete_checkpoints(self.run.checkpoints)
-            and not adapters_only
+            and not base_needed_on_resume(self.cfg)
         ):
             self.log(f"train.init_from={source} ignored: resuming this run from its checkpoints")
             return None

@@ -9,7 +9,8 @@ backend=deepspeed with ZeRO 0-3 and no tp/pp; finetune=full|lora|qlora as each o
 Refused, each with a value that works: pipeline parallel (the schedules take one loss over
 micro-batches of single sequences), context parallel (each rank would hold part of a response's
 log-probability), expert parallel, Megatron-LM, packing (a pair is one padded sequence a row each),
-the adapters-off reference without adapters, a precomputed reference with evaluation.
+the adapters-off reference without adapters, a reference copy with adapters, a precomputed
+reference with evaluation.
 """
 
 from __future__ import annotations
@@ -90,16 +91,30 @@ def _reference(cfg: LLMTrainConfig) -> list[Problem]:
                 "finetune.reference=precomputed",
             )
         )
+    if mode == "copy" and ft.name != "full":
+        out.append(
+            (
+                ERROR,
+                ("finetune.reference", "finetune.name"),
+                f"finetune.reference=copy builds a second model for finetune=full; with "
+                f"finetune={ft.name} the reference is the same model with its adapters off, "
+                "no copy: finetune.reference=adapters-off (or auto)",
+            )
+        )
     if mode == "precomputed" and cfg.train.eval_every:
-        fix = "train.eval_every=0" + (
-            ", or finetune.reference=adapters-off" if ft.name != "full" else ""
+        other = "adapters-off" if ft.name != "full" else "copy"
+        picked = (
+            " (finetune.reference=auto picks precomputed with finetune=full)"
+            if ft.reference == "auto"
+            else ""
         )
         out.append(
             (
                 ERROR,
                 ("train.eval_every", "finetune.reference"),
-                f"train.eval_every={cfg.train.eval_every} with a precomputed reference: the "
-                f"reference pass covers the training pairs only; {fix}",
+                f"train.eval_every={cfg.train.eval_every} with a precomputed reference{picked}: "
+                "the reference pass covers the training pairs only; train.eval_every=0, or "
+                f"finetune.reference={other}",
             )
         )
     if ft.objective == "dpo" and ft.loss_type == "ipo" and ft.label_smoothing > 0:

@@ -52,9 +52,13 @@ class FinetuneConfig:
     simpo_gamma: float = field(default=0.5, metadata=bounds(ge=0, example="0.5"))
     """simpo: gamma, the target reward margin subtracted inside the sigmoid (absolute, as in the
     paper's equation 6)."""
-    reference: str = field(default="auto", metadata=one_of("auto", "adapters-off", "precomputed"))
+    reference: str = field(
+        default="auto", metadata=one_of("auto", "adapters-off", "precomputed", "copy")
+    )
     """dpo's reference model: adapters-off (finetune=lora|qlora: the same model with its adapters
     switched off, a forward under no_grad each step, no second copy), precomputed (one pass over
     the data before step 1 stores the reference's log-probabilities in the run directory, with the
-    base's digest; the way finetune=full runs dpo), or auto (adapters-off with adapters, else
+    base's digest), copy (finetune=full: a second, frozen model built from the same
+    train.init_from and sharded as the policy, a forward under no_grad each step; its weights cost
+    memory, and it serves train.eval_every), or auto (adapters-off with adapters, else
     precomputed). simpo and orpo use no reference."""

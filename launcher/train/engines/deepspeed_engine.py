@@ -249,6 +249,7 @@ class DeepSpeedEngine(Engine):
             else None
         )
         self.info = self._parallel_info(tensor_parallel=layout.tp > 1)
+        self.reference_copy = self._reference_copy(cfg, seed, init_state)  # dpo, reference=copy
 
     def _build_model(
         self, cfg: LLMTrainConfig, seed: int, init_state: Any, mpu: Any
@@ -257,21 +258,11 @@ class DeepSpeedEngine(Engine):
         ``deepspeed.zero.Init`` (each module's parameters partitioned as it is constructed, then
         each rank's flat partition filled), elsewhere whole on the device as DeepSpeed keeps it;
         adapters and recomputation applied before DeepSpeed wraps anything."""
-        device = engine_device()
-        with self._zero3_init(cfg, mpu), device, skip_default_init():
-            model = Transformer(cfg.model)
-        initial = build.drawn(model, seed)
-        loaded = build.as_source(init_state)
-        source: build.Source = initial if loaded is None else build.Chain(loaded, initial)
         # finetune=lora|qlora: the base's digest (each rank hashes its share of the whole
         # tensors while filling), the base frozen, the adapters added; the optimizer and
         # checkpoints hold the adapters alone (save_checkpoint(exclude_frozen_parameters)).
         digests: dict[str, str] = {}
-        share = None
-        if adapters.enabled(cfg):
-            names = [n for n, _ in build.named_params(model)]
-            share = build.base_share(names, self.info.world_size, self.info.rank)
-        build.Filler(source, share, digests).fill_module(model)
+        model = self._filled_base(cfg, seed, init_state, mpu, adapters.enabled(cfg), digests)
         if adapters.enabled(cfg):
             self.base_digest = lora.gathered_digest(digests)
             frozen = next(model.parameters()).dtype
@@ -284,11 +275,55 @@ class DeepSpeedEngine(Engine):
         apply_recompute(model, cfg.train.recompute)
         return model
 
+    def _filled_base(
+        self,
+        cfg: LLMTrainConfig,
+        seed: int,
+        init_state: Any,
+        mpu: Any,
+        digested: bool = False,
+        digests: dict[str, str] | None = None,
+    ) -> Transformer:
+        """The model without adapters: under ZeRO-3 built inside ``deepspeed.zero.Init``, else
+        whole on the device; filled from train.init_from, else drawn from `seed`; with
+        `digested`, this rank's share of the whole tensors hashed into `digests`."""
+        with self._zero3_init(cfg, mpu), engine_device(), skip_default_init():
+            model = Transformer(cfg.model)
+        initial = build.drawn(model, seed)
+        loaded = build.as_source(init_state)
+        source: build.Source = initial if loaded is None else build.Chain(loaded, initial)
+        share = None
+        if digested:
+            names = [n for n, _ in build.named_params(model)]
+            share = build.base_share(names, self.info.world_size, self.info.rank)
+        build.Filler(source, share, digests).fill_module(model)
+        return model
+
+    def _reference_copy(self, cfg: LLMTrainConfig, seed: int, init_state: Any) -> Any:
+        """dpo with finetune.reference=copy (finetune=full): the frozen reference, built and
+        filled as the policy (``_filled_base``: the policy's weights before step 1), no
+        gradients, eval mode. Under ZeRO-3 partitioned by ``zero.Init`` and run by a second
+        DeepSpeed engine without an optimizer (its hooks gather each module's weights for the
+        forward, as TRL's ``prepare_deepspeed`` does for its ref_model); under ZeRO 0-2 whole
+        on every rank, as the policy, in the policy's dtype. None for any other run."""
+        if self.objective is None or self.objective.mode != "copy":
+            return None
+        model = self._filled_base(cfg, seed, init_state, None)
+        model.requires_grad_(False)
+        if cfg.zero.stage != 3:
+            return model.to(next(self.engine.module.parameters()).dtype).eval()
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(
+            model=model, config=_engine_ds_config(cfg), dist_init_required=False
+        )
+        engine.eval()
+        return engine
+
     def _zero3_init(self, cfg: LLMTrainConfig, mpu: Any) -> contextlib.AbstractContextManager[Any]:
         """ZeRO-3: ``deepspeed.zero.Init`` with the run's ds_config (its dtype, its offload);
-        the other stages keep the whole model on every rank anyway. Under AutoTP (`mpu`, the
-        (dp, tp) groups) the partitions span the data-parallel group, as the engine's, and the
-        ds_config's batch is checked against dp ranks, not every rank."""
+        the other stages keep the whole model on every rank anyway. Under AutoTP (`mpu`) the
+        partitions, and the ds_config's batch check, span the data-parallel group only."""
         if cfg.zero.stage != 3:
             return contextlib.nullcontext()
         import deepspeed
@@ -400,7 +435,9 @@ class DeepSpeedEngine(Engine):
         preference pairs, their mean pair loss (launcher.train.finetune.preference)."""
         if self.objective is not None:
             module = self.engine.module
-            return self.objective.micro_loss(module, self.engine, token_logps, micro, reference)
+            return self.objective.micro_loss(
+                module, self.engine, token_logps, micro, reference, self.reference_copy
+            )
         inputs, targets, segments = unpack(trim_to_longest(micro))
         logits = self.engine(inputs) if segments is None else self.engine(inputs, segments=segments)
         return masked_loss(logits, targets, divisor)

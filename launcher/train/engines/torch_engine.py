@@ -183,6 +183,7 @@ class TorchEngine(PairSteps, Engine):
         self.parts: list[nn.Module] = [self._build_part(c, seed) for c in self.chunk_ids]
         if self.offload is not None:  # the head and the loss keep what they save on the device
             self.offload.keep_after_blocks(self.parts[-1])
+        self.reference_copy = self._reference_copy(seed)  # dpo, finetune.reference=copy
         self.init_state = None
         self.base_digest = lora.gathered_digest(self.base_digests) if self.finetune else None
         self.optimizer = engine_optimizer(self)

@@ -1,6 +1,7 @@
 """The torch engine's steps over preference pairs (finetune.objective=dpo|simpo|orpo): one
 concatenated forward per micro-batch through ``finetune.preference``, with the engine's
-micro-batch loop, autocast, loss context (vocabulary-parallel logits under tp) and gradient sync.
+micro-batch loop, autocast, loss context (vocabulary-parallel logits under tp) and gradient sync;
+and dpo's frozen reference copy (finetune.reference=copy), built as the policy is.
 """
 
 from __future__ import annotations
@@ -15,18 +16,31 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.train.engines.torch_loss import token_log_probs
+from launcher.train.engines.torch_parallelize import apply_dp, apply_tp
 from launcher.train.finetune.preference import PreferenceObjective, response_tokens
+from launcher.train.model import fp8
+from launcher.train.model.transformer import build_model
 
 
 class PairSteps:
     """Mixed into ``TorchEngine``: what it does with preference rows [n, 2, 3, seq + 1]."""
 
     objective: PreferenceObjective | None
+    cfg: Any
     layout: Any
     mesh: Any
+    dp_mesh: Any
     parts: list[nn.Module]
+    reference_copy: nn.Module | None
     vocab_parallel: bool
     device: torch.device
+    compute_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    pure_bf16: bool
+    fp8: bool
+    fsdp: bool
+    tp_styles: tuple[type[Any], type[Any]]
+    _materialise: Callable[[nn.Module, int], None]
     _forward_backward: Callable[..., torch.Tensor]
     _autocast: Callable[[], contextlib.AbstractContextManager[Any]]
     _loss_context: Callable[[], contextlib.AbstractContextManager[None]]
@@ -42,9 +56,11 @@ class PairSteps:
             dist.all_reduce(count, group=self.mesh["dp"].get_group())
         model, objective = self.parts[0], self.objective
 
+        copy = self.reference_copy
+
         def micro(chunk: slice) -> torch.Tensor:
             ref = None if reference is None else reference[chunk]
-            return objective.micro_loss(model, model, self._token_logps, rows[chunk], ref)
+            return objective.micro_loss(model, model, self._token_logps, rows[chunk], ref, copy)
 
         mbs, accum = self.layout.micro_batch_size, self.layout.grad_accum
         chunks = [slice(i * mbs, (i + 1) * mbs) for i in range(accum)]
@@ -85,3 +101,34 @@ class PairSteps:
                 return self.objective.logps(model, self._token_logps, pairs, micro)
         finally:
             model.train()
+
+    def _reference_copy(self, seed: int) -> nn.Module | None:
+        """dpo with finetune.reference=copy (finetune=full): the frozen reference, built in the
+        policy's order (``TorchEngine._build_part``, ``train.parallel.build``): on meta, its
+        weights in the frozen dtype (the compute dtype on a GPU, fp32 on the CPU, as LoRA's
+        frozen base), fp8 layers and tensor parallel as the policy's, then its own FSDP2 over
+        dp (zero.stage 2/3; resharded after every forward) and this rank's shard filled from
+        train.init_from, else drawn from the policy's seed: the policy's weights before step 1.
+        No adapters, no recompute, no DDP, no gradients, eval mode. None for any other run."""
+        if self.objective is None or self.objective.mode != "copy":
+            return None
+        cfg, lay = self.cfg, self.layout
+        model = build_model(cfg.model, "meta")
+        frozen = self.compute_dtype if self.device.type == "cuda" else torch.float32
+        model.to(torch.bfloat16 if self.pure_bf16 else frozen)
+        if self.fp8:
+            fp8.convert(
+                model,
+                emulate=cfg.precision.fp8_emulate,
+                fsdp=self.fsdp,
+                recipe=cfg.precision.fp8_recipe,
+            )
+        if lay.tp > 1:
+            apply_tp(model, self.mesh["tp"], cfg, self.tp_styles, first_chunk=True)
+        model.chunked_loss = False  # the reference's log-probs come from full logits
+        model.requires_grad_(False)
+        dtypes = (self.compute_dtype, self.grad_dtype)
+        # FSDP2 shards in place (fully_shard returns the same module); elsewhere no wrapper.
+        apply_dp(model, cfg, self.dp_mesh, self.device, dtypes, False, frozen=True)
+        self._materialise(model, seed)
+        return model.eval()

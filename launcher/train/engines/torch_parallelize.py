@@ -291,11 +291,14 @@ def apply_dp(
     device: torch.device,
     dtypes: tuple[torch.dtype, torch.dtype],
     manual_dp_sync: bool,
+    frozen: bool = False,
 ) -> nn.Module:
     """Data parallel over `dp_mesh` (see torch_engine's docstring, step 5): FSDP2 for zero.stage
     2/3 (`dtypes`: the compute and gradient-reduction dtypes of its mixed precision), DDP for
     0/1 where dp x cp > 1, nothing where the engine all-reduces the gradients itself
-    (`manual_dp_sync`) or there is one replica."""
+    (`manual_dp_sync`) or there is one replica. `frozen` (dpo's reference copy, no gradients):
+    FSDP2 reshards after every forward (no backward comes to reuse the gathered weights), no
+    DDP (nothing to reduce)."""
     lay, z = derive_layout(cfg), cfg.zero
     compute_dtype, grad_dtype = dtypes
     if z.stage in (2, 3):
@@ -308,12 +311,12 @@ def apply_dp(
         kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": mp}
         if offload is not None:
             kwargs["offload_policy"] = offload
-        reshard = z.stage == 3
+        reshard = z.stage == 3 or frozen
         for block in cast(Transformer, model).layers.values():
             fully_shard(block, reshard_after_forward=reshard, **kwargs)
         fully_shard(model, reshard_after_forward=reshard, **kwargs)
         return model
-    if lay.dp * lay.cp > 1 and not manual_dp_sync:
+    if lay.dp * lay.cp > 1 and not manual_dp_sync and not frozen:
         device_ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(
             model, device_ids=device_ids, process_group=dp_mesh.get_group()

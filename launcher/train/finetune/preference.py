@@ -14,7 +14,10 @@ The reference (dpo only; ``launcher.plan.preference.reference_mode``):
   (``finetune.adapters.disable_adapters``), forward under no_grad before the policy's, no
   second copy of the weights;
 - precomputed: the reference's summed log-probabilities of every pair, computed before step 1 by
-  ``logps`` over the data (``launcher.train.finetune.preference_reference``), passed to the step.
+  ``logps`` over the data (``launcher.train.finetune.preference_reference``), passed to the step;
+- copy (finetune=full): a second model, frozen (no gradients, eval mode), built by the engine the
+  way it builds the policy from the same train.init_from and sharded the same way; its forward
+  (the engine's ``reference_forward``) under no_grad before the policy's, as adapters-off.
 
 The engine gives the forward (tokens -> logits, under its autocast and loss contexts) and the
 per-token log-probabilities of its logits (full, or split over the vocabulary under tp).
@@ -72,7 +75,7 @@ class PreferenceObjective:
 
     def __init__(self, cfg: LLMTrainConfig):
         self.settings = settings(cfg)
-        self.mode = reference_mode(cfg)  # None, "adapters-off" or "precomputed"
+        self.mode = reference_mode(cfg)  # None, "adapters-off", "precomputed" or "copy"
         self.sums: torch.Tensor | None = None
         self.metrics: dict[str, float] = {}
 
@@ -88,17 +91,25 @@ class PreferenceObjective:
         token_logps: TokenLogps,
         pairs: torch.Tensor,
         reference: torch.Tensor | None = None,
+        reference_forward: Forward | None = None,
     ) -> torch.Tensor:
         """The mean loss of one micro-batch of pairs [m, 2, 3, s + 1]; `reference` [m, 2]: the
-        precomputed reference log-probs (dpo with reference=precomputed). Adds to the step's
-        reward sums."""
+        precomputed reference log-probs (dpo with reference=precomputed); `reference_forward`:
+        the frozen copy's forward (reference=copy). Adds to the step's reward sums."""
         m = pairs.shape[0]
         inputs, targets, _ = unpack(concatenated(pairs))
         ref: tuple[torch.Tensor, torch.Tensor] | None = None
+        # A live reference first, so that its logits are gone before the policy's activations
+        # exist.
         if self.mode == "adapters-off":
-            # First, so that its logits are gone before the policy's activations exist.
             with torch.no_grad(), adapters.disable_adapters(model):
                 sums, _ = self._sequence_logps(forward, token_logps, inputs, targets)
+            ref = (sums[:m], sums[m:])
+        elif self.mode == "copy":
+            if reference_forward is None:
+                raise ValueError("finetune.reference=copy: the step got no reference model")
+            with torch.no_grad():
+                sums, _ = self._sequence_logps(reference_forward, token_logps, inputs, targets)
             ref = (sums[:m], sums[m:])
         elif self.mode == "precomputed" and reference is None:
             raise ValueError("finetune.reference=precomputed: the step got no reference")

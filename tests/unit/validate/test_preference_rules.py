@@ -23,6 +23,11 @@ DPO = ["recipe=tiny-dpo-lora", "train.init_from=null"]
          "finetune.reference", "finetune.reference=precomputed"),
         (["finetune=full", "finetune.objective=dpo", "data.builtin=preference",
           "data.packing=false", "train.eval_every=10"], "train.eval_every", "train.eval_every=0"),
+        # auto's pick named, and the reference that serves evaluation offered.
+        (["finetune=full", "finetune.objective=dpo", "data.builtin=preference",
+          "data.packing=false", "train.eval_every=10"], "finetune.reference=auto picks precomputed",
+         "finetune.reference=copy"),
+        (["finetune.reference=copy"], "finetune.reference", "finetune.reference=adapters-off"),
         (["finetune.loss_type=ipo", "finetune.label_smoothing=0.1"], "finetune.label_smoothing",
          "finetune.label_smoothing=0"),
         (["parallel.pp=2", "cluster.gpus_per_node=2", "model.tie_embeddings=false"],
@@ -48,6 +53,7 @@ def test_the_recipe_and_its_relatives_validate() -> None:
         ["finetune.objective=simpo", "finetune.beta=2.0"],
         ["finetune.objective=orpo"],
         [*full, "data.packing=false"],
+        [*full, "data.packing=false", "finetune.reference=copy", "train.eval_every=10"],
     ]
     for extra in relatives:
         done = invoke("validate", *DPO, *extra)
@@ -69,3 +75,27 @@ def test_plan_prices_two_sequences_a_pair_and_the_reference() -> None:
     )  # fmt: skip
     assert simpo.memory.heaviest.activations == pytest.approx(sft.memory.heaviest.activations)
     assert simpo.time.tokens_per_s == pytest.approx(sft.time.tokens_per_s)
+
+
+def test_plan_prices_the_reference_copy() -> None:
+    """finetune.reference=copy: its weights in each rank's memory (fp32 on the CPU, the frozen
+    dtype elsewhere; sharded over dp under FSDP2 / ZeRO-3) and its forward in the step;
+    precomputed: neither. The plan's line says what auto picked."""
+    full = [*DPO, "finetune=full", "data.packing=false"]
+    pre = make_plan(compose_config(full).config)
+    copy = make_plan(compose_config([*full, "finetune.reference=copy"]).config)
+    params = pre.total_params
+    added = copy.memory.heaviest.weights - pre.memory.heaviest.weights
+    assert added == pytest.approx(params * 4)  # cluster=cpu: fp32
+    assert copy.time.step_s > pre.time.step_s
+    # On GPUs under FSDP2 (zero.stage=3) over 8 ranks: bf16, an eighth a rank.
+    gpu = [*full, "cluster=h100-80gb", "cluster.gpus_per_node=8", "precision=bf16", "zero.stage=3",
+           "train.global_batch_size=64"]  # fmt: skip
+    pre8 = make_plan(compose_config(gpu).config)
+    copy8 = make_plan(compose_config([*gpu, "finetune.reference=copy"]).config)
+    added8 = copy8.memory.heaviest.weights - pre8.memory.heaviest.weights
+    assert added8 == pytest.approx(params * 2 / 8)
+    text = " ".join(invoke("plan", *full).stdout.split())
+    assert "precomputed in one pass before step 1 (finetune.reference=auto)" in text
+    text = " ".join(invoke("plan", *full, "finetune.reference=copy").stdout.split())
+    assert "a frozen copy" in text

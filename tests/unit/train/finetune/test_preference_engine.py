@@ -24,6 +24,7 @@ from launcher.train.finetune.preference_reference import (  # noqa: E402
     reference_table,
     resume_problem,
 )
+from launcher.train.trainer import base_needed_on_resume  # noqa: E402
 
 SEQ, PAIRS = 24, 4
 SMALL = [
@@ -119,3 +120,35 @@ def test_reference_free_objectives_step(one_process_group: None, objective: str)
     results = train(engine, Pairs().rows, 3)
     assert all(math.isfinite(r.loss) for r in results)
     assert results[-1].loss < results[0].loss
+
+
+def test_the_reference_copy_equals_the_precomputed_reference(
+    one_process_group: None, tmp_path: Path
+) -> None:
+    """finetune.reference=copy: a second model, frozen (no gradients, not optimized, eval mode),
+    holding the policy's weights before step 1, so its steps are the precomputed reference's."""
+    cfg = config("finetune=full", "finetune.reference=copy")
+    engine = TorchEngine(cfg, seed=0)
+    copy = engine.reference_copy
+    assert copy is not None and not copy.training
+    assert not any(p.requires_grad for p in copy.parameters())
+    optimized = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in copy.parameters()}
+    data = Pairs()
+    got = train(engine, data.rows, 3)
+    pre_cfg = config("finetune=full")
+    pre = TorchEngine(pre_cfg, seed=0)
+    assert pre.reference_copy is None
+    table = reference_table(pre_cfg, tmp_path, pre, data, False, lambda _: None)
+    want = train(pre, data.rows, 3, table)
+    assert [r.loss for r in got] == [r.loss for r in want]
+    assert [r.preference for r in got] == [r.preference for r in want]
+    assert got[-1].loss != got[0].loss  # the policy moved; the copy did not
+
+
+def test_a_resume_rebuilds_the_reference_copy_from_train_init_from() -> None:
+    """The copy is the base, never the checkpoint: a resumed full run with reference=copy still
+    reads train.init_from (precomputed reads its stored table instead)."""
+    assert base_needed_on_resume(config("finetune=full", "finetune.reference=copy"))
+    assert not base_needed_on_resume(config("finetune=full"))
+    assert base_needed_on_resume(config())  # lora: the checkpoints hold the adapters alone
