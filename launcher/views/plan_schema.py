@@ -18,6 +18,7 @@ SAMPLES = (
     ("recipe=deepseek-v3",),
     ("recipe=gpt-7b", "cluster=a100-40gb", "zero.stage=0"),  # does not fit: fixes listed
     ("recipe=tiny-dpo-lora",),  # preference pairs: the reference named
+    ("recipe=tiny-sft",),  # packed chat rows: the attention kernel named
 )
 
 _TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"))
