@@ -25,6 +25,11 @@ from tests.schedule import PROCESS_DIRS, make_scheduler, register_recorder
 # CPython's platform.processor() runs `uname -p` once per interpreter and keeps the answer;
 # deepspeed asks when imported. Asked here, before any unit test runs under the process guard.
 platform.processor()
+# Two xdist workers on two cores: torch's intra-op threads (one per core by default) in each
+# worker and each child process oversubscribe the cores, and OpenMP's spinning threads wait on
+# each other (measured here: tests/unit/train with -n 2 took 36.9 s, 18.6 s with one thread).
+# Set before torch is imported; child processes inherit it (a run's launch.sh sets it anyway).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("COLUMNS", "200")
 os.environ.setdefault("TERMINAL_WIDTH", "200")
 # plan prices from a cached operator profile (llmtrain calibrate) when one exists: tests read and
