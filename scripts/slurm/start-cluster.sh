@@ -7,7 +7,8 @@
 # (default /tmp/llmtrain-slurm-cluster): config, state, logs, pid files.
 # Clients (sbatch, squeue, llmtrain submit) need:  export SLURM_CONF=$LLMTRAIN_SLURM_DIR/etc/slurm.conf
 #
-# Settings (environment): NODES (default 2), CPUS per node (default: nproc),
+# Settings (environment): NODES (default 2), CPUS per node (default: the CPUs this process may
+# run on, as nproc counts them without OMP_NUM_THREADS, which GNU nproc would return instead),
 # PARTITION (default debug), WAIT_S (default 60).
 # Running it again while the cluster is up with the same settings only checks it.
 # Stop with scripts/slurm/stop-cluster.sh.
@@ -15,7 +16,7 @@ set -euo pipefail
 
 DIR=${LLMTRAIN_SLURM_DIR:-/tmp/llmtrain-slurm-cluster}
 NODES=${NODES:-2}
-CPUS=${CPUS:-$(nproc)}
+CPUS=${CPUS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 PARTITION=${PARTITION:-debug}
 WAIT_S=${WAIT_S:-60}
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH

@@ -107,4 +107,7 @@ def test_init_from_a_checkpoint_reads_a_ranks_boxes_tensor_by_tensor(big_run: Pa
     whole = full_state(engine, LAYERS, CheckpointFiles.verified(engine.parent))
     for name, (offsets, shape) in boxes.items():
         assert torch.equal(mine[name], whole[name][offsets[0] : offsets[0] + shape[0]]), name
-    assert grown < model // 3, f"init_from grew the peak by {grown / MIB:.0f} MiB"
+    # Half the model: a reading of the whole checkpoint (+92.4 MiB, above the model's own size)
+    # stays far over it, while the allocator's state left by earlier tests in the same worker
+    # moves the by-tensor figure (10.5 MiB alone, 19 MiB seen under the full suite).
+    assert grown < model // 2, f"init_from grew the peak by {grown / MIB:.0f} MiB"
