@@ -258,12 +258,7 @@ class TorchEngine(PairSteps, Engine):
             adapters.add_adapters(model, cfg, frozen)
         if self.fp8:
             # Before tp and FSDP, as torchao documents: the parameters stay the same tensors.
-            fp8.convert(
-                model,
-                emulate=cfg.precision.fp8_emulate,
-                fsdp=self.fsdp,
-                recipe=cfg.precision.fp8_recipe,
-            )
+            fp8.convert_as_configured(model, cfg.precision, self.fsdp)
         if lay.cp > 1:
             cp = ContextParallel(self.mesh["cp"].get_group(), lay.cp, self.cp_rank, lay.seq_length)
             apply_context_parallel(model, cp)

@@ -117,12 +117,7 @@ class PairSteps:
         frozen = self.compute_dtype if self.device.type == "cuda" else torch.float32
         model.to(torch.bfloat16 if self.pure_bf16 else frozen)
         if self.fp8:
-            fp8.convert(
-                model,
-                emulate=cfg.precision.fp8_emulate,
-                fsdp=self.fsdp,
-                recipe=cfg.precision.fp8_recipe,
-            )
+            fp8.convert_as_configured(model, cfg.precision, self.fsdp)
         if lay.tp > 1:
             apply_tp(model, self.mesh["tp"], cfg, self.tp_styles, first_chunk=True)
         model.chunked_loss = False  # the reference's log-probs come from full logits

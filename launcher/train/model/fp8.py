@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from launcher.backends.engine_choices import fp8_converts
+from launcher.config.schema import PrecisionConfig
 
 # Real fp8 matmuls need CUDA compute capability 8.9 (Ada) or newer.
 FP8_MIN_CAPABILITY = (8, 9)
@@ -96,6 +97,11 @@ def float8_config(*, emulate: bool, fsdp: bool, recipe: str = "tensorwise") -> A
 
 def _block_linear(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear) and fqn.split(".")[0] == "layers"
+
+
+def convert_as_configured(model: nn.Module, precision: PrecisionConfig, fsdp: bool) -> list[str]:
+    """``convert`` with the run's precision.fp8_emulate and precision.fp8_recipe."""
+    return convert(model, emulate=precision.fp8_emulate, fsdp=fsdp, recipe=precision.fp8_recipe)
 
 
 def convert(
