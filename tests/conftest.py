@@ -1,6 +1,6 @@
 """Shared fixtures. Rich wraps at 80 columns under CliRunner: tests set a wide terminal first.
 
-With pytest-xdist (`-n 2`, the README's test command) each file of tests that start processes is
+With pytest-xdist (`-n 3`, the README's test command) each file of tests that start processes is
 one unit of work (its module- and session-scoped reference launches run once, its tests in order
 on one worker) and each other test one unit; units go out costliest first, by a measured table
 (tests/schedule.py). Each test has one tier marker, and a unit test cannot start a process
@@ -25,7 +25,7 @@ from tests.schedule import PROCESS_DIRS, make_scheduler, register_recorder
 # CPython's platform.processor() runs `uname -p` once per interpreter and keeps the answer;
 # deepspeed asks when imported. Asked here, before any unit test runs under the process guard.
 platform.processor()
-# Two xdist workers on two cores: torch's intra-op threads (one per core by default) in each
+# xdist workers on two cores: torch's intra-op threads (one per core by default) in each
 # worker and each child process oversubscribe the cores, and OpenMP's spinning threads wait on
 # each other (measured here: tests/unit/train with -n 2 took 36.9 s, 18.6 s with one thread).
 # Set before torch is imported; child processes inherit it (a run's launch.sh sets it anyway).

@@ -1,9 +1,9 @@
-"""How `pytest -n 2` hands out the tests: units of work, costliest first, from a measured table.
+"""How `pytest -n 3` hands out the tests: units of work, costliest first, from a measured table.
 
 A unit of work (an xdist "scope") is a whole file under PROCESS_DIRS (its module- and session-
 scoped launches run once, its tests in order, on one worker) or a single test elsewhere. Each
 worker takes the next unit when it is nearly idle, so handing them out costliest first (longest
-processing time first) keeps both workers busy to the end: a 70 s test taken last would leave
+processing time first) keeps every worker busy to the end: a 70 s test taken last would leave
 the other worker idle for 70 s.
 
 The cost of a unit is its seconds in tests/costs.json (measured: run the suite with
