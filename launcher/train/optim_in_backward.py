@@ -25,7 +25,31 @@ import torch
 from torch import nn
 
 
-class InBackwardOptimizer:
+class PerParameterOptimizers:
+    """One optimizer a parameter, made by `make` (the whole-model optimizer's factory), seen by
+    the engine as one optimizer: its param_groups for the learning rate, zero_grad, and an
+    iterable of optimizers for DCP's get_state_dict / set_state_dict."""
+
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        make: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    ) -> None:
+        self.optimizers = [make([param]) for param in params]
+
+    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
+        return iter(self.optimizers)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class InBackwardOptimizer(PerParameterOptimizers):
     """Per-parameter optimizers stepped from the backward (module docstring)."""
 
     def __init__(
@@ -33,14 +57,12 @@ class InBackwardOptimizer:
         params: list[nn.Parameter],
         make: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
     ) -> None:
-        self.optimizers: list[torch.optim.Optimizer] = []
+        super().__init__(params, make)
         self._squares = torch.zeros((), dtype=torch.float32)
-        self._handles: list[Any] = []
-        for param in params:
-            optimizer = make([param])
-            self.optimizers.append(optimizer)
-            hook = self._hook(optimizer)
-            self._handles.append(param.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+        self._handles: list[Any] = [
+            param.register_post_accumulate_grad_hook(self._hook(optimizer))  # type: ignore[no-untyped-call]
+            for param, optimizer in zip(params, self.optimizers, strict=True)
+        ]
 
     def _hook(self, optimizer: torch.optim.Optimizer) -> Callable[[torch.Tensor], None]:
         # Weak references: the hook lives on the parameter, in autograd's C++ metadata, which
@@ -61,13 +83,6 @@ class InBackwardOptimizer:
 
         return step_now
 
-    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
-        return iter(self.optimizers)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
-
     def take_grad_norm(self) -> float:
         """The global gradient norm of the backward just run (then reset)."""
         norm = float(self._squares.sqrt())
@@ -76,10 +91,6 @@ class InBackwardOptimizer:
 
     def step(self) -> None:
         """Nothing left to do: every parameter was stepped in the backward."""
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=set_to_none)
 
     def close(self) -> None:
         for handle in self._handles:

@@ -30,11 +30,13 @@ fp32 master there too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from launcher.train.optim_in_backward import PerParameterOptimizers
 
 KEPT = "step"  # the state entry that stays where the optimizer put it
 
@@ -114,30 +116,12 @@ def offloaded(optimizer: torch.optim.Optimizer, where: str = "cpu") -> torch.opt
     return optimizer
 
 
-class StepInTurn:
+class StepInTurn(PerParameterOptimizers):
     """optim.offload=cpu without optim.in_backward: one optimizer a parameter, stepped one after
     the other after the backward, so one parameter's states are on the device at a time. DCP's
     get_state_dict / set_state_dict take it as an iterable of optimizers (as
     InBackwardOptimizer)."""
 
-    def __init__(
-        self,
-        params: list[nn.Parameter],
-        make: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-    ) -> None:
-        self.optimizers = [make([param]) for param in params]
-
-    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
-        return iter(self.optimizers)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
-
     def step(self) -> None:
         for optimizer in self.optimizers:
             optimizer.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=set_to_none)
