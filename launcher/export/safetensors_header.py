@@ -129,6 +129,12 @@ def parse_header(header: Any, buffer_bytes: int, where: str) -> dict[str, Tensor
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
     """The tensors the safetensors file `path` holds, its header checked against its size."""
+    return read_layout(path)[0]
+
+
+def read_layout(path: Path) -> tuple[dict[str, TensorEntry], int]:
+    """``read_header``'s tensors and the file offset where their data begins (8 + the header's
+    length): an entry's bytes are [start + begin, start + end) of the file."""
     where = str(path)
     try:
         fd = bounded_read.open_regular(Path(path), follow_symlinks=True)
@@ -155,4 +161,4 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         header = bounded_read.loads_json(data, max_depth=4)
     except bounded_read.FileRefused as exc:
         raise HeaderError(f"{where}: its header {exc}") from None
-    return parse_header(header, size - 8 - length, where)
+    return parse_header(header, size - 8 - length, where), 8 + length

@@ -16,10 +16,8 @@ an optional "__metadata__"; then the data, row-major, little-endian, offsets rel
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,6 @@ DTYPES = TORCH_DTYPES  # safetensors' dtype names (safetensors/src/tensor.rs, Dt
 # The most read at once for a digest: rows of a whole tensor, converted to fp32 one chunk at a time
 # (the plan prices it: launcher.plan.memory.build_peak).
 CHUNK_BYTES = DIGEST_CHUNK_BYTES
-MAX_HEADER = 100 << 20  # safetensors refuses headers over 100 MB (MAX_HEADER_SIZE)
 
 
 @dataclass(frozen=True)
@@ -45,24 +42,17 @@ class Entry:
 
 
 def read_header(path: Path) -> dict[str, Entry]:
-    """The tensors of one safetensors file, from its header alone."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        if size > MAX_HEADER:
-            raise ValueError(f"{path}: a safetensors header of {size} bytes")
-        header = json.loads(f.read(size))
+    """The tensors of one safetensors file, from its header alone, checked against the file
+    (``launcher.export.safetensors_header``: bounded, offsets contiguous within the file)."""
+    from launcher.export.safetensors_header import read_layout
+
+    entries, start = read_layout(path)
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = DTYPES.get(info["dtype"])
+    for name, info in entries.items():
+        dtype = DTYPES.get(info.dtype)
         if dtype is None:
-            raise ValueError(f"{path}: {name} has dtype {info['dtype']}, not read here")
-        begin, end = info["data_offsets"]
-        shape = tuple(int(n) for n in info["shape"])
-        if end - begin != math.prod(shape) * dtype.itemsize:
-            raise ValueError(f"{path}: {name}'s data_offsets do not match its shape")
-        out[name] = Entry(path, dtype, shape, 8 + size + int(begin))
+            raise ValueError(f"{path}: {name} has dtype {info.dtype}, not read here")
+        out[name] = Entry(path, dtype, info.shape, start + info.begin)
     return out
 
 
