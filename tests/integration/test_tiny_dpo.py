@@ -21,7 +21,7 @@ from tests.cli import llmtrain
 pytestmark = pytest.mark.integration
 
 BASE = ["model.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=2"]
-STEPS = 24
+STEPS = 16
 
 
 def test_tiny_dpo_reward_accuracy_rises(tmp_path: Path) -> None:
