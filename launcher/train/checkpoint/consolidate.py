@@ -3,62 +3,50 @@
 Whatever layout wrote it:
 
 - torch engine (DCP; DDP, FSDP2 ZeRO-2/3, tensor/pipeline/expert parallel, ZeRO-1): the
-  ``.metadata`` lists every model tensor with its global shape; each is allocated whole and DCP's
-  own resharding fills it from the shards (``dcp_load(no_dist=True)``). The metadata goes through
-  ``safe_load.SafeFileSystemReader`` and the ``TensorOnlyLoadPlanner``: nothing is unpickled but
-  the allow-listed metadata classes, and the optimizer entries are never read.
-- DeepSpeed engine: ZeRO 0-2 keep the whole module in ``mp_rank_00_model_states.pt``; ZeRO-3
-  keeps only fp32 partitions in the optimizer files, merged by DeepSpeed's ``zero_to_fp32``;
-  pipeline stages write one ``layer_XX-model_states.pt`` per layer (the embedding, each
-  block, the head), mapped back to the model's names. Every file is read weights-only (tensors,
-  builtins and DeepSpeed's few allow-listed classes; see ``safe_load.weights_only_load``).
+  ``.metadata`` lists every model tensor with its global shape; DCP's own resharding fills a
+  tensor (or one box of it: ``DcpTensors.box``) from the shards that overlap it. The metadata
+  goes through ``safe_load.SafeFileSystemReader`` and the ``TensorOnlyLoadPlanner``: nothing is
+  unpickled but the allow-listed metadata classes, and the optimizer entries are never read.
+- DeepSpeed engine (ZeRO 0-2's module file, pipeline stages' layer files, ZeRO-3's fp32
+  partitions in the optimizer files): ``deepspeed_tensors.DeepSpeedTensors``, each file's pickle
+  read weights-only with no tensor data, each box read from where its values lie.
 
-Every file is read once, through the checkpoint's ``safe_load.CheckpointFiles`` (its bytes checked
-against the manifest, then deserialized from that same buffer).
+Every file is checked against the manifest before it is read (``safe_load.CheckpointFiles``):
+streamed and hashed through one descriptor, then read by offset through it.
 
 ``shapes`` gives the tensor shapes alone (what ``train.init_from`` checks before training);
-``DcpTensors`` reads a DCP checkpoint's tensors one at a time (``gather``, export and sample,
-``init_from.CheckpointSlices``), its files streamed (``CheckpointFiles.open``) rather than each
-read whole.
+``open_tensors`` the tensors one at a time (``gather``: export and sample;
+``init_from.CheckpointSlices``: the boxes a rank holds); ``full_state`` every tensor at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+from launcher.train.checkpoint.engine_dirs import (
+    DCP_METADATA,
+    DS_TAG,
+    MODEL_PREFIX,
+    ConsolidateError,
+    is_dcp,
+    is_deepspeed,
+)
+from launcher.train.checkpoint.engine_dirs import clean as _clean
+
 if TYPE_CHECKING:
     from launcher.train.checkpoint.safe_load import CheckpointFiles
 
-DCP_METADATA = ".metadata"
-DS_TAG = "engine"  # DeepSpeedEngine's checkpoint tag (launcher.train.engines.deepspeed_engine.TAG)
-MODEL_PREFIX = "model."
-_COMPILED = "_orig_mod."
-_LAYER_FILE = re.compile(r"layer_(\d+)-(?:model_00-)?model_states\.pt$")
-
-
-class ConsolidateError(ValueError):
-    """The checkpoint folder is not one llmtrain can read back into a full model."""
-
-
-def _clean(name: str) -> str:
-    return name.replace(_COMPILED, "")
-
-
-def is_dcp(engine_dir: Path) -> bool:
-    return (engine_dir / DCP_METADATA).is_file()
-
-
-def is_deepspeed(engine_dir: Path) -> bool:
-    return (engine_dir / DS_TAG).is_dir()
+# engine_dirs' names that callers read from here
+__all__ = ["ConsolidateError", "DcpTensors", "full_state", "is_dcp", "open_tensors", "shapes"]
 
 
 def _dcp_model_entries(
@@ -158,6 +146,11 @@ class DcpTensors:
             raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
         return out
 
+    def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+        """The box `offsets` + `shape` of the tensor `name`."""
+        index = tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
+        return self.tensor(name)[index]
+
 
 def _cached_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
     """A ``SafeFileSystemReader`` that serves `metadata` (already read and checked) again."""
@@ -170,64 +163,6 @@ def _cached_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
             return metadata
 
     return Reader(path, files)
-
-
-def _deepspeed_state(
-    engine_dir: Path, num_layers: int, files: CheckpointFiles
-) -> dict[str, torch.Tensor]:
-    from launcher.train.checkpoint.safe_load import (
-        deepspeed_loading,
-        verify_weights_only,
-        weights_only_load,
-    )
-
-    tag_dir = engine_dir / DS_TAG
-    verify_weights_only(engine_dir, files)  # every *.pt weights-only, before DeepSpeed opens any
-    listed = files.names("*.pt", tag_dir)
-    layer_files = [p for p in listed if p.name.startswith("layer_") and _LAYER_FILE.search(p.name)]
-    if layer_files:
-        return _pipeline_state(
-            layer_files, num_layers, lambda p: weights_only_load(p, "cpu", files)
-        )
-    if files.names("zero_pp_rank_*_mp_rank_00_model_states.pt", tag_dir):
-        # ZeRO-3: each rank's fp32 partition sits in its optimizer file; DeepSpeed merges them.
-        from launcher.train.deepspeed_import import import_deepspeed
-
-        import_deepspeed()
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        with deepspeed_loading(files):
-            merged = get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag=DS_TAG)
-        return {_clean(k): v for k, v in merged.items()}
-    states = tag_dir / "mp_rank_00_model_states.pt"
-    if states not in listed:
-        raise ConsolidateError(
-            f"{tag_dir}: no mp_rank_00_model_states.pt (a DeepSpeed checkpoint?)"
-        )
-    saved = weights_only_load(states, "cpu", files)
-    if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
-        raise ConsolidateError(f"{states}: not a DeepSpeed model-states file")
-    module: dict[str, torch.Tensor] = saved["module"]
-    return {_clean(k): v for k, v in module.items() if isinstance(v, torch.Tensor)}
-
-
-def _pipeline_state(
-    paths: list[Path], num_layers: int, load: Callable[[Path], Any]
-) -> dict[str, torch.Tensor]:
-    """DeepSpeed PipelineModule layer files -> model names: layer 0 is the embedding, 1..L the
-    blocks (``layers.{i-1}``), L+1 the final norm and head (deepspeed_engine.pipeline_layers)."""
-    state: dict[str, torch.Tensor] = {}
-    for path in paths:
-        match = _LAYER_FILE.search(path.name)
-        assert match is not None
-        index = int(match.group(1))
-        tensors = load(path)
-        if not isinstance(tensors, dict):
-            raise ConsolidateError(f"{path}: not a DeepSpeed layer file")
-        prefix = f"layers.{index - 1}." if 1 <= index <= num_layers else ""
-        for key, value in tensors.items():
-            state[prefix + _clean(key)] = value
-    return state
 
 
 @contextlib.contextmanager
@@ -245,6 +180,22 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def open_tensors(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> Any:
+    """The model tensors of the checkpoint engine folder `engine_dir`, each read when asked for:
+    ``DcpTensors`` or ``deepspeed_tensors.DeepSpeedTensors`` (both: ``entries``, ``specs()``,
+    ``tensor(name)``, ``box(name, offsets, shape)``), every file read through `files`
+    (``CheckpointFiles.verified`` of the checkpoint)."""
+    engine_dir = Path(engine_dir)
+    if is_dcp(engine_dir):
+        return DcpTensors(engine_dir, files)
+    if is_deepspeed(engine_dir):
+        with _stdout_to_stderr():  # importing DeepSpeed logs
+            return DeepSpeedTensors(engine_dir, num_layers, files)
+    raise ConsolidateError(
+        f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) checkpoint"
+    )
+
+
 def full_state(
     engine_dir: Path, num_layers: int, files: CheckpointFiles
 ) -> dict[str, torch.Tensor]:
@@ -253,18 +204,16 @@ def full_state(
     engine_dir = Path(engine_dir)
     if is_dcp(engine_dir):
         return _dcp_state(engine_dir, files)
-    if is_deepspeed(engine_dir):
-        with _stdout_to_stderr():
-            return _deepspeed_state(engine_dir, num_layers, files)
-    raise ConsolidateError(
-        f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) checkpoint"
-    )
+    tensors = open_tensors(engine_dir, num_layers, files)
+    return {name: tensors.tensor(name) for name in tensors.entries}
 
 
 def shapes(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> dict[str, tuple[int, ...]]:
-    """{llmtrain parameter name: shape}; DCP from its metadata alone, DeepSpeed by reading."""
+    """{llmtrain parameter name: shape}, from the DCP metadata or the DeepSpeed pickles alone."""
     engine_dir = Path(engine_dir)
     if is_dcp(engine_dir):
         entries = _dcp_model_entries(engine_dir, files)
         return {_clean(k): tuple(size) for k, (size, _) in entries.items()}
-    return {k: tuple(v.shape) for k, v in full_state(engine_dir, num_layers, files).items()}
+    return {
+        k: shape for k, (shape, _) in open_tensors(engine_dir, num_layers, files).specs().items()
+    }

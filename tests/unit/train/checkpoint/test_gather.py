@@ -46,9 +46,13 @@ def _reset_peak() -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_run(tmp_path_factory.mktemp("big"), steps=(1,), overrides=BIG)
+@pytest.fixture(scope="module", params=["torch", "deepspeed"])
+def big_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The run, its checkpoint as the torch engine (DCP) or DeepSpeed (module file) writes it."""
+    if request.param == "deepspeed":
+        pytest.importorskip("deepspeed")
+    root = tmp_path_factory.mktemp(f"big-{request.param}")
+    return make_run(root, request.param, steps=(1,), overrides=BIG)
 
 
 def test_export_holds_one_tensor_at_a_time(big_run: Path, tmp_path: Path) -> None:
