@@ -1,24 +1,13 @@
 """A DeepSpeed checkpoint's model tensors, each (or one box of one) read on its own (issue #39):
 what export, sample and train.init_from read, never the whole checkpoint at once.
 
-DeepSpeed (0.19.8) writes its files with ``torch.save``: a zip whose pickle names the tensors and
-whose records hold their storages. Each file is opened once through the checkpoint's
-``safe_load.CheckpointFiles.open``: hashed whole through one descriptor (bounded chunks) and
-compared with the manifest; then its pickle is loaded weights-only (tensors, builtins and
-``safe_load.deepspeed_globals``) with ``map_location="meta"``, which reads no tensor data: torch
-2.13 (``serialization._load``, ``load_tensor``) gives each meta storage the byte offset of its
-record in the file (``_checkpoint_offset``). Values are then read with ``pread`` through that same
-descriptor, only the runs of a box (``safetensors_slices.read_runs``), into the tensor returned.
+DeepSpeed (0.19.8) writes its files with ``torch.save``. Each file is opened once through the
+checkpoint's ``safe_load.CheckpointFiles.open`` (hashed whole through one descriptor, in bounded
+chunks, and compared with the manifest); its pickle is loaded weights-only on the meta device,
+no tensor data read (``saved_tensors.layout``, with ``safe_load.deepspeed_globals``); values are
+then read by offset through that same descriptor, only the runs of the box asked for
+(``saved_tensors``: why a file changed after its hash is refused, and why nothing is mapped).
 The most held at once is the box asked for (a whole tensor for export and sample).
-
-A file changed after its hash: the descriptor keeps the inode that was hashed, so a name swapped
-for another file is never read; a write in place moves the inode's change time, which
-``CheckedFile`` compares after every read, so the read is refused (a write within one tick of the
-file system's clock of the open is the limit of that check, as for every streamed file). Nothing
-is memory-mapped: ``torch.load(mmap=True)`` would map the file again by its name (a swap between
-hash and map would map another inode), a private mapping shows later writes to pages not yet
-touched, a truncation would kill the process with SIGBUS (here: a short read, refused), and every
-page touched would stay in the resident set (over an export, the whole fp32 model).
 
 What is where (the names are the model's, ``_orig_mod.`` of torch.compile removed):
 
@@ -44,16 +33,15 @@ from __future__ import annotations
 
 import math
 import re
-import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from launcher.train.checkpoint.engine_dirs import DS_TAG, ConsolidateError
 from launcher.train.checkpoint.engine_dirs import clean as _clean
+from launcher.train.checkpoint.saved_tensors import Stored, layout, where_stored
 
 if TYPE_CHECKING:
     from launcher.train.checkpoint.safe_load import CheckedFile, CheckpointFiles
@@ -71,65 +59,6 @@ class Values(Protocol):
     def dtype(self) -> torch.dtype: ...
 
     def read(self, part: torch.Tensor, start: int) -> None: ...
-
-
-def _read_at(file: CheckedFile, out: torch.Tensor, offset: int) -> None:
-    view = memoryview(out.reshape(-1).view(torch.uint8).numpy().data).cast("B")
-    file.seek(offset)
-    if file.readinto(view) != len(view):  # readinto refuses a file written to since its hash
-        raise ConsolidateError(f"{file.path}: shorter than its tensors say (a damaged file?)")
-
-
-def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    expected = 1
-    for n, s in reversed(list(zip(shape, stride, strict=True))):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A tensor where a torch.save file stores it: `begin` is the byte offset of its first
-    element (its record's offset plus its storage offset)."""
-
-    file: CheckedFile
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    begin: int
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def read(self, part: torch.Tensor, start: int) -> None:
-        if _contiguous(self.shape, self.stride):
-            _read_at(self.file, part, self.begin + start * self.dtype.itemsize)
-            return
-        # A view saved with its base's strides: the span it covers, then its elements.
-        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
-        whole = torch.empty(span, dtype=self.dtype)
-        _read_at(self.file, whole, self.begin)
-        values = whole.as_strided(self.shape, self.stride).reshape(-1)
-        part.copy_(values[start : start + part.numel()])
-
-
-def _stored(tensor: Any, file: CheckedFile, what: str) -> Stored:
-    """The meta tensor `tensor` of a file loaded with map_location="meta", as where it lies."""
-    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
-        raise ConsolidateError(f"{file.path}: {what} is not a tensor")
-    storage = tensor.untyped_storage()
-    record = getattr(storage, "_checkpoint_offset", None)
-    shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-    itemsize = tensor.element_size()
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
-    end = (tensor.storage_offset() + span) * itemsize
-    if not isinstance(record, int) or min(stride, default=0) < 0 or end > storage.nbytes():
-        raise ConsolidateError(f"{file.path}: {what} lies outside its stored record")
-    begin = record + int(tensor.storage_offset()) * itemsize
-    return Stored(file, tensor.dtype, shape, stride, begin)
 
 
 @dataclass(frozen=True)
@@ -187,31 +116,20 @@ class Entry:
 
 
 def _load(files: CheckpointFiles, path: Path) -> tuple[Any, CheckedFile]:
-    """The pickle of the torch.save file `path`, weights-only, its tensors on meta (nothing
-    but the pickle read), and the checked descriptor their values are read through."""
-    from launcher.train.checkpoint.safe_load import deepspeed_globals, load_refusal
+    """The pickle of the torch.save file `path`, its tensors on meta (``saved_tensors.layout``),
+    and the checked descriptor their values are read through."""
+    from launcher.train.checkpoint.safe_load import deepspeed_globals
 
     stream = files.open(path)  # hashed against the manifest first
     try:
-        with zipfile.ZipFile(stream) as archive:  # torch.save: a zip of the pickle and records
-            orders = [n for n in archive.namelist() if n.endswith("/byteorder")]
-            order = archive.read(orders[0]).decode() if orders else sys.byteorder
-        if order != sys.byteorder:
-            raise ConsolidateError(f"{path}: written {order}-endian, read on {sys.byteorder}")
-        stream.seek(0)
-        with torch.serialization.safe_globals(deepspeed_globals()):
-            loaded = torch.load(cast(IO[bytes], stream), map_location="meta", weights_only=True)
-    except ConsolidateError:
+        return layout(stream, path, deepspeed_globals()), stream
+    except BaseException:
         stream.close()
         raise
-    except Exception as exc:  # a damaged or foreign file makes these raise all sorts
-        stream.close()
-        raise load_refusal(path, exc) from None
-    return loaded, stream
 
 
 def _as_is(tensor: Any, file: CheckedFile, what: str) -> Entry:
-    stored = _stored(tensor, file, what)
+    stored = where_stored(tensor, file, what)
     return Entry(stored, stored.shape, stored.dtype)
 
 
@@ -288,7 +206,9 @@ def _fp32_partitions(
         groups = state.get(ds.FP32_FLAT_GROUPS)
         if not isinstance(groups, list) or not groups:
             raise ConsolidateError(f"{path}: no {ds.FP32_FLAT_GROUPS}")
-        named = [_stored(g, stream, f"{ds.FP32_FLAT_GROUPS}[{i}]") for i, g in enumerate(groups)]
+        named = [
+            where_stored(g, stream, f"{ds.FP32_FLAT_GROUPS}[{i}]") for i, g in enumerate(groups)
+        ]
         if any(len(g.shape) != 1 or g.dtype != named[0].dtype for g in named):
             raise ConsolidateError(f"{path}: {ds.FP32_FLAT_GROUPS} are not 1-D of one dtype")
         runs.append(Concat(tuple(named)))
@@ -323,7 +243,7 @@ def _zero3_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) ->
     buffers = set(first[ds.BUFFER_NAMES])
     for name, value in _dict(first.get("module"), models[0], "module").items():
         if name in buffers:
-            stored = _stored(value, stream, name)
+            stored = where_stored(value, stream, name)
             floating = stored.dtype.is_floating_point
             found[name] = Entry(stored, stored.shape, torch.float32 if floating else stored.dtype)
     frozen = _dict(first.get(ds.FROZEN_PARAM_SHAPES) or {}, models[0], ds.FROZEN_PARAM_SHAPES)
@@ -331,7 +251,7 @@ def _zero3_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) ->
         parts = []
         for state, file in states:
             fragments = _dict(state.get(ds.FROZEN_PARAM_FRAGMENTS), file.path, "its fragments")
-            parts.append(_stored(fragments.get(name), file, name))
+            parts.append(where_stored(fragments.get(name), file, name))
         found[name] = Entry(Concat(tuple(parts)), tuple(shape), parts[0].dtype)
     groups = first.get(ds.PARAM_SHAPES)
     if not isinstance(groups, list):
