@@ -98,11 +98,14 @@ def _dcp_state(engine_dir: Path, files: CheckpointFiles) -> dict[str, torch.Tens
 
 
 class DcpTensors:
-    """The model tensors of a DCP checkpoint, each read whole on its own (``tensor``) by DCP's
-    own resharding from the shards that overlap it: the most in memory at once is that tensor
-    (and one saved chunk while it is copied in), whatever the layout that wrote it. Files are
-    streamed through ``CheckpointFiles.open`` (hashed against the manifest, read by offset); the
-    metadata is read once."""
+    """The model tensors of a DCP checkpoint, each box read on its own (``box``; ``tensor``: the
+    whole tensor's box): DCP's own resharding plans the read items of the box
+    (``planner_helpers.create_read_items_for_chunk_list``, torch 2.13: one per saved chunk that
+    overlaps it, with the offsets in each), and each item is read from its saved chunk by offset,
+    only the box's runs (``saved_tensors``: the chunk is a ``torch.save`` inside the ``.distcp``
+    file), straight into the tensor returned. The most in memory at once is the box, whatever
+    the layout that wrote it. Files are streamed through ``CheckpointFiles.open`` (hashed
+    against the manifest, read by offset); the metadata is read once."""
 
     def __init__(self, engine_dir: Path, files: CheckpointFiles):
         from launcher.train.checkpoint.safe_load import SafeFileSystemReader
@@ -110,7 +113,7 @@ class DcpTensors:
         self.engine_dir, self.files = Path(engine_dir), files
         reader = SafeFileSystemReader(str(engine_dir), files)
         metadata = reader.read_metadata()
-        self._reader = _cached_reader(str(engine_dir), files, metadata)
+        self._reader = _box_reader(str(engine_dir), files, metadata)
         self.entries = {
             _clean(k): (MODEL_PREFIX + k, tuple(size), dtype)
             for k, (size, dtype) in _dcp_model_entries(engine_dir, files, metadata).items()
@@ -122,38 +125,66 @@ class DcpTensors:
 
     def tensor(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, read from the shards that hold it."""
+        shape = self.entries[name][1]
+        return self.box(name, (0,) * len(shape), shape)
+
+    def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+        """The box `offsets` + `shape` of the tensor `name`, only its bytes read."""
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-        from launcher.train.checkpoint.safe_load import (
-            TensorOnlyLoadPlanner,
-            UnsafeCheckpointError,
-            checkpoint_failure,
-        )
+        from launcher.train.checkpoint.safe_load import UnsafeCheckpointError, checkpoint_failure
 
-        key, shape, dtype = self.entries[name]
+        key, full, dtype = self.entries[name]
+        if len(shape) != len(full) or any(
+            o < 0 or o + n > m for o, n, m in zip(offsets, shape, full, strict=True)
+        ):
+            raise ValueError(f"{name}: box {offsets} + {shape} outside {full}")
         out = torch.empty(shape, dtype=dtype)
+        if out.numel() == 0:
+            return out
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "assuming a single process"
                 dcp_load(
                     {"model": {key[len(MODEL_PREFIX) :]: out}},
                     storage_reader=self._reader,
-                    planner=TensorOnlyLoadPlanner(),
+                    planner=_box_planner(key, offsets, shape),
                     no_dist=True,
                 )
         except CheckpointException as exc:
             raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
         return out
 
-    def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
-        """The box `offsets` + `shape` of the tensor `name`."""
-        index = tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
-        return self.tensor(name)[index]
+
+def _box_planner(key: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> Any:
+    """A ``TensorOnlyLoadPlanner`` whose plan is the read items of the box `offsets` + `shape`
+    of `key` alone, written into the box-shaped tensor the state dict holds."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.planner import LoadPlan
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    from launcher.train.checkpoint.safe_load import TensorOnlyLoadPlanner
+
+    class BoxPlanner(TensorOnlyLoadPlanner):
+        def create_local_plan(self) -> LoadPlan:
+            assert self.metadata is not None
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(shape))
+            saved = self.metadata.state_dict_metadata[key]
+            return LoadPlan(create_read_items_for_chunk_list(key, saved, [chunk]))  # type: ignore[arg-type]
+
+        def lookup_tensor(self, index: Any) -> torch.Tensor:
+            found: torch.Tensor = self.state_dict[index.fqn]  # the box itself, at its offsets
+            return found
+
+    return BoxPlanner()
 
 
-def _cached_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
-    """A ``SafeFileSystemReader`` that serves `metadata` (already read and checked) again."""
+def _box_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
+    """A ``SafeFileSystemReader`` that serves `metadata` (already read and checked) again and
+    reads each item's box alone from its saved chunk (``_read_item``)."""
+    from torch.futures import Future
+
     from launcher.train.checkpoint.safe_load import SafeFileSystemReader
 
     class Reader(SafeFileSystemReader):
@@ -162,7 +193,46 @@ def _cached_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
+        def read_data(self, plan: Any, planner: Any) -> Future[None]:
+            per_file: dict[str, list[Any]] = {}
+            for item in plan.items:
+                where = self.storage_data[item.storage_index].relative_path
+                per_file.setdefault(where, []).append(item)
+            for relative, items in per_file.items():
+                path = self.fs.concat_path(self.path, relative)
+                with self.fs.create_stream(path, "rb") as stream:
+                    for item in items:
+                        _read_item(self.storage_data[item.storage_index], item, stream, planner)
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+
     return Reader(path, files)
+
+
+def _read_item(info: Any, item: Any, stream: Any, planner: Any) -> None:
+    """One DCP read item: its box of the saved chunk (a ``torch.save`` at ``info.offset`` in
+    the file) read run by run into the planner's target."""
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    from launcher.train.checkpoint.safe_load import UnsafeCheckpointError
+    from launcher.train.checkpoint.safetensors_slices import read_runs
+    from launcher.train.checkpoint.saved_tensors import Window, layout, where_stored
+
+    fqn = item.storage_index.fqn
+    if item.type != LoadItemType.TENSOR or info.transform_descriptors:
+        raise UnsafeCheckpointError(
+            f"{stream.path}: {fqn!r} is not a plain tensor item (llmtrain writes only those)"
+        )
+    window = Window(stream, info.offset, info.length)
+    saved = where_stored(layout(window, stream.path), window, fqn)
+    target = planner.resolve_tensor(item).detach()
+    direct = target.is_contiguous() and target.dtype == saved.dtype
+    part = target if direct else torch.empty(tuple(item.lengths), dtype=saved.dtype)
+    read_runs(saved.shape, tuple(item.storage_offsets), part, saved.read)
+    if not direct:
+        target.copy_(part)
+    planner.commit_tensor(item, target)
 
 
 @contextlib.contextmanager
