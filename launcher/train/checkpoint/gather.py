@@ -2,8 +2,8 @@
 loads, without the whole model in memory at once where the checkpoint allows it (issue #39).
 
 - torch engine (DCP: one process, DDP, FSDP2, tensor / pipeline / expert parallel): each tensor
-  gathered whole on its own from the shards that hold it (``consolidate.DcpTensors``), used, and
-  dropped before the next is read.
+  gathered whole on its own from the parts of the saved chunks that hold it
+  (``consolidate.DcpTensors``), used, and dropped before the next is read.
 - DeepSpeed engine (ZeRO 0-2, pipeline stages, ZeRO-3): each tensor read on its own from where
   its values lie (``deepspeed_tensors.DeepSpeedTensors``: a ZeRO-3 parameter merged from the
   ranks' fp32 partitions, bit for bit what DeepSpeed's ``zero_to_fp32`` gives), used, and
