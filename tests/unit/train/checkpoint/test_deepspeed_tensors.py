@@ -152,3 +152,24 @@ def test_zero3_refuses_a_missing_rank_and_a_pickle_outside_the_allow_list(
     with pytest.raises(UnsafeCheckpointError, match="refused to load"):
         DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
     assert not marker.exists()
+
+
+def test_a_file_rewritten_in_place_after_its_hash_is_refused(zero3: Path, tmp_path: Path) -> None:
+    """The descriptor that was hashed is the one read: a write into the same inode after the
+    hash (the layout already read) is refused at the next read, never served."""
+    import shutil
+    import time
+
+    from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+
+    engine = tmp_path / "engine"
+    shutil.copytree(zero3, engine)
+    tensors = DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
+    tensors.tensor("emb.weight")  # reads fine
+    time.sleep(0.05)  # past the file system clock's tick of the open
+    target = engine / "engine" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    with target.open("r+b") as f:
+        f.seek(100)
+        f.write(b"\0")
+    with pytest.raises(UnsafeCheckpointError, match="written to while it was being read"):
+        tensors.tensor("emb.weight")
