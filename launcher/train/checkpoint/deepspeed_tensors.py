@@ -174,11 +174,16 @@ def entries(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> dict[s
     tag_dir = Path(engine_dir) / DS_TAG
     listed = files.names("*.pt", tag_dir)
     layers = [p for p in listed if p.name.startswith("layer_") and LAYER_FILE.search(p.name)]
-    if layers:
-        return _pipeline_entries(layers, num_layers, files)
-    if files.names(ZERO3_MODEL_FILES, tag_dir):
-        return _zero3_entries(tag_dir, listed, files)
-    return _module_entries(tag_dir, listed, files)
+    try:
+        if layers:
+            return _pipeline_entries(layers, num_layers, files)
+        if files.names(ZERO3_MODEL_FILES, tag_dir):
+            return _zero3_entries(tag_dir, listed, files)
+        return _module_entries(tag_dir, listed, files)
+    except (TypeError, AttributeError, IndexError, KeyError) as exc:  # a pickle of other shapes
+        raise ConsolidateError(
+            f"{tag_dir}: not laid out as DeepSpeed writes its checkpoints ({type(exc).__name__})"
+        ) from None
 
 
 def _dict(value: Any, path: Path, what: str) -> dict[Any, Any]:

@@ -143,15 +143,23 @@ def test_zero3_refuses_a_missing_rank_and_a_pickle_outside_the_allow_list(
 
     engine = tmp_path / "engine"
     shutil.copytree(zero3, engine)
-    (engine / "engine" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt").unlink()
+    optim = engine / "engine" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"
+    optim.unlink()
     with pytest.raises(ConsolidateError, match=r"2 \*_optim_states\.pt files for 3 ranks"):
         DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
     marker = tmp_path / "pwned"
     payload = torch_save_payloads(marker)["torch.save-reduce-p4"]
-    (engine / "engine" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt").write_bytes(payload)
+    optim.write_bytes(payload)
     with pytest.raises(UnsafeCheckpointError, match="refused to load"):
         DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
     assert not marker.exists()
+    shutil.copy(zero3 / "engine" / optim.name, optim)
+    states = engine / "engine" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=True)  # our own file, trusted
+    saved["buffer_names"] = 5  # weights-only loads it; it is not what DeepSpeed writes
+    torch.save(saved, states)
+    with pytest.raises(ConsolidateError, match="not laid out as DeepSpeed writes"):
+        DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
 
 
 def test_a_file_rewritten_in_place_after_its_hash_is_refused(zero3: Path, tmp_path: Path) -> None:
