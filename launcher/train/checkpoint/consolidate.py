@@ -3,62 +3,50 @@
 Whatever layout wrote it:
 
 - torch engine (DCP; DDP, FSDP2 ZeRO-2/3, tensor/pipeline/expert parallel, ZeRO-1): the
-  ``.metadata`` lists every model tensor with its global shape; each is allocated whole and DCP's
-  own resharding fills it from the shards (``dcp_load(no_dist=True)``). The metadata goes through
-  ``safe_load.SafeFileSystemReader`` and the ``TensorOnlyLoadPlanner``: nothing is unpickled but
-  the allow-listed metadata classes, and the optimizer entries are never read.
-- DeepSpeed engine: ZeRO 0-2 keep the whole module in ``mp_rank_00_model_states.pt``; ZeRO-3
-  keeps only fp32 partitions in the optimizer files, merged by DeepSpeed's ``zero_to_fp32``;
-  pipeline stages write one ``layer_XX-model_states.pt`` per layer (the embedding, each
-  block, the head), mapped back to the model's names. Every file is read weights-only (tensors,
-  builtins and DeepSpeed's few allow-listed classes; see ``safe_load.weights_only_load``).
+  ``.metadata`` lists every model tensor with its global shape; DCP's own resharding fills a
+  tensor (or one box of it: ``DcpTensors.box``) from the shards that overlap it. The metadata
+  goes through ``safe_load.SafeFileSystemReader`` and the ``TensorOnlyLoadPlanner``: nothing is
+  unpickled but the allow-listed metadata classes, and the optimizer entries are never read.
+- DeepSpeed engine (ZeRO 0-2's module file, pipeline stages' layer files, ZeRO-3's fp32
+  partitions in the optimizer files): ``deepspeed_tensors.DeepSpeedTensors``, each file's pickle
+  read weights-only with no tensor data, each box read from where its values lie.
 
-Every file is read once, through the checkpoint's ``safe_load.CheckpointFiles`` (its bytes checked
-against the manifest, then deserialized from that same buffer).
+Every file is checked against the manifest before it is read (``safe_load.CheckpointFiles``):
+streamed and hashed through one descriptor, then read by offset through it.
 
 ``shapes`` gives the tensor shapes alone (what ``train.init_from`` checks before training);
-``DcpTensors`` reads a DCP checkpoint's tensors one at a time (``gather``, export and sample,
-``init_from.CheckpointSlices``), its files streamed (``CheckpointFiles.open``) rather than each
-read whole.
+``open_tensors`` the tensors one at a time (``gather``: export and sample;
+``init_from.CheckpointSlices``: the boxes a rank holds); ``full_state`` every tensor at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+from launcher.train.checkpoint.engine_dirs import (
+    DCP_METADATA,
+    DS_TAG,
+    MODEL_PREFIX,
+    ConsolidateError,
+    is_dcp,
+    is_deepspeed,
+)
+from launcher.train.checkpoint.engine_dirs import clean as _clean
+
 if TYPE_CHECKING:
     from launcher.train.checkpoint.safe_load import CheckpointFiles
 
-DCP_METADATA = ".metadata"
-DS_TAG = "engine"  # DeepSpeedEngine's checkpoint tag (launcher.train.engines.deepspeed_engine.TAG)
-MODEL_PREFIX = "model."
-_COMPILED = "_orig_mod."
-_LAYER_FILE = re.compile(r"layer_(\d+)-(?:model_00-)?model_states\.pt$")
-
-
-class ConsolidateError(ValueError):
-    """The checkpoint folder is not one llmtrain can read back into a full model."""
-
-
-def _clean(name: str) -> str:
-    return name.replace(_COMPILED, "")
-
-
-def is_dcp(engine_dir: Path) -> bool:
-    return (engine_dir / DCP_METADATA).is_file()
-
-
-def is_deepspeed(engine_dir: Path) -> bool:
-    return (engine_dir / DS_TAG).is_dir()
+# engine_dirs' names that callers read from here
+__all__ = ["ConsolidateError", "DcpTensors", "full_state", "is_dcp", "open_tensors", "shapes"]
 
 
 def _dcp_model_entries(
@@ -110,11 +98,14 @@ def _dcp_state(engine_dir: Path, files: CheckpointFiles) -> dict[str, torch.Tens
 
 
 class DcpTensors:
-    """The model tensors of a DCP checkpoint, each read whole on its own (``tensor``) by DCP's
-    own resharding from the shards that overlap it: the most in memory at once is that tensor
-    (and one saved chunk while it is copied in), whatever the layout that wrote it. Files are
-    streamed through ``CheckpointFiles.open`` (hashed against the manifest, read by offset); the
-    metadata is read once."""
+    """The model tensors of a DCP checkpoint, each box read on its own (``box``; ``tensor``: the
+    whole tensor's box): DCP's own resharding plans the read items of the box
+    (``planner_helpers.create_read_items_for_chunk_list``, torch 2.13: one per saved chunk that
+    overlaps it, with the offsets in each), and each item is read from its saved chunk by offset,
+    only the box's runs (``saved_tensors``: the chunk is a ``torch.save`` inside the ``.distcp``
+    file), straight into the tensor returned. The most in memory at once is the box, whatever
+    the layout that wrote it. Files are streamed through ``CheckpointFiles.open`` (hashed
+    against the manifest, read by offset); the metadata is read once."""
 
     def __init__(self, engine_dir: Path, files: CheckpointFiles):
         from launcher.train.checkpoint.safe_load import SafeFileSystemReader
@@ -122,7 +113,7 @@ class DcpTensors:
         self.engine_dir, self.files = Path(engine_dir), files
         reader = SafeFileSystemReader(str(engine_dir), files)
         metadata = reader.read_metadata()
-        self._reader = _cached_reader(str(engine_dir), files, metadata)
+        self._reader = _box_reader(str(engine_dir), files, metadata)
         self.entries = {
             _clean(k): (MODEL_PREFIX + k, tuple(size), dtype)
             for k, (size, dtype) in _dcp_model_entries(engine_dir, files, metadata).items()
@@ -134,24 +125,31 @@ class DcpTensors:
 
     def tensor(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, read from the shards that hold it."""
+        shape = self.entries[name][1]
+        return self.box(name, (0,) * len(shape), shape)
+
+    def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+        """The box `offsets` + `shape` of the tensor `name`, only its bytes read."""
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-        from launcher.train.checkpoint.safe_load import (
-            TensorOnlyLoadPlanner,
-            UnsafeCheckpointError,
-            checkpoint_failure,
-        )
+        from launcher.train.checkpoint.safe_load import UnsafeCheckpointError, checkpoint_failure
 
-        key, shape, dtype = self.entries[name]
+        key, full, dtype = self.entries[name]
+        if len(shape) != len(full) or any(
+            o < 0 or o + n > m for o, n, m in zip(offsets, shape, full, strict=True)
+        ):
+            raise ValueError(f"{name}: box {offsets} + {shape} outside {full}")
         out = torch.empty(shape, dtype=dtype)
+        if out.numel() == 0:
+            return out
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "assuming a single process"
                 dcp_load(
                     {"model": {key[len(MODEL_PREFIX) :]: out}},
                     storage_reader=self._reader,
-                    planner=TensorOnlyLoadPlanner(),
+                    planner=_box_planner(key, offsets, shape),
                     no_dist=True,
                 )
         except CheckpointException as exc:
@@ -159,8 +157,34 @@ class DcpTensors:
         return out
 
 
-def _cached_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
-    """A ``SafeFileSystemReader`` that serves `metadata` (already read and checked) again."""
+def _box_planner(key: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> Any:
+    """A ``TensorOnlyLoadPlanner`` whose plan is the read items of the box `offsets` + `shape`
+    of `key` alone, written into the box-shaped tensor the state dict holds."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.planner import LoadPlan
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    from launcher.train.checkpoint.safe_load import TensorOnlyLoadPlanner
+
+    class BoxPlanner(TensorOnlyLoadPlanner):
+        def create_local_plan(self) -> LoadPlan:
+            assert self.metadata is not None
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(shape))
+            saved = self.metadata.state_dict_metadata[key]
+            return LoadPlan(create_read_items_for_chunk_list(key, saved, [chunk]))  # type: ignore[arg-type]
+
+        def lookup_tensor(self, index: Any) -> torch.Tensor:
+            found: torch.Tensor = self.state_dict[index.fqn]  # the box itself, at its offsets
+            return found
+
+    return BoxPlanner()
+
+
+def _box_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
+    """A ``SafeFileSystemReader`` that serves `metadata` (already read and checked) again and
+    reads each item's box alone from its saved chunk (``_read_item``)."""
+    from torch.futures import Future
+
     from launcher.train.checkpoint.safe_load import SafeFileSystemReader
 
     class Reader(SafeFileSystemReader):
@@ -169,65 +193,46 @@ def _cached_reader(path: str, files: CheckpointFiles, metadata: Any) -> Any:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
+        def read_data(self, plan: Any, planner: Any) -> Future[None]:
+            per_file: dict[str, list[Any]] = {}
+            for item in plan.items:
+                where = self.storage_data[item.storage_index].relative_path
+                per_file.setdefault(where, []).append(item)
+            for relative, items in per_file.items():
+                path = self.fs.concat_path(self.path, relative)
+                with self.fs.create_stream(path, "rb") as stream:
+                    for item in items:
+                        _read_item(self.storage_data[item.storage_index], item, stream, planner)
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+
     return Reader(path, files)
 
 
-def _deepspeed_state(
-    engine_dir: Path, num_layers: int, files: CheckpointFiles
-) -> dict[str, torch.Tensor]:
-    from launcher.train.checkpoint.safe_load import (
-        deepspeed_loading,
-        verify_weights_only,
-        weights_only_load,
-    )
+def _read_item(info: Any, item: Any, stream: Any, planner: Any) -> None:
+    """One DCP read item: its box of the saved chunk (a ``torch.save`` at ``info.offset`` in
+    the file) read run by run into the planner's target."""
+    from torch.distributed.checkpoint.planner import LoadItemType
 
-    tag_dir = engine_dir / DS_TAG
-    verify_weights_only(engine_dir, files)  # every *.pt weights-only, before DeepSpeed opens any
-    listed = files.names("*.pt", tag_dir)
-    layer_files = [p for p in listed if p.name.startswith("layer_") and _LAYER_FILE.search(p.name)]
-    if layer_files:
-        return _pipeline_state(
-            layer_files, num_layers, lambda p: weights_only_load(p, "cpu", files)
+    from launcher.train.checkpoint.safe_load import UnsafeCheckpointError
+    from launcher.train.checkpoint.safetensors_slices import read_runs
+    from launcher.train.checkpoint.saved_tensors import Window, layout, where_stored
+
+    fqn = item.storage_index.fqn
+    if item.type != LoadItemType.TENSOR or info.transform_descriptors:
+        raise UnsafeCheckpointError(
+            f"{stream.path}: {fqn!r} is not a plain tensor item (llmtrain writes only those)"
         )
-    if files.names("zero_pp_rank_*_mp_rank_00_model_states.pt", tag_dir):
-        # ZeRO-3: each rank's fp32 partition sits in its optimizer file; DeepSpeed merges them.
-        from launcher.train.deepspeed_import import import_deepspeed
-
-        import_deepspeed()
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        with deepspeed_loading(files):
-            merged = get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag=DS_TAG)
-        return {_clean(k): v for k, v in merged.items()}
-    states = tag_dir / "mp_rank_00_model_states.pt"
-    if states not in listed:
-        raise ConsolidateError(
-            f"{tag_dir}: no mp_rank_00_model_states.pt (a DeepSpeed checkpoint?)"
-        )
-    saved = weights_only_load(states, "cpu", files)
-    if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
-        raise ConsolidateError(f"{states}: not a DeepSpeed model-states file")
-    module: dict[str, torch.Tensor] = saved["module"]
-    return {_clean(k): v for k, v in module.items() if isinstance(v, torch.Tensor)}
-
-
-def _pipeline_state(
-    paths: list[Path], num_layers: int, load: Callable[[Path], Any]
-) -> dict[str, torch.Tensor]:
-    """DeepSpeed PipelineModule layer files -> model names: layer 0 is the embedding, 1..L the
-    blocks (``layers.{i-1}``), L+1 the final norm and head (deepspeed_engine.pipeline_layers)."""
-    state: dict[str, torch.Tensor] = {}
-    for path in paths:
-        match = _LAYER_FILE.search(path.name)
-        assert match is not None
-        index = int(match.group(1))
-        tensors = load(path)
-        if not isinstance(tensors, dict):
-            raise ConsolidateError(f"{path}: not a DeepSpeed layer file")
-        prefix = f"layers.{index - 1}." if 1 <= index <= num_layers else ""
-        for key, value in tensors.items():
-            state[prefix + _clean(key)] = value
-    return state
+    window = Window(stream, info.offset, info.length)
+    saved = where_stored(layout(window, stream.path), window, fqn)
+    target = planner.resolve_tensor(item).detach()
+    direct = target.is_contiguous() and target.dtype == saved.dtype
+    part = target if direct else torch.empty(tuple(item.lengths), dtype=saved.dtype)
+    read_runs(saved.shape, tuple(item.storage_offsets), part, saved.read)
+    if not direct:
+        target.copy_(part)
+    planner.commit_tensor(item, target)
 
 
 @contextlib.contextmanager
@@ -245,6 +250,22 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def open_tensors(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> Any:
+    """The model tensors of the checkpoint engine folder `engine_dir`, each read when asked for:
+    ``DcpTensors`` or ``deepspeed_tensors.DeepSpeedTensors`` (both: ``entries``, ``specs()``,
+    ``tensor(name)``, ``box(name, offsets, shape)``), every file read through `files`
+    (``CheckpointFiles.verified`` of the checkpoint)."""
+    engine_dir = Path(engine_dir)
+    if is_dcp(engine_dir):
+        return DcpTensors(engine_dir, files)
+    if is_deepspeed(engine_dir):
+        with _stdout_to_stderr():  # importing DeepSpeed logs
+            return DeepSpeedTensors(engine_dir, num_layers, files)
+    raise ConsolidateError(
+        f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) checkpoint"
+    )
+
+
 def full_state(
     engine_dir: Path, num_layers: int, files: CheckpointFiles
 ) -> dict[str, torch.Tensor]:
@@ -253,18 +274,16 @@ def full_state(
     engine_dir = Path(engine_dir)
     if is_dcp(engine_dir):
         return _dcp_state(engine_dir, files)
-    if is_deepspeed(engine_dir):
-        with _stdout_to_stderr():
-            return _deepspeed_state(engine_dir, num_layers, files)
-    raise ConsolidateError(
-        f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) checkpoint"
-    )
+    tensors = open_tensors(engine_dir, num_layers, files)
+    return {name: tensors.tensor(name) for name in tensors.entries}
 
 
 def shapes(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> dict[str, tuple[int, ...]]:
-    """{llmtrain parameter name: shape}; DCP from its metadata alone, DeepSpeed by reading."""
+    """{llmtrain parameter name: shape}, from the DCP metadata or the DeepSpeed pickles alone."""
     engine_dir = Path(engine_dir)
     if is_dcp(engine_dir):
         entries = _dcp_model_entries(engine_dir, files)
         return {_clean(k): tuple(size) for k, (size, _) in entries.items()}
-    return {k: tuple(v.shape) for k, v in full_state(engine_dir, num_layers, files).items()}
+    return {
+        k: shape for k, (shape, _) in open_tensors(engine_dir, num_layers, files).specs().items()
+    }

@@ -2,11 +2,12 @@
 loads, without the whole model in memory at once where the checkpoint allows it (issue #39).
 
 - torch engine (DCP: one process, DDP, FSDP2, tensor / pipeline / expert parallel): each tensor
-  gathered whole on its own from the shards that hold it (``consolidate.DcpTensors``), used, and
+  gathered whole on its own from the parts of the saved chunks that hold it
+  (``consolidate.DcpTensors``), used, and dropped before the next is read.
+- DeepSpeed engine (ZeRO 0-2, pipeline stages, ZeRO-3): each tensor read on its own from where
+  its values lie (``deepspeed_tensors.DeepSpeedTensors``: a ZeRO-3 parameter merged from the
+  ranks' fp32 partitions, bit for bit what DeepSpeed's ``zero_to_fp32`` gives), used, and
   dropped before the next is read.
-- DeepSpeed engine: read whole (``consolidate.full_state``: ZeRO-3 merged by DeepSpeed's own
-  ``zero_to_fp32``, ZeRO 0-2 and pipeline files as they are), then handed out tensor by tensor;
-  ``how`` says so.
 - A finetune=lora|qlora run (``merged``): each weight is its base tensor (train.init_from read by
   slice, or the seeded initialiser's draw: ``train.parallel.build``'s sources, as the engines
   fill a model) plus scale * B @ A, in fp32; the base's digest is taken tensor by tensor on the way
@@ -43,12 +44,10 @@ def _bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 @dataclass
 class ModelTensors:
     """{name: (shape, dtype)} of a model's tensors, each made by `tensor(name)` when asked for;
-    `whole` says the checkpoint was read whole (DeepSpeed) rather than tensor by tensor;
     `check` runs once every tensor was made (a LoRA base's digest)."""
 
     specs: Specs
     tensor: Callable[[str], torch.Tensor]
-    whole: bool = False
     check: Callable[[], None] = field(default=lambda: None)
 
     @property
@@ -59,25 +58,16 @@ class ModelTensors:
         """What was held at once, for the screen (`largest`: the largest tensor made of these)."""
         peak = max((_bytes(s, d) for s, d in self.specs.values()), default=0)
         peak = max(peak, largest or 0)
-        if self.whole:
-            return (
-                f"read whole: a DeepSpeed checkpoint is consolidated in memory "
-                f"({mib(self.total)}), then written tensor by tensor"
-            )
         return f"gathered tensor by tensor: peak one tensor of {mib(peak)} (of {mib(self.total)})"
 
 
 def open_checkpoint(engine_dir: Path, num_layers: int, files: Any) -> ModelTensors:
     """The model tensors of the checkpoint engine folder `engine_dir` (files checked by
-    `files`, ``safe_load.CheckpointFiles``)."""
-    from launcher.train.checkpoint.consolidate import DcpTensors, full_state, is_dcp
+    `files`, ``safe_load.CheckpointFiles``), DCP or DeepSpeed alike."""
+    from launcher.train.checkpoint.consolidate import open_tensors
 
-    if is_dcp(engine_dir):
-        dcp = DcpTensors(engine_dir, files)
-        return ModelTensors(dcp.specs(), dcp.tensor)
-    state = full_state(engine_dir, num_layers, files)
-    specs = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
-    return ModelTensors(specs, state.__getitem__, whole=True)
+    tensors = open_tensors(engine_dir, num_layers, files)
+    return ModelTensors(tensors.specs(), tensors.tensor)
 
 
 def adapters(checkpoint: ModelTensors, where: Path) -> dict[str, torch.Tensor]:

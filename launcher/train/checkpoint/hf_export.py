@@ -2,12 +2,12 @@
 
 Steps: the run's own config.yaml gives the model; the newest checkpoint that verifies (or the one
 of ``--step``, refused with the reason when it does not verify: damaged, or unsigned while
-``LLMTRAIN_CHECKPOINT_KEY`` is set) is read tensor by tensor (``gather``: DCP shards gathered one
-tensor at a time, a DeepSpeed checkpoint read whole; every file checked against the manifest as it
-is read: ``safe_load.CheckpointFiles``), its shapes checked against those config.yaml's model gives
-before anything is read (config.json is written from it: a mismatch is refused), mapped to the HF
-layout its shape has (``hf_layout.hf_recipes``: Llama, Mixtral or GPT-2; anything else refused
-with the keys that make it so) one HF tensor at a time and written with
+``LLMTRAIN_CHECKPOINT_KEY`` is set) is read tensor by tensor (``gather``: DCP shards and DeepSpeed
+files alike, each tensor read on its own where it lies; every file checked against the manifest
+as it is read: ``safe_load.CheckpointFiles``), its shapes checked against those config.yaml's
+model gives before anything is read (config.json is written from it: a mismatch is refused),
+mapped to the HF layout its shape has (``hf_layout.hf_recipes``: Llama, Mixtral or GPT-2;
+anything else refused with the keys that make it so) one HF tensor at a time and written with
 ``hf_files.write_hf_folder`` (``safetensors_stream``: each tensor written as it is made) into a
 temporary sibling, then put in place by ``launcher.outputs`` (its marker, no replacing of what
 appeared meanwhile; --overwrite replaces only an earlier export): safetensors shards + index,
@@ -304,7 +304,7 @@ def export_hf(
     """Export `run_dir`'s checkpoint to the Hugging Face folder `out` (see the module docstring);
     a finetune=lora|qlora run's adapters merged into its base, or with `adapter` the adapters
     alone as a PEFT folder (``launcher.train.finetune.lora_export``). The weights are read and
-    written one tensor at a time (``gather``; a DeepSpeed checkpoint is read whole)."""
+    written one tensor at a time (``gather``), whatever the engine."""
     from launcher import outputs
     from launcher.export.hf_files import DEFAULT_SHARD_BYTES, write_hf_folder
     from launcher.export.hf_layout import LayoutError, hf_architecture

@@ -6,8 +6,8 @@ must verify). The weights are mapped to llmtrain's names (``hf_layout``) and mus
 configured model exactly: every parameter present with its shape, nothing left over. ``problems``
 says what differs (key and both shapes) from the shapes alone, without reading the data
 (``preflight`` calls it before any process starts); ``open_source`` gives the engines a reader of
-the boxes each rank holds (``HFSlices``, ``CheckpointSlices``; a DeepSpeed checkpoint is read whole
-by ``load_state``). A run that has checkpoints of its own resumes from them instead (the trainer
+the boxes each rank holds (``HFSlices``, ``CheckpointSlices``: our checkpoints of either engine).
+A run that has checkpoints of its own resumes from them instead (the trainer
 logs that init_from is ignored).
 """
 
@@ -257,10 +257,11 @@ class HFSlices:
 
 
 class CheckpointSlices:
-    """train.init_from's llmtrain checkpoint (the torch engine's DCP), read tensor by tensor:
-    a box is sliced out of its whole tensor, read on its own from the shards that hold it
-    (``consolidate.DcpTensors``), so a rank holds at most one whole tensor beside its shard;
-    every file hashed against the verified manifest as it is streamed (``safe_load``)."""
+    """train.init_from's llmtrain checkpoint, read box by box: the torch engine's DCP
+    (``consolidate.DcpTensors.box``) or DeepSpeed's files (``deepspeed_tensors.DeepSpeedTensors``:
+    ZeRO 0-2, pipeline stages, a ZeRO-3 parameter from the ranks' fp32 partitions that hold the
+    box), so a rank reads only what it keeps; every file hashed against the verified manifest
+    as it is streamed (``safe_load``)."""
 
     def __init__(self, tensors: Any):
         self.tensors = tensors
@@ -272,10 +273,9 @@ class CheckpointSlices:
 
     def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
         from launcher.train.finetune.lora import plain_name
-        from launcher.train.parallel.build import box_index
 
-        whole: torch.Tensor = self.tensors.tensor(plain_name(name))
-        return whole[box_index(offsets, shape)]
+        box: torch.Tensor = self.tensors.box(plain_name(name), offsets, shape)
+        return box
 
     def __len__(self) -> int:
         return len(self.tensors.entries)
@@ -283,11 +283,11 @@ class CheckpointSlices:
 
 def open_source(cfg: LLMTrainConfig) -> Any:
     """train.init_from for the engines' build (``train.parallel.build``), checked against the
-    model first (every name and shape, from the headers or the DCP metadata alone): Hugging Face
-    folders read by slice (``HFSlices``), our torch-engine checkpoints tensor by tensor
-    (``CheckpointSlices``); a DeepSpeed checkpoint as whole tensors (``load_state``)."""
+    model first (every name and shape, from the headers, the DCP metadata or the DeepSpeed pickles
+    alone): Hugging Face folders read by slice (``HFSlices``), our checkpoints of either engine box
+    by box (``CheckpointSlices``)."""
     from launcher.export.hf_layout import hf_slices
-    from launcher.train.checkpoint.consolidate import DcpTensors, is_dcp
+    from launcher.train.checkpoint.consolidate import open_tensors
     from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
     from launcher.train.checkpoint.store import ENGINE_DIR
 
@@ -301,11 +301,10 @@ def open_source(cfg: LLMTrainConfig) -> Any:
             have = {k: tuple(v.shape) for k, v in _read(path, cfg.model, meta=True).items()}
         else:
             checkpoint = _checkpoint(path, kind)
-            if not is_dcp(checkpoint / ENGINE_DIR):
-                return load_state(cfg)
             files = CheckpointFiles.verified(checkpoint)
-            source = CheckpointSlices(DcpTensors(checkpoint / ENGINE_DIR, files))
-            have = {k: shape for k, (shape, _) in source.tensors.specs().items()}
+            tensors = open_tensors(checkpoint / ENGINE_DIR, cfg.model.num_layers, files)
+            source = CheckpointSlices(tensors)
+            have = {k: shape for k, (shape, _) in tensors.specs().items()}
     except (OSError, ValueError, UnsafeCheckpointError) as exc:
         if isinstance(exc, InitFromError):
             raise

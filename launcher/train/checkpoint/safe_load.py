@@ -482,16 +482,21 @@ def weights_only_load(
     try:
         with torch.serialization.safe_globals(deepspeed_globals()):
             return _TORCH_LOAD(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpointError(
+    except Exception as exc:  # a damaged or foreign file makes torch.load raise all sorts
+        raise load_refusal(path, exc) from None
+
+
+def load_refusal(path: str | os.PathLike[str], exc: Exception) -> UnsafeCheckpointError:
+    """Why a weights-only ``torch.load`` of `path` failed, as the refusal to raise."""
+    if isinstance(exc, UnsafeCheckpointError):
+        return exc
+    if isinstance(exc, pickle.UnpicklingError):
+        return UnsafeCheckpointError(
             f"{path}: refused to load: it holds pickled objects that a weights-only load "
             f"does not allow ({_weights_only_reason(str(exc))}); llmtrain never executes code "
             "from checkpoint files"
-        ) from None
-    except Exception as exc:  # a damaged or foreign file makes torch.load raise all sorts
-        raise UnsafeCheckpointError(
-            f"{path}: not a readable torch.save file ({type(exc).__name__})"
-        ) from None
+        )
+    return UnsafeCheckpointError(f"{path}: not a readable torch.save file ({type(exc).__name__})")
 
 
 @contextlib.contextmanager

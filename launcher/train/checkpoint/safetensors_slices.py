@@ -68,20 +68,40 @@ def _read_into(fd: int, out: torch.Tensor, offset: int) -> None:
 
 
 def read_box(entry: Entry, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
-    """The box `offsets` + `shape` of the tensor, in the file's dtype, read run by run: the
-    box's contiguous runs are its innermost dims from the first one it does not cover whole."""
+    """The box `offsets` + `shape` of the tensor, in the file's dtype, read run by run
+    (``read_runs``)."""
     out = torch.empty(shape, dtype=entry.dtype)
     if out.numel() == 0:
         return out
-    full = entry.shape
+    fd = os.open(entry.path, os.O_RDONLY)
+    try:
+        itemsize = entry.dtype.itemsize
+        read_runs(
+            entry.shape,
+            offsets,
+            out,
+            lambda part, start: _read_into(fd, part, entry.begin + start * itemsize),
+        )
+    finally:
+        os.close(fd)
+    return out
+
+
+def read_runs(
+    full: tuple[int, ...],
+    offsets: tuple[int, ...],
+    out: torch.Tensor,
+    read: Callable[[torch.Tensor, int], None],
+) -> None:
+    """Fill the contiguous `out` with the box `offsets` + ``out.shape`` of a row-major tensor of
+    shape `full`, one contiguous run at a time: ``read(part, start)`` fills the 1-D `part` with
+    elements [start, start + part.numel()) of the tensor flattened. A run is the box's innermost
+    dims from the first one it does not cover whole (a box of whole rows is one run)."""
+    shape = tuple(out.shape)
     if not full:  # a scalar
-        fd = os.open(entry.path, os.O_RDONLY)
-        try:
-            _read_into(fd, out, entry.begin)
-        finally:
-            os.close(fd)
-        return out
-    # dims after j covered whole by the box: a run is box[j] x those, contiguous in the file.
+        read(out.reshape(-1), 0)
+        return
+    # dims after j covered whole by the box: a run is box[j] x those, contiguous in the tensor.
     j = len(full) - 1
     while j > 0 and shape[j] == full[j]:
         j -= 1
@@ -89,16 +109,9 @@ def read_box(entry: Entry, offsets: tuple[int, ...], shape: tuple[int, ...]) -> 
     run = shape[j] * inner
     strides = [math.prod(full[k + 1 :]) for k in range(len(full))]
     flat = out.reshape(-1)
-    fd = os.open(entry.path, os.O_RDONLY)
-    try:
-        for i, index in enumerate(_outer(shape[:j])):
-            start = sum((offsets[k] + index[k]) * strides[k] for k in range(j)) + offsets[j] * inner
-            _read_into(
-                fd, flat[i * run : (i + 1) * run], entry.begin + start * entry.dtype.itemsize
-            )
-    finally:
-        os.close(fd)
-    return out
+    for i, index in enumerate(_outer(shape[:j])):
+        start = sum((offsets[k] + index[k]) * strides[k] for k in range(j)) + offsets[j] * inner
+        read(flat[i * run : (i + 1) * run], start)
 
 
 def _outer(shape: tuple[int, ...]) -> list[tuple[int, ...]]:

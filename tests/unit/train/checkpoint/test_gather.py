@@ -46,9 +46,13 @@ def _reset_peak() -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_run(tmp_path_factory.mktemp("big"), steps=(1,), overrides=BIG)
+@pytest.fixture(scope="module", params=["torch", "deepspeed"])
+def big_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The run, its checkpoint as the torch engine (DCP) or DeepSpeed (module file) writes it."""
+    if request.param == "deepspeed":
+        pytest.importorskip("deepspeed")
+    root = tmp_path_factory.mktemp(f"big-{request.param}")
+    return make_run(root, request.param, steps=(1,), overrides=BIG)
 
 
 def test_export_holds_one_tensor_at_a_time(big_run: Path, tmp_path: Path) -> None:
@@ -79,8 +83,9 @@ def test_export_holds_one_tensor_at_a_time(big_run: Path, tmp_path: Path) -> Non
 
 def test_init_from_a_checkpoint_reads_a_ranks_boxes_tensor_by_tensor(big_run: Path) -> None:
     """train.init_from=<a run>: rank 1 of 4 (a quarter of each tensor's rows, as FSDP2 shards)
-    reads its boxes with at most one whole tensor in memory. Measured: the code before read the
-    whole checkpoint on every rank (``load_state``: +92.4 MiB); by tensor +10.5 MiB."""
+    reads its boxes alone. Measured: reading the whole checkpoint on every rank (``load_state``)
+    grew the peak by +92.4 MiB (DCP), +60.3 MiB (DeepSpeed); each box sliced out of its whole
+    tensor (DCP) by +10.5-15.0 MiB; box by box by 0.0-0.2 MiB."""
     from launcher.config.composition.compose import compose_config
     from launcher.train.checkpoint.init_from import CheckpointSlices, open_source
 
@@ -109,5 +114,70 @@ def test_init_from_a_checkpoint_reads_a_ranks_boxes_tensor_by_tensor(big_run: Pa
         assert torch.equal(mine[name], whole[name][offsets[0] : offsets[0] + shape[0]]), name
     # Half the model: a reading of the whole checkpoint (+92.4 MiB, above the model's own size)
     # stays far over it, while the allocator's state left by earlier tests in the same worker
-    # moves the by-tensor figure (10.5 MiB alone, 19 MiB seen under the full suite).
+    # moves the small figures (10.5 MiB alone by tensor, 19 MiB seen under the full suite). What
+    # a box reads is pinned exactly below (test_a_dcp_box_reads_its_own_bytes_...).
     assert grown < model // 2, f"init_from grew the peak by {grown / MIB:.0f} MiB"
+
+
+# --- a DCP box reads its own bytes ---------------------------------------------------------------
+def _two_chunk_dcp(engine: Path, whole: torch.Tensor, split: int) -> None:
+    """A DCP folder whose tensor model.w is saved as two chunks (rows [0, split) and [split, end),
+    one per file), as two ranks of an FSDP run write it: each half saved by DCP, the metadata
+    joined."""
+    import pickle
+    import warnings
+
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    halves = [(0, whole[:split]), (split, whole[split:])]
+    joined = None
+    for rank, (first, half) in enumerate(halves):
+        where = engine.parent / f"half{rank}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no process group: saving without one"
+            dcp_save({"model": {"w": half.clone()}}, storage_writer=FileSystemWriter(str(where)))
+        meta = pickle.loads((where / ".metadata").read_bytes())  # our own file, trusted
+        ((_, info),) = meta.storage_data.items()
+        (where / info.relative_path).rename(engine / f"__{rank}_0.distcp")
+        info.relative_path = f"__{rank}_0.distcp"
+        offsets = torch.Size([first, 0])
+        chunk = ChunkStorageMetadata(offsets=offsets, sizes=half.shape)
+        if joined is None:
+            joined, tensor = meta, meta.state_dict_metadata["model.w"]
+            tensor.size, tensor.chunks, joined.storage_data = whole.shape, [], {}
+        joined.state_dict_metadata["model.w"].chunks.append(chunk)
+        joined.storage_data[MetadataIndex("model.w", offsets)] = info
+    (engine / ".metadata").write_bytes(pickle.dumps(joined))
+
+
+def test_a_dcp_box_reads_its_own_bytes_from_the_chunks_that_hold_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DcpTensors.box`` reads the box alone: a box across two saved chunks comes back exact,
+    and a quarter of a 1 MiB tensor's rows reads about a quarter of its bytes. Before, each box
+    was sliced out of its whole tensor, read whole (1 MiB and more for any box)."""
+    from launcher.train.checkpoint import safe_load
+    from launcher.train.checkpoint.consolidate import DcpTensors
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    whole = torch.randn(1024, 256, generator=torch.Generator().manual_seed(1))
+    _two_chunk_dcp(engine, whole, split=600)
+    tensors = DcpTensors(engine, CheckpointFiles.unchecked(engine))
+    assert torch.equal(tensors.tensor("w"), whole)
+    assert torch.equal(tensors.box("w", (590, 3), (20, 7)), whole[590:610, 3:10])
+    read: list[int] = []
+    real = safe_load.CheckedFile.readinto
+
+    def counted(self: safe_load.CheckedFile, buffer: object) -> int:
+        done = real(self, buffer)
+        read.append(done)
+        return done
+
+    monkeypatch.setattr(safe_load.CheckedFile, "readinto", counted)
+    box = tensors.box("w", (256, 0), (256, 256))
+    assert torch.equal(box, whole[256:512])
+    # The box's 256 KiB, plus each chunk's zip directory and pickle (a few KiB).
+    assert box.nbytes <= sum(read) < box.nbytes + 64 * 1024, sum(read)

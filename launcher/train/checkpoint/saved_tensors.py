@@ -1,0 +1,156 @@
+"""Tensors of ``torch.save`` files read by offset, a box at a time, through a checked descriptor:
+DeepSpeed's checkpoint files (``deepspeed_tensors``) and the items of DCP's ``.distcp`` files
+(``consolidate.DcpTensors``: each item is one ``torch.save`` of a saved chunk).
+
+A ``torch.save`` file is a zip whose pickle names the tensors and whose records hold their
+storages. ``layout`` loads the pickle weights-only (tensors, builtins and the classes it is
+given: ``safe_load.deepspeed_globals`` for DeepSpeed's files) with ``map_location="meta"``,
+which reads no tensor data: torch 2.13 (``serialization._load``, ``load_tensor``) gives each
+meta storage the byte offset of its record in the file (``_checkpoint_offset``).
+``where_stored`` turns such a meta tensor into where its values lie; ``Stored.read`` reads
+elements of it with ``pread`` through the descriptor, and ``safetensors_slices.read_runs`` reads
+a box of it run by run, nothing else.
+
+The descriptor is a ``safe_load.CheckedFile`` (``CheckpointFiles.open``): the file was hashed
+through it and compared with the manifest before anything here reads it. A file changed after its
+hash: the descriptor keeps the inode that was hashed, so a name swapped for another file is never
+read; a write in place moves the inode's change time, which ``CheckedFile`` compares after every
+read, so the read is refused (a write within one tick of the file system's clock of the open is
+the limit of that check, as for every streamed file). Nothing is memory-mapped:
+``torch.load(mmap=True)`` would map the file again by its name (a swap between hash and map would
+map another inode), a private mapping shows later writes to pages not yet touched, a truncation
+would kill the process with SIGBUS (here: a short read, refused), and every page touched would
+stay in the resident set (over an export, the whole model).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+import zipfile
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, cast
+
+import torch
+
+from launcher.train.checkpoint.engine_dirs import ConsolidateError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from launcher.train.checkpoint.safe_load import CheckedFile
+
+
+class Window(io.RawIOBase):
+    """Bytes [offset, offset + length) of a checked file, as a file of their own (a DCP item)."""
+
+    def __init__(self, file: CheckedFile, offset: int, length: int):
+        super().__init__()
+        self.file, self.offset, self.length, self.position = file, offset, length, 0
+        self.path = file.path
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        view = view[: max(0, min(len(view), self.length - self.position))]
+        self.file.seek(self.offset + self.position)
+        done = self.file.readinto(view)
+        self.position += done
+        return done
+
+
+def read_at(file: CheckedFile | Window, out: torch.Tensor, offset: int) -> None:
+    """``out.nbytes`` bytes of `file` at `offset` into the contiguous tensor `out`."""
+    view = memoryview(out.reshape(-1).view(torch.uint8).numpy().data).cast("B")
+    file.seek(offset)
+    if file.readinto(view) != len(view):  # readinto refuses a file written to since its hash
+        raise ConsolidateError(f"{file.path}: shorter than its tensors say (a damaged file?)")
+
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for n, s in reversed(list(zip(shape, stride, strict=True))):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A tensor where a torch.save file stores it: `begin` is the byte offset of its first
+    element (its record's offset plus its storage offset)."""
+
+    file: CheckedFile | Window
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    begin: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def read(self, part: torch.Tensor, start: int) -> None:
+        """Elements [start, start + part.numel()) of the tensor flattened, into `part`."""
+        if _contiguous(self.shape, self.stride):
+            read_at(self.file, part, self.begin + start * self.dtype.itemsize)
+            return
+        # A view saved with its base's strides: the span it covers, then its elements.
+        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
+        whole = torch.empty(span, dtype=self.dtype)
+        read_at(self.file, whole, self.begin)
+        values = whole.as_strided(self.shape, self.stride).reshape(-1)
+        part.copy_(values[start : start + part.numel()])
+
+
+def where_stored(tensor: Any, file: CheckedFile | Window, what: str) -> Stored:
+    """The meta tensor `tensor` of `file` loaded by ``layout``, as where its values lie."""
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "meta":
+        raise ConsolidateError(f"{file.path}: {what} is not a tensor")
+    storage = tensor.untyped_storage()
+    record = getattr(storage, "_checkpoint_offset", None)
+    shape, stride = tuple(tensor.shape), tuple(tensor.stride())
+    itemsize = tensor.element_size()
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+    end = (tensor.storage_offset() + span) * itemsize
+    if not isinstance(record, int) or min(stride, default=0) < 0 or end > storage.nbytes():
+        raise ConsolidateError(f"{file.path}: {what} lies outside its stored record")
+    begin = record + int(tensor.storage_offset()) * itemsize
+    return Stored(file, tensor.dtype, shape, stride, begin)
+
+
+def layout(stream: CheckedFile | Window, path: Path, allowed: list[Any] | None = None) -> Any:
+    """The pickle of the torch.save file `stream` (from its start), weights-only (tensors,
+    builtins and the classes `allowed`), its tensors on the meta device: nothing but the zip's
+    directory and the pickle is read."""
+    from launcher.train.checkpoint.safe_load import load_refusal
+
+    try:
+        stream.seek(0)
+        with zipfile.ZipFile(cast(IO[bytes], stream)) as archive:
+            orders = [n for n in archive.namelist() if n.endswith("/byteorder")]
+            order = archive.read(orders[0]).decode() if orders else sys.byteorder
+        if order != sys.byteorder:
+            raise ConsolidateError(f"{path}: written {order}-endian, read on {sys.byteorder}")
+        stream.seek(0)
+        with torch.serialization.safe_globals(allowed or []):
+            return torch.load(cast(IO[bytes], stream), map_location="meta", weights_only=True)
+    except ConsolidateError:
+        raise
+    except Exception as exc:  # a damaged or foreign file makes these raise all sorts
+        raise load_refusal(path, exc) from None
