@@ -1,7 +1,8 @@
 """Runs that cannot be hijacked or lost (issue 13), with real `llmtrain run` under torchrun (gloo,
 2 CPU processes, tiny model): one run per directory, no orphans after kill -9 of the launcher,
 Ctrl-C checkpoints and exits 130, tampered checkpoints never run code (resume falls back to the
-previous verified checkpoint) on the torch and deepspeed backends."""
+previous verified checkpoint, and is refused when none is left) on the torch and deepspeed
+backends."""
 
 from __future__ import annotations
 
@@ -154,6 +155,19 @@ def test_tampered_checkpoints_never_run_code_and_resume_falls_back(
     assert f"resumed from {ckpts / 'step_00000002'} (step 2)" in resumed.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_at"] == 2
+
+    # Every checkpoint tampered (a plain pickle in place of each one's first state file): no
+    # verified checkpoint is left, so the resume is refused (exit 1) rather than retraining from
+    # scratch, and no payload runs.
+    for ckpt in sorted(ckpts.glob("step_*")):
+        files = sorted(p for p in (ckpt / "engine").rglob("*") if p.is_file())
+        victim = next(p for p in files if p.name == ".metadata" or p.suffix == ".pt")
+        victim.write_bytes(pickle_payloads(marker)["os.system-reduce-p2"])
+        rewrite_manifest(ckpt)
+    refused = llmtrain_run(tmp_path, [*args, "train.steps=10", "--allow-config-change"])
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "refused" in refused.stderr.lower() or "not allowed" in refused.stderr.lower()
+    assert not marker.exists(), "a checkpoint payload ran code"
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:
