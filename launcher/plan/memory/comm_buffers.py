@@ -57,10 +57,8 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
         if z.stage >= 3:
             layer = shape.dense_layer_params() / max(1, layout.tp)
             frozen = finetune.frozen_weight_bytes(cfg, layer, 1, max(1, layout.tp))
-            gathered = 2 + gloo_staging_layers(cfg, layout)
-            buffers += (
-                gathered * (frozen + adapters * finetune.ADAPTER_WEIGHT_BYTES) + adapters * 4.0
-            )
+            copies = 2 + gloo_staging_layers(cfg, layout)
+            buffers += copies * (frozen + adapters * finetune.ADAPTER_WEIGHT_BYTES) + adapters * 4.0
         if layout.pp > 1:
             sp = layout.tp if cfg.parallel.sequence_parallel else 1
             buffers += 4.0 * tokens * m.hidden_size * act_dtype / sp
@@ -99,8 +97,8 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
                 grad_bytes=bpp.gradients,
             )
         else:
-            gathered = 2 + gloo_staging_layers(cfg, layout)
-            buffers += layer * (gathered * bpp.weights + bpp.gradients)
+            copies = 2 + gloo_staging_layers(cfg, layout)
+            buffers += layer * (copies * bpp.weights + bpp.gradients)
     if layout.pp > 1:
         # Send and receive buffers for activations (forward) and their gradients (backward).
         sp = layout.tp if cfg.parallel.sequence_parallel else 1
