@@ -11,7 +11,10 @@ temporary folder). Each case runs in fresh processes (torchrun): every rank buil
 (``trainer.build_engine``: meta, FSDP2, its shard materialised and filled), takes `--steps`
 steps and reports its peak resident set (``ru_maxrss``). `plan --json` prices the same
 configuration; its per-rank figure is ``device_bytes`` (allocated x fragmentation + the
-runtime's own overhead, what a process holds in all).
+runtime's own overhead, what a process holds in all). The resident set holds the runtime too, so
+nothing is subtracted: on `cluster=cpu` the overhead is the GPU catalog's 0.5 GiB for the process
+itself (launcher/plan/hardware/gpu_catalog.py), against the 0.27 GiB measured before the build
+(printed per rank as "runtime") plus what the runtime adds during the step besides tensors.
 
 Exit status: 1 when a rank's peak exceeds 1.2 x the plan's figure, or its peak once built (before
 the first step: full training's optimizer states then add 8 bytes a parameter / 4 ranks, more than

@@ -1,5 +1,6 @@
 """Communication and gathering buffers of one GPU, the same on every stage: the gradient reduce
-and parameter all-gather buckets, ZeRO-3 / FSDP's gathered layers, pipeline p2p."""
+and parameter all-gather buckets, ZeRO-3 / FSDP's gathered layers (and gloo's staging copy of
+the layer being gathered on the CPU), pipeline p2p."""
 
 from __future__ import annotations
 
@@ -9,8 +10,26 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.memory.megatron_fsdp import megatron_fsdp_buffers
-from launcher.plan.memory.model_states import bytes_per_param
+from launcher.plan.memory.model_states import bytes_per_param, zero_shard
 from launcher.plan.model_shape import ModelShape
+
+
+def gloo_staging_layers(cfg: LLMTrainConfig, layout: Layout) -> int:
+    """Extra copies of one gathered layer a ZeRO-3 / FSDP all-gather holds while it runs: 1 over
+    gloo (cluster.gpu=cpu, the process group engines.dist starts there) when the layer is sharded
+    over more than one rank, else 0.
+
+    gloo does not write into the output it is given: ProcessGroupGloo's all-gather
+    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, AsyncAllgatherWork, v2.13.0; the flat
+    all_gather_into_tensor that FSDP2 calls chunks its output and goes through it) gathers into
+    a flat tensor of its own (``newLikeFlat``), then copies each rank's part into the output, so
+    the gathered layer exists twice until the collective ends. Measured with torch.profiler
+    (torch 2.13.0, CPU): an all-gather into a 4 MiB output allocates a 4 MiB tensor of its own;
+    bench/build_peak.py's model cut to 4 layers (4 ranks, lora, ZeRO-3): the step's allocated
+    peak is the layer being computed, the next one's all-gather output and this copy, at FSDP2's
+    backward prefetch (3 gathered layers where 2 were priced). NCCL writes into the output (no
+    copy on a GPU); with one shard FSDP2 copies the local shard without a collective."""
+    return 1 if cfg.cluster.gpu == "cpu" and zero_shard(layout) > 1 else 0
 
 
 def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
@@ -30,14 +49,16 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
     rank_params = shape.total_params() / max(1, layout.tp * layout.pp)
     if finetune.is_finetune(cfg):
         # Only the adapters' gradients are reduced; ZeRO-3 gathers the frozen layer and the
-        # layer's adapters (the two layers in flight) and holds one layer's adapter gradients.
+        # layer's adapters (the two layers in flight, plus gloo's staging copy on the CPU) and
+        # holds one layer's adapter gradients.
         adapters = finetune.adapter_params_per_layer(cfg, max(1, layout.tp))
         rank_adapters = adapters * m.num_layers / max(1, layout.pp)
         buffers = min(cfg.backend.reduce_bucket_size, rank_adapters) * finetune.ADAPTER_GRAD_BYTES
         if z.stage >= 3:
             layer = shape.dense_layer_params() / max(1, layout.tp)
             frozen = finetune.frozen_weight_bytes(cfg, layer, 1, max(1, layout.tp))
-            buffers += 2 * (frozen + adapters * finetune.ADAPTER_WEIGHT_BYTES) + adapters * 4.0
+            copies = 2 + gloo_staging_layers(cfg, layout)
+            buffers += copies * (frozen + adapters * finetune.ADAPTER_WEIGHT_BYTES) + adapters * 4.0
         if layout.pp > 1:
             sp = layout.tp if cfg.parallel.sequence_parallel else 1
             buffers += 4.0 * tokens * m.hidden_size * act_dtype / sp
@@ -52,8 +73,9 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
         gathered = 1 if cfg.precision.fp8 and cfg.precision.fp8_param_gather else None
         buffers += allgather * (gathered or DTYPE_BYTES[cfg.precision.compute_dtype])
     if z.stage >= 3:
-        # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded, plus one
-        # layer's unsharded gradients before its reduce-scatter.
+        # ZeRO-3 / FSDP: the layer being computed and the prefetched next one, unsharded (plus
+        # gloo's staging copy of the one being gathered on the CPU), plus one layer's unsharded
+        # gradients before its reduce-scatter.
         # Expert weights are gathered only within their expert-parallel shard (1/ep of them).
         routed = shape.expert_params() * (m.num_experts or 0) if shape.is_moe else 0
         layer = max(
@@ -75,7 +97,8 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
                 grad_bytes=bpp.gradients,
             )
         else:
-            buffers += layer * (2 * bpp.weights + bpp.gradients)
+            copies = 2 + gloo_staging_layers(cfg, layout)
+            buffers += layer * (copies * bpp.weights + bpp.gradients)
     if layout.pp > 1:
         # Send and receive buffers for activations (forward) and their gradients (backward).
         sp = layout.tp if cfg.parallel.sequence_parallel else 1

@@ -32,7 +32,9 @@ How each piece is applied, in order, to every model part (the whole model, or ea
    with ``ZeroRedundancyOptimizer`` (each dp rank keeps and updates the optimizer states of its
    share of the parameters, then broadcasts them: ZeRO stage 1, Rajbhandari et al. 2020);
    zero.stage=2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``; zero.stage=3 ->
-   ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu.
+   ``fully_shard`` (full shard), with CPUOffloadPolicy for zero.offload_params=cpu. On the CPU,
+   glibc's mmap threshold is pinned so that freed gathered weights leave the resident set
+   (``launcher.train.host_malloc``).
    Mixed precision: FSDP2's MixedPrecisionPolicy (compute dtype for params, grad dtype for the
    reduction); without FSDP, ``torch.autocast`` to the compute dtype. Parameters stay fp32
    (bf16 under precision=bf16-pure: no master copy).
@@ -109,7 +111,12 @@ from launcher.train.engines.torch_loss import (
 from launcher.train.engines.torch_mesh import build_meshes
 from launcher.train.engines.torch_optimizer import engine_optimizer
 from launcher.train.engines.torch_pairs import PairSteps
-from launcher.train.engines.torch_parallelize import TorchEngineError, apply_dp, apply_tp
+from launcher.train.engines.torch_parallelize import (
+    TorchEngineError,
+    apply_dp,
+    apply_tp,
+    map_gathered_weights,
+)
 from launcher.train.engines.torch_pipeline import build_schedule, keep_chunk, run_schedule
 from launcher.train.engines.torch_state import load_state, save_state
 from launcher.train.engines.torch_summary import engine_summary
@@ -276,6 +283,8 @@ class TorchEngine(PairSteps, Engine):
             build.nf4_before_sharding(model, cfg)
         if self.fsdp:  # sharded on meta: each rank materialises its shards alone
             sharded = apply_dp(model, cfg, self.dp_mesh, self.device, dtypes, self.manual_dp_sync)
+            if self.device.type == "cpu":  # freed gathered weights leave the resident set
+                map_gathered_weights(sharded, self.compute_dtype)
             self._materialise(sharded, seed)
             return sharded
         self._materialise(model, seed)

@@ -52,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.plan.model_shape import ModelShape
+from launcher.train import host_malloc
 from launcher.train.finetune.lora import LoRALinear
 from launcher.train.model.transformer import MLP, MLAttention, MoE, Transformer, TransformerBlock
 
@@ -322,3 +323,20 @@ def apply_dp(
             model, device_ids=device_ids, process_group=dp_mesh.get_group()
         )
     return model
+
+
+def map_gathered_weights(model: nn.Module, compute_dtype: torch.dtype) -> int | None:
+    """FSDP2 on the CPU: glibc's mmap threshold pinned so that each weight FSDP2 gathers (in
+    `compute_dtype` under mixed precision) is mapped and given back when it is freed
+    (launcher.train.host_malloc); returns the threshold, None where none was pinned."""
+    mixed = compute_dtype != torch.float32
+    gathered = (
+        p.numel()
+        * (compute_dtype.itemsize if mixed and p.is_floating_point() else p.element_size())
+        for p in model.parameters()
+        if p.dim() >= 2
+    )
+    threshold = host_malloc.gathered_threshold(gathered)
+    if threshold is None or not host_malloc.pin_mmap_threshold(threshold):
+        return None
+    return threshold

@@ -140,3 +140,47 @@ def test_search_prices_and_prunes_finetune_layouts() -> None:
     assert proposed, shown(result)
     for line in proposed:  # the engine refuses sequence parallel with adapters under tp
         assert not ("parallel.tp=" in line and "sequence_parallel=true" in line), line
+
+
+# bench/build_peak.py's model (issue #39) cut to 4 layers: 4 CPU ranks, ZeRO-3 (FSDP2), fp32.
+CPU_ZERO3 = [
+    "recipe=tiny-sft-lora",
+    "train.init_from=null",
+    "model.num_layers=4",
+    "model.hidden_size=1536",
+    "model.ffn_hidden_size=6144",
+    "model.num_attention_heads=12",
+    "model.seq_length=32",
+    "train.micro_batch_size=1",
+    "zero.stage=3",
+    "backend=torch",
+]
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_zero3_on_the_cpu_prices_gloos_staging_copy_of_the_gathered_layer(method: str) -> None:
+    """Over gloo the all-gather gathers into a flat tensor of its own before copying into
+    FSDP2's output (comm_buffers.gloo_staging_layers): 3 gathered layers at the backward
+    prefetch, where NCCL (and one rank, no collective) holds 2."""
+    from launcher.plan.memory.comm_buffers import gloo_staging_layers, stage_buffers
+
+    ranks = ["train.global_batch_size=4", "cluster.gpus_per_node=4"]
+    one = ["train.global_batch_size=1", "cluster.gpus_per_node=1"]
+    picked = [f"finetune={method}", *(["finetune.targets=[q,k,v,o]"] if method == "lora" else [])]
+    four = compose_config([*CPU_ZERO3, *ranks, *picked]).config
+    single = compose_config([*CPU_ZERO3, *one, *picked]).config
+    gpu = compose_config([*CPU_ZERO3, "cluster=h100-80gb", *ranks, *picked]).config
+    h, ffn = 1536, 6144
+    layer = 4 * h * h + 3 * h * ffn + 2 * h  # q, k, v, o; gate, up, down; two RMSNorm weights
+    if method == "lora":
+        adapters = 4 * 8 * (h + h)  # rank 8 on q, k, v, o: r * (in + out) each
+        bucket = 4.0 * min(25_000_000, 4 * adapters)  # the adapters' gradient bucket, fp32
+        gathered = 4.0 * layer + 4.0 * adapters  # the frozen layer (fp32 on the CPU) + adapters
+        expected = bucket + 3 * gathered + 4.0 * adapters  # + one layer's adapter gradients
+    else:
+        bucket = 4.0 * min(25_000_000, ModelShape(four.model).total_params())
+        expected = bucket + layer * (3 * 4.0 + 4.0)  # 3 gathered layers + one layer's gradients
+    assert stage_buffers(four, derive_layout(four)) == pytest.approx(expected)
+    assert gloo_staging_layers(four, derive_layout(four)) == 1
+    assert gloo_staging_layers(single, derive_layout(single)) == 0
+    assert gloo_staging_layers(gpu, derive_layout(gpu)) == 0
