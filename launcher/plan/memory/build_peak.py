@@ -23,7 +23,9 @@ Priced from what ``launcher.train.parallel.build`` does (its docstring has the o
   fine-tuning digests each frozen tensor of its share, from the initialiser's whole tensor or
   from the file in chunks of rows (``DIGEST_CHUNK_BYTES``, read and as fp32); qlora under FSDP2
   quantizes the whole tensor on the host (a bf16 copy and its NF4). Per node: x ranks per node.
-  Not priced: train.init_from a GPT-2 folder or one of our checkpoints, read whole on each rank.
+  The same box read holds for every source train.init_from takes: a Hugging Face folder (GPT-2's
+  transposed weights by their columns), our DCP checkpoints (``consolidate.DcpTensors.box``) and
+  DeepSpeed's (``deepspeed_tensors``, ZeRO-3 merged per box), none read whole.
 
 Never imports torch (plan, validate).
 """
