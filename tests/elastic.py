@@ -18,11 +18,15 @@ from typing import Any
 
 PRELOAD = [
     "torch",
+    # Imported by every rank's first optimizer (torch.optim's _disable_dynamo): 0.7-1.0 CPU s a
+    # rank when each forked rank imports it itself (measured, fsdp-zero2 and dp2xtp2 layouts).
+    "torch._dynamo",
     "torch.distributed.fsdp",
     "torch.distributed.tensor.parallel",
     "torch.distributed.checkpoint",
     "launcher.train.trainer",
     "launcher.train.engines.torch_engine",
+    "tests.preload_deepspeed",
 ]
 
 
