@@ -266,8 +266,8 @@ def test_a_rendered_job_runs_as_is_and_each_rank_gets_its_cpus(
 
 
 def test_usr1_preemption_requeues_and_resumes(cluster: dict[str, str], tmp_path: Path) -> None:
-    total = 300
-    job, run_dir = submit(cluster, tmp_path, f"train.steps={total}", "checkpoint.every_steps=100")
+    total = 150  # the signal lands after step 30, its checkpoint within a few steps
+    job, run_dir = submit(cluster, tmp_path, f"train.steps={total}", "checkpoint.every_steps=50")
     wait_for_state(cluster, job, {"RUNNING"}, timeout=120)
     wait_for_steps(run_dir, 30, timeout=180)
     # What SLURM does --signal=B:USR1@grace before the time limit: USR1 to the batch shell only.
@@ -314,12 +314,12 @@ def test_chained_jobs_continue_past_a_time_limit(cluster: dict[str, str], tmp_pa
     # gets USR1 on its batch shell, as --signal=B:USR1@grace does before the time limit, writes a
     # checkpoint and ends; job 2 resumes from it and finishes the run; job 3 finds the last
     # step's checkpoint and ends at once.
-    total = 300
+    total = 150  # the signal lands after step 30, its checkpoint within a few steps
     done = llmtrain(
         "submit",
         *JOB,
         f"train.steps={total}",
-        "checkpoint.every_steps=100",
+        "checkpoint.every_steps=50",
         "slurm.requeue=false",
         "slurm.chain=2",
         cwd=tmp_path,
