@@ -35,3 +35,26 @@ def test_deepspeed_imports_without_mlflow_and_mlflow_stays_importable(
 
     assert mlflow.__file__ == str(tmp_path / "mlflow.py")
     assert import_deepspeed() is deepspeed  # once
+
+
+def test_deepspeeds_muon_kernels_are_imported_uncompiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real DeepSpeed's Muon module (imported by every ZeRO 1-2 engine) comes in without
+    torch.compile wrapping its kernels, so without importing torch's inductor; torch.compile is
+    itself again afterwards."""
+    pytest.importorskip("deepspeed")
+    import torch
+
+    from launcher.train.deepspeed_import import MUON_MODULE, import_muon_uncompiled
+
+    compile_ = torch.compile
+    import_deepspeed()
+    original = "deepspeed.runtime.zero.muon.original_muon"
+    for name in (MUON_MODULE, original):  # imported afresh here, as in a new rank
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import_muon_uncompiled()
+    kernels = sys.modules[original]
+    for name in ("muon_update", "adam_update"):
+        kernel = getattr(kernels, name)
+        assert type(kernel).__name__ == "function", (name, type(kernel))
+        assert not hasattr(kernel, "_torchdynamo_orig_callable"), name
+    assert torch.compile is compile_
