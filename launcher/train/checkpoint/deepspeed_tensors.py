@@ -253,11 +253,7 @@ def _zero3_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) ->
             found[name] = Entry(stored, stored.shape, torch.float32 if floating else stored.dtype)
     frozen = _dict(first.get(ds.FROZEN_PARAM_SHAPES) or {}, models[0], ds.FROZEN_PARAM_SHAPES)
     for name, shape in frozen.items():
-        parts = []
-        for state, file in states:
-            fragments = _dict(state.get(ds.FROZEN_PARAM_FRAGMENTS), file.path, "its fragments")
-            parts.append(where_stored(fragments.get(name), file, name))
-        found[name] = Entry(Concat(tuple(parts)), tuple(shape), parts[0].dtype)
+        found[name] = _frozen_entry(name, tuple(shape), states, ds)
     groups = first.get(ds.PARAM_SHAPES)
     if not isinstance(groups, list):
         raise ConsolidateError(f"{models[0]}: no {ds.PARAM_SHAPES} list")
@@ -277,6 +273,28 @@ def _zero3_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) ->
         if shared in found:
             found[name] = found[shared]
     return {_clean(k): v for k, v in found.items()}
+
+
+def _frozen_entry(
+    name: str, shape: tuple[int, ...], states: list[tuple[Any, CheckedFile]], ds: Any
+) -> Entry:
+    """A frozen parameter: its fragments in rank order, read as one run; they must hold its
+    values in one dtype (DeepSpeed's ``torch.cat(...).narrow`` raises otherwise: here a short
+    run would leave values unread)."""
+    parts = []
+    for state, file in states:
+        fragments = _dict(state.get(ds.FROZEN_PARAM_FRAGMENTS), file.path, "its fragments")
+        parts.append(where_stored(fragments.get(name), file, name))
+    run = Concat(tuple(parts))
+    where = parts[0].file.path.parent
+    if any(p.dtype != run.dtype for p in parts):
+        raise ConsolidateError(f"{where}: the ranks' fragments of {name} differ in dtype")
+    if run.numel < math.prod(shape):
+        raise ConsolidateError(
+            f"{where}: the ranks' fragments of {name} hold {run.numel} values for "
+            f"{math.prod(shape)} (a rank's file from another run?)"
+        )
+    return Entry(run, shape, run.dtype)
 
 
 class DeepSpeedTensors:

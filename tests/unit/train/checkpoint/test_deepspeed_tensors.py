@@ -181,3 +181,27 @@ def test_a_file_rewritten_in_place_after_its_hash_is_refused(zero3: Path, tmp_pa
         f.write(b"\0")
     with pytest.raises(UnsafeCheckpointError, match="written to while it was being read"):
         tensors.tensor("emb.weight")
+
+
+def test_zero3_frozen_fragments_too_short_are_refused(zero3: Path, tmp_path: Path) -> None:
+    """A frozen parameter's fragments that hold fewer values than its shape (a rank's file
+    from another run) are refused: DeepSpeed's ``narrow`` raises on them. Before, the values
+    past the fragments were left as ``torch.empty`` gave them (the process's old memory, into
+    the export). Seen failing before the check."""
+    import shutil
+
+    from launcher.train.checkpoint.consolidate import ConsolidateError
+    from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+
+    engine = tmp_path / "engine"
+    shutil.copytree(zero3, engine)
+    states = engine / "engine" / "zero_pp_rank_2_mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=True)  # our own file, trusted
+    saved["frozen_param_fragments"]["base.weight"] = torch.zeros(2)  # 5 + 5 + 2 < 14 values
+    torch.save(saved, states)
+    with pytest.raises(ConsolidateError, match=r"base\.weight.*12 values for 14"):
+        DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine)).tensor("base.weight")
+    saved["frozen_param_fragments"]["base.weight"] = torch.zeros(5, dtype=torch.float16)
+    torch.save(saved, states)
+    with pytest.raises(ConsolidateError, match=r"base\.weight.*dtype"):
+        DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine)).tensor("base.weight")
