@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import sys
+import weakref
 import zipfile
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -40,6 +42,13 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from launcher.train.checkpoint.safe_load import CheckedFile
+
+# {file ``layout`` read: {byte offset of a record's data: its length}}: what ``where_stored``
+# holds a tensor's storage to (torch.load's own check, "record size ... does not match").
+_RECORDS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+# The zip's local file header (PKWARE APPNOTE.TXT 4.3.7): 30 bytes, the lengths of the name and
+# of the extra field at bytes 26 and 28, the record's data right after them.
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class Window(io.RawIOBase):
@@ -128,10 +137,27 @@ def where_stored(tensor: Any, file: CheckedFile | Window, what: str) -> Stored:
     itemsize = tensor.element_size()
     span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
     end = (tensor.storage_offset() + span) * itemsize
-    if not isinstance(record, int) or min(stride, default=0) < 0 or end > storage.nbytes():
+    if not isinstance(record, int) or _RECORDS.get(file, {}).get(record) != storage.nbytes():
+        raise ConsolidateError(f"{file.path}: {what} is not where a record of its file lies")
+    if min(stride, default=0) < 0 or end > storage.nbytes():
         raise ConsolidateError(f"{file.path}: {what} lies outside its stored record")
     begin = record + int(tensor.storage_offset()) * itemsize
     return Stored(file, tensor.dtype, shape, stride, begin)
+
+
+def _records(archive: zipfile.ZipFile, stream: CheckedFile | Window) -> dict[int, int]:
+    """{byte offset of a record's data: its length} of the records of `archive` (read from
+    `stream`) stored uncompressed, as torch.save writes them: a compressed one is no storage."""
+    records = {}
+    for info in archive.infolist():
+        stream.seek(info.header_offset)
+        header = stream.read(_LOCAL_HEADER.size) or b""
+        if info.compress_type != zipfile.ZIP_STORED or len(header) != _LOCAL_HEADER.size:
+            continue
+        magic, name, extra = _LOCAL_HEADER.unpack(header)
+        if magic == b"PK\x03\x04":
+            records[info.header_offset + _LOCAL_HEADER.size + name + extra] = info.file_size
+    return records
 
 
 def layout(stream: CheckedFile | Window, path: Path, allowed: list[Any] | None = None) -> Any:
@@ -145,6 +171,7 @@ def layout(stream: CheckedFile | Window, path: Path, allowed: list[Any] | None =
         with zipfile.ZipFile(cast(IO[bytes], stream)) as archive:
             orders = [n for n in archive.namelist() if n.endswith("/byteorder")]
             order = archive.read(orders[0]).decode() if orders else sys.byteorder
+            _RECORDS[stream] = _records(archive, stream)
         if order != sys.byteorder:
             raise ConsolidateError(f"{path}: written {order}-endian, read on {sys.byteorder}")
         stream.seek(0)
