@@ -311,12 +311,10 @@ class DeepSpeedTensors:
 
     def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
         """The box `offsets` + `shape` of the tensor `name`, only its runs read."""
-        from launcher.train.checkpoint.safetensors_slices import read_runs
+        from launcher.train.checkpoint.safetensors_slices import box_outside, read_runs
 
         entry = self.entries[name]
-        if len(shape) != len(entry.shape) or any(
-            o < 0 or o + n > m for o, n, m in zip(offsets, shape, entry.shape, strict=True)
-        ):
+        if box_outside(entry.shape, offsets, shape):
             raise ValueError(f"{name}: box {offsets} + {shape} outside {entry.shape}")
         out = torch.empty(shape, dtype=entry.values.dtype)
         if out.numel():

@@ -7,12 +7,13 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from launcher.train.checkpoint.engine_dirs import ConsolidateError
-from launcher.train.checkpoint.safe_load import CheckedFile
+from launcher.train.checkpoint.safe_load import CheckedFile, UnsafeCheckpointError
 from launcher.train.checkpoint.saved_tensors import layout, where_stored
 
 pytestmark = pytest.mark.unit
@@ -69,3 +70,31 @@ def test_a_storage_declared_larger_than_its_record_is_refused(tmp_path: Path) ->
             out = torch.empty(4)
             where_stored(saved[name], stream, name).read(out, 0)
             assert torch.equal(out, want)
+
+
+def test_a_dcp_item_larger_than_its_saved_chunk_is_refused(tmp_path: Path) -> None:
+    """A DCP read item whose box lies outside the chunk saved for it (metadata and data that
+    disagree) is refused; before, the runs past the chunk's end were read from whatever bytes
+    followed it. DCP's own reader refuses it too (``narrow_tensor_by_index``). Seen failing."""
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    from launcher.train.checkpoint.consolidate import _read_item
+
+    path = tmp_path / "chunk.distcp"
+    torch.save(torch.arange(8, dtype=torch.float32).reshape(2, 4), path)
+    target = torch.zeros(4, 4)
+    item = SimpleNamespace(
+        type=LoadItemType.TENSOR,
+        storage_index=SimpleNamespace(fqn="model.w"),
+        storage_offsets=torch.Size((0, 0)),
+        lengths=torch.Size((4, 4)),  # the metadata says 4 rows; the chunk holds 2
+    )
+    info = SimpleNamespace(offset=0, length=path.stat().st_size, transform_descriptors=None)
+    planner = SimpleNamespace(resolve_tensor=lambda _: target, commit_tensor=lambda *_: None)
+    with _checked(path) as stream, pytest.raises(UnsafeCheckpointError, match=r"model\.w"):
+        _read_item(info, item, stream, planner)
+    ok = SimpleNamespace(**{**vars(item), "lengths": torch.Size((2, 3))})
+    target = torch.zeros(2, 3)
+    with _checked(path) as stream:
+        _read_item(info, ok, stream, planner)
+    assert torch.equal(target, torch.arange(8.0).reshape(2, 4)[:, :3])
