@@ -25,6 +25,7 @@ stay in the resident set (over an export, the whole model).
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import struct
@@ -67,6 +68,8 @@ class Window(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
+        if base + offset < 0:  # as a file refuses it (EINVAL): never the bytes ahead of it
+            raise OSError(errno.EINVAL, f"seek to {base + offset}, before the start of the item")
         self.position = base + offset
         return self.position
 

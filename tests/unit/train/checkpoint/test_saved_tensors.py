@@ -98,3 +98,21 @@ def test_a_dcp_item_larger_than_its_saved_chunk_is_refused(tmp_path: Path) -> No
     with _checked(path) as stream:
         _read_item(info, ok, stream, planner)
     assert torch.equal(target, torch.arange(8.0).reshape(2, 4)[:, :3])
+
+
+def test_a_window_never_reads_before_its_start(tmp_path: Path) -> None:
+    """A DCP item's window is a file of its own: a seek before its start fails as a file's
+    does (zipfile, looking for a zip's end record in a window shorter than one, then finds
+    no zip); before, the bytes ahead of the window were read as the window's. Seen failing."""
+    from launcher.train.checkpoint.saved_tensors import Window
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(100)))
+    with _checked(path) as stream:
+        window = Window(stream, 50, 10)
+        assert window.seek(-4, os.SEEK_END) == 6 and window.read() == bytes(range(56, 60))
+        with pytest.raises(OSError, match="before the start"):
+            window.seek(-22, os.SEEK_END)
+        assert window.tell() == 10  # where the read left it
+        with pytest.raises(zipfile.BadZipFile):
+            zipfile.ZipFile(window)
