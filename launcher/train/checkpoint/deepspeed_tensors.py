@@ -180,7 +180,10 @@ def entries(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> dict[s
         if files.names(ZERO3_MODEL_FILES, tag_dir):
             return _zero3_entries(tag_dir, listed, files)
         return _module_entries(tag_dir, listed, files)
-    except (TypeError, AttributeError, IndexError, KeyError) as exc:  # a pickle of other shapes
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
+        if isinstance(exc, ConsolidateError):
+            raise
+        # a pickle of other shapes or values (int() of a string, max() of an empty list)
         raise ConsolidateError(
             f"{tag_dir}: not laid out as DeepSpeed writes its checkpoints ({type(exc).__name__})"
         ) from None

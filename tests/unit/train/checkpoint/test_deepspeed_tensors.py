@@ -205,3 +205,26 @@ def test_zero3_frozen_fragments_too_short_are_refused(zero3: Path, tmp_path: Pat
     torch.save(saved, states)
     with pytest.raises(ConsolidateError, match=r"base\.weight.*dtype"):
         DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine)).tensor("base.weight")
+
+
+def test_zero3_optimizer_file_of_other_values_is_a_consolidate_error(
+    zero3: Path, tmp_path: Path
+) -> None:
+    """Values of other kinds where DeepSpeed writes numbers (a stage that is no number, an empty
+    partition count) are a ConsolidateError naming the folder, which export and sample turn into
+    their message; before, int() and max() raised a bare ValueError past them (a traceback).
+    Seen failing."""
+    import shutil
+
+    from launcher.train.checkpoint.consolidate import ConsolidateError
+    from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+
+    engine = tmp_path / "engine"
+    shutil.copytree(zero3, engine)
+    optim = engine / "engine" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    saved = torch.load(optim, weights_only=False)  # our own file, trusted
+    for key, value in (("zero_stage", "three"), ("partition_count", [])):
+        changed = {**saved["optimizer_state_dict"], key: value}
+        torch.save({**saved, "optimizer_state_dict": changed}, optim)
+        with pytest.raises(ConsolidateError, match="not laid out as DeepSpeed writes"):
+            DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
