@@ -22,6 +22,7 @@ streamed and hashed through one descriptor, then read by offset through it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import warnings
@@ -170,7 +171,16 @@ def _box_planner(key: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> 
             assert self.metadata is not None
             chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(shape))
             saved = self.metadata.state_dict_metadata[key]
-            return LoadPlan(create_read_items_for_chunk_list(key, saved, [chunk]))  # type: ignore[arg-type]
+            items = create_read_items_for_chunk_list(key, saved, [chunk])  # type: ignore[arg-type]
+            # DCP writes chunks that tile the tensor: other ones would leave part of the box as
+            # torch.empty gave it (or read some of it twice)
+            covered, wanted = sum(math.prod(i.lengths) for i in items), math.prod(shape)
+            if covered != wanted:
+                raise ConsolidateError(
+                    f"{key}: the saved chunks of the box {offsets} + {shape} cover {covered} "
+                    f"of the {wanted} values (metadata whose chunks do not tile the tensor)"
+                )
+            return LoadPlan(items)
 
         def lookup_tensor(self, index: Any) -> torch.Tensor:
             found: torch.Tensor = self.state_dict[index.fqn]  # the box itself, at its offsets
