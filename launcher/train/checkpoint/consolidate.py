@@ -22,6 +22,7 @@ streamed and hashed through one descriptor, then read by offset through it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import warnings
@@ -134,11 +135,10 @@ class DcpTensors:
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
         from launcher.train.checkpoint.safe_load import UnsafeCheckpointError, checkpoint_failure
+        from launcher.train.checkpoint.safetensors_slices import box_outside
 
         key, full, dtype = self.entries[name]
-        if len(shape) != len(full) or any(
-            o < 0 or o + n > m for o, n, m in zip(offsets, shape, full, strict=True)
-        ):
+        if box_outside(full, offsets, shape):
             raise ValueError(f"{name}: box {offsets} + {shape} outside {full}")
         out = torch.empty(shape, dtype=dtype)
         if out.numel() == 0:
@@ -171,7 +171,16 @@ def _box_planner(key: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> 
             assert self.metadata is not None
             chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(shape))
             saved = self.metadata.state_dict_metadata[key]
-            return LoadPlan(create_read_items_for_chunk_list(key, saved, [chunk]))  # type: ignore[arg-type]
+            items = create_read_items_for_chunk_list(key, saved, [chunk])  # type: ignore[arg-type]
+            # DCP writes chunks that tile the tensor: other ones would leave part of the box as
+            # torch.empty gave it (or read some of it twice)
+            covered, wanted = sum(math.prod(i.lengths) for i in items), math.prod(shape)
+            if covered != wanted:
+                raise ConsolidateError(
+                    f"{key}: the saved chunks of the box {offsets} + {shape} cover {covered} "
+                    f"of the {wanted} values (metadata whose chunks do not tile the tensor)"
+                )
+            return LoadPlan(items)
 
         def lookup_tensor(self, index: Any) -> torch.Tensor:
             found: torch.Tensor = self.state_dict[index.fqn]  # the box itself, at its offsets
@@ -216,7 +225,7 @@ def _read_item(info: Any, item: Any, stream: Any, planner: Any) -> None:
     from torch.distributed.checkpoint.planner import LoadItemType
 
     from launcher.train.checkpoint.safe_load import UnsafeCheckpointError
-    from launcher.train.checkpoint.safetensors_slices import read_runs
+    from launcher.train.checkpoint.safetensors_slices import box_outside, read_runs
     from launcher.train.checkpoint.saved_tensors import Window, layout, where_stored
 
     fqn = item.storage_index.fqn
@@ -226,10 +235,16 @@ def _read_item(info: Any, item: Any, stream: Any, planner: Any) -> None:
         )
     window = Window(stream, info.offset, info.length)
     saved = where_stored(layout(window, stream.path), window, fqn)
+    offsets, lengths = tuple(item.storage_offsets), tuple(item.lengths)
+    if box_outside(saved.shape, offsets, lengths):  # the metadata and the chunk disagree
+        raise UnsafeCheckpointError(
+            f"{stream.path}: {fqn!r}: the metadata's box {offsets} + {lengths} lies outside "
+            f"the chunk saved for it, of shape {saved.shape}"
+        )
     target = planner.resolve_tensor(item).detach()
     direct = target.is_contiguous() and target.dtype == saved.dtype
-    part = target if direct else torch.empty(tuple(item.lengths), dtype=saved.dtype)
-    read_runs(saved.shape, tuple(item.storage_offsets), part, saved.read)
+    part = target if direct else torch.empty(lengths, dtype=saved.dtype)
+    read_runs(saved.shape, offsets, part, saved.read)
     if not direct:
         target.copy_(part)
     planner.commit_tensor(item, target)

@@ -1,12 +1,14 @@
 """A DeepSpeed checkpoint's model tensors, each (or one box of one) read on its own (issue #39):
 what export, sample and train.init_from read, never the whole checkpoint at once.
 
-DeepSpeed (0.19.8) writes its files with ``torch.save``. Each file is opened once through the
+DeepSpeed (0.19.8) writes its files with ``torch.save``. Each file is opened through the
 checkpoint's ``safe_load.CheckpointFiles.open`` (hashed whole through one descriptor, in bounded
 chunks, and compared with the manifest); its pickle is loaded weights-only on the meta device,
 no tensor data read (``saved_tensors.layout``, with ``safe_load.deepspeed_globals``); values are
-then read by offset through that same descriptor, only the runs of the box asked for
-(``saved_tensors``: why a file changed after its hash is refused, and why nothing is mapped).
+then read by offset through that descriptor, only the runs of the box asked for, at most
+``saved_tensors.Descriptors.LIMIT`` files open at once (a file closed is opened again, never
+hashed again, and refused if it is not the inode first read: ``saved_tensors``, also why a file
+changed after its hash is refused and why nothing is mapped).
 The most held at once is the box asked for (a whole tensor for export and sample).
 
 What is where (the names are the model's, ``_orig_mod.`` of torch.compile removed):
@@ -41,10 +43,16 @@ import torch
 
 from launcher.train.checkpoint.engine_dirs import DS_TAG, ConsolidateError
 from launcher.train.checkpoint.engine_dirs import clean as _clean
-from launcher.train.checkpoint.saved_tensors import Stored, layout, where_stored
+from launcher.train.checkpoint.saved_tensors import (
+    Descriptors,
+    PooledFile,
+    Stored,
+    layout,
+    where_stored,
+)
 
 if TYPE_CHECKING:
-    from launcher.train.checkpoint.safe_load import CheckedFile, CheckpointFiles
+    from launcher.train.checkpoint.safe_load import CheckpointFiles
 
 LAYER_FILE = re.compile(r"layer_(\d+)-(?:model_00-)?model_states\.pt$")
 ZERO3_MODEL_FILES = "zero_pp_rank_*_mp_rank_00_model_states.pt"
@@ -115,20 +123,16 @@ class Entry:
     dtype: torch.dtype
 
 
-def _load(files: CheckpointFiles, path: Path) -> tuple[Any, CheckedFile]:
+def _load(files: Descriptors, path: Path) -> tuple[Any, PooledFile]:
     """The pickle of the torch.save file `path`, its tensors on meta (``saved_tensors.layout``),
-    and the checked descriptor their values are read through."""
+    and the file their values are read through (checked: ``saved_tensors.Descriptors``)."""
     from launcher.train.checkpoint.safe_load import deepspeed_globals
 
-    stream = files.open(path)  # hashed against the manifest first
-    try:
-        return layout(stream, path, deepspeed_globals()), stream
-    except BaseException:
-        stream.close()
-        raise
+    stream = PooledFile(files, path)  # hashed against the manifest at its first read
+    return layout(stream, path, deepspeed_globals()), stream
 
 
-def _as_is(tensor: Any, file: CheckedFile, what: str) -> Entry:
+def _as_is(tensor: Any, file: PooledFile, what: str) -> Entry:
     stored = where_stored(tensor, file, what)
     return Entry(stored, stored.shape, stored.dtype)
 
@@ -138,7 +142,7 @@ def _natural(path: Path) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path.name)]
 
 
-def _module_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) -> dict[str, Entry]:
+def _module_entries(tag_dir: Path, listed: list[Path], files: Descriptors) -> dict[str, Entry]:
     states = tag_dir / MODULE_FILE
     if states not in listed:
         raise ConsolidateError(f"{tag_dir}: no {MODULE_FILE} (a DeepSpeed checkpoint?)")
@@ -152,9 +156,7 @@ def _module_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) -
     }
 
 
-def _pipeline_entries(
-    paths: list[Path], num_layers: int, files: CheckpointFiles
-) -> dict[str, Entry]:
+def _pipeline_entries(paths: list[Path], num_layers: int, files: Descriptors) -> dict[str, Entry]:
     entries: dict[str, Entry] = {}
     for path in paths:
         match = LAYER_FILE.search(path.name)
@@ -176,11 +178,14 @@ def entries(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> dict[s
     layers = [p for p in listed if p.name.startswith("layer_") and LAYER_FILE.search(p.name)]
     try:
         if layers:
-            return _pipeline_entries(layers, num_layers, files)
+            return _pipeline_entries(layers, num_layers, Descriptors(files))
         if files.names(ZERO3_MODEL_FILES, tag_dir):
-            return _zero3_entries(tag_dir, listed, files)
-        return _module_entries(tag_dir, listed, files)
-    except (TypeError, AttributeError, IndexError, KeyError) as exc:  # a pickle of other shapes
+            return _zero3_entries(tag_dir, listed, Descriptors(files))
+        return _module_entries(tag_dir, listed, Descriptors(files))
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
+        if isinstance(exc, ConsolidateError):
+            raise
+        # a pickle of other shapes or values (int() of a string, max() of an empty list)
         raise ConsolidateError(
             f"{tag_dir}: not laid out as DeepSpeed writes its checkpoints ({type(exc).__name__})"
         ) from None
@@ -193,7 +198,7 @@ def _dict(value: Any, path: Path, what: str) -> dict[Any, Any]:
 
 
 def _fp32_partitions(
-    files: CheckpointFiles, optims: list[Path], tag_dir: Path, ds: Any
+    files: Descriptors, optims: list[Path], tag_dir: Path, ds: Any
 ) -> tuple[Concat, ...]:
     """Each rank's fp32 flat groups as one run, in rank order; their count is the ranks'."""
     if not optims:
@@ -228,7 +233,7 @@ def _fp32_partitions(
     return tuple(runs)
 
 
-def _zero3_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) -> dict[str, Entry]:
+def _zero3_entries(tag_dir: Path, listed: list[Path], files: Descriptors) -> dict[str, Entry]:
     """ZeRO-3 (module docstring): buffers, frozen, then trainable parameters, then the shared
     names, in ``get_fp32_state_dict_from_zero_checkpoint``'s order."""
     from launcher.train.deepspeed_import import import_deepspeed
@@ -253,11 +258,7 @@ def _zero3_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) ->
             found[name] = Entry(stored, stored.shape, torch.float32 if floating else stored.dtype)
     frozen = _dict(first.get(ds.FROZEN_PARAM_SHAPES) or {}, models[0], ds.FROZEN_PARAM_SHAPES)
     for name, shape in frozen.items():
-        parts = []
-        for state, file in states:
-            fragments = _dict(state.get(ds.FROZEN_PARAM_FRAGMENTS), file.path, "its fragments")
-            parts.append(where_stored(fragments.get(name), file, name))
-        found[name] = Entry(Concat(tuple(parts)), tuple(shape), parts[0].dtype)
+        found[name] = _frozen_entry(name, tuple(shape), states, ds)
     groups = first.get(ds.PARAM_SHAPES)
     if not isinstance(groups, list):
         raise ConsolidateError(f"{models[0]}: no {ds.PARAM_SHAPES} list")
@@ -279,6 +280,28 @@ def _zero3_entries(tag_dir: Path, listed: list[Path], files: CheckpointFiles) ->
     return {_clean(k): v for k, v in found.items()}
 
 
+def _frozen_entry(
+    name: str, shape: tuple[int, ...], states: list[tuple[Any, PooledFile]], ds: Any
+) -> Entry:
+    """A frozen parameter: its fragments in rank order, read as one run; they must hold its
+    values in one dtype (DeepSpeed's ``torch.cat(...).narrow`` raises otherwise: here a short
+    run would leave values unread)."""
+    parts = []
+    for state, file in states:
+        fragments = _dict(state.get(ds.FROZEN_PARAM_FRAGMENTS), file.path, "its fragments")
+        parts.append(where_stored(fragments.get(name), file, name))
+    run = Concat(tuple(parts))
+    where = parts[0].file.path.parent
+    if any(p.dtype != run.dtype for p in parts):
+        raise ConsolidateError(f"{where}: the ranks' fragments of {name} differ in dtype")
+    if run.numel < math.prod(shape):
+        raise ConsolidateError(
+            f"{where}: the ranks' fragments of {name} hold {run.numel} values for "
+            f"{math.prod(shape)} (a rank's file from another run?)"
+        )
+    return Entry(run, shape, run.dtype)
+
+
 class DeepSpeedTensors:
     """The model tensors of a DeepSpeed checkpoint, each box read on its own (module
     docstring): ``box`` for train.init_from's slices, ``tensor`` for export and sample."""
@@ -293,12 +316,10 @@ class DeepSpeedTensors:
 
     def box(self, name: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
         """The box `offsets` + `shape` of the tensor `name`, only its runs read."""
-        from launcher.train.checkpoint.safetensors_slices import read_runs
+        from launcher.train.checkpoint.safetensors_slices import box_outside, read_runs
 
         entry = self.entries[name]
-        if len(shape) != len(entry.shape) or any(
-            o < 0 or o + n > m for o, n, m in zip(offsets, shape, entry.shape, strict=True)
-        ):
+        if box_outside(entry.shape, offsets, shape):
             raise ValueError(f"{name}: box {offsets} + {shape} outside {entry.shape}")
         out = torch.empty(shape, dtype=entry.values.dtype)
         if out.numel():

@@ -87,6 +87,16 @@ def read_box(entry: Entry, offsets: tuple[int, ...], shape: tuple[int, ...]) -> 
     return out
 
 
+def box_outside(full: tuple[int, ...], offsets: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """The box `offsets` + `shape` is not one of a tensor of shape `full` (other dims, or past
+    an edge)."""
+    return (
+        len(offsets) != len(full)
+        or len(shape) != len(full)
+        or any(o < 0 or n < 0 or o + n > m for o, n, m in zip(offsets, shape, full, strict=True))
+    )
+
+
 def read_runs(
     full: tuple[int, ...],
     offsets: tuple[int, ...],

@@ -9,7 +9,9 @@ and a shared name. A real 2-rank ZeRO-3 run is compared in that integration test
 
 from __future__ import annotations
 
+import gc
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,107 @@ def test_a_file_rewritten_in_place_after_its_hash_is_refused(zero3: Path, tmp_pa
         f.write(b"\0")
     with pytest.raises(UnsafeCheckpointError, match="written to while it was being read"):
         tensors.tensor("emb.weight")
+
+
+def test_zero3_frozen_fragments_too_short_are_refused(zero3: Path, tmp_path: Path) -> None:
+    """A frozen parameter's fragments that hold fewer values than its shape (a rank's file
+    from another run) are refused: DeepSpeed's ``narrow`` raises on them. Before, the values
+    past the fragments were left as ``torch.empty`` gave them (the process's old memory, into
+    the export). Seen failing before the check."""
+    import shutil
+
+    from launcher.train.checkpoint.consolidate import ConsolidateError
+    from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+
+    engine = tmp_path / "engine"
+    shutil.copytree(zero3, engine)
+    states = engine / "engine" / "zero_pp_rank_2_mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=True)  # our own file, trusted
+    saved["frozen_param_fragments"]["base.weight"] = torch.zeros(2)  # 5 + 5 + 2 < 14 values
+    torch.save(saved, states)
+    with pytest.raises(ConsolidateError, match=r"base\.weight.*12 values for 14"):
+        DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine)).tensor("base.weight")
+    saved["frozen_param_fragments"]["base.weight"] = torch.zeros(5, dtype=torch.float16)
+    torch.save(saved, states)
+    with pytest.raises(ConsolidateError, match=r"base\.weight.*dtype"):
+        DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine)).tensor("base.weight")
+
+
+def test_zero3_optimizer_file_of_other_values_is_a_consolidate_error(
+    zero3: Path, tmp_path: Path
+) -> None:
+    """Values of other kinds where DeepSpeed writes numbers (a stage that is no number, an empty
+    partition count) are a ConsolidateError naming the folder, which export and sample turn into
+    their message; before, int() and max() raised a bare ValueError past them (a traceback).
+    Seen failing."""
+    import shutil
+
+    from launcher.train.checkpoint.consolidate import ConsolidateError
+    from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+
+    engine = tmp_path / "engine"
+    shutil.copytree(zero3, engine)
+    optim = engine / "engine" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    saved = torch.load(optim, weights_only=False)  # our own file, trusted
+    for key, value in (("zero_stage", "three"), ("partition_count", [])):
+        changed = {**saved["optimizer_state_dict"], key: value}
+        torch.save({**saved, "optimizer_state_dict": changed}, optim)
+        with pytest.raises(ConsolidateError, match="not laid out as DeepSpeed writes"):
+            DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
+
+
+def test_zero3_holds_a_bounded_number_of_descriptors(
+    zero3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ZeRO-3 checkpoint of W ranks is 2 W files, each read again and again; they were all
+    held open for the reader's life (1024 of them at 512 ranks: the usual soft limit of open
+    files, and EMFILE). At most ``Descriptors.LIMIT`` are open now, the others opened again when
+    read, and what is read is the same. Seen failing (6 held with the limit at 2)."""
+    from launcher.train.checkpoint import saved_tensors
+    from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+
+    files = CheckpointFiles.unchecked(zero3)
+    want = {k: DeepSpeedTensors(zero3, 1, files).tensor(k) for k in ("emb.weight", "base.weight")}
+    monkeypatch.setattr(saved_tensors.Descriptors, "LIMIT", 2, raising=False)
+
+    def held() -> int:
+        return sum(
+            1 for fd in os.listdir("/proc/self/fd") if str(zero3) in _target(f"/proc/self/fd/{fd}")
+        )
+
+    gc.collect()  # readers of the tests before, kept by the tracebacks pytest.raises saw
+    before = held()
+    tensors = DeepSpeedTensors(zero3, 1, files)
+    assert held() - before <= 2
+    for name, values in want.items():
+        assert torch.equal(tensors.tensor(name), values)
+        assert held() - before <= 2
+
+
+def test_a_file_swapped_while_its_descriptor_was_closed_is_refused(
+    zero3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file closed by ``Descriptors`` and opened again must be the inode first read: one
+    put in its place meanwhile (the same bytes, even) is refused, as a write into it is."""
+    import shutil
+
+    from launcher.train.checkpoint import saved_tensors
+    from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+
+    engine = tmp_path / "engine"
+    shutil.copytree(zero3, engine)
+    monkeypatch.setattr(saved_tensors.Descriptors, "LIMIT", 2)
+    tensors = DeepSpeedTensors(engine, 1, CheckpointFiles.unchecked(engine))
+    tensors.tensor("base.weight")  # the model-states files last: the optimizer files closed
+    target = engine / "engine" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    shutil.copy(target, tmp_path / "copy.pt")
+    os.replace(tmp_path / "copy.pt", target)
+    with pytest.raises(UnsafeCheckpointError, match="written to while it was being read"):
+        tensors.tensor("emb.weight")
+
+
+def _target(link: str) -> str:
+    try:
+        return os.readlink(link)
+    except OSError:
+        return ""

@@ -16,7 +16,7 @@ import torch
 
 from launcher.export.hf_files import read_hf_folder
 from launcher.train.checkpoint.consolidate import full_state, shapes
-from launcher.train.checkpoint.safe_load import CheckpointFiles
+from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
 from launcher.train.model.transformer import build_model
 from tests.cli import invoke, said
 from tests.unit.train.checkpoint.test_safe_load import MODEL, make_run
@@ -181,3 +181,24 @@ def test_a_dcp_box_reads_its_own_bytes_from_the_chunks_that_hold_it(
     assert torch.equal(box, whole[256:512])
     # The box's 256 KiB, plus each chunk's zip directory and pickle (a few KiB).
     assert box.nbytes <= sum(read) < box.nbytes + 64 * 1024, sum(read)
+
+
+def test_a_dcp_box_the_saved_chunks_do_not_cover_is_refused(tmp_path: Path) -> None:
+    """Metadata whose chunks leave part of a tensor uncovered (a chunk dropped from it) is
+    refused: before, the box came back with those values as ``torch.empty`` left them (the
+    process's old memory, into an export). Seen failing before the check."""
+    import pickle
+
+    from launcher.train.checkpoint.consolidate import DcpTensors
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    whole = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+    _two_chunk_dcp(engine, whole, split=2)
+    meta = pickle.loads((engine / ".metadata").read_bytes())  # our own file, trusted
+    meta.state_dict_metadata["model.w"].chunks.pop()  # rows 2-5 in no chunk
+    (engine / ".metadata").write_bytes(pickle.dumps(meta))
+    tensors = DcpTensors(engine, CheckpointFiles.unchecked(engine))
+    assert torch.equal(tensors.box("w", (0, 1), (2, 3)), whole[:2, 1:])  # covered: read
+    with pytest.raises(UnsafeCheckpointError, match=r"cover 8 of the 24 values"):
+        tensors.tensor("w")
