@@ -44,11 +44,15 @@ from launcher.search.space import (
     Choice,
     LayoutSpace,
 )
+from launcher.validate.build_rules import build_overflow
 
 # A group: layouts that share everything but the ZeRO stage and offload, and so share the bounds
 # on tokens/s. Fields: tp, cp, pp, dp, ep, micro-batch, micro-batches, schedule, vpp, recompute,
 # sequence parallel, the allowed (zero stage, offload) pairs.
 Group = tuple[int, int, int, int, int, int, int, str, int, str, bool, tuple[tuple[int, str], ...]]
+
+# The rule a layout whose build does not fit is left out by (launcher/validate/build_rules.py).
+BUILD_MEMORY = "build-memory"
 
 # Relative slack on the bound, so that rounding never prunes a layout that ties the k-th best.
 BOUND_SLACK = 1e-9
@@ -408,6 +412,11 @@ class Search:
             tuple(s for s in stages if s is not None), float(self.hw.memory_bytes), self.headroom
         )
         choice = Choice(tp, cp, pp, ep, mbs, sched, vpp, r, zero, offload, sp)
+        # validate's build-memory: training fits, but building the model on the device does not.
+        cfg = cfg or with_zero()
+        if build_overflow(cfg, layout, memory.heaviest, float(self.hw.memory_bytes)):
+            self.reject(BUILD_MEMORY, 1)
+            return
         if self.first_fit:
             # groups() left the backend's refusals to here: asked only of layouts that fit.
             rule = self.space.backend_rule(choice, m)
@@ -417,7 +426,6 @@ class Search:
             self.fitting += 1
             return
         self.fitting += 1
-        cfg = cfg or with_zero()
         timing = estimate_time(cfg, layout, self.hw, self.flops(r), memory.stages)
         self.timed += 1
         if timing.tokens_per_s > bound:

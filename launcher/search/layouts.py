@@ -34,7 +34,9 @@ How it stays fast while using the planner's own formulas (nothing is re-derived 
    computed once and reject, on their own, every layout they overflow; otherwise stages are
    assembled from memoized parts (``stage_states``, ``stage_activations``, ``stage_buffers``,
    ``assemble_stage``: the pieces ``stage_memory`` is made of), the first and last stage first,
-   stopping at the first that overflows. Only layouts that fit are timed (``estimate_time``).
+   stopping at the first that overflows. A layout that fits whose build does not (validate's
+   build-memory, ``build_rules.build_overflow``) is left out by that rule. Only layouts that fit
+   are timed (``estimate_time``).
 4. The smallest cluster, when nothing fits: node counts upward from one more than configured, each
    asked only whether any layout fits (``first_fit``): the model states of the first, last and
    largest stages reject most layouts before the other stages are computed, and the backend's

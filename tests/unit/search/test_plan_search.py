@@ -377,3 +377,27 @@ def test_search_prices_from_the_profile_and_equals_brute_force(tmp_path: Any) ->
     out = io.StringIO()
     render_search(result, Console(file=out, width=200))
     assert "measured on this machine" in out.getvalue()
+
+
+def test_layouts_whose_build_does_not_fit_are_left_out() -> None:
+    """validate's build-memory (launcher/validate/build_rules.py): training fits one 40 GB A100
+    at 5% headroom (36.2 GiB) but one qlora block in fp32 before NF4 does not (47.3 GiB); the
+    search leaves those layouts out by the rule instead of proposing them (it used to stop in
+    _verified's AssertionError) and proposes FSDP2 on the one GPU, which quantizes on the host."""
+    overrides = (
+        "recipe=llama3-70b-qlora",
+        "model.num_layers=2",
+        "model.hidden_size=16384",
+        "model.ffn_hidden_size=98304",
+        "model.num_attention_heads=128",
+        "cluster.gpu=a100-40gb",
+    )
+    result = search(compose(*overrides), min_headroom=0.05, top=3)
+    assert result.rejected.get("build-memory", 0) >= 1, result.rejected
+    assert result.candidates
+    for cand in result.candidates:
+        assert cand.choice.zero_stage >= 2, cand.line
+        assert not [v for v in check(compose(*overrides, *cand.overrides)) if v.is_error]
+    out = io.StringIO()
+    render_search(result, Console(file=out, width=200))
+    assert "rule build-memory" in out.getvalue()
