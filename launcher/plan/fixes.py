@@ -42,6 +42,16 @@ from launcher.plan.timing.estimate import estimate_time
 # The most changes a fix combines (issue #40's example needs three).
 MAX_CHANGES = 3
 
+# The memory savers tried (module docstring), as the screen names them.
+SAVERS = (
+    "precision=bf16-pure",
+    "optim.name=adamw8bit",
+    "optim.state_dtype=bf16",
+    "optim.in_backward=true",
+    "optim.offload=cpu",
+    "train.activation_offload=true",
+)
+
 # section -> key -> value: what one change sets.
 Changes = dict[str, dict[str, object]]
 
@@ -81,6 +91,11 @@ class _Change:
             section = key.split(".", 1)[0]
             out.add(section if section in ("zero", "precision") else key)
         return frozenset(out)
+
+
+def is_saver(override: str) -> bool:
+    """Whether an override of a fix is one of the memory savers (not a layout change)."""
+    return override in SAVERS
 
 
 def with_sections(cfg: LLMTrainConfig, **parts: dict[str, object]) -> LLMTrainConfig:

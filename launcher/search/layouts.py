@@ -56,7 +56,8 @@ from collections.abc import Iterable
 
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
-from launcher.plan.memory.estimate import VERDICT_WORDS
+from launcher.plan.fixes import SAVERS, is_saver, suggest_fixes
+from launcher.plan.memory.estimate import VERDICT_WORDS, HardwareView
 from launcher.plan.planner import hardware_view, make_plan, priced_hardware, pricing_line
 from launcher.search.best_first import Search
 from launcher.search.results import (
@@ -73,7 +74,7 @@ from launcher.search.space import (
     fixed_keys,
     search_space,
 )
-from launcher.validate.rules import check
+from launcher.validate.rules import check, passes
 
 __all__ = [
     "MEMORY",
@@ -134,17 +135,50 @@ def _verified(space: LayoutSpace, cand: Candidate, headroom: float) -> Candidate
 
 def _smallest_cluster(
     cfg: LLMTrainConfig, space_args: dict[str, object], headroom: float, limit: int
-) -> int | None:
-    """The fewest nodes (from one more than configured, up to `limit`) on which a layout fits."""
+) -> tuple[int | None, str | None]:
+    """The fewest nodes (from one more than configured, up to `limit`) on which a layout fits,
+    or None and, when every node count has errors no layout can fix (optim.in_backward=true on
+    more than one GPU), the first of them: those counts are not searched."""
     hw = hardware_view(cfg)
+    blocked: str | None = None
+    searched = False
     for nodes in range(cfg.cluster.num_nodes + 1, limit + 1):
         bigger = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, num_nodes=nodes))
+        errors = _config_errors(bigger)
+        if errors:
+            blocked = blocked or errors[0]
+            continue
+        searched = True
         space = search_space(bigger, **space_args)  # type: ignore[arg-type]
         run = Search(space, hw, headroom, 1, exhaustive=True, first_fit=True, given=None)
         run.run()
         if run.fitting:
-            return nodes
-    return None
+            return nodes, None
+    return None, None if searched else blocked
+
+
+def _saver_note(cfg: LLMTrainConfig, hw: HardwareView, headroom: float) -> str:
+    """When no layout fits: what `plan` finds with the memory savers, which the search does not
+    vary (it keeps the configured precision and optimizer: pure bf16 and 8-bit states change
+    the numbers trained, the offloads trade PCIe time), or that none of them fits either."""
+    words = ", ".join(SAVERS)
+    fixes = [
+        f
+        for f in suggest_fixes(cfg, hw, headroom, limit=3, accept=passes)
+        if any(is_saver(word) for word in f.overrides)
+    ]
+    if not fixes:
+        return (
+            f"the search varies the layout only; the memory savers ({words}) where "
+            f"backend={cfg.backend.name} runs them, up to three together, do not fit either"
+        )
+    found = "; ".join(
+        f"{f.line} ({f.device_bytes / 2**30:.1f} GiB, step {f.step_s:.2f} s)" for f in fixes
+    )
+    return (
+        f"the search varies the layout only, not the memory savers ({words}); with them "
+        f"`llmtrain plan` finds: {found}"
+    )
 
 
 def _check_request(
@@ -236,11 +270,13 @@ def search(
     notes: list[str] = []
     if not best:
         if run.evaluated:
-            smallest = _smallest_cluster(cfg, space_args, min_headroom, max_nodes)
+            smallest, blocked = _smallest_cluster(cfg, space_args, min_headroom, max_nodes)
             if smallest is None:
-                notes.append(f"no layout fits on up to {max_nodes} nodes")
+                why = f": on more nodes, {blocked}" if blocked else ""
+                notes.append(f"no layout fits on up to {max_nodes} nodes{why}")
         else:
             notes.append("no layout passes the validation rules; see the rejections")
+        notes.append(_saver_note(cfg, hw, min_headroom))
     return SearchResult(
         model=cfg.model.name,
         gpu=hw.name,

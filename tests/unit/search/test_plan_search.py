@@ -401,3 +401,27 @@ def test_layouts_whose_build_does_not_fit_are_left_out() -> None:
     out = io.StringIO()
     render_search(result, Console(file=out, width=200))
     assert "rule build-memory" in out.getvalue()
+
+
+def test_no_layout_fits_names_the_memory_savers_plan_finds() -> None:
+    """Issue #40's Llama 2 7B on one RTX 4090: the search varies the layout, not the savers, so
+    nothing fits; its report names the savers and what `plan` finds with them, and the scan for
+    a larger cluster stops at once on optim.in_backward's one-GPU rule (it scanned 1024 node
+    counts, minutes, to say 'no layout fits on up to 1024 nodes')."""
+    overrides = (
+        "model=llama2-7b",
+        "finetune=full",
+        "cluster=rtx4090",
+        "optim.name=adamw8bit",
+        "optim.in_backward=true",
+        "precision=bf16",
+        "train.recompute=full",
+        "train.micro_batch_size=4",
+        "model.seq_length=2048",
+    )
+    result = search(compose(*overrides), fixed=fixed_keys(overrides))
+    assert result.candidates == () and result.smallest_cluster is None
+    notes = " ".join(result.notes)
+    assert "on more nodes, [backend-capabilities] optim.in_backward=true" in notes, notes
+    assert "not the memory savers (precision=bf16-pure" in notes, notes
+    assert "precision=bf16-pure optim.offload=cpu train.activation_offload=true (19.9 GiB" in notes
