@@ -390,11 +390,13 @@ class Search:
         stages: list[StageMemory | None] = [None] * pp
         for stage in (0, *range(pp - 1, 0, -1)):
             # ep: the MoE dispatcher's buffers (memory.dispatcher_bytes).
-            akey = (mbs, m, tp, cp, pp, vpp, ep, sched, sp, r, stage)
+            # The ZeRO stage too: FSDP2 (2, 3) keeps a bf16 residual stream where autocast keeps
+            # an fp32 one (layer_activations.residual_stream).
+            akey = (mbs, m, tp, cp, pp, vpp, ep, sched, sp, r, stage, zero)
             act = self._acts.get(akey)
             if act is None:
-                # Activations do not depend on the ZeRO stage: the group's configuration will do.
-                act = self._acts[akey] = stage_activations(base_cfg, layout, stage)
+                cfg = cfg or with_zero()
+                act = self._acts[akey] = stage_activations(cfg, layout, stage)
             lazy, reused = 0.0, True
             # Gradients made during the backward (plan/memory/grad_liveness.py).
             if layout.pp == 1 and layout.num_microbatches == 1:
