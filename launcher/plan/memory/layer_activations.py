@@ -20,6 +20,10 @@ def uses_dropout(cfg: LLMTrainConfig) -> bool:
     return cfg.model.attention_dropout > 0 or cfg.model.hidden_dropout > 0
 
 
+# Bytes a token per ffn width the MLP keeps under torch.compile (layer_activation_terms).
+COMPILED_MLP_BYTES_PER_F = {"swiglu": 6.0, "gelu": 4.0}
+
+
 @dataclass(frozen=True)
 class ResidualStream:
     """How a layer's residual stream is saved (``residual_stream``): bytes of an element of the
@@ -103,11 +107,13 @@ def layer_activation_terms(
 
     `compiled`: the block runs under torch.compile (EngineChoices.compiled_blocks). AOTAutograd's
     min-cut partitioner (torch/_functorch/partitioners.py, min_cut_rematerialization_partition)
-    saves the inputs of cheap point-wise chains and recomputes their outputs in the backward: the
-    MLP's activation output (and SwiGLU's product, the FC2 input) are recomputed from the FC1
-    outputs, which are kept, so the MLP keeps 2f (GELU) or 4f (SwiGLU) bytes per token, not 4f /
-    8f. (On one H100 llama3-1b at seq 8192 peaked 4.06 GiB lower compiled than eager; this rule
-    says 4.0 GiB: 16 layers x 8,192 tokens x 4 bytes x 8,192. A check, nothing fitted.)
+    chooses what the backward recomputes; measured with saved_tensors_hooks on the CPU (inductor
+    and aot_eager_decomp_partition agree, torch 2.13): SwiGLU keeps three of its four f-wide
+    bf16 tensors (6f bytes a token, COMPILED_MLP_BYTES_PER_F), GELU keeps both (4f, as eager);
+    with fp8 (not measured) the FC1 outputs alone are priced (2f, 4f).
+    (On one H100 llama3-1b at seq 8192 peaked 4.06 GiB lower compiled than eager; this says
+    4.0 GiB: 16 layers x 8,192 tokens x (2 x 8,192 of the MLP + 8 x 2,048 of autocast's
+    residual stream, ``residual_stream``). A check, nothing fitted.)
 
     `stream`: the residual stream's bytes and the projections' input copies (``residual_stream``:
     fp32 under torch.autocast without FSDP2, one bf16 copy per projection).
@@ -126,8 +132,12 @@ def layer_activation_terms(
     # SwiGLU keeps gate, up, silu(gate) and their product (8f; measured by Megatron's
     # get_training_info for its fused bias_swiglu too).
     per_f = 8.0 if m.activation == "swiglu" else 4.0
-    if compiled:
+    if compiled and fp8:
+        # Not measured under Float8Linear: the FC1 outputs alone (the rule before the bf16
+        # measurement; the recorded H100 runs: 1B +5.1%, 8B of 4 layers -10.2%).
         per_f /= 2.0
+    elif compiled:
+        per_f = COMPILED_MLP_BYTES_PER_F[m.activation]
     if moe:
         f_e = m.moe_ffn_hidden_size or m.ffn_hidden_size
         k = (m.moe_top_k or 1) + m.moe_shared_experts
@@ -183,7 +193,7 @@ def layer_activation_terms(
         # fp8 training saves each linear layer's input in fp8 for its weight gradient
         # (Transformer Engine; torchao Float8Linear): QKV and FC1 inputs (h each), the output
         # projection's input (o_dim) and FC2's input (f per routed copy) at 1 byte, not 2.
-        # Compiled, FC2's input is recomputed (above), so there is none to hold in fp8.
+        # Compiled, FC2's input is taken as recomputed (above): none to hold in fp8.
         f_in = 0 if compiled else m.ffn_hidden_size
         if moe and not compiled:
             f_in = (m.moe_ffn_hidden_size or m.ffn_hidden_size) * (

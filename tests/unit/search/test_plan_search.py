@@ -424,4 +424,4 @@ def test_no_layout_fits_names_the_memory_savers_plan_finds() -> None:
     notes = " ".join(result.notes)
     assert "on more nodes, [backend-capabilities] optim.in_backward=true" in notes, notes
     assert "not the memory savers (precision=bf16-pure" in notes, notes
-    assert "precision=bf16-pure optim.offload=cpu train.activation_offload=true (19.9 GiB" in notes
+    assert "precision=bf16-pure optim.offload=cpu train.activation_offload=true (20.1 GiB" in notes

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.backends.engine_choices import engine_choices
 from launcher.config.composition.compose import compose_config
 from launcher.config.layout import derive_layout
 from launcher.config.schema import LLMTrainConfig
@@ -50,17 +51,27 @@ SHAPE = [
 def measured_block_bytes(cfg: LLMTrainConfig) -> int:
     """Bytes one block saves for its backward, as the torch engine runs it without FSDP2:
     fp32 parameters under torch.autocast (mixed precision), bf16 ones with no master
-    (precision=bf16-pure, the same stream as FSDP2's bf16 parameters without autocast)."""
+    (precision=bf16-pure, the same stream as FSDP2's bf16 parameters without autocast);
+    backend.compile=true: the block under torch.compile with AOTAutograd's min-cut partitioner
+    and no code generation (aot_eager_decomp_partition: on this block it saves what inductor's
+    graphs save, and compiles in about a second)."""
     model = build_model(cfg.model, "cpu", seed=0)
     pure = not cfg.precision.master_weights
     if pure:
         model.to(torch.bfloat16)
     layout = derive_layout(cfg)
     tokens = torch.randint(0, cfg.model.vocab_size, (layout.micro_batch_size, cfg.model.seq_length))
+    block = model.layers["0"]
+    # A compiled graph saves autocast's weight copies as plain tensors (no grad_fn to follow).
+    weights = {tuple(p.shape) for p in block.parameters()}
+    weights |= {shape[::-1] for shape in weights}
+    if cfg.backend.compile:
+        block = torch.compile(block, backend="aot_eager_decomp_partition")
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if not is_weight(t):
+        weight = is_weight(t) or (t.grad_fn is None and tuple(t.shape) in weights)
+        if not weight:
             saved.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
         return t
 
@@ -68,7 +79,7 @@ def measured_block_bytes(cfg: LLMTrainConfig) -> int:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         x = model.tok_embeddings(tokens)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model.layers["0"](x)
+            block(x)
     return sum(saved.values())
 
 
@@ -80,10 +91,14 @@ def planned_block_bytes(cfg: LLMTrainConfig) -> float:
 
 
 @pytest.mark.parametrize(
-    "precision", ["bf16", "bf16-pure"], ids=["autocast-fp32-stream", "bf16-stream"]
+    ("precision", "compiled"),
+    [("bf16", False), ("bf16-pure", False), ("bf16", True)],
+    ids=["autocast-fp32-stream", "bf16-stream", "autocast-compiled"],
 )
-def test_plan_prices_the_saved_bytes_of_one_block(precision: str) -> None:
-    cfg = compose_config([*SHAPE, f"precision={precision}"]).config
+def test_plan_prices_the_saved_bytes_of_one_block(precision: str, compiled: bool) -> None:
+    compile_key = f"backend.compile={'true' if compiled else 'false'}"
+    cfg = compose_config([*SHAPE, f"precision={precision}", compile_key]).config
+    assert engine_choices(cfg).compiled_blocks == compiled
     measured = measured_block_bytes(cfg)
     planned = planned_block_bytes(cfg)
     assert planned == pytest.approx(measured, rel=TOLERANCE), (planned, measured)
@@ -92,8 +107,9 @@ def test_plan_prices_the_saved_bytes_of_one_block(precision: str) -> None:
 def test_fsdp2_prices_the_bf16_stream() -> None:
     """zero.stage=2 (FSDP2's MixedPrecisionPolicy, bf16 parameters, no autocast): the layer
     as pure bf16 runs it; zero.stage=0 under autocast keeps the fp32 stream and more copies."""
-    fsdp = compose_config([*SHAPE, "precision=bf16", "zero.stage=2"]).config
-    pure = compose_config([*SHAPE, "precision=bf16-pure"]).config
-    mixed = compose_config([*SHAPE, "precision=bf16"]).config
+    eager = [*SHAPE, "backend.compile=false"]
+    fsdp = compose_config([*eager, "precision=bf16", "zero.stage=2"]).config
+    pure = compose_config([*eager, "precision=bf16-pure"]).config
+    mixed = compose_config([*eager, "precision=bf16"]).config
     assert planned_block_bytes(fsdp) == pytest.approx(planned_block_bytes(pure))
     assert planned_block_bytes(mixed) > 1.2 * planned_block_bytes(fsdp)
