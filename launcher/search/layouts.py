@@ -94,6 +94,10 @@ __all__ = [
 _LAYOUT_KEYS = SEARCH_KEYS | {"train.global_batch_size", "cluster.num_nodes"}
 
 
+# The status of a configuration as given that validate refuses.
+NOT_VALID = "not valid"
+
+
 def _config_errors(cfg: LLMTrainConfig) -> list[str]:
     # A value out of its key's range (parallel.tp=0, cluster.num_nodes=1250000, optim.lr=1e39)
     # is the configuration's own error even on a layout key: `plan` exits 2 on it, so does this.
@@ -109,7 +113,7 @@ def _given(cfg: LLMTrainConfig, headroom: float) -> tuple[Candidate | None, str]
     """The configuration as given: its Candidate when valid and fitting, and a status line."""
     errors = sorted({v.rule for v in check(cfg) if v.is_error})
     if errors:
-        return None, "not valid (" + ", ".join(errors) + ")"
+        return None, f"{NOT_VALID} (" + ", ".join(errors) + ")"
     plan = make_plan(cfg, headroom=headroom, with_fixes=False, padded_batches=False)
     # The word `plan` prints for the same configuration (MemoryPlan.verdict): tight is over the
     # headroom, allocated + overhead within the GPU's memory; the search ranks only layouts that
@@ -276,7 +280,8 @@ def search(
                 notes.append(f"no layout fits on up to {max_nodes} nodes{why}")
         else:
             notes.append("no layout passes the validation rules; see the rejections")
-        notes.append(_saver_note(cfg, hw, min_headroom))
+        if not given_status.startswith(NOT_VALID):  # the savers are tried on a valid config
+            notes.append(_saver_note(cfg, hw, min_headroom))
     return SearchResult(
         model=cfg.model.name,
         gpu=hw.name,

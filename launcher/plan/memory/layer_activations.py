@@ -128,16 +128,7 @@ def layer_activation_terms(
         q_dim = o_dim = heads * shape.head_dim
         k_dim = v_dim = shape.kv_heads * shape.head_dim
     mask = 1.0 if dropout else 0.0
-    # The MLP's stored intermediates per token: GELU keeps fc1's output and the GELU output (4f);
-    # SwiGLU keeps gate, up, silu(gate) and their product (8f; measured by Megatron's
-    # get_training_info for its fused bias_swiglu too).
-    per_f = 8.0 if m.activation == "swiglu" else 4.0
-    if compiled and fp8:
-        # Not measured under Float8Linear: the FC1 outputs alone (the rule before the bf16
-        # measurement; the recorded H100 runs: 1B +5.1%, 8B of 4 layers -10.2%).
-        per_f /= 2.0
-    elif compiled:
-        per_f = COMPILED_MLP_BYTES_PER_F[m.activation]
+    per_f = _mlp_bytes_per_f(m.activation, compiled=compiled, fp8=fp8)
     if moe:
         f_e = m.moe_ffn_hidden_size or m.ffn_hidden_size
         k = (m.moe_top_k or 1) + m.moe_shared_experts
@@ -170,18 +161,8 @@ def layer_activation_terms(
             sharded=2.0 * o_dim + lse + half,
             scores=0.0,
         )
-    # Norm inputs (the layer input and the sum after attention), QKV and MLP inputs (2h each, one
-    # copy per projection under autocast: wq wk wv, or MLA's two down-projections; SwiGLU's w1
-    # and w3; the MoE block's copies are not measured and priced once), dropout masks after
-    # attention and MLP.
-    reads = 1.0, 1.0
-    if stream.cast_per_linear:
-        reads = (
-            (2.0 if shape.is_mla else 3.0),
-            (2.0 if m.activation == "swiglu" and not moe else 1.0),
-        )
-    norm_inputs = layer_input + stream.sum_bytes * h
-    replicated = norm_inputs + 2.0 * h * sum(reads) + 2.0 * mask * h
+    # The norms' and projections' inputs, dropout masks after attention and MLP.
+    replicated = _stream_bytes(shape, stream, moe) + 2.0 * mask * h
     # Q, K, V for the score and value products, the attention output (projection input).
     sharded = 2.0 * (q_dim + k_dim + v_dim + o_dim) + lse + mlp_shr
     if mode == "core" and attention == "flash":
@@ -203,6 +184,34 @@ def layer_activation_terms(
         sharded -= o_dim + f_in
     scores = 0.0 if mode == "core" else score_bytes
     return ActivationTerms(replicated=replicated, sharded=sharded, scores=scores)
+
+
+def _mlp_bytes_per_f(activation: str, *, compiled: bool, fp8: bool) -> float:
+    """The MLP's stored intermediates per token and ffn width: GELU keeps fc1's output and the
+    GELU output (4f); SwiGLU keeps gate, up, silu(gate) and their product (8f; measured by
+    Megatron's get_training_info for its fused bias_swiglu too); compiled, as measured
+    (COMPILED_MLP_BYTES_PER_F)."""
+    per_f = 8.0 if activation == "swiglu" else 4.0
+    if compiled and fp8:
+        # Not measured under Float8Linear: the FC1 outputs alone (the rule before the bf16
+        # measurement; the recorded H100 runs: 1B +5.1%, 8B of 4 layers -10.2%).
+        return per_f / 2.0
+    return COMPILED_MLP_BYTES_PER_F[activation] if compiled else per_f
+
+
+def _stream_bytes(shape: ModelShape, stream: ResidualStream, moe: bool) -> float:
+    """Per token: the norms' inputs (the layer input and the sum after attention) and the
+    projections' inputs (2h each; one copy per projection under autocast: wq wk wv, or MLA's
+    two down-projections; SwiGLU's w1 and w3; the MoE block's copies are not measured and are
+    priced once)."""
+    m = shape.model
+    h = m.hidden_size
+    reads = 2.0
+    if stream.cast_per_linear:
+        reads = (2.0 if shape.is_mla else 3.0) + (
+            2.0 if m.activation == "swiglu" and not moe else 1.0
+        )
+    return (stream.input_bytes + stream.sum_bytes) * h + 2.0 * h * reads
 
 
 def layer_activation_bytes(

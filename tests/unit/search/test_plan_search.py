@@ -205,6 +205,9 @@ def test_impossible_request_reports_the_smallest_cluster() -> None:
     assert result.candidates == ()
     assert result.fitting == 0
     assert result.rejected[MEMORY] == result.evaluated > 0
+    # Not valid as given (world-size): the memory savers are not tried, nor said not to fit.
+    assert result.given_status.startswith("not valid")
+    assert not [n for n in result.notes if "memory savers" in n], result.notes
     nodes = result.smallest_cluster
     assert nodes is not None and nodes > 1
     # It fits there, and not on one node fewer (the scan went upward from 2 nodes).
