@@ -26,7 +26,9 @@ from launcher.plan.calibration.bands import key_levels, label, regime_keys
 from launcher.plan.planner import make_plan
 
 BAR = 0.10
-BANDS_FILE = Path(__file__).resolve().parent.parent / "launcher" / "plan" / "error_bands.py"
+BANDS_FILE = (
+    Path(__file__).resolve().parent.parent / "launcher" / "plan" / "calibration" / "error_bands.py"
+)
 
 
 def metric_of(r: Prepared) -> str:

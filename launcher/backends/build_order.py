@@ -19,6 +19,18 @@ def shards_before_materialising(cfg: LLMTrainConfig) -> bool:
     return cfg.backend.name == "torch"
 
 
+def autocasts_fp32_parameters(cfg: LLMTrainConfig) -> bool:
+    """The torch engine without FSDP2 (zero.stage 0/1) trains mixed precision under
+    ``torch.autocast`` over fp32 parameters (torch_engine ``_autocast``); FSDP2 hands the forward
+    bf16 parameters (``MixedPrecisionPolicy``) and runs no autocast, and DeepSpeed's and
+    Megatron's bf16/fp16 modules are 16-bit themselves."""
+    return (
+        cfg.backend.name == "torch"
+        and cfg.zero.stage < 2
+        and cfg.precision.compute_dtype in ("bf16", "fp16")
+    )
+
+
 def cuts_to_longest(cfg: LLMTrainConfig) -> bool:
     """The torch and DeepSpeed engines cut an unpacked micro-batch to its longest example
     (``finetune.masked_loss.trim_to_longest``); Megatron-LM pads to model.seq_length."""

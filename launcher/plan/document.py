@@ -59,7 +59,13 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "mtbf_s": _finite(plan.totals.mtbf_s),
         },
         "fixes": [
-            {"overrides": list(f.overrides), "device_bytes": int(f.device_bytes)}
+            {
+                "overrides": list(f.overrides),
+                "device_bytes": int(f.device_bytes),
+                "step_s": f.step_s,
+                "tokens_per_s": f.tokens_per_s,
+                "global_batch_size": f.global_batch_size,
+            }
             for f in plan.fixes
         ],
         "assumptions": list(plan.assumptions),

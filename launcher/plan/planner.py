@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from launcher.errors import UserError
 from launcher.plan import finetune, preference
 from launcher.plan.assumptions import assumptions
 from launcher.plan.calibration.bands import ErrorBand, error_band
+from launcher.plan.fixes import Fix, suggest_fixes, with_sections
 from launcher.plan.flops import FlopsPerToken, config_flops
 from launcher.plan.hardware.lookup import cluster_gpu
 from launcher.plan.hardware.profile import ProfileChoice, ProfileError, choose, cpu_threads
@@ -34,21 +34,6 @@ from launcher.plan.padded_length import priced_length
 from launcher.plan.timing.estimate import PCIE_GBPS, TimePlan, estimate_time
 from launcher.plan.timing.measured import coverage
 from launcher.plan.totals import Totals, estimate_totals
-
-
-@dataclass(frozen=True)
-class Fix:
-    """One change that makes the configuration fit: the override line and the memory it gives."""
-
-    overrides: tuple[str, ...]
-    device_bytes: float
-    fits: bool
-    # The step time with the fix (what it costs in speed beside what it saves); 0: not priced.
-    step_s: float = 0.0
-
-    @property
-    def line(self) -> str:
-        return " ".join(self.overrides)
 
 
 @dataclass(frozen=True)
@@ -118,160 +103,6 @@ def checkpoint_bytes(cfg: LLMTrainConfig, total_params: int) -> float:
     bpp = bytes_per_param(cfg)
     weights = bpp.weights - fp8_weight_copy_bytes(cfg)
     return total_params * (weights + bpp.optimizer)
-
-
-def _memory_only(cfg: LLMTrainConfig, hw: HardwareView, headroom: float) -> MemoryPlan:
-    priced = preference.priced_config(cfg)
-    memory = estimate_memory(priced, derive_layout(priced), hw, headroom)
-    return preference.with_reference_copy(cfg, memory)
-
-
-def _with_sections(cfg: LLMTrainConfig, **parts: dict[str, object]) -> LLMTrainConfig:
-    """`cfg` with some keys of its sections replaced (``zero={"stage": 3}``: zero.stage=3)."""
-    changes = {
-        name: dataclasses.replace(getattr(cfg, name), **vals) for name, vals in parts.items()
-    }
-    return dataclasses.replace(cfg, **changes)
-
-
-def suggest_fixes(
-    cfg: LLMTrainConfig,
-    hw: HardwareView,
-    headroom: float,
-    limit: int = 6,
-    accept: Callable[[LLMTrainConfig], bool] | None = None,
-) -> tuple[Fix, ...]:
-    """The smallest single changes (then pairs) that make the heaviest rank fit.
-
-    Tried in order of how little they cost in speed: ZeRO stage up, selective then full recompute,
-    smaller micro-batch (global batch kept through more accumulation), tp up within a node, pp up,
-    CPU offload of the optimizer (with the ZeRO stage it needs), the zero group's options. Every
-    candidate, single or pair, must pass `accept` (validate's rules, which the layers above plan
-    pass in: plan never imports validate); each is re-planned with the same memory function.
-    """
-    valid = accept or (lambda _: True)
-    layout = derive_layout(cfg)
-    world = layout.world_size
-    candidates: list[tuple[tuple[str, ...], LLMTrainConfig]] = []
-    z = cfg.zero.stage
-    for stage in range(z + 1, 4):
-        candidates.append(((f"zero.stage={stage}",), _with_sections(cfg, zero={"stage": stage})))
-    order = ["none", "selective", "full"]
-    for r in order[order.index(cfg.train.recompute) + 1 :]:
-        candidates.append(((f"train.recompute={r}",), _with_sections(cfg, train={"recompute": r})))
-    mbs = layout.micro_batch_size
-    while mbs > 1:
-        mbs //= 2
-        accum = layout.global_batch_size // max(1, mbs * layout.dp)
-        changes: dict[str, object] = {"micro_batch_size": mbs, "grad_accum": max(1, accum)}
-        candidates.append(((f"train.micro_batch_size={mbs}",), _with_sections(cfg, train=changes)))
-    for tp in (2, 4, 8, 16):
-        mp = tp * layout.pp * layout.cp
-        if tp > layout.tp and world % mp == 0 and cfg.model.num_attention_heads % tp == 0:
-            candidates.append(
-                ((f"parallel.tp={tp}",), _with_sections(cfg, parallel={"tp": tp, "dp": None}))
-            )
-    for pp in (2, 4, 8, 16, 32):
-        mp = layout.tp * pp * layout.cp
-        if pp > layout.pp and world % mp == 0 and cfg.model.num_layers >= pp:
-            candidates.append(
-                (
-                    (f"parallel.pp={pp}",),
-                    _with_sections(cfg, parallel={"pp": pp, "dp": None, "pp_layers": None}),
-                )
-            )
-    offload_stages = range(max(1, z), 4)
-    if cfg.zero.offload_optimizer != "cpu":
-        for stage in offload_stages:
-            lead = () if stage == z else (f"zero.stage={stage}",)
-            candidates.append(
-                (
-                    (*lead, "zero.offload_optimizer=cpu"),
-                    _with_sections(cfg, zero={"stage": stage, "offload_optimizer": "cpu"}),
-                )
-            )
-    # The zero group's options (`zero=stage3-offload`): several keys at once, as a user types them.
-    for option, values in _zero_options().items():
-        changed = _with_sections(cfg, zero=values)
-        if changed.zero != cfg.zero and changed.zero.stage >= z:
-            candidates.append(((f"zero={option}",), changed))
-    # Only what validate accepts is offered: the same rules (and the backend's refusals) judge
-    # every candidate before its memory is priced (a fix that validate refuses is no fix).
-    candidates = [(o, c) for o, c in candidates if valid(c)]
-    fixes: list[tuple[Fix, LLMTrainConfig, MemoryPlan]] = []
-    for overrides, changed in candidates:
-        mem = _memory_only(changed, hw, headroom)
-        fixes.append((Fix(overrides, mem.heaviest.device_total, mem.fits), changed, mem))
-    fitting = [f for f in fixes if f[0].fits]
-    if not fitting:
-        # Pairs of the single changes, cheapest first.
-        for i, (o1, c1) in enumerate(candidates):
-            for o2, _ in candidates[i + 1 :]:
-                if {_fix_key(x) for x in o1} & {_fix_key(x) for x in o2}:
-                    continue
-                merged = _merge(c1, o2, cfg)
-                if merged is None or not valid(merged):
-                    continue
-                mem = _memory_only(merged, hw, headroom)
-                if mem.fits:
-                    fitting.append((Fix(o1 + o2, mem.heaviest.device_total, True), merged, mem))
-            if len(fitting) >= limit:
-                break
-    return tuple(_timed(fix, changed, hw, mem) for fix, changed, mem in fitting[:limit])
-
-
-def _timed(fix: Fix, cfg: LLMTrainConfig, hw: HardwareView, memory: MemoryPlan) -> Fix:
-    """`fix` with the step time of its configuration (the speed it costs)."""
-    time = estimate_time(cfg, derive_layout(cfg), hw, config_flops(cfg), memory.stages)
-    return dataclasses.replace(fix, step_s=time.step_s)
-
-
-def _fix_key(override: str) -> str:
-    """The section a fix changes: `zero.stage=3` and `zero=stage3-offload` both change zero."""
-    key = override.split("=", 1)[0]
-    return key.split(".", 1)[0] if key.split(".", 1)[0] == "zero" else key
-
-
-@functools.cache
-def _zero_options() -> dict[str, dict[str, object]]:
-    """conf/zero/NAME.yaml's keys by option name (flat key: value files)."""
-    import yaml
-
-    from launcher import resources
-
-    options: dict[str, dict[str, object]] = {}
-    for name in resources.group_options("zero"):
-        path = resources.conf_dir() / "zero" / f"{name}.yaml"
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if isinstance(values, dict):
-            options[name] = {k: v for k, v in values.items() if k != "defaults"}
-    return options
-
-
-def _merge(
-    base: LLMTrainConfig, overrides: tuple[str, ...], orig: LLMTrainConfig
-) -> LLMTrainConfig | None:
-    """Apply simple `section.key=value` overrides (ints and words) to a config."""
-    cfg = base
-    for line in overrides:
-        key, _, raw = line.partition("=")
-        section, _, name = key.partition(".")
-        if not name:  # a group option (zero=stage3-offload)
-            if section != "zero" or raw not in _zero_options():
-                return None
-            cfg = _with_sections(cfg, zero=_zero_options()[raw])
-            continue
-        value: object = int(raw) if raw.isdigit() else raw
-        extra: dict[str, object] = {name: value}
-        if section == "parallel" and name in ("tp", "pp"):
-            extra["dp"] = None
-            if name == "pp":
-                extra["pp_layers"] = None
-        if section == "train" and name == "micro_batch_size":
-            layout = derive_layout(orig)
-            extra["grad_accum"] = max(1, layout.global_batch_size // (int(raw) * layout.dp))
-        cfg = _with_sections(cfg, **{section: extra})
-    return cfg
 
 
 # Band of a plan priced from a profile, not fitted: what operator timings leave out (the training
@@ -381,7 +212,7 @@ def make_plan(
     given, layout = cfg, derive_layout(cfg)
     padded = priced_length(cfg, layout) if padded_batches else None
     if padded is not None:  # activations and compute at the priced length; Plan.config as given
-        cfg = _with_sections(cfg, model={"seq_length": padded.tokens})
+        cfg = with_sections(cfg, model={"seq_length": padded.tokens})
     hw, profile, profile_note = priced_hardware(cfg)
     shape = ModelShape(given.model)
     # Preference objectives: two sequences a pair and the reference's forward (preference.py).

@@ -44,11 +44,15 @@ from launcher.search.space import (
     Choice,
     LayoutSpace,
 )
+from launcher.validate.build_rules import build_overflow
 
 # A group: layouts that share everything but the ZeRO stage and offload, and so share the bounds
 # on tokens/s. Fields: tp, cp, pp, dp, ep, micro-batch, micro-batches, schedule, vpp, recompute,
 # sequence parallel, the allowed (zero stage, offload) pairs.
 Group = tuple[int, int, int, int, int, int, int, str, int, str, bool, tuple[tuple[int, str], ...]]
+
+# The rule a layout whose build does not fit is left out by (launcher/validate/build_rules.py).
+BUILD_MEMORY = "build-memory"
 
 # Relative slack on the bound, so that rounding never prunes a layout that ties the k-th best.
 BOUND_SLACK = 1e-9
@@ -386,11 +390,13 @@ class Search:
         stages: list[StageMemory | None] = [None] * pp
         for stage in (0, *range(pp - 1, 0, -1)):
             # ep: the MoE dispatcher's buffers (memory.dispatcher_bytes).
-            akey = (mbs, m, tp, cp, pp, vpp, ep, sched, sp, r, stage)
+            # The ZeRO stage too: FSDP2 (2, 3) keeps a bf16 residual stream where autocast keeps
+            # an fp32 one (layer_activations.residual_stream).
+            akey = (mbs, m, tp, cp, pp, vpp, ep, sched, sp, r, stage, zero)
             act = self._acts.get(akey)
             if act is None:
-                # Activations do not depend on the ZeRO stage: the group's configuration will do.
-                act = self._acts[akey] = stage_activations(base_cfg, layout, stage)
+                cfg = cfg or with_zero()
+                act = self._acts[akey] = stage_activations(cfg, layout, stage)
             lazy, reused = 0.0, True
             # Gradients made during the backward (plan/memory/grad_liveness.py).
             if layout.pp == 1 and layout.num_microbatches == 1:
@@ -408,6 +414,11 @@ class Search:
             tuple(s for s in stages if s is not None), float(self.hw.memory_bytes), self.headroom
         )
         choice = Choice(tp, cp, pp, ep, mbs, sched, vpp, r, zero, offload, sp)
+        # validate's build-memory: training fits, but building the model on the device does not.
+        cfg = cfg or with_zero()
+        if build_overflow(cfg, layout, memory.heaviest, float(self.hw.memory_bytes)):
+            self.reject(BUILD_MEMORY, 1)
+            return
         if self.first_fit:
             # groups() left the backend's refusals to here: asked only of layouts that fit.
             rule = self.space.backend_rule(choice, m)
@@ -417,7 +428,6 @@ class Search:
             self.fitting += 1
             return
         self.fitting += 1
-        cfg = cfg or with_zero()
         timing = estimate_time(cfg, layout, self.hw, self.flops(r), memory.stages)
         self.timed += 1
         if timing.tokens_per_s > bound:

@@ -34,7 +34,9 @@ How it stays fast while using the planner's own formulas (nothing is re-derived 
    computed once and reject, on their own, every layout they overflow; otherwise stages are
    assembled from memoized parts (``stage_states``, ``stage_activations``, ``stage_buffers``,
    ``assemble_stage``: the pieces ``stage_memory`` is made of), the first and last stage first,
-   stopping at the first that overflows. Only layouts that fit are timed (``estimate_time``).
+   stopping at the first that overflows. A layout that fits whose build does not (validate's
+   build-memory, ``build_rules.build_overflow``) is left out by that rule. Only layouts that fit
+   are timed (``estimate_time``).
 4. The smallest cluster, when nothing fits: node counts upward from one more than configured, each
    asked only whether any layout fits (``first_fit``): the model states of the first, last and
    largest stages reject most layouts before the other stages are computed, and the backend's
@@ -54,7 +56,8 @@ from collections.abc import Iterable
 
 from launcher.config.schema import LLMTrainConfig
 from launcher.errors import UserError
-from launcher.plan.memory.estimate import VERDICT_WORDS
+from launcher.plan.fixes import SAVERS, is_saver, suggest_fixes
+from launcher.plan.memory.estimate import VERDICT_WORDS, HardwareView
 from launcher.plan.planner import hardware_view, make_plan, priced_hardware, pricing_line
 from launcher.search.best_first import Search
 from launcher.search.results import (
@@ -71,7 +74,7 @@ from launcher.search.space import (
     fixed_keys,
     search_space,
 )
-from launcher.validate.rules import check
+from launcher.validate.rules import check, passes
 
 __all__ = [
     "MEMORY",
@@ -91,6 +94,10 @@ __all__ = [
 _LAYOUT_KEYS = SEARCH_KEYS | {"train.global_batch_size", "cluster.num_nodes"}
 
 
+# The status of a configuration as given that validate refuses.
+NOT_VALID = "not valid"
+
+
 def _config_errors(cfg: LLMTrainConfig) -> list[str]:
     # A value out of its key's range (parallel.tp=0, cluster.num_nodes=1250000, optim.lr=1e39)
     # is the configuration's own error even on a layout key: `plan` exits 2 on it, so does this.
@@ -106,7 +113,7 @@ def _given(cfg: LLMTrainConfig, headroom: float) -> tuple[Candidate | None, str]
     """The configuration as given: its Candidate when valid and fitting, and a status line."""
     errors = sorted({v.rule for v in check(cfg) if v.is_error})
     if errors:
-        return None, "not valid (" + ", ".join(errors) + ")"
+        return None, f"{NOT_VALID} (" + ", ".join(errors) + ")"
     plan = make_plan(cfg, headroom=headroom, with_fixes=False, padded_batches=False)
     # The word `plan` prints for the same configuration (MemoryPlan.verdict): tight is over the
     # headroom, allocated + overhead within the GPU's memory; the search ranks only layouts that
@@ -132,17 +139,50 @@ def _verified(space: LayoutSpace, cand: Candidate, headroom: float) -> Candidate
 
 def _smallest_cluster(
     cfg: LLMTrainConfig, space_args: dict[str, object], headroom: float, limit: int
-) -> int | None:
-    """The fewest nodes (from one more than configured, up to `limit`) on which a layout fits."""
+) -> tuple[int | None, str | None]:
+    """The fewest nodes (from one more than configured, up to `limit`) on which a layout fits,
+    or None and, when every node count has errors no layout can fix (optim.in_backward=true on
+    more than one GPU), the first of them: those counts are not searched."""
     hw = hardware_view(cfg)
+    blocked: str | None = None
+    searched = False
     for nodes in range(cfg.cluster.num_nodes + 1, limit + 1):
         bigger = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, num_nodes=nodes))
+        errors = _config_errors(bigger)
+        if errors:
+            blocked = blocked or errors[0]
+            continue
+        searched = True
         space = search_space(bigger, **space_args)  # type: ignore[arg-type]
         run = Search(space, hw, headroom, 1, exhaustive=True, first_fit=True, given=None)
         run.run()
         if run.fitting:
-            return nodes
-    return None
+            return nodes, None
+    return None, None if searched else blocked
+
+
+def _saver_note(cfg: LLMTrainConfig, hw: HardwareView, headroom: float) -> str:
+    """When no layout fits: what `plan` finds with the memory savers, which the search does not
+    vary (it keeps the configured precision and optimizer: pure bf16 and 8-bit states change
+    the numbers trained, the offloads trade PCIe time), or that none of them fits either."""
+    words = ", ".join(SAVERS)
+    fixes = [
+        f
+        for f in suggest_fixes(cfg, hw, headroom, limit=3, accept=passes)
+        if any(is_saver(word) for word in f.overrides)
+    ]
+    if not fixes:
+        return (
+            f"the search varies the layout only; the memory savers ({words}) where "
+            f"backend={cfg.backend.name} runs them, up to three together, do not fit either"
+        )
+    found = "; ".join(
+        f"{f.line} ({f.device_bytes / 2**30:.1f} GiB, step {f.step_s:.2f} s)" for f in fixes
+    )
+    return (
+        f"the search varies the layout only, not the memory savers ({words}); with them "
+        f"`llmtrain plan` finds: {found}"
+    )
 
 
 def _check_request(
@@ -234,11 +274,14 @@ def search(
     notes: list[str] = []
     if not best:
         if run.evaluated:
-            smallest = _smallest_cluster(cfg, space_args, min_headroom, max_nodes)
+            smallest, blocked = _smallest_cluster(cfg, space_args, min_headroom, max_nodes)
             if smallest is None:
-                notes.append(f"no layout fits on up to {max_nodes} nodes")
+                why = f": on more nodes, {blocked}" if blocked else ""
+                notes.append(f"no layout fits on up to {max_nodes} nodes{why}")
         else:
             notes.append("no layout passes the validation rules; see the rejections")
+        if not given_status.startswith(NOT_VALID):  # the savers are tried on a valid config
+            notes.append(_saver_note(cfg, hw, min_headroom))
     return SearchResult(
         model=cfg.model.name,
         gpu=hw.name,

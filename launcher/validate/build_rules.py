@@ -7,19 +7,37 @@ already says so; this rule speaks only of the build. Never imports torch.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from launcher.backends.build_order import shards_before_materialising
 from launcher.config.layout import Layout
 from launcher.config.schema import LLMTrainConfig
 from launcher.validate.rule import Violation, error
 
+if TYPE_CHECKING:
+    from launcher.plan.memory.estimate import StageMemory
+
 GIB = 1024**3
 
 
-def _totals(cfg: LLMTrainConfig, layout: Layout) -> tuple[float, float, float, str] | None:
-    """(steady device total, build device total, capacity, mechanism), or None: no figure."""
-    from launcher.plan.hardware.lookup import UnknownGPUError
+def build_overflow(
+    cfg: LLMTrainConfig, layout: Layout, heaviest: StageMemory, capacity: float
+) -> tuple[float, str] | None:
+    """The rule's condition, in one place: (build device total, mechanism) when the build of the
+    rank whose steady state is `heaviest` exceeds `capacity` (the GPU's memory, bytes) although
+    training fits in it; None otherwise. `plan --search` asks it of every layout that fits
+    (launcher/search/best_first.py), so that it never proposes what validate refuses."""
     from launcher.plan.memory.build_peak import of_plan
+
+    if capacity <= 0 or cfg.cluster.gpu == "cpu" or heaviest.device_total > capacity:
+        return None
+    peak, build = of_plan(cfg, layout, heaviest)
+    return (build, peak.mechanism) if build > capacity else None
+
+
+def _heaviest(cfg: LLMTrainConfig, layout: Layout) -> tuple[StageMemory, float] | None:
+    """(the heaviest rank's steady state, the GPU's memory), or None: no figure."""
+    from launcher.plan.hardware.lookup import UnknownGPUError
     from launcher.plan.memory.estimate import stage_memory
     from launcher.plan.planner import hardware_view
 
@@ -30,9 +48,16 @@ def _totals(cfg: LLMTrainConfig, layout: Layout) -> tuple[float, float, float, s
     if hw.memory_bytes <= 0 or cfg.cluster.gpu == "cpu":
         return None
     stages = [stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp))]
-    heaviest = max(stages, key=lambda s: s.device_total)
-    peak, build = of_plan(cfg, layout, heaviest)
-    return heaviest.device_total, build, float(hw.memory_bytes), peak.mechanism
+    return max(stages, key=lambda s: s.device_total), float(hw.memory_bytes)
+
+
+def _fits_whole(cfg: LLMTrainConfig, layout: Layout) -> bool:
+    """Training and its build both fit the GPU."""
+    found = _heaviest(cfg, layout)
+    if found is None:
+        return False
+    heaviest, capacity = found
+    return heaviest.device_total <= capacity and not build_overflow(cfg, layout, heaviest, capacity)
 
 
 def _fixes(cfg: LLMTrainConfig, layout: Layout) -> list[tuple[str, LLMTrainConfig, Layout]]:
@@ -61,18 +86,20 @@ def _fixes(cfg: LLMTrainConfig, layout: Layout) -> list[tuple[str, LLMTrainConfi
 def build_memory(cfg: LLMTrainConfig, layout: Layout) -> list[Violation]:
     from launcher.validate.finetune_rules import finetune_problems
 
-    found = _totals(cfg, layout)
+    found = _heaviest(cfg, layout)
     if found is None:
         return []
-    steady, build, capacity, mechanism = found
-    if steady > capacity or build <= capacity:
+    heaviest, capacity = found
+    overflow = build_overflow(cfg, layout, heaviest, capacity)
+    if overflow is None:
         return []
+    build, mechanism = overflow
+    steady = heaviest.device_total
     works = [
         text
         for text, other, lay in _fixes(cfg, layout)
         if not [p for p in finetune_problems(other, lay) if p[0] == "error"]
-        and (t := _totals(other, lay)) is not None
-        and max(t[:2]) <= capacity
+        and _fits_whole(other, lay)
     ]
     fix = works[0] if works else "a GPU with more memory (cluster.gpu)"
     return [

@@ -10,6 +10,7 @@ from launcher.config.epoch_rows import budget_note
 from launcher.plan.calibration.bands import ErrorBand, error_band
 from launcher.plan.document import plan_to_json
 from launcher.plan.finetune import summary as finetune_summary
+from launcher.plan.fixes import Fix
 from launcher.plan.memory.build_peak import build_line
 from launcher.plan.memory.estimate import GIB, VERDICT_WORDS
 from launcher.plan.planner import Plan, pricing_line
@@ -177,16 +178,30 @@ def _print_summary_panel(plan: Plan, console: Console) -> None:
 
 def _print_fixes(plan: Plan, console: Console) -> None:
     """The smallest changes that fit (at most five), or what was tried when none does."""
-    console.print("[bold]Smallest changes that fit[/] (device GiB, step time):")
-    now = plan.time.step_s
+    console.print("[bold]Smallest changes that fit[/] (device GiB, step time), fastest first:")
     for f in plan.fixes[:5]:
-        cost = f", step {_dur(f.step_s)} ({f.step_s / now - 1:+.0%})" if f.step_s and now else ""
-        console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}{cost}")
+        console.print(f"  {f.line} -> {f.device_bytes / GIB:.1f}{fix_cost(plan, f)}")
     if not plan.fixes:
         console.print(
             "  none found among zero (stages, offload, its group options), recompute, "
-            "micro-batch, tp, pp and pairs of them that validate accepts"
+            "micro-batch, tp, pp, the torch engine's memory savers (precision=bf16-pure, "
+            "optim.name=adamw8bit, optim.state_dtype=bf16, optim.in_backward, optim.offload, "
+            "train.activation_offload) and up to three of them together that validate accepts"
         )
+
+
+def fix_cost(plan: Plan, fix: Fix) -> str:
+    """A fix's step time and what it costs in speed: the change in time per token (the step's
+    own change while the global batch stays), and the global batch where the fix changes it."""
+    if not fix.step_s or not fix.tokens_per_s or not plan.time.tokens_per_s:
+        return ""
+    slower = plan.time.tokens_per_s / fix.tokens_per_s - 1
+    if fix.global_batch_size == plan.layout.global_batch_size:
+        return f", step {_dur(fix.step_s)} ({slower:+.0%})"
+    return (
+        f", step {_dur(fix.step_s)} for a global batch of {fix.global_batch_size} "
+        f"({slower:+.0%} a token)"
+    )
 
 
 def _print_memory_bar(plan: Plan, console: Console) -> None:

@@ -19,7 +19,11 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.plan import finetune
 from launcher.plan.dtypes import DTYPE_BYTES
 from launcher.plan.memory import memory_savers
-from launcher.plan.memory.layer_activations import layer_activation_bytes, uses_dropout
+from launcher.plan.memory.layer_activations import (
+    layer_activation_bytes,
+    residual_stream,
+    uses_dropout,
+)
 from launcher.plan.memory.mcore_activations import applies as mcore_applies
 from launcher.plan.memory.mcore_activations import layer_activations as mcore_layer_activations
 from launcher.plan.memory.transient_buffers import cp_ring_bytes, dispatcher_bytes, logits_bytes
@@ -129,6 +133,7 @@ def _per_layer(
         dropout=here.dropout,
         fp8=cfg.precision.fp8,
         compiled=here.compiled,
+        stream=residual_stream(cfg, here.compiled),
     )
 
 

@@ -205,6 +205,9 @@ def test_impossible_request_reports_the_smallest_cluster() -> None:
     assert result.candidates == ()
     assert result.fitting == 0
     assert result.rejected[MEMORY] == result.evaluated > 0
+    # Not valid as given (world-size): the memory savers are not tried, nor said not to fit.
+    assert result.given_status.startswith("not valid")
+    assert not [n for n in result.notes if "memory savers" in n], result.notes
     nodes = result.smallest_cluster
     assert nodes is not None and nodes > 1
     # It fits there, and not on one node fewer (the scan went upward from 2 nodes).
@@ -377,3 +380,51 @@ def test_search_prices_from_the_profile_and_equals_brute_force(tmp_path: Any) ->
     out = io.StringIO()
     render_search(result, Console(file=out, width=200))
     assert "measured on this machine" in out.getvalue()
+
+
+def test_layouts_whose_build_does_not_fit_are_left_out() -> None:
+    """validate's build-memory (launcher/validate/build_rules.py): training fits one 40 GB A100
+    at 5% headroom (36.2 GiB) but one qlora block in fp32 before NF4 does not (47.3 GiB); the
+    search leaves those layouts out by the rule instead of proposing them (it used to stop in
+    _verified's AssertionError) and proposes FSDP2 on the one GPU, which quantizes on the host."""
+    overrides = (
+        "recipe=llama3-70b-qlora",
+        "model.num_layers=2",
+        "model.hidden_size=16384",
+        "model.ffn_hidden_size=98304",
+        "model.num_attention_heads=128",
+        "cluster.gpu=a100-40gb",
+    )
+    result = search(compose(*overrides), min_headroom=0.05, top=3)
+    assert result.rejected.get("build-memory", 0) >= 1, result.rejected
+    assert result.candidates
+    for cand in result.candidates:
+        assert cand.choice.zero_stage >= 2, cand.line
+        assert not [v for v in check(compose(*overrides, *cand.overrides)) if v.is_error]
+    out = io.StringIO()
+    render_search(result, Console(file=out, width=200))
+    assert "rule build-memory" in out.getvalue()
+
+
+def test_no_layout_fits_names_the_memory_savers_plan_finds() -> None:
+    """Issue #40's Llama 2 7B on one RTX 4090: the search varies the layout, not the savers, so
+    nothing fits; its report names the savers and what `plan` finds with them, and the scan for
+    a larger cluster stops at once on optim.in_backward's one-GPU rule (it scanned 1024 node
+    counts, minutes, to say 'no layout fits on up to 1024 nodes')."""
+    overrides = (
+        "model=llama2-7b",
+        "finetune=full",
+        "cluster=rtx4090",
+        "optim.name=adamw8bit",
+        "optim.in_backward=true",
+        "precision=bf16",
+        "train.recompute=full",
+        "train.micro_batch_size=4",
+        "model.seq_length=2048",
+    )
+    result = search(compose(*overrides), fixed=fixed_keys(overrides))
+    assert result.candidates == () and result.smallest_cluster is None
+    notes = " ".join(result.notes)
+    assert "on more nodes, [backend-capabilities] optim.in_backward=true" in notes, notes
+    assert "not the memory savers (precision=bf16-pure" in notes, notes
+    assert "precision=bf16-pure optim.offload=cpu train.activation_offload=true (20.1 GiB" in notes

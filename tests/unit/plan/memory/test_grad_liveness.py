@@ -48,14 +48,17 @@ LLAMA_1B = [
 
 def test_llama3_1b_one_gpu_peaks_without_its_gradients() -> None:
     """Measured on one H200 (bench/lora_memory.py --gpu): 23,135 MiB max_memory_allocated; the
-    buckets' sum said 27,104. The activations (5,890 MiB with the 12-byte-a-logit loss) outweigh
+    buckets' sum said 27,104. The activations (6,530 MiB with the 12-byte-a-logit loss) outweigh
     the fp32 gradients (4,714) and the bf16 copies (2,357) are freed with them, so the peak is at
     the start of the backward: fp32 params 4,714 + Adam m and v 9,429 + copies 2,357 + activations
-    5,890 = 22,390 MiB (the head's gradient, 1,002 MiB, comes after the loss's peak)."""
+    6,530 = 23,030 MiB (the head's gradient, 1,002 MiB, comes after the loss's peak). The
+    activations count autocast's fp32 residual stream and its bf16 copy per projection
+    (layer_activations.residual_stream: 10h a token a layer more than a bf16 stream, 16 x 2048
+    x 20,480 B = 640 MiB; before it the plan said 22,390, 3.2% under)."""
     h = make_plan(compose_config(LLAMA_1B).config).memory.heaviest
     summed = h.weights + h.gradients + h.optimizer + h.activations + h.buffers
     assert h.allocated == pytest.approx(summed - h.gradients, rel=1e-6)
-    assert h.allocated / MIB == pytest.approx(22_390, abs=5)
+    assert h.allocated / MIB == pytest.approx(23_030, abs=5)
     assert h.reserved == pytest.approx(h.allocated * h.fragmentation)
 
 

@@ -111,16 +111,19 @@ def test_cp_ring_buffers_per_engine() -> None:
 
 
 def test_cp_full_recompute_activations_by_hand() -> None:
-    # torch engine, cp 2, full recompute, eager loss on 2048 tokens a rank:
-    # - 16 layer inputs: 16 x 2048 tokens x 2h (4096 B)             =   134,217,728
-    # - one layer recomputed in full: per token 8h (norm, QKV and MLP inputs: 16,384)
+    # torch engine, cp 2, zero.stage 1 (torch.autocast over fp32 parameters: the residual
+    # stream is fp32, each projection casts its own bf16 input; layer_activations.
+    # residual_stream), full recompute, eager loss on 2048 tokens a rank:
+    # - 16 layer inputs: 16 x 2048 tokens x 4h (8192 B)             =   268,435,456
+    # - one layer recomputed in full: per token the norm inputs 2 x 4h = 16,384, the inputs of
+    #   wq wk wv and of w1 w3 5 x 2h = 20,480,
     #   + 2 (q 2048 + k 512 + v 512 + o 2048) = 10,240 + lse 4 x 16 = 64 + SwiGLU 8f = 65,536
-    #   = 92,224 B x 2048                                           =   188,874,752
+    #   = 112,704 B x 2048                                          =   230,817,792
     # - the K/V ring (test above): 25,165,824 + 16,777,216          =    41,943,040
     # - the loss: 2048 x 32000 x 12                                 =   786,432,000
     cfg = _cfg(gpus=2, cp=2, recompute="full")
     acts, _ = stage_activations(cfg, derive_layout(cfg), 0)
-    assert acts == 134_217_728 + 188_874_752 + 41_943_040 + 786_432_000
+    assert acts == 268_435_456 + 230_817_792 + 41_943_040 + 786_432_000
 
 
 def test_cp_ring_attention_stores_no_scores() -> None:
