@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 def test_tiny_sft_masked_loss_falls(tmp_path: Path) -> None:
     done = llmtrain(
-        "run", "recipe=tiny-sft", "train.steps=20", "model.seq_length=128",
+        "run", "recipe=tiny-sft", "train.steps=16", "model.seq_length=128",
         f"run.root_dir={tmp_path / 'runs'}", "run.name=sft",
         env={"LLMTRAIN_CACHE": str(tmp_path / "cache")}, timeout=600,
     )  # fmt: skip
