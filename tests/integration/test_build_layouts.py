@@ -99,3 +99,44 @@ def test_the_same_whole_weights_in_every_layout(name: str) -> None:
     assert all(o == first for o in others)
     want = _reference([*TINY, *overrides, f"cluster.gpus_per_node={nproc}"])
     assert first == want
+
+
+# Run in a fresh interpreter: glibc raises its mmap threshold to the size of a freed mapped block,
+# so a 6 MiB tensor made after an 8 MiB one was freed comes from the heap, and its pages stay
+# resident when it is freed below the heap's top; pinned at 6 MiB (launcher.train.host_malloc),
+# it is mapped and unmapped. Prints the bytes freeing it gave back.
+_PINNED_FREE = """
+import sys
+from pathlib import Path
+import torch
+from launcher.train import host_malloc
+
+def resident():
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+
+if sys.argv[1] == "pin":
+    assert host_malloc.pin_mmap_threshold(6 << 20)
+first = torch.ones((8 << 20) // 4)  # mapped; freeing it raises a dynamic threshold
+del first
+held = torch.ones((6 << 20) // 4)  # touched: resident
+guard = torch.ones(1024)  # above it in the heap, if it came from the heap
+before = resident()
+del held
+print(before - resident())
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_a_freed_tensor_at_the_pinned_threshold_leaves_the_resident_set() -> None:
+    import subprocess
+    import sys
+
+    released = {}
+    for mode in ("pin", "dynamic"):
+        done = subprocess.run(
+            [sys.executable, "-c", _PINNED_FREE, mode], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        released[mode] = int(done.stdout.split()[-1])
+    assert released["pin"] >= 5 << 20, released  # given back
+    assert released["dynamic"] < 1 << 20, released  # glibc's own threshold keeps it: the cause

@@ -1,11 +1,11 @@
 """FSDP2 on the CPU gives freed gathered weights back to the system
-(launcher.train.host_malloc)."""
+(launcher.train.host_malloc). That a pinned threshold returns a freed tensor's pages is checked
+in a fresh process (tests/integration/test_build_layouts.py): a test process that has run others
+holds free heap chunks that serve a request whatever the threshold."""
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -13,54 +13,6 @@ from launcher.train import host_malloc
 
 pytestmark = pytest.mark.unit
 MIB = 2**20
-glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
-
-
-def resident() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
-
-
-def _free_heap_bytes() -> int:
-    """Bytes free inside glibc's main arena (mallinfo2's fordblks): a request no larger than a
-    free chunk there is served from it whatever the mmap threshold."""
-    import ctypes
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost",
-        )]  # fmt: skip
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-    return int(libc.mallinfo2().fordblks)
-
-
-@glibc
-def test_a_freed_tensor_at_the_pinned_threshold_leaves_the_resident_set() -> None:
-    """glibc raises its mmap threshold to the size of a freed mapped block, so a tensor made
-    after a larger one was freed comes from the heap, and its pages stay resident when it is
-    freed below the heap's top; pinned at its size, it is mapped and unmapped. The tensor is
-    made larger than all the free memory of the heap (this test process has run others), which
-    would otherwise serve it whatever the threshold."""
-    import torch
-
-    size = max(6 * MIB, _free_heap_bytes() + MIB)
-    if size > 30 * MIB:  # mallopt takes thresholds up to 32 MiB (HEAP_MAX_SIZE / 2)
-        pytest.skip(f"the heap holds {size / MIB:.0f} MiB free: no pinnable size is larger")
-    try:
-        assert host_malloc.pin_mmap_threshold(size)
-        first = torch.ones((size + 2 * MIB) // 4)  # mapped; freed, it raises a dynamic threshold
-        del first
-        held = torch.ones(size // 4)  # touched: resident
-        guard = torch.ones(1024)  # above it in the heap, if it came from the heap
-        before = resident()
-        del held
-        released = before - resident()
-        assert released >= size - MIB, f"{released / MIB:.1f} of {size / MIB:.1f} MiB released"
-        del guard
-    finally:  # glibc's starting threshold again (fixed now) for the tests after this one
-        host_malloc.pin_mmap_threshold(host_malloc.GLIBC_INITIAL_MMAP_THRESHOLD)
 
 
 def test_the_threshold_is_the_smallest_gathered_weight_glibc_maps() -> None:
