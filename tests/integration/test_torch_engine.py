@@ -180,7 +180,8 @@ MOE = ["model.num_experts=4", "model.moe_top_k=2", "model.moe_ffn_hidden_size=64
 # positions; pipeline cases untie (refused otherwise), some cases switch to the Llama block.
 # Layouts that are also checked against one process and for resume are in ONE_LAUNCH_CASES.
 CASES: dict[str, tuple[int, list[str]]] = {
-    "fsdp-zero2": (2, ["zero.stage=2", "train.micro_batch_size=2", "train.global_batch_size=8"]),
+    # FSDP2 ZeRO-2 alone: test_fsdp_reduce_scatters_every_micro_batch[2] here, and through the CLI
+    # test_kill_resume.py (dp=2, bitwise resume twice) and test_tiny_dpo.py.
     "fsdp-zero3-offload-bf16-recompute": (
         2,
         ["zero.stage=3", "zero.offload_params=cpu", "precision=bf16", "train.recompute=full", *B4],
