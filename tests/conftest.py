@@ -13,6 +13,7 @@ import atexit
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from collections.abc import Generator
 from typing import Any
@@ -30,6 +31,13 @@ platform.processor()
 # each other (measured here: tests/unit/train with -n 2 took 36.9 s, 18.6 s with one thread).
 # Set before torch is imported; child processes inherit it (a run's launch.sh sets it anyway).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Some machines set PYTHONDONTWRITEBYTECODE for every process (this one and its CI do): then each of
+# the ~500 Python processes the suite starts (launchers, torchrun agents, ranks, CLI children)
+# compiles llmtrain's modules from source again, ~0.11 CPU s a process on the 2-core box (0.23 s
+# to import them without a cache, 0.12 s with one). The tests and their children may cache
+# bytecode (__pycache__/, ignored by git); nothing else about Python changes.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 os.environ.setdefault("COLUMNS", "200")
 os.environ.setdefault("TERMINAL_WIDTH", "200")
 # plan prices from a cached operator profile (llmtrain calibrate) when one exists: tests read and
