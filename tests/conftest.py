@@ -15,7 +15,7 @@ import platform
 import shutil
 import sys
 import tempfile
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -119,3 +119,16 @@ def pytest_runtest_teardown(
         # script) are finalised in its teardown too, and they are not this test's processes.
         return (yield)
     return (yield from _no_processes_in_unit_tests(item))
+
+
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    """A one-rank gloo process group in the test's own process (an in-memory store: no port, no
+    process started), destroyed afterwards: what engine and checkpoint unit tests build under."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -26,6 +26,8 @@ from launcher.search.layouts import (
 )
 from launcher.validate.rules import check
 from launcher.views.search import render_search, search_to_json
+from tests.unit.plan.memory.test_build_peak import BIG_BLOCK
+from tests.unit.validate.test_plan_fixes_valid import RTX4090_7B
 
 pytestmark = pytest.mark.unit
 
@@ -387,20 +389,12 @@ def test_layouts_whose_build_does_not_fit_are_left_out() -> None:
     at 5% headroom (36.2 GiB) but one qlora block in fp32 before NF4 does not (47.3 GiB); the
     search leaves those layouts out by the rule instead of proposing them (it used to stop in
     _verified's AssertionError) and proposes FSDP2 on the one GPU, which quantizes on the host."""
-    overrides = (
-        "recipe=llama3-70b-qlora",
-        "model.num_layers=2",
-        "model.hidden_size=16384",
-        "model.ffn_hidden_size=98304",
-        "model.num_attention_heads=128",
-        "cluster.gpu=a100-40gb",
-    )
-    result = search(compose(*overrides), min_headroom=0.05, top=3)
+    result = search(compose(*BIG_BLOCK), min_headroom=0.05, top=3)
     assert result.rejected.get("build-memory", 0) >= 1, result.rejected
     assert result.candidates
     for cand in result.candidates:
         assert cand.choice.zero_stage >= 2, cand.line
-        assert not [v for v in check(compose(*overrides, *cand.overrides)) if v.is_error]
+        assert not [v for v in check(compose(*BIG_BLOCK, *cand.overrides)) if v.is_error]
     out = io.StringIO()
     render_search(result, Console(file=out, width=200))
     assert "rule build-memory" in out.getvalue()
@@ -411,18 +405,7 @@ def test_no_layout_fits_names_the_memory_savers_plan_finds() -> None:
     nothing fits; its report names the savers and what `plan` finds with them, and the scan for
     a larger cluster stops at once on optim.in_backward's one-GPU rule (it scanned 1024 node
     counts, minutes, to say 'no layout fits on up to 1024 nodes')."""
-    overrides = (
-        "model=llama2-7b",
-        "finetune=full",
-        "cluster=rtx4090",
-        "optim.name=adamw8bit",
-        "optim.in_backward=true",
-        "precision=bf16",
-        "train.recompute=full",
-        "train.micro_batch_size=4",
-        "model.seq_length=2048",
-    )
-    result = search(compose(*overrides), fixed=fixed_keys(overrides))
+    result = search(compose(*RTX4090_7B), fixed=fixed_keys(RTX4090_7B))
     assert result.candidates == () and result.smallest_cluster is None
     notes = " ".join(result.notes)
     assert "on more nodes, [backend-capabilities] optim.in_backward=true" in notes, notes

@@ -5,8 +5,6 @@ holds free heap chunks that serve a request whatever the threshold."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from launcher.train import host_malloc
@@ -21,17 +19,6 @@ def test_the_threshold_is_the_smallest_gathered_weight_glibc_maps() -> None:
     assert host_malloc.gathered_threshold(weights) == 4 * vocab * h
     assert host_malloc.gathered_threshold([4 * 64 * 64, 4 * 128]) is None  # all heap-sized
     assert host_malloc.gathered_threshold([]) is None
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("stage", [0, 3])

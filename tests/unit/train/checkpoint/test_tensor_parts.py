@@ -7,7 +7,6 @@ The trainer's finite-weights check before a checkpoint and the weights digest us
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,15 +21,6 @@ from launcher.train.trainer import Trainer  # noqa: E402
 from tests.unit.train.engines.test_weights_digest import Fixed  # noqa: E402
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _finite_in_trainer(tensors: list[Any]) -> bool:

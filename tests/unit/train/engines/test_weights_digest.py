@@ -36,15 +36,6 @@ class Fixed(Engine):
         yield from self.tensors
 
 
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_ulp_changes_the_digest(one_process_group: None, dtype: torch.dtype) -> None:
     weights = torch.linspace(-1, 1, 1000).to(dtype)

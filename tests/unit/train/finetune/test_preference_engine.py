@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,15 +31,6 @@ SMALL = [
     "train.micro_batch_size=2", "train.global_batch_size=4", "optim.warmup_steps=0",
     "optim.lr=1e-2", "optim.min_lr=1e-2",
 ]  # fmt: skip
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def config(*overrides: str) -> LLMTrainConfig:

@@ -28,29 +28,17 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy
 
 from launcher.backends.packed_attention import packed_kernel
-from launcher.config.schema import ModelConfig
 from launcher.train.model import document_mask, selective_checkpoint
 from launcher.train.model.transformer import apply_recompute, build_model
+from tests.unit.train.model.test_model_keys import LLAMA_TINY
 
 pytestmark = [
     pytest.mark.unit,
     pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
 ]
 
-# GQA (4 query heads over 2 key/value heads) and RoPE, the Llama layout.
-TINY = ModelConfig(
-    num_layers=2,
-    hidden_size=32,
-    ffn_hidden_size=64,
-    num_attention_heads=4,
-    num_kv_heads=2,
-    vocab_size=64,
-    seq_length=48,
-    activation="swiglu",
-    norm="rmsnorm",
-    position="rope",
-    tie_embeddings=False,
-)
+# GQA (4 query heads over 2 key/value heads) and RoPE, the Llama layout, on 48-token rows.
+TINY = dataclasses.replace(LLAMA_TINY, seq_length=48)
 # Row 0: three examples and the padding (one more example); row 1: one example filling the row.
 SEGMENTS = torch.tensor([[1] * 7 + [2] * 20 + [3] * 15 + [4] * 6, [1] * 48])
 TOL = 1e-10
