@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from launcher.bounded_read import FileRefused, open_regular
 from launcher.export.safetensors_stream import TORCH_DTYPES
 from launcher.plan.memory.build_peak import DIGEST_CHUNK_BYTES
 
@@ -73,7 +74,12 @@ def read_box(entry: Entry, offsets: tuple[int, ...], shape: tuple[int, ...]) -> 
     out = torch.empty(shape, dtype=entry.dtype)
     if out.numel() == 0:
         return out
-    fd = os.open(entry.path, os.O_RDONLY)
+    # Opened as the header was (launcher.bounded_read): a file swapped for a FIFO or a device
+    # since then is refused, naming it, instead of blocking the rank for ever.
+    try:
+        fd = open_regular(entry.path, follow_symlinks=True)
+    except FileRefused as exc:
+        raise FileRefused(f"{entry.path} {exc}") from None
     try:
         itemsize = entry.dtype.itemsize
         read_runs(

@@ -173,3 +173,32 @@ def test_a_gpt2_folder_is_read_by_slice(
         index = tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
         assert torch.equal(source.box(name, offsets, shape), whole[index]), name
         assert source.digest(name) == base_digest({name: whole})[name], name
+
+
+def test_a_file_swapped_for_a_fifo_after_its_header_is_refused_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    """The headers are read when the source opens, the boxes later, during the build: a file
+    swapped for a FIFO in between (no writer ever comes) is refused by name, not blocked on."""
+    import os
+    import signal
+
+    from launcher.bounded_read import FileRefused
+
+    cfg, _ = _export(tmp_path / "hf", sharded=False)
+    source = HFSlices(tmp_path / "hf", hf_renames(cfg.model))  # type: ignore[attr-defined]
+    weights = tmp_path / "hf" / "model.safetensors"
+    weights.unlink()
+    os.mkfifo(weights)
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError("the box read blocked on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(FileRefused, match=r"model\.safetensors is a FIFO"):
+            source.box("layers.0.feed_forward.w1.weight", (0, 0), (8, 64))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
