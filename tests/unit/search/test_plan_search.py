@@ -202,7 +202,7 @@ def test_fixed_keys_parsing() -> None:
 
 
 def test_impossible_request_reports_the_smallest_cluster() -> None:
-    overrides = ("recipe=llama3-405b", "cluster=a100-40gb", "cluster.num_nodes=1")
+    overrides = ("recipe=llama3-70b", "cluster=a100-40gb", "cluster.num_nodes=1")
     result = search(compose(*overrides))
     assert result.candidates == ()
     assert result.fitting == 0
