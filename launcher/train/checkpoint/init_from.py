@@ -86,14 +86,11 @@ def _hf_files(path: Path) -> list[Path]:
     return files
 
 
-def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
-    """The folder's tensors; with `meta`, shape-only stand-ins (nothing read but the headers,
-    each checked against its file: launcher.export.safetensors_header)."""
-    from launcher.export.hf_files import read_hf_folder
+def _hf_shapes(path: Path) -> dict[str, torch.Tensor]:
+    """The folder's tensors as shape-only stand-ins on `meta`: nothing read but the headers, each
+    checked against its file (launcher.export.safetensors_header)."""
     from launcher.export.safetensors_header import read_header
 
-    if not meta:
-        return read_hf_folder(path)[0]
     out: dict[str, torch.Tensor] = {}
     for file in _hf_files(path):
         for name, entry in read_header(file).items():
@@ -101,27 +98,22 @@ def _hf_tensors(path: Path, meta: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def _read(path: Path, m: ModelConfig, meta: bool) -> dict[str, torch.Tensor]:
+def _shapes(path: Path, m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """{llmtrain parameter name: shape} of train.init_from, from headers and metadata alone (an
+    HF folder's safetensors headers, our checkpoints' DCP metadata or DeepSpeed pickles, every
+    file of those checked against the verified manifest first)."""
     from launcher.export.hf_layout import LayoutError, from_hf
-    from launcher.train.checkpoint.consolidate import ConsolidateError, full_state, shapes
+    from launcher.train.checkpoint.consolidate import ConsolidateError, shapes
     from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
     from launcher.train.checkpoint.store import ENGINE_DIR
 
     kind = _kind(path)
     try:
         if kind == "hf":
-            return from_hf(_hf_tensors(path, meta), m)
+            return {k: tuple(v.shape) for k, v in from_hf(_hf_shapes(path), m).items()}
         checkpoint = _checkpoint(path, kind)
-        # Every file read once and checked against the manifest (safe_load): what verified is
-        # what loads, even if a file is swapped after `verify` read it.
         files = CheckpointFiles.verified(checkpoint)
-        engine_dir = checkpoint / ENGINE_DIR
-        if meta:
-            return {
-                k: torch.empty(s, device="meta")
-                for k, s in shapes(engine_dir, m.num_layers, files).items()
-            }
-        return full_state(engine_dir, m.num_layers, files)
+        return dict(shapes(checkpoint / ENGINE_DIR, m.num_layers, files))
     except (
         LayoutError,
         ConsolidateError,
@@ -161,7 +153,7 @@ def problems(cfg: LLMTrainConfig) -> list[str]:
         return []
     path = Path(cfg.train.init_from).expanduser()
     try:
-        have = {k: tuple(v.shape) for k, v in _read(path, cfg.model, meta=True).items()}
+        have = _shapes(path, cfg.model)
     except InitFromError as exc:
         return [str(exc)]
     found = mismatches(have, expected_shapes(cfg.model))
@@ -173,30 +165,6 @@ def problems(cfg: LLMTrainConfig) -> list[str]:
         + "; ".join(shown)
         + " (set model.* to the shape the weights were trained with)"
     ]
-
-
-def load_state(cfg: LLMTrainConfig) -> dict[str, torch.Tensor]:
-    """{llmtrain parameter name: full tensor} of train.init_from, checked against the model."""
-    assert cfg.train.init_from is not None
-    path = Path(cfg.train.init_from).expanduser()
-    state = _read(path, cfg.model, meta=False)
-    found = mismatches({k: tuple(v.shape) for k, v in state.items()}, expected_shapes(cfg.model))
-    if found:
-        raise InitFromError(f"{KEY}={path} does not fit the model: " + "; ".join(found[:5]))
-    return state
-
-
-@torch.no_grad()
-def copy_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> int:
-    """Copy `state` into the (unsharded, materialised) `model`'s parameters and buffers of the
-    same names: a pipeline chunk or an expert-parallel rank takes only the ones it holds."""
-    copied = 0
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if name not in state:
-            raise InitFromError(f"{KEY}: the weights lack {name}")
-        tensor.copy_(state[name].to(dtype=tensor.dtype, device=tensor.device))
-        copied += 1
-    return copied
 
 
 class HFSlices:
@@ -298,7 +266,7 @@ def open_source(cfg: LLMTrainConfig) -> Any:
     try:
         if kind == "hf":
             source: Any = HFSlices(path, dict(hf_slices(cfg.model)), want)
-            have = {k: tuple(v.shape) for k, v in _read(path, cfg.model, meta=True).items()}
+            have = _shapes(path, cfg.model)
         else:
             checkpoint = _checkpoint(path, kind)
             files = CheckpointFiles.verified(checkpoint)

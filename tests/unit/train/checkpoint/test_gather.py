@@ -83,7 +83,7 @@ def test_export_holds_one_tensor_at_a_time(big_run: Path, tmp_path: Path) -> Non
 
 def test_init_from_a_checkpoint_reads_a_ranks_boxes_tensor_by_tensor(big_run: Path) -> None:
     """train.init_from=<a run>: rank 1 of 4 (a quarter of each tensor's rows, as FSDP2 shards)
-    reads its boxes alone. Measured: reading the whole checkpoint on every rank (``load_state``)
+    reads its boxes alone. Measured: reading the whole checkpoint on every rank (the removed ``load_state``)
     grew the peak by +92.4 MiB (DCP), +60.3 MiB (DeepSpeed); each box sliced out of its whole
     tensor (DCP) by +10.5-15.0 MiB; box by box by 0.0-0.2 MiB."""
     from launcher.config.composition.compose import compose_config

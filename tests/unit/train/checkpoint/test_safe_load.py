@@ -26,6 +26,7 @@ import torch
 import yaml
 
 from launcher.config.composition.compose import compose_config
+from launcher.config.schema import LLMTrainConfig
 from launcher.export.hf_files import read_hf_folder
 from launcher.train.checkpoint import store as checkpoint_module
 from launcher.train.checkpoint.store import CheckpointWriter, verify
@@ -121,21 +122,33 @@ def test_export_refuses_a_file_swapped_between_verify_and_load(
 def test_init_from_refuses_a_file_swapped_between_verify_and_load(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher.train.checkpoint.init_from import InitFromError, load_state
+    from launcher.train.checkpoint.init_from import InitFromError, expected_shapes, open_source
+    from launcher.train.checkpoint.safe_load import UnsafeCheckpointError
+
+    def whole(cfg: LLMTrainConfig) -> dict[str, torch.Tensor]:
+        """Every parameter of train.init_from as the engines' build reads it: box by box (here
+        one box a tensor, the whole of it)."""
+        source = open_source(cfg)
+        return {
+            name: source.box(name, (0,) * len(shape), shape)
+            for name, shape in expected_shapes(cfg.model).items()
+        }
 
     monkeypatch.setenv("LLMTRAIN_CHECKPOINT_KEY", KEY)
     run = make_run(tmp_path, kind)
     target = data_file(run, 2, kind)
-    swap_after_verify(monkeypatch, target, data_file(run, 1, kind))
+    swapped = swap_after_verify(monkeypatch, target, data_file(run, 1, kind))
     cfg = compose_config([*MODEL, f"train.init_from={run}"]).config
-    with pytest.raises(InitFromError, match="differ from the checkpoint's manifest"):
-        load_state(cfg)
-    # Unswapped, the same call loads step 2's weights (the refusal above is the swap's doing).
+    manifest = "differ from the checkpoint's manifest"
+    with pytest.raises((InitFromError, UnsafeCheckpointError), match=manifest):
+        whole(cfg)
+    assert swapped == [target]
+    # Unswapped, the same reads give step 2's weights (the refusal above is the swap's doing).
     shutil.rmtree(run)
     make_run(tmp_path, kind)
-    loaded = load_state(cfg)
+    loaded = whole(cfg)
     want = build_model(cfg.model, "cpu", seed=2).state_dict()
-    assert all(torch.equal(loaded[k], want[k]) for k in want)
+    assert all(torch.equal(loaded[k].float(), want[k]) for k in want)
 
 
 # --- an attacker outside the process: inotify, the first close after a read -------------------
