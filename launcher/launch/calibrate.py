@@ -70,6 +70,8 @@ MEASURE_TRIES = 3
 # 4 KiB (where gloo and NCCL are latency-bound) and 1 MiB (well into their bandwidth regime), so
 # that the fitted line's latency and bandwidth are both measured, not extrapolated.
 COLLECTIVE_LADDER = (4096.0, 1048576.0)
+# The least time the 2 collective-timing processes are given (time_collectives).
+COLLECTIVES_FLOOR_S = 60.0
 
 
 def rank_params(cfg: LLMTrainConfig) -> tuple[int, int]:
@@ -396,7 +398,11 @@ def time_collectives(s: Session, layout: Layout, budget_s: float) -> None:
     backend = "gloo" if s.device.type == "cpu" else "nccl"
     visible = (os.cpu_count() or 1) if s.device.type == "cpu" else torch.cuda.device_count()
     if wanted and visible >= 2:
-        left = max(10.0, budget_s - (time.monotonic() - s.started))
+        # What the budget leaves, but never less than the two processes need to start and
+        # rendezvous: each imports torch first (6 CPU s apiece on the loaded 2-core box, where a
+        # 10 s floor timed out and no collective was measured). A floor, not a wait: they answer
+        # as soon as they are done.
+        left = max(COLLECTIVES_FLOOR_S, budget_s - (time.monotonic() - s.started))
         rows, problem = measure_collectives(wanted, backend, max(1, s.threads), left)
         for r in rows:
             if "seconds" in r:
