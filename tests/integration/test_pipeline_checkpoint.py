@@ -54,9 +54,9 @@ def test_interleaved_pipeline_resumes_bitwise_with_the_models_names(
     from torch.distributed.checkpoint import FileSystemReader
 
     from launcher.config.composition.compose import compose_config
-    from launcher.train.checkpoint.consolidate import full_state
     from launcher.train.checkpoint.safe_load import CheckpointFiles
     from launcher.train.model.transformer import build_model
+    from tests.checkpoint_reference import full_state
 
     steps, save_at, ckpt = 4, 2, tmp_path / "ckpt"
     layout = [*INTERLEAVED, *VARIANTS[variant]]

@@ -16,7 +16,7 @@ streamed and hashed through one descriptor, then read by offset through it.
 
 ``shapes`` gives the tensor shapes alone (what ``train.init_from`` checks before training);
 ``open_tensors`` the tensors one at a time (``gather``: export and sample;
-``init_from.CheckpointSlices``: the boxes a rank holds); ``full_state`` every tensor at once.
+``init_from.CheckpointSlices``: the boxes a rank holds). Nothing here reads a checkpoint whole.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from launcher.train.checkpoint.safe_load import CheckpointFiles
 
 # engine_dirs' names that callers read from here
-__all__ = ["ConsolidateError", "DcpTensors", "full_state", "is_dcp", "open_tensors", "shapes"]
+__all__ = ["ConsolidateError", "DcpTensors", "is_dcp", "open_tensors", "shapes"]
 
 
 def _dcp_model_entries(
@@ -66,36 +66,6 @@ def _dcp_model_entries(
     if not entries:
         raise ConsolidateError(f"{engine_dir}: the DCP checkpoint holds no model tensors")
     return entries
-
-
-def _dcp_state(engine_dir: Path, files: CheckpointFiles) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-
-    from launcher.train.checkpoint.safe_load import (
-        SafeFileSystemReader,
-        TensorOnlyLoadPlanner,
-        UnsafeCheckpointError,
-        checkpoint_failure,
-    )
-
-    model = {
-        name: torch.empty(size, dtype=dtype)
-        for name, (size, dtype) in _dcp_model_entries(engine_dir, files).items()
-    }
-    try:
-        with warnings.catch_warnings():
-            # "torch.distributed is ... uninitialized, assuming ... a single process": intended.
-            warnings.simplefilter("ignore", UserWarning)
-            dcp_load(
-                {"model": model},
-                storage_reader=SafeFileSystemReader(str(engine_dir), files),
-                planner=TensorOnlyLoadPlanner(),
-                no_dist=True,
-            )
-    except CheckpointException as exc:
-        raise UnsafeCheckpointError(checkpoint_failure(exc)) from None
-    return {_clean(k): v for k, v in model.items()}
 
 
 class DcpTensors:
@@ -279,18 +249,6 @@ def open_tensors(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> A
     raise ConsolidateError(
         f"{engine_dir}: neither a torch (DCP {DCP_METADATA}) nor a DeepSpeed ({DS_TAG}/) checkpoint"
     )
-
-
-def full_state(
-    engine_dir: Path, num_layers: int, files: CheckpointFiles
-) -> dict[str, torch.Tensor]:
-    """{llmtrain parameter name: full tensor} of the checkpoint engine folder `engine_dir`, every
-    file read through `files` (``CheckpointFiles.verified`` of the checkpoint)."""
-    engine_dir = Path(engine_dir)
-    if is_dcp(engine_dir):
-        return _dcp_state(engine_dir, files)
-    tensors = open_tensors(engine_dir, num_layers, files)
-    return {name: tensors.tensor(name) for name in tensors.entries}
 
 
 def shapes(engine_dir: Path, num_layers: int, files: CheckpointFiles) -> dict[str, tuple[int, ...]]:

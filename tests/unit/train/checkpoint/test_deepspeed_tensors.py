@@ -108,8 +108,8 @@ def test_zero3_tensors_are_deepspeeds_own_merge_to_the_bit(zero3: Path) -> None:
 
 
 def test_zero3_boxes_read_only_the_parts_that_hold_them(zero3: Path) -> None:
-    from launcher.train.checkpoint.consolidate import full_state
     from launcher.train.checkpoint.deepspeed_tensors import DeepSpeedTensors
+    from tests.checkpoint_reference import full_state
 
     files = CheckpointFiles.unchecked(zero3)
     whole = full_state(zero3, 1, files)

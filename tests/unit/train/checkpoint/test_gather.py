@@ -3,7 +3,7 @@
 A signed run whose DCP checkpoint holds a ~52 MiB model (largest tensor 4 MiB) is exported
 twice in-process: once to warm the imports, then with the peak resident set reset
 (``/proc/self/clear_refs`` 5, Linux >= 4.0) and read back from ``VmHWM`` afterwards. Read whole
-(the code before: ``consolidate.full_state``, then the HF dict, then ``save_file``), the peak grew
+(the code before: the whole checkpoint read, then the HF dict, then ``save_file``), the peak grew
 by the model (52.6 MiB); tensor by tensor it grows by 1-8 MiB (a tensor or two)."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from launcher.export.hf_files import read_hf_folder
-from launcher.train.checkpoint.consolidate import full_state, shapes
+from launcher.train.checkpoint.consolidate import shapes
 from launcher.train.checkpoint.safe_load import CheckpointFiles, UnsafeCheckpointError
 from launcher.train.model.transformer import build_model
+from tests.checkpoint_reference import full_state
 from tests.cli import invoke, said
 from tests.unit.train.checkpoint.test_safe_load import MODEL, make_run
 
@@ -83,9 +84,9 @@ def test_export_holds_one_tensor_at_a_time(big_run: Path, tmp_path: Path) -> Non
 
 def test_init_from_a_checkpoint_reads_a_ranks_boxes_tensor_by_tensor(big_run: Path) -> None:
     """train.init_from=<a run>: rank 1 of 4 (a quarter of each tensor's rows, as FSDP2 shards)
-    reads its boxes alone. Measured: reading the whole checkpoint on every rank (the removed ``load_state``)
-    grew the peak by +92.4 MiB (DCP), +60.3 MiB (DeepSpeed); each box sliced out of its whole
-    tensor (DCP) by +10.5-15.0 MiB; box by box by 0.0-0.2 MiB."""
+    reads its boxes alone. Measured: reading the whole checkpoint on every rank (the removed
+    ``load_state``) grew the peak by +92.4 MiB (DCP), +60.3 MiB (DeepSpeed); each box sliced out
+    of its whole tensor (DCP) by +10.5-15.0 MiB; box by box by 0.0-0.2 MiB."""
     from launcher.config.composition.compose import compose_config
     from launcher.train.checkpoint.init_from import CheckpointSlices, open_source
 
