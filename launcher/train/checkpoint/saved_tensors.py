@@ -160,6 +160,14 @@ def read_at(file: CheckedFile | Window | PooledFile, out: torch.Tensor, offset: 
         raise ConsolidateError(f"{file.path}: shorter than its tensors say (a damaged file?)")
 
 
+def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """How many elements of its storage a tensor of `shape` and `stride` spans, from its first
+    to its last (0 when it has none)."""
+    if not all(shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+
+
 def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     expected = 1
     for n, s in reversed(list(zip(shape, stride, strict=True))):
@@ -190,8 +198,7 @@ class Stored:
             read_at(self.file, part, self.begin + start * self.dtype.itemsize)
             return
         # A view saved with its base's strides: the span it covers, then its elements.
-        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True))
-        whole = torch.empty(span, dtype=self.dtype)
+        whole = torch.empty(_span(self.shape, self.stride), dtype=self.dtype)
         read_at(self.file, whole, self.begin)
         values = whole.as_strided(self.shape, self.stride).reshape(-1)
         part.copy_(values[start : start + part.numel()])
@@ -205,8 +212,7 @@ def where_stored(tensor: Any, file: CheckedFile | Window | PooledFile, what: str
     record = getattr(storage, "_checkpoint_offset", None)
     shape, stride = tuple(tensor.shape), tuple(tensor.stride())
     itemsize = tensor.element_size()
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
-    end = (tensor.storage_offset() + span) * itemsize
+    end = (tensor.storage_offset() + _span(shape, stride)) * itemsize
     if not isinstance(record, int) or _RECORDS.get(file, {}).get(record) != storage.nbytes():
         raise ConsolidateError(f"{file.path}: {what} is not where a record of its file lies")
     if min(stride, default=0) < 0 or end > storage.nbytes():

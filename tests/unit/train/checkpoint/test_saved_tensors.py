@@ -116,3 +116,35 @@ def test_a_window_never_reads_before_its_start(tmp_path: Path) -> None:
         assert window.tell() == 10  # where the read left it
         with pytest.raises(zipfile.BadZipFile):
             zipfile.ZipFile(window)
+
+
+def test_a_strided_view_reads_back_and_one_past_its_storage_is_refused(tmp_path: Path) -> None:
+    """A view saved with its base's strides (torch.save keeps the whole storage): its values are
+    read from the span it covers. Here the view of a 3 x 4 base's last 2 rows and 3 columns,
+    transposed: shape (3, 2), stride (1, 4), storage offset 5, so it spans
+    1 + 2 * 1 + 1 * 4 = 7 elements, 5..11, the storage's last. The same pickle with the offset 6
+    would reach element 12, one past the 12 stored: refused before a byte is read (torch's meta
+    load sizes the storage to reach it, 52 bytes, which no 48-byte record of the file holds)."""
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    view = base[1:, 1:].t()
+    assert (tuple(view.shape), view.stride(), view.storage_offset()) == ((3, 2), (1, 4), 5)
+    source = tmp_path / "view.pt"
+    torch.save({"v": view}, source)
+    with _checked(source) as stream:
+        stored = where_stored(layout(stream, source)["v"], stream, "v")
+        out = torch.empty(6)
+        stored.read(out, 0)
+        assert torch.equal(out, view.reshape(-1))
+        part = torch.empty(3)
+        stored.read(part, 2)
+        assert torch.equal(part, view.reshape(-1)[2:5])
+    with zipfile.ZipFile(source) as archive:
+        pickle = next(archive.read(n) for n in archive.namelist() if n.endswith("/data.pkl"))
+    offset = pickle.index(b"QK\x05K\x03K\x02") + 2  # BINPERSID, then BININT1 5 (the offset)
+    shifted = tmp_path / "shifted.pt"
+    _edit_pickle(source, shifted, {offset: 6})
+    with _checked(shifted) as stream:
+        saved = layout(stream, shifted)["v"]
+        assert saved.storage_offset() == 6
+        with pytest.raises(ConsolidateError, match="not where a record of its file lies"):
+            where_stored(saved, stream, "v")
