@@ -48,7 +48,10 @@ def die_with_parent(parent: int, sig: int = signal.SIGKILL, grandparent: int | N
 
 
 def arm_rank() -> None:
-    """In a rank, first thing: die with torchrun (its parent when it started), and with the
+    """In a rank, first thing: die with its parent when it started (torchrun; llmtrain itself for
+    a one-process run, which starts the trainer without torchrun), and, under torchrun, with the
     llmtrain that started torchrun when ``LAUNCHER_PID_ENV`` names it."""
     launcher = os.environ.get(LAUNCHER_PID_ENV, "")
-    die_with_parent(os.getppid(), grandparent=int(launcher) if launcher.isdigit() else None)
+    parent = os.getppid()
+    llmtrain = int(launcher) if launcher.isdigit() else None
+    die_with_parent(parent, grandparent=None if llmtrain == parent else llmtrain)

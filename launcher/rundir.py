@@ -10,7 +10,7 @@ config_history.jsonl  the configuration changes resumes accepted, one JSON line 
 plan.json         `llmtrain plan --json` for it (predictions; the MFU denominator)
 ds_config.json    the DeepSpeed config (backend=deepspeed)
 megatron_args.txt Megatron-LM's pretrain_gpt.py arguments for the config (backend=megatron)
-launch.sh         the exact torchrun command and environment that was launched
+launch.sh         the exact command (torchrun, or the one trainer) and environment launched
 command.json      the `llmtrain run` command that started (or last resumed) it (run_record.py)
 job.sbatch        the SLURM batch script (`llmtrain submit`);  slurm.json  its job ids
 logs/             rank{R}.log, rank{R}.error.json (a failed rank), torchrun.log, slurm-%j.out/err,

@@ -1,8 +1,8 @@
 """Fault injection from outside: kill -9 a training rank of a running `llmtrain run`.
 
 Used by tests/integration/test_kill_resume.py and bench/kill_resume.py. No hooks in the trainer:
-the rank is found through /proc (llmtrain -> torchrun -> ranks) and killed with SIGKILL, as the
-kernel's OOM killer or a failing node would.
+the rank is found through /proc (llmtrain -> torchrun -> ranks, or llmtrain -> the one rank of a
+one-process run) and killed with SIGKILL, as the kernel's OOM killer or a failing node would.
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ def children(pid: int) -> list[int]:
 
 
 def rank_pids(llmtrain_pid: int) -> dict[int, int]:
-    """{rank: pid} of the training processes under one `llmtrain run` process."""
+    """{rank: pid} of the training processes under one `llmtrain run` process: torchrun's
+    children, or llmtrain's own child for a one-process run (no torchrun)."""
     ranks = {}
-    for torchrun in children(llmtrain_pid):
-        for worker in children(torchrun):
+    for child in children(llmtrain_pid):
+        for worker in [child] if _is_trainer(child) else children(child):
             try:
                 environ = Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")
             except OSError:
@@ -72,6 +73,15 @@ def rank_pids(llmtrain_pid: int) -> dict[int, int]:
                 if item.startswith(b"RANK="):
                     ranks[int(item[5:])] = worker
     return ranks
+
+
+def _is_trainer(pid: int) -> bool:
+    """Whether `pid` runs llmtrain's trainer itself (not torchrun, whose command names it too)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"launcher.train.loop" in argv and b"torch.distributed.run" not in argv
 
 
 def steps_done(run_dir: Path) -> int:

@@ -55,7 +55,7 @@ def run(
     dry_run: DryRun = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Train on this machine under torchrun (default: the tiny recipe on the CPU)."""
+    """Train on this machine, one process per device (default: the tiny recipe on the CPU)."""
     typed = [
         *(["--config", config] if config else []),
         *(["--force"] if force else []),

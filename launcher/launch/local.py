@@ -1,4 +1,5 @@
-"""`llmtrain run`: make the run directory and train on this machine under torchrun.
+"""`llmtrain run`: make the run directory and train on this machine under torchrun (a one-process
+run starts the trainer itself, without torchrun's agent: ``launcher.render.torchrun``).
 
 The run directory's files are named in ``launcher.rundir``. NAME is ``run.name`` or
 ``<recipe>-<hash of the config>``: running the same command again finds the same folder and
@@ -9,12 +10,12 @@ Lifecycle: the caller holds the run directory's lock (``launcher.launch.runlock`
 first write until torchrun is gone. torchrun runs in its own session with PR_SET_PDEATHSIG
 (SIGKILL) and so does every rank (``launcher.orphans``): when llmtrain dies,
 even by kill -9, torchrun and the ranks die with it. Stop signals go to the ranks themselves,
-never to torchrun (``stop_ranks``): SIGTERM/SIGUSR1 are forwarded (the ranks checkpoint and
-stop; llmtrain exits 99, preempted), Ctrl-C (SIGINT) and SIGHUP (the terminal closed) make
-the ranks checkpoint at the step they are in and llmtrain exits 130 (129 for SIGHUP); a second
-Ctrl-C kills everything at once. The ranks never write to the terminal: the screen shows rank
-0's log as it grows (``launcher.launch.console``), so a closed terminal or pipe never stops
-training.
+never to torchrun (``stop_ranks``; a one-process run's rank is llmtrain's own child):
+SIGTERM/SIGUSR1 are forwarded (the ranks checkpoint and stop; llmtrain exits 99, preempted),
+Ctrl-C (SIGINT) and SIGHUP (the terminal closed) make the ranks checkpoint at the step they are
+in and llmtrain exits 130 (129 for SIGHUP); a second Ctrl-C kills everything at once. The ranks
+never write to the terminal: the screen shows rank 0's log as it grows
+(``launcher.launch.console``), so a closed terminal or pipe never stops training.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from launcher.render.run_files import (
     local_launch,
     run_files,
 )
+from launcher.render.torchrun import is_single_process
 from launcher.rundir import CONFIG, RunDir, fresh_name
 from launcher.validate.rules import run_name_problem
 
@@ -241,13 +243,14 @@ def _write_run_dir(run: RunDir, files: dict[str, str], decision: Decision) -> No
 
 
 def launch(prepared: Prepared, *, progress_to_stderr: bool = False, screen: bool = True) -> None:
-    """Run torchrun and wait. Raises RunFailed with the failing rank's error, RunPreempted, or
-    RunInterrupted (``launcher.launch.run_outcome``). The run's lock stays open in torchrun for
-    its whole life. With `screen`, rank 0's log is shown as it grows (on stderr with
-    `progress_to_stderr`: `run --json`)."""
+    """Run torchrun (or the one rank itself) and wait. Raises RunFailed with the failing rank's
+    error, RunPreempted, or RunInterrupted (``launcher.launch.run_outcome``). The run's lock stays
+    open in the process started for its whole life. With `screen`, rank 0's log is shown as it
+    grows (on stderr with `progress_to_stderr`: `run --json`)."""
     run = RunDir(prepared.run_dir)
     log = _open_torchrun_log(run)
-    started = Launch(run, time.time(), log.seek(0, os.SEEK_END))
+    alone = is_single_process(prepared.command)  # the trainer itself, no torchrun
+    started = Launch(run, time.time(), log.seek(0, os.SEEK_END), alone=alone)
     # torchrun's own messages and what the ranks print (libraries included) go to its log, never
     # to this terminal: the screen shows rank 0's log as it grows (launcher.launch.console), so
     # a closed terminal or pipe never reaches a rank. A script launched as is (Megatron-LM)
@@ -260,7 +263,8 @@ def launch(prepared: Prepared, *, progress_to_stderr: bool = False, screen: bool
     stops = Stops()
     try:
         process = _start_torchrun(prepared, log)
-        code = _wait(process, follow, _StopHandlers(process.pid, stops, ours=ours))
+        handlers = _StopHandlers(process.pid, stops, ours=ours, alone=alone)
+        code = _wait(process, follow, handlers)
     finally:
         log.close()
     if finished(started, code, stops):
@@ -310,8 +314,9 @@ class _StopHandlers:
     to the ranks; the first SIGINT/SIGHUP makes them checkpoint and stop, the second kills
     everything at once. Each is noted in `stops`, and what to tell the user in `notices`."""
 
-    def __init__(self, torchrun: int, stops: Stops, *, ours: bool) -> None:
-        self.torchrun, self.stops, self.ours = torchrun, stops, ours
+    def __init__(self, torchrun: int, stops: Stops, *, ours: bool, alone: bool = False) -> None:
+        # `torchrun`: the process llmtrain started; with `alone`, the only rank itself.
+        self.torchrun, self.stops, self.ours, self.alone = torchrun, stops, ours, alone
         self.notices: list[str] = []
 
     def to_ranks(self, signum: int) -> int:
@@ -321,7 +326,14 @@ class _StopHandlers:
 
     def forward(self, signum: int, frame: object) -> None:
         self.stops.forwarded.append(signum)
-        stop_ranks(self.torchrun, self.to_ranks(signum))
+        self.to_each_rank(signum)
+
+    def to_each_rank(self, signum: int) -> None:
+        if self.alone:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.torchrun, self.to_ranks(signum))
+        else:
+            stop_ranks(self.torchrun, self.to_ranks(signum))
 
     def interrupt(self, signum: int, frame: object) -> None:
         if self.stops.interrupted:  # the second Ctrl-C: stop everything now
@@ -336,7 +348,7 @@ class _StopHandlers:
             f"stopping ({signal.Signals(signum).name}): every rank checkpoints at the step it "
             "is in; Ctrl-C again stops at once, without it"
         )
-        stop_ranks(self.torchrun, self.to_ranks(signum))
+        self.to_each_rank(signum)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:

@@ -69,15 +69,22 @@ def signalled_root_cause(torchrun_log: Path, offset: int) -> tuple[int, str] | N
     ("connection reset by peer") are consequences: it is the one that failed first."""
     report = _failure_report(torchrun_log, offset)
     for rank, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S):
-        if int(code) >= 0:
-            continue
-        try:
-            sig = signal.Signals(-int(code))
-        except ValueError:
-            return int(rank), f"signal {-int(code)}"
-        if sig not in _STOP_SIGNALS:
-            return int(rank), sig.name
+        name = _killed_by(int(code))
+        if name is not None:
+            return int(rank), name
     return None
+
+
+def _killed_by(code: int) -> str | None:
+    """The signal an exit code (subprocess's: -N) says killed a process, unless it is one of the
+    signals used to stop a run; None for an exit of its own."""
+    if code >= 0:
+        return None
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"signal {-code}"
+    return None if sig in _STOP_SIGNALS else sig.name
 
 
 def _failure_report(torchrun_log: Path, offset: int) -> str:
@@ -146,11 +153,17 @@ class Stops:
 
 @dataclass(frozen=True)
 class Launch:
-    """One torchrun launch in a run directory: when it started and where its log began."""
+    """One launch in a run directory: when it started and where its log began; `alone`: the
+    only rank started by itself, without torchrun (its exit code is the rank's own)."""
 
     run: RunDir
     started: float  # epoch seconds
     log_offset: int  # torchrun.log's size before this launch
+    alone: bool = False
+
+    @property
+    def process(self) -> str:
+        return "the training process" if self.alone else "torchrun"
 
 
 def finished(launch: Launch, code: int, stops: Stops) -> bool:
@@ -217,7 +230,11 @@ def raise_failure(launch: Launch, code: int) -> None:
     reported, torchrun's failure report and the disk."""
     run = launch.run
     errors = rank_errors(run.root, since=launch.started)
-    killed = signalled_root_cause(run.torchrun_log, launch.log_offset)
+    if launch.alone:
+        name = _killed_by(code)
+        killed = None if name is None else (0, name)
+    else:
+        killed = signalled_root_cause(run.torchrun_log, launch.log_offset)
     if killed is not None and all(e["rank"] != killed[0] for e in errors):
         rank, signame = killed
         after = f"; then rank {errors[0]['rank']}: {errors[0]['type']}" if errors else ""
@@ -241,19 +258,26 @@ def raise_failure(launch: Launch, code: int) -> None:
         # ranks use for a write error without an errno (fsio.LOW_SPACE_BYTES), or less room
         # than the newest checkpoint took.
         raise RunFailed(
-            f"torchrun exited with code {code}: the disk holding {run.root} is full "
+            f"{launch.process} exited with code {code}: the disk holding {run.root} is full "
             f"({free} bytes free, {free / 2**30:.2f} GiB); free space there and run the same "
             "command again to resume from the last good checkpoint"
         )
-    failed = failed_root_cause(run.torchrun_log, launch.log_offset)
-    if failed is not None:
-        rank, exit_code = failed
-        raise RunFailed(
-            f"rank {rank} failed first: exited with code {exit_code} without an llmtrain error "
-            f"report (a script launched as is, e.g. Megatron-LM's)\n(its output is in "
-            f"{run.torchrun_log}; every rank was stopped)"
-        )
+    if launch.alone:
+        if code > 0:
+            raise RunFailed(
+                f"rank 0 failed: exited with code {code} without an llmtrain error report\n"
+                f"(its output is in {run.torchrun_log})"
+            )
+    else:
+        failed = failed_root_cause(run.torchrun_log, launch.log_offset)
+        if failed is not None:
+            rank, exit_code = failed
+            raise RunFailed(
+                f"rank {rank} failed first: exited with code {exit_code} without an llmtrain "
+                f"error report (a script launched as is, e.g. Megatron-LM's)\n(its output is "
+                f"in {run.torchrun_log}; every rank was stopped)"
+            )
     raise RunFailed(
-        f"torchrun exited with code {code} and no rank reported an error (killed by a signal?); "
-        f"see {run.torchrun_log}"
+        f"{launch.process} exited with code {code} and no rank reported an error (killed by a "
+        f"signal?); see {run.torchrun_log}"
     )

@@ -3,9 +3,9 @@ or shows one: ``run`` and ``run --dry-run`` (mode ``local``), ``submit``, ``subm
 ``render --out DIR`` (mode ``slurm``). The same configuration, plan and place render the same
 bytes, so what a dry run prints is what the command writes.
 
-- ``local``: config.yaml, plan.json, launch.sh (one node: torchrun --standalone, the exact command
-  `run` starts) and the backend's own files (``Backend.artifacts``: ds_config.json,
-  megatron_args.txt).
+- ``local``: config.yaml, plan.json, launch.sh (one node: torchrun --standalone, or the trainer
+  itself for one process; the exact command `run` starts) and the backend's own files
+  (``Backend.artifacts``: ds_config.json, megatron_args.txt).
 - ``slurm``: config.yaml, plan.json, launch.sh (every node: torchrun with c10d rendezvous),
   job.sbatch, hostfile (placeholder names; job.sbatch writes the real ones) and the backend's files.
   ``render`` also writes megatron_args.txt for the other backends (``translations``): the same
@@ -39,7 +39,12 @@ from launcher.render.megatron_launch import (
     megatron_run_args,
 )
 from launcher.render.sbatch import RenderError, render_launch_sh, render_sbatch
-from launcher.render.torchrun import launch_script, torchrun_command
+from launcher.render.torchrun import (
+    SINGLE_PROCESS_ENV,
+    launch_script,
+    single_process_command,
+    torchrun_command,
+)
 from launcher.rundir import (
     CONFIG,
     DS_CONFIG,
@@ -82,7 +87,7 @@ class LocalLaunch:
 
 
 def local_env(cfg: LLMTrainConfig, cpus: int) -> dict[str, str]:
-    """Environment of the torchrun of a local run (secrets left out: never written)."""
+    """Environment of the command of a local run (secrets left out: never written)."""
     nproc = cfg.cluster.gpus_per_node
     env = {"PYTHONUNBUFFERED": "1"}
     if cfg.cluster.gpu == "cpu":
@@ -97,7 +102,9 @@ def local_launch(
     cfg: LLMTrainConfig, place: Place, data: MegatronData | None = None
 ) -> LocalLaunch:
     """torchrun on this machine: llmtrain's trainer on the run directory, or the backend's own
-    script (``Backend.entry``) from its checkout with its arguments."""
+    script (``Backend.entry``) from its checkout with its arguments. One process of llmtrain's
+    trainer starts without torchrun (``single_process_command``), with the environment torchrun
+    would have given it."""
     env = local_env(cfg, place.cpus)
     worker: list[str] = []
     backend = backend_of(cfg)
@@ -109,6 +116,9 @@ def local_launch(
         env.update(megatron_env(cfg, place.checkout))
         worker = [entry_script(place.checkout), *megatron_run_args(cfg, place.run_dir, data)]
     nproc = cfg.cluster.gpus_per_node
+    if nproc == 1 and not worker:
+        env.update(SINGLE_PROCESS_ENV)
+        return LocalLaunch(single_process_command(place.python, place.run_dir), env)
     return LocalLaunch(torchrun_command(place.python, nproc, place.run_dir, worker), env)
 
 

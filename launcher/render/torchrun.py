@@ -1,4 +1,5 @@
-"""The torchrun (torch elastic) command for a local run, and the script that records it."""
+"""The command of a local run (torchrun, torch elastic, for several processes; the trainer itself
+for one), and the script that records it."""
 
 from __future__ import annotations
 
@@ -25,6 +26,33 @@ def torchrun_command(
         "--max-restarts=0",
     ]
     return command + (list(worker) if worker else ["-m", WORKER_MODULE, run_dir])
+
+
+# What torchrun would set for the only process of a one-node, one-process run, so the trainer
+# (and DeepSpeed's init_distributed, which requires the first five) reads the same contract
+# either way. MASTER_PORT 0: rank 0's TCP store listens on a free port; no other rank connects.
+SINGLE_PROCESS_ENV = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "0",
+    "LOCAL_WORLD_SIZE": "1",
+    "GROUP_RANK": "0",
+}
+
+
+def single_process_command(python: str, run_dir: str) -> list[str]:
+    """The trainer as its own process, without torchrun's agent: a one-process run has no peer to
+    rendezvous with or restart, and the agent (a second Python that imports torch) cost ~4-5 CPU s
+    and seconds of wall time a launch (bench/one_process_launch.py, docs/training.md). torchtune's
+    `tune run` starts its single-device recipes the same way. ``-u`` as torchrun passes it."""
+    return [python, "-u", "-m", WORKER_MODULE, run_dir]
+
+
+def is_single_process(command: Sequence[str]) -> bool:
+    """Whether `command` starts the trainer itself (``single_process_command``), not an agent."""
+    return len(command) >= 4 and list(command[1:4]) == ["-u", "-m", WORKER_MODULE]
 
 
 def launch_script(

@@ -1,4 +1,5 @@
-"""The training process each rank runs: ``python -m launcher.train.loop RUN_DIR`` under torchrun.
+"""The training process each rank runs: ``python -m launcher.train.loop RUN_DIR`` under torchrun
+(or started by `llmtrain run` itself for a one-process run).
 
 Read top to bottom: die with the parent (no orphans; armed before torch is imported, which takes
 seconds: ``launcher.orphans``), set up the Trainer (config, process group,

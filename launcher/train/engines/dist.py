@@ -1,4 +1,5 @@
-"""Process-group setup for the engines, from the environment torch elastic (torchrun) provides."""
+"""Process-group setup for the engines, from the environment torch elastic (torchrun) provides (or
+`llmtrain run` sets the same for a one-process run: ``launcher.render.torchrun``)."""
 
 from __future__ import annotations
 

@@ -178,6 +178,27 @@ def test_a_failure_names_the_rank_that_failed_first(tmp_path: Path) -> None:
         raise_failure(started, 1)
 
 
+def test_a_one_process_run_s_failure_is_read_from_its_own_exit_code(tmp_path: Path) -> None:
+    """Without torchrun there is no failure report: the one rank's exit code says it."""
+    alone = Launch(launched(tmp_path).run, time.time() - 1, 0, alone=True)
+    # Killed by the OOM killer or a user: -9 from subprocess, not a stop llmtrain asked for.
+    with pytest.raises(RunFailed, match="rank 0 failed first: killed by SIGKILL"):
+        raise_failure(alone, -signal.SIGKILL)
+    # Exited with a code of its own and no error report (a library's os._exit, say).
+    with pytest.raises(RunFailed, match="rank 0 failed: exited with code 7 without an llmtrain"):
+        raise_failure(alone, 7)
+    # A stop signal is not "killed by": the fallback names the process started, not torchrun.
+    with pytest.raises(RunFailed, match=r"^the training process exited with code -15 and no rank"):
+        raise_failure(alone, -signal.SIGTERM)
+    # torchrun's report in the log is not read for a launch without torchrun.
+    alone.run.torchrun_log.write_text(
+        "Failures:\nRoot Cause (first observed failure):\n[0]:\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 99)\n"
+    )
+    with pytest.raises(RunFailed, match=r"^the training process exited with code -15"):
+        raise_failure(alone, -signal.SIGTERM)
+
+
 def test_plan_substitutes_a_backend_that_runs_the_layout_and_refuses_errors() -> None:
     from launcher.verdict import plan_verdict, search_configs
 
