@@ -6,8 +6,9 @@ only takes effect from the prctl call on: a parent that died before it is missed
 then reparented to the nearest child subreaper (PR_SET_CHILD_SUBREAPER: tmux, systemd services,
 containers' init), not necessarily to pid 1. So after arming, a process compares its parent with
 the parent it recorded before (the pid that started it) and stops itself when they differ; a
-rank also checks that its parent (torchrun) is still the child of the `llmtrain` recorded in
-``LAUNCHER_PID_ENV``, which catches torchrun dying before the rank could even record its parent.
+rank under torchrun also checks that its parent (torchrun) is still the child of the `llmtrain`
+recorded in ``LAUNCHER_PID_ENV``, which catches torchrun dying before the rank could even record
+its parent (a one-process run's rank is llmtrain's own child: its parent is that pid).
 """
 
 from __future__ import annotations

@@ -14,9 +14,12 @@ so a value like ``--me`` can never become an option of scancel.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +122,40 @@ def is_job_id(text: str) -> bool:
 # device number is left out on purpose: on a shared file system each node may number the mount
 # differently, while the inode and the token (also written into the lock's record) are the same.
 LOCK_ENV = "LLMTRAIN_RUN_LOCK"
+
+
+def keep_lock_from_children(identity: str | None) -> int | None:
+    """In a rank that was handed the run directory's lock as an open file (a one-process
+    `llmtrain run` starts the trainer itself and passes it, so the lock stays held while the rank
+    lives): keep that file out of every process the rank starts. A forked child (a DataLoader or
+    multiprocessing worker) would otherwise hold the flock after the rank and llmtrain died, and
+    the folder would stay locked by a dead pid's record. Closing the child's copy releases nothing
+    (a flock lasts while any descriptor of the open file does); an exec'd child gets no copy
+    (close-on-exec). The descriptor is found by the lock's inode in `identity` (LOCK_ENV); returns
+    it, or None where this process holds no such file (a rank under torchrun)."""
+    ino_text = (identity or "").partition(":")[0]
+    if not ino_text.isdigit():
+        return None
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        fd = int(name)
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue  # the listing's own descriptor, closed since
+        if stat.S_ISREG(info.st_mode) and info.st_ino == int(ino_text):
+            os.set_inheritable(fd, False)
+            os.register_at_fork(after_in_child=functools.partial(_close_quietly, fd))
+            return fd
+    return None
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def lock_problem(lock: Path, identity: str | None) -> str | None:

@@ -15,11 +15,12 @@ NAME, never by value:
   spread check below, when its value has at least ``MIN_CONTAINED`` characters: a config value
   holding it (``run.name=${oc.env:SECRET}``) is refused like one of run.secret_env.
 
-Secret values reach the ranks through the process environment only: the torchrun subprocess's
-environment (local runs) or the environment of the ``sbatch`` call, which the job inherits
-(``--export=ALL``). In config.yaml, `show` and every other printed or written copy of the config
-their value is ``REDACTED``; scripts (launch.sh, job.sbatch) name them and check they are set, but
-never export a value. The ranks, which re-read config.yaml, take them from their environment.
+Secret values reach the ranks through the process environment only: the environment of the torchrun
+subprocess or the one rank (local runs) or the environment of the ``sbatch`` call, which the job
+inherits (``--export=ALL``). In config.yaml, `show` and every other printed or written copy of the
+config their value is ``REDACTED``; scripts (launch.sh, job.sbatch) name them and check they are
+set, but never export a value. The ranks, which re-read config.yaml, take them from their
+environment.
 """
 
 from __future__ import annotations

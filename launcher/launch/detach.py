@@ -4,12 +4,12 @@ another), with its output in its run directory.
 
 The command is run again as a child (``llmtrain run --detached-child ...``, a new session, stdin
 from /dev/null, stdout and stderr to a pipe) that validates, plans and takes the run directory's
-lock itself, so the lock's holder (what `status` and `cancel` look for) is the process that
-runs torchrun. Until it holds the lock, the child's messages (a refusal, exit 2) reach the
-terminal through the pipe and the parent exits with the child's code; once it holds the lock it
+lock itself, so the lock's holder (what `status` and `cancel` look for) is the process that runs
+torchrun (or the one rank). Until it holds the lock, the child's messages (a refusal, exit 2) reach
+the terminal through the pipe and the parent exits with the child's code; once it holds the lock it
 says so on the pipe (``HANDOVER`` and the run directory as JSON), points its stdout and stderr at
-``logs/launcher.log`` and trains; the parent prints where the run is and how to follow it, and
-exits 0.
+``logs/launcher.log`` and trains; the parent prints where the run is and how to follow it, and exits
+0.
 """
 
 from __future__ import annotations

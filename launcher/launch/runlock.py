@@ -3,10 +3,11 @@
 The lock is ``flock(LOCK_EX)`` on ``RunDir.lock`` (``.llmtrain.lock``), which also records its
 holder (pid, host, start time, command) as JSON. The kernel releases a flock when every process
 holding the open file is gone, whatever way it died, so a lock can never outlive its holder; the
-launcher hands the lock's file to torchrun, which therefore keeps it held while training processes
-run. What can be left behind is the *record* of a dead holder: the next run says so ("pid P on
-this host is no longer running") and takes over. A second run while the first is alive exits 2,
-naming the holder. (On NFS, Linux maps flock to byte-range locks held by the server.)
+launcher hands the lock's file to torchrun (or to a one-process run's rank, which keeps it from the
+processes it starts: ``launcher.runfiles.keep_lock_from_children``), which therefore keeps it held
+while training processes run. What can be left behind is the *record* of a dead holder: the next run
+says so ("pid P on this host is no longer running") and takes over. A second run while the first is
+alive exits 2, naming the holder. (On NFS, Linux maps flock to byte-range locks held by the server.)
 
 A SLURM job takes the same lock from its batch script (job.sbatch, ``launcher.render.sbatch``)
 on the node that runs it, with flock(1), and holds it until the job ends; ``llmtrain run`` also

@@ -64,6 +64,9 @@ def main() -> None:
     arm_rank()
     for sig in _STOP_SIGNALS:
         signal.signal(sig, _remember_stop)
+    from launcher.runfiles import LOCK_ENV, keep_lock_from_children
+
+    keep_lock_from_children(os.environ.get(LOCK_ENV))  # held by a one-process run's rank
     import torch.distributed as dist
 
     from launcher import fsio

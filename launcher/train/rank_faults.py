@@ -16,7 +16,8 @@ from launcher.rundir import RunDir
 
 class Watchdog:
     """Declares this rank hung when ``beat()`` has not been called for `timeout_s` seconds: writes
-    this rank's error file (which the launcher shows) and exits; torchrun stops the others."""
+    this rank's error file (which the launcher shows) and exits; torchrun stops the others (a
+    one-process run has none)."""
 
     def __init__(self, timeout_s: float, run: RunDir, rank: int):
         self.timeout_s = timeout_s

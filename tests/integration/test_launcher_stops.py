@@ -3,9 +3,9 @@
 - SIGTERM to llmtrain mid-run: the ranks checkpoint at the step they are in, llmtrain exits 99;
   kill -9 of llmtrain: torchrun and every rank die with it (PR_SET_PDEATHSIG); in both cases no
   rank process survives and the same command resumes from the checkpoint.
-- SIGTERM while the rank is still starting (nothing to checkpoint yet), a one-process run (the
-  trainer started without torchrun): a stop the user asked for (exit 143, "stopped (SIGTERM)"),
-  not "... exited with code -15 ... killed by a signal?".
+- SIGTERM while the ranks are still starting (nothing to checkpoint yet), under torchrun and for a
+  one-process run (the trainer started without torchrun): a stop the user asked for (exit 143,
+  "stopped (SIGTERM)"), not "... exited with code -15 ... killed by a signal?".
 - DeepSpeed ZeRO-3 on a real tmpfs that fills during the second checkpoint: "disk full writing
   FILE" naming the file being written, the previous checkpoint intact; once there is room the
   same command resumes from it and finishes.
@@ -98,17 +98,19 @@ def test_sigterm_or_kill_9_of_llmtrain_leaves_no_rank_and_the_run_resumes(tmp_pa
     assert steps_done(run_dir) == 60
 
 
-def test_sigterm_while_the_ranks_start_is_a_stop_not_a_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_while_the_ranks_start_is_a_stop_not_a_failure(tmp_path: Path, nproc: int) -> None:
     run_dir = tmp_path / "runs" / "s"
-    one = [arg for arg in ARGS if not arg.startswith("cluster.gpus_per_node=")]
-    process = start(tmp_path, [*one, "train.steps=60"])
-    # The rank exists (importing torch) and nothing is trained yet; no torchrun between them.
+    args = [a for a in ARGS if not a.startswith("cluster.gpus_per_node=")]
+    process = start(tmp_path, [*args, f"cluster.gpus_per_node={nproc}", "train.steps=60"])
+    # The ranks exist (importing torch) and nothing is trained yet.
     wait_until(
-        lambda: len(rank_pids(process.pid)) == 1 or process.poll() is not None, 120, "no rank"
+        lambda: len(rank_pids(process.pid)) == nproc or process.poll() is not None, 120, "no rank"
     )
     assert steps_done(run_dir) == 0
     processes = tree(process.pid)
-    assert children(process.pid) == list(rank_pids(process.pid).values()), processes
+    if nproc == 1:  # the trainer itself, no torchrun between them
+        assert children(process.pid) == list(rank_pids(process.pid).values()), processes
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, err[-3000:]

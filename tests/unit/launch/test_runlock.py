@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -54,3 +55,52 @@ def test_a_symlinked_lock_file_is_refused(tmp_path: Path) -> None:
     RunDir(tmp_path).lock.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(runlock.UserError, match="symbolic link"):
         runlock.acquire(tmp_path)
+
+
+# A rank handed the lock (a one-process `llmtrain run`), as launcher.train.loop starts: forks a
+# child (as a DataLoader worker is forked) and execs one (close_fds=False, as os.system does);
+# prints whether each still had the lock's descriptor.
+RANK_WITH_LOCK = """
+import os, subprocess, sys
+from launcher.runfiles import LOCK_ENV, keep_lock_from_children
+fd = int(sys.argv[1])
+assert keep_lock_from_children(os.environ[LOCK_ENV]) == fd
+pid = os.fork()
+if pid == 0:
+    try:
+        os.fstat(fd)
+        os._exit(1)
+    except OSError:
+        os._exit(0)
+_, status = os.waitpid(pid, 0)
+forked = "closed" if os.waitstatus_to_exitcode(status) == 0 else "open"
+probe = f"import os\\ntry:\\n    os.fstat({fd}); print('open')\\n"
+probe += "except OSError:\\n    print('closed')"
+execd = subprocess.run([sys.executable, "-c", probe], close_fds=False, capture_output=True,
+                       text=True).stdout.strip()
+os.fstat(fd)  # the rank itself keeps it
+print(forked, execd)
+"""
+
+
+@pytest.mark.integration
+def test_a_rank_holding_the_lock_keeps_it_from_the_processes_it_starts(tmp_path: Path) -> None:
+    """Else a worker the rank forked holds the flock after llmtrain and the rank died (kill -9),
+    and the folder stays locked under a dead pid's record."""
+    from launcher.runfiles import LOCK_ENV
+
+    lock = runlock.acquire(tmp_path)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", RANK_WITH_LOCK, str(lock.fd)],
+            pass_fds=(lock.fd,),
+            env={**os.environ, **lock.identity_env()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["closed", "closed"], done.stdout
+        assert lock.identity_env()[LOCK_ENV].startswith(f"{os.fstat(lock.fd).st_ino}:")
+    finally:
+        lock.release()

@@ -39,20 +39,35 @@ def test_several_processes_run_under_torchrun() -> None:
 
 @pytest.mark.integration  # two Python processes
 def test_the_single_process_environment_initialises_a_process_group(tmp_path: Path) -> None:
-    """MASTER_PORT=0: rank 0's store takes a free port, so two runs at once never collide."""
+    """MASTER_PORT=0: rank 0's store takes a free port, so two runs at once never collide (each
+    process holds its group until both have one: a fixed port fails the second). An inherited
+    TORCHELASTIC_USE_AGENT_STORE=True (llmtrain started inside a torchrun worker) is overridden."""
     code = (
-        "import torch, torch.distributed as dist\n"
+        "import sys, time, torch, torch.distributed as dist\n"
+        "from pathlib import Path\n"
         "dist.init_process_group('gloo')\n"
         "t = torch.ones(3)\n"
         "dist.all_reduce(t)\n"
-        "print(dist.get_rank(), dist.get_world_size(), t.tolist())\n"
+        "me, other = Path(sys.argv[1]), Path(sys.argv[2])\n"
+        "me.touch()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not other.exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print(dist.get_rank(), dist.get_world_size(), t.tolist(), other.exists())\n"
         "dist.destroy_process_group()\n"
     )
-    env = {**os.environ, **SINGLE_PROCESS_ENV}
+    env = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True", **SINGLE_PROCESS_ENV}
+    marks = [str(tmp_path / "a"), str(tmp_path / "b")]
     runs = [
-        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
+        subprocess.Popen(
+            [sys.executable, "-c", code, *pair],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pair in (marks, marks[::-1])
     ]
     for run in runs:
-        out, _ = run.communicate(timeout=120)
-        assert run.returncode == 0 and out.strip() == "0 1 [1.0, 1.0, 1.0]", out
+        out, err = run.communicate(timeout=180)
+        assert run.returncode == 0 and out.strip() == "0 1 [1.0, 1.0, 1.0] True", err[-2000:]
