@@ -49,8 +49,8 @@ def single_process_command(python: str, run_dir: str) -> list[str]:
     """The trainer as its own process, without torchrun's agent: a one-process run has no peer to
     rendezvous with or restart, and the agent (a second Python that imports torch) cost 3.5-5.6
     CPU s and seconds of wall time a launch on a 2-core box (bench/one_process_launch.py,
-    docs/training.md). torchtune's
-    `tune run` starts its single-device recipes the same way. ``-u`` as torchrun passes it."""
+    docs/training.md). torchtune's `tune run` starts its single-device recipes the same way.
+    ``-u`` as torchrun passes it."""
     return [python, "-u", "-m", WORKER_MODULE, run_dir]
 
 
