@@ -6,6 +6,7 @@ exit code of a script launched as is)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from dataclasses import dataclass, field
@@ -267,6 +268,13 @@ def raise_failure(launch: Launch, code: int) -> None:
             raise RunFailed(
                 f"rank 0 failed: exited with code {code} without an llmtrain error report\n"
                 f"(its output is in {run.torchrun_log})"
+            )
+        with contextlib.suppress(ValueError):  # a stop signal llmtrain did not send
+            name = signal.Signals(-code).name
+            raise RunFailed(
+                f"rank 0 was stopped by {name}, which llmtrain did not send (another process, "
+                f"or the system shutting down?), before it could checkpoint; run the same command "
+                f"again to resume from the last checkpoint; see {run.torchrun_log}"
             )
     else:
         failed = failed_root_cause(run.torchrun_log, launch.log_offset)

@@ -187,16 +187,19 @@ def test_a_one_process_run_s_failure_is_read_from_its_own_exit_code(tmp_path: Pa
     # Exited with a code of its own and no error report (a library's os._exit, say).
     with pytest.raises(RunFailed, match="rank 0 failed: exited with code 7 without an llmtrain"):
         raise_failure(alone, 7)
-    # A stop signal is not "killed by": the fallback names the process started, not torchrun.
-    with pytest.raises(RunFailed, match=r"^the training process exited with code -15 and no rank"):
+    # A stop signal llmtrain did not send is not "killed by": it is named as a stop.
+    with pytest.raises(RunFailed, match=r"^rank 0 was stopped by SIGTERM, which llmtrain did not"):
         raise_failure(alone, -signal.SIGTERM)
+    # A number that names no signal is still a signal that killed it.
+    with pytest.raises(RunFailed, match="rank 0 failed first: killed by signal 200"):
+        raise_failure(alone, -200)
     # torchrun's report in the log is not read for a launch without torchrun.
     alone.run.torchrun_log.write_text(
         "Failures:\nRoot Cause (first observed failure):\n[0]:\n"
         "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 99)\n"
     )
-    with pytest.raises(RunFailed, match=r"^the training process exited with code -15"):
-        raise_failure(alone, -signal.SIGTERM)
+    with pytest.raises(RunFailed, match=r"^rank 0 was stopped by SIGHUP"):
+        raise_failure(alone, -signal.SIGHUP)
 
 
 def test_plan_substitutes_a_backend_that_runs_the_layout_and_refuses_errors() -> None:
