@@ -68,6 +68,12 @@ def test_the_single_process_environment_initialises_a_process_group(tmp_path: Pa
         )
         for pair in (marks, marks[::-1])
     ]
-    for run in runs:
-        out, err = run.communicate(timeout=180)
-        assert run.returncode == 0 and out.strip() == "0 1 [1.0, 1.0, 1.0] True", err[-2000:]
+    try:
+        for run in runs:
+            out, err = run.communicate(timeout=180)
+            assert run.returncode == 0 and out.strip() == "0 1 [1.0, 1.0, 1.0] True", err[-2000:]
+    finally:  # a child that hangs (waiting for a store that never answers) is not left behind
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
