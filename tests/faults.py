@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from launcher.render.torchrun import is_single_process
 from launcher.rundir import RunDir
 from tests.cli import llmtrain, start
 
@@ -76,12 +77,13 @@ def rank_pids(llmtrain_pid: int) -> dict[int, int]:
 
 
 def _is_trainer(pid: int) -> bool:
-    """Whether `pid` runs llmtrain's trainer itself (not torchrun, whose command names it too)."""
+    """Whether `pid` runs llmtrain's trainer itself (not torchrun, whose command names it too),
+    by the launcher's own test of a command (``is_single_process``)."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
-    return b"launcher.train.loop" in argv and b"torch.distributed.run" not in argv
+    return is_single_process(argv)
 
 
 def steps_done(run_dir: Path) -> int:
