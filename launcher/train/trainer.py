@@ -32,7 +32,7 @@ from launcher.config.schema import LLMTrainConfig
 from launcher.config.secrets import secret_names, secret_status
 from launcher.errors import UserError
 from launcher.health import DIVERGED, LossSpikes, finite_or_none
-from launcher.plan.document import PlanFigures
+from launcher.plan.figures import PlanFigures
 from launcher.plan.preference import is_preference, reference_mode
 from launcher.rundir import RunDir
 from launcher.train.checkpoint.policy import CheckpointPolicy

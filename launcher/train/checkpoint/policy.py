@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.plan.document import PlanFigures
+from launcher.plan.figures import PlanFigures
 
 
 @dataclass

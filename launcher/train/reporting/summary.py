@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from launcher.config.schema import LLMTrainConfig
-from launcher.plan.document import PlanFigures
+from launcher.plan.figures import PlanFigures
 from launcher.train.reporting.metrics import peak_memory
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.plan.document import PlanFigures
+from launcher.plan.figures import PlanFigures
 from launcher.train.checkpoint.policy import CheckpointPolicy
 
 pytestmark = pytest.mark.unit
