@@ -27,6 +27,7 @@ PRELOAD = [
     "launcher.train.trainer",
     "launcher.train.engines.torch_engine",
     "tests.preload_deepspeed",
+    "tests.preload_compose",
 ]
 
 
