@@ -6,6 +6,7 @@ carries them inside the package as `launcher/_data/{conf,recipes}` (see pyprojec
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 
@@ -30,6 +31,15 @@ def conf_dir() -> Path:
 
 def recipes_dir() -> Path:
     return data_root() / "recipes"
+
+
+def config_files() -> list[str]:
+    """The YAML files a composition reads (conf/ and the recipes), sorted."""
+    found = []
+    for root in (conf_dir(), recipes_dir()):
+        for folder, _, names in os.walk(root):
+            found += [os.path.join(folder, n) for n in names if n.endswith(".yaml")]
+    return sorted(found)
 
 
 def recipe_names() -> list[str]:

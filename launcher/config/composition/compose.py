@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import resources
-from launcher.config.composition import compose_cache, config_file, hf_model
+from launcher.config.composition import compose_cache, config_file, hf_model, hydra_tree
 from launcher.config.composition.compose_messages import (
     INDEX,
     expected_type,
@@ -179,7 +179,6 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
         if config is not None:
             return Composed(config=config, values=values, choices=choices, overrides=overrides)
     import yaml
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -193,8 +192,7 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     # defaults list that is not a list (ValueError), `${...}` that cannot resolve (to_container).
     try:
         _register(recipes[-1] if recipes else DEFAULT_RECIPE)
-        with initialize_config_dir(str(resources.conf_dir()), version_base="1.3"):
-            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+        cfg = hydra_tree.compose_tree(overrides)
         choices = {
             k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
         }

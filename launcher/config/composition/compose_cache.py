@@ -78,14 +78,11 @@ def key(overrides: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([__version__, list(overrides)]).encode())
     digest.update(_CODE_STAMP.encode())
-    files: list[Path] = []
-    for root in (resources.conf_dir(), resources.recipes_dir()):
-        files += sorted(root.rglob("*.yaml"))
     texts = list(overrides)
-    for path in files:
-        stat = path.stat()
-        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-        texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    for path in resources.config_files():
+        info = os.stat(path)
+        digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+        texts.append(Path(path).read_text(encoding="utf-8", errors="replace"))
     for name in env_references(texts):
         # The value is hashed into the key (never stored): unset and empty differ.
         value = os.environ.get(name)
