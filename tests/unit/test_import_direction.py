@@ -6,6 +6,8 @@ back up the layers (LAYERS, lowest first)."""
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,20 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2] / "launcher"
 
 
-def imports() -> list[tuple[str, str]]:
+@functools.cache
+def parsed() -> tuple[tuple[Path, ast.Module], ...]:
+    """Every module of the package and its syntax tree, parsed once a process (~2 CPU s)."""
+    return tuple((path, ast.parse(path.read_text())) for path in sorted(ROOT.rglob("*.py")))
+
+
+@functools.cache
+def imports() -> tuple[tuple[str, str], ...]:
     """(file relative to the repository, imported launcher module) for every import."""
     out = []
-    for path in sorted(ROOT.rglob("*.py")):
+    for path, tree in parsed():
         rel = str(path.relative_to(ROOT.parent))
         package = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts[:-1])
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -33,7 +42,7 @@ def imports() -> list[tuple[str, str]]:
             else:
                 continue
             out += [(rel, n) for n in names if n == "launcher" or n.startswith("launcher.")]
-    return out
+    return tuple(out)
 
 
 def subpackage(module_or_file: str) -> str | None:
@@ -277,7 +286,7 @@ BASE_ROOMS = {
 }
 
 
-def above_base_rooms(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def above_base_rooms(found: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     out = []
     for f, m in found:
         for folder, room in BASE_ROOMS.items():
@@ -298,10 +307,10 @@ def test_the_base_rooms_import_nothing_else_of_their_floor() -> None:
 def module_level_graph() -> dict[str, set[str]]:
     """module -> the launcher modules its top-level statements import (what importing it runs)."""
     graph: dict[str, set[str]] = {}
-    for path in sorted(ROOT.rglob("*.py")):
+    for path, tree in parsed():
         parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        for node in ast.parse(path.read_text()).body:
+        for node in tree.body:
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
