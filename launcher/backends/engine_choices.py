@@ -208,6 +208,12 @@ def compile_in_force(cfg: LLMTrainConfig) -> tuple[bool, str]:
     return True, f"default for dense runs of {COMPILE_MIN_STEPS:,}+ steps on a GPU ({COMPILE_NOTE})"
 
 
+def compiled_blocks(cfg: LLMTrainConfig) -> bool:
+    """The blocks run under torch.compile (EngineChoices.compiled_blocks): llmtrain's torch
+    engine with compile in force. The planner asks it of every stage it prices."""
+    return compile_in_force(cfg)[0] and cfg.backend.name == "torch"
+
+
 def chunked_loss_problem(cfg: LLMTrainConfig) -> str | None:
     """Why the chunked loss does not apply to this configuration (None: it does)."""
     if cfg.backend.name != "torch":
@@ -272,7 +278,7 @@ def engine_choices(cfg: LLMTrainConfig) -> EngineChoices:
         chunked_loss=chunked,
         loss_why=loss_why,
         moe=moe,
-        compiled_blocks=compile_on and torch_engine,
+        compiled_blocks=compiled_blocks(cfg),
         vocab_parallel_loss=torch_engine and cfg.parallel.tp > 1,
         packed_attention=None if packed is None else packed[0],
         packed_why="" if packed is None else packed[1],

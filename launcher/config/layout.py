@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 
 from launcher.config.epoch_rows import epoch_rows, epoch_steps
 from launcher.config.pipeline_split import SplitError, SplitKeys, megatron_split
@@ -43,7 +43,7 @@ class Layout:
     def model_parallel_size(self) -> int:
         return self.tp * self.pp * self.cp
 
-    @property
+    @cached_property  # read for every stage the planner prices; the fields never change
     def stage_layers(self) -> tuple[int, ...]:
         """Transformer layers held by each pipeline stage (all its virtual chunks together)."""
         return tuple(sum(self.chunk_layers[s :: self.pp]) for s in range(self.pp))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 FIRST = "parallel.num_layers_in_first_pipeline_stage"
 LAST = "parallel.num_layers_in_last_pipeline_stage"
@@ -393,6 +393,7 @@ def interleaved_warmup(pp: int, vpp: int, stage: int) -> int:
     return (pp - stage - 1) * 2 + (max(1, vpp) - 1) * pp
 
 
+@lru_cache(maxsize=4096)  # pure; every plan asks it of every stage, the search of many layouts
 def layers_in_flight(
     schedule: str,
     pp: int,

@@ -38,7 +38,7 @@ def build_overflow(
 def _heaviest(cfg: LLMTrainConfig, layout: Layout) -> tuple[StageMemory, float] | None:
     """(the heaviest rank's steady state, the GPU's memory), or None: no figure."""
     from launcher.plan.hardware.lookup import UnknownGPUError
-    from launcher.plan.memory.estimate import stage_memory
+    from launcher.plan.memory.estimate import stages_memory
     from launcher.plan.planner import hardware_view
 
     try:
@@ -47,7 +47,7 @@ def _heaviest(cfg: LLMTrainConfig, layout: Layout) -> tuple[StageMemory, float] 
         return None
     if hw.memory_bytes <= 0 or cfg.cluster.gpu == "cpu":
         return None
-    stages = [stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp))]
+    stages = stages_memory(cfg, layout, hw)
     return max(stages, key=lambda s: s.device_total), float(hw.memory_bytes)
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import math
 import typing
 from collections.abc import Iterable
+from functools import cache, lru_cache
 from typing import Any
 
 from launcher.config.schema import LLMTrainConfig, key_info
@@ -29,6 +30,16 @@ FP32_TINY = 1.401298464324817e-45  # smallest positive binary32 (subnormal 2**-1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+@cache  # the schema's sections: a fixed few names and classes
+def _section_fields(section: str, cls: type) -> tuple[tuple[str, str, object], ...]:
+    """(field name, dotted key, schema default) of every field of a section's dataclass, read
+    once (the defaults are only read)."""
+    fresh = cls()
+    return tuple(
+        (f.name, f"{section}.{f.name}", getattr(fresh, f.name)) for f in dataclasses.fields(cls)
+    )
+
+
 def _schema_numbers(cfg: LLMTrainConfig) -> Iterable[tuple[str, object, object]]:
     """(dotted key, value, schema default) of every number the configuration holds (list items
     included, e.g. optim.betas), bools left out."""
@@ -36,11 +47,9 @@ def _schema_numbers(cfg: LLMTrainConfig) -> Iterable[tuple[str, object, object]]
         sub = getattr(cfg, section.name)
         if not dataclasses.is_dataclass(sub) or isinstance(sub, type):
             continue
-        fresh = type(sub)()
-        for f in dataclasses.fields(sub):
-            value, default = getattr(sub, f.name), getattr(fresh, f.name)
-            key = f"{section.name}.{f.name}"
-            items = value if isinstance(value, list | tuple) else [value]
+        for name, key, default in _section_fields(section.name, type(sub)):
+            value = getattr(sub, name)
+            items = value if isinstance(value, list | tuple) else (value,)
             for item in items:
                 if isinstance(item, int | float) and not isinstance(item, bool):
                     yield key, item, default
@@ -94,12 +103,17 @@ def value_problems(cfg: LLMTrainConfig) -> list[Problem]:
     return out + [p for p in representable_problems(cfg) if not set(p[0]) & reported]
 
 
+@lru_cache(maxsize=1024)  # keys of the schema, which never changes
+def _number_kind(key: str) -> tuple[bool, bool]:
+    """(whether the key's field holds an integer, whether it may be None)."""
+    kind = field_type(key)
+    return int in (kind, *typing.get_args(kind)), type(None) in typing.get_args(kind)
+
+
 def bound_problem(cfg: LLMTrainConfig, key: str, value: object, spec: Allowed) -> str | None:
     """What is wrong with `value` as the value of `key`, or None when it lies within `spec`."""
-    kind = field_type(key)
-    integer = int in (kind, *typing.get_args(kind))
+    integer, optional = _number_kind(key)
     if value is None:
-        optional = type(None) in typing.get_args(kind)
         return None if optional else _bound_words(cfg, spec, integer=integer)
     if spec.length is not None:
         items = list(value) if isinstance(value, list | tuple) else []

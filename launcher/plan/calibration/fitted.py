@@ -82,12 +82,15 @@ FRAGMENTATION_PRIOR = 1.10
 
 _override: dict[str, ComputeConstants] = {}
 
+# Each family's constants, built once (the planner asks for them for every stage it prices).
+_COMMITTED = {arch: replace(DEFAULT, **values) for arch, values in FAMILY.items()}
+
 
 def constants(arch: str) -> ComputeConstants:
     """The constants of a GPU family (hardware.Arch), DEFAULT where it has none of its own."""
     if arch in _override:
         return _override[arch]
-    return replace(DEFAULT, **FAMILY.get(arch, {}))
+    return _COMMITTED.get(arch, DEFAULT)
 
 
 def set_override(table: dict[str, ComputeConstants] | None) -> None:

@@ -77,7 +77,10 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
         # gloo's staging copy of the one being gathered on the CPU), plus one layer's unsharded
         # gradients before its reduce-scatter.
         # Expert weights are gathered only within their expert-parallel shard (1/ep of them).
+        # A layer's count depends on its index only through i >= moe_dense_layers, which is
+        # monotone in i: the first and the last layer take every value the layers take.
         routed = shape.expert_params() * (m.num_experts or 0) if shape.is_moe else 0
+        ends = (0, m.num_layers - 1) if m.num_layers > 0 else ()
         layer = max(
             shape.layer_params(i)
             - (
@@ -85,7 +88,7 @@ def stage_buffers(cfg: LLMTrainConfig, layout: Layout) -> float:
                 if shape.is_moe and i >= m.moe_dense_layers
                 else 0.0
             )
-            for i in range(m.num_layers)
+            for i in ends
         ) / max(1, layout.tp)
         if backend_of(cfg).megatron_fsdp:
             # Megatron-FSDP: its own unsharded weight and gradient buckets, gathered further

@@ -252,19 +252,31 @@ def assemble_stage(
     )
 
 
-def stage_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int) -> StageMemory:
+def stage_memory(
+    cfg: LLMTrainConfig, layout: Layout, hw: HardwareView, stage: int, buffers: float | None = None
+) -> StageMemory:
+    """One GPU of `stage`. `buffers`: ``stage_buffers``, the same on every stage, when the caller
+    has them."""
     states = stage_states(cfg, layout, stage)
-    buffers = stage_buffers(cfg, layout)
+    if buffers is None:
+        buffers = stage_buffers(cfg, layout)
+    parts = activation_parts(cfg, layout, stage)
     return assemble_stage(
         stage,
         layout.stage_layers[stage],
         hw,
         states,
-        stage_activations(cfg, layout, stage),
+        (parts.total, parts.in_flight),
         buffers,
-        stage_not_coexisting(cfg, layout, stage, states, buffers),
+        stage_not_coexisting(cfg, layout, stage, states, buffers, parts),
         reserved_reuses_activations(cfg),
     )
+
+
+def stages_memory(cfg: LLMTrainConfig, layout: Layout, hw: HardwareView) -> tuple[StageMemory, ...]:
+    """Every stage's ``stage_memory``, the buffers they share computed once."""
+    buffers = stage_buffers(cfg, layout)
+    return tuple(stage_memory(cfg, layout, hw, s, buffers) for s in range(max(1, layout.pp)))
 
 
 def estimate_memory(
@@ -272,7 +284,7 @@ def estimate_memory(
 ) -> MemoryPlan:
     from launcher.plan.calibration.bands import error_band
 
-    stages = tuple(stage_memory(cfg, layout, hw, s) for s in range(max(1, layout.pp)))
+    stages = stages_memory(cfg, layout, hw)
     band = error_band("memory", cfg, hw.arch).worst
     return MemoryPlan(stages=stages, capacity=float(hw.memory_bytes), headroom=headroom, band=band)
 
@@ -310,6 +322,7 @@ __all__ = [
     "stage_not_coexisting",
     "stage_params",
     "stage_states",
+    "stages_memory",
     "uses_dropout",
     "vocab_params",
     "zero_shard",

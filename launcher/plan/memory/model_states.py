@@ -152,17 +152,18 @@ def stage_params(cfg: LLMTrainConfig, layout: Layout, stage: int) -> StageParams
                 indices.extend(range(start, start + n))
             start += n
     routed = shape.expert_params() * (m.num_experts or 0)
-    # Every dense layer has the same count, and so does every MoE layer (shape.layer_params).
-    moe_layer = shape.moe_layer_params() if shape.is_moe else 0
-    dense_layer = shape.dense_layer_params()
+    # Every dense layer has the same count, and so does every MoE layer (shape.layer_params):
+    # each kind's shares are computed once and added layer by layer.
+    is_moe = shape.is_moe
+    dense_share = shape.dense_layer_params() / tp
+    expert_share = routed / (ep * etp) if is_moe else 0.0
+    moe_dense_share = (shape.moe_layer_params() - routed) / tp if is_moe else 0.0
     for i in indices:
-        is_moe_layer = shape.is_moe and i >= m.moe_dense_layers
-        params = moe_layer if is_moe_layer else dense_layer
-        if is_moe_layer:
-            expert += routed / (ep * etp)
-            dense += (params - routed) / tp
+        if is_moe and i >= m.moe_dense_layers:
+            expert += expert_share
+            dense += moe_dense_share
         else:
-            dense += params / tp
+            dense += dense_share
     if stage == mtp_stage(cfg.parallel.pipeline_layout, layout.pp, m.mtp_layers):
         # The multi-token-prediction modules (ModelShape.mtp_module_params): their layer's
         # experts split like the others', the rest like a dense layer's.

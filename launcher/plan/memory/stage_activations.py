@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.backends.common import recompute_mode
-from launcher.backends.engine_choices import engine_choices
+from launcher.backends.engine_choices import compiled_blocks
 from launcher.backends.moe_overlap import extra_warmup_microbatches
 from launcher.backends.speed_features import graphed
 from launcher.config.layout import Layout
@@ -35,7 +35,7 @@ from launcher.plan.speed_features import cuda_graph_static_bytes
 def stage_activations(cfg: LLMTrainConfig, layout: Layout, stage: int) -> tuple[float, int]:
     """(activation bytes, chunk-micro-batches in flight) of one GPU of `stage` at its peak."""
     parts = activation_parts(cfg, layout, stage)
-    return parts.kept + parts.transient + parts.head, parts.in_flight
+    return parts.total, parts.in_flight
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,10 @@ class ActivationParts:
     transient: float
     head: float
     in_flight: int
+
+    @property
+    def total(self) -> float:
+        return self.kept + self.transient + self.head
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,7 @@ def _stage_layers(cfg: LLMTrainConfig, layout: Layout, stage: int) -> _StageLaye
     """Activations: per chunk-micro-batch bytes x chunk-micro-batches in flight (schedule.py)."""
     shape = ModelShape(cfg.model)
     m = cfg.model
-    chunk_layer_count = [
-        n for c, n in enumerate(layout.chunk_layers) if c % max(1, layout.pp) == stage
-    ]
+    chunk_layer_count = layout.chunk_layers[stage :: max(1, layout.pp)]  # chunks c % pp == stage
     layers_here = layout.stage_layers[stage]
     # Layers per chunk (an explicit pp_layers split gives per-stage counts; chunks split it evenly).
     if len(layout.chunk_layers) == layout.pp * layout.vpp:
@@ -112,7 +114,7 @@ def _stage_layers(cfg: LLMTrainConfig, layout: Layout, stage: int) -> _StageLaye
         # lse)).
         attention="flash" if layout.cp > 1 else m.attention,
         dropout=uses_dropout(cfg),
-        compiled=engine_choices(cfg).compiled_blocks,
+        compiled=compiled_blocks(cfg),
     )
 
 

@@ -16,12 +16,17 @@ from launcher.plan.memory.grad_liveness import (
     lazy_gradients,
 )
 from launcher.plan.memory.model_states import StageStates
-from launcher.plan.memory.stage_activations import activation_parts
+from launcher.plan.memory.stage_activations import ActivationParts, activation_parts
 from launcher.plan.model_shape import ModelShape
 
 
 def stage_not_coexisting(
-    cfg: LLMTrainConfig, layout: Layout, stage: int, states: StageStates, buffers: float
+    cfg: LLMTrainConfig,
+    layout: Layout,
+    stage: int,
+    states: StageStates,
+    buffers: float,
+    parts: ActivationParts | None = None,
 ) -> float:
     """Bytes by which the buckets' sum exceeds the true peak where the engine creates gradients
     during the backward (plan/memory/grad_liveness.py; 0 where they live in preallocated buffers).
@@ -32,17 +37,20 @@ def stage_not_coexisting(
     the compute-dtype gradients of the logits and, under autocast, of the weight before its cast
     to fp32), the layers last to first (each frees its stored activations and its saved weight
     copies and creates its gradients), the embedding (its gradient; tied, a new gradient summed
-    into the output layer's in place: AccumulateGrad adds to an existing .grad)."""
+    into the output layer's in place: AccumulateGrad adds to an existing .grad).
+
+    `parts`: the stage's ``activation_parts``, when the caller has them."""
     if layout.pp > 1 or layout.num_microbatches != 1 or not lazy_gradients(cfg, layout):
         return 0.0
     if cfg.optim.in_backward:  # the gradient bucket is already the one alive (memory_savers)
         return 0.0
-    parts = activation_parts(cfg, layout, stage)
+    if parts is None:
+        parts = activation_parts(cfg, layout, stage)
     shape = ModelShape(cfg.model)
     m = cfg.model
     p = cfg.precision
     total = states.weights + states.gradients + states.optimizer + buffers
-    total += parts.kept + parts.transient + parts.head
+    total += parts.total
     params = max(1.0, states.params)
     grads_per_param = states.gradients / params
     tied = m.tie_embeddings
