@@ -11,6 +11,7 @@ from launcher.backends.common import (
     planning_preset_needs,
     raw_refusals,
     refusals,
+    refuses,
     runnable_by,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "planning_preset_needs",
     "raw_refusals",
     "refusals",
+    "refuses",
     "runnable_by",
 ]

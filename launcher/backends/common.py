@@ -24,7 +24,7 @@ ask this package, never the other way round).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -289,19 +289,20 @@ def _words(values: Sequence[object]) -> str:
     return " or ".join(str(v) for v in values)
 
 
-def _table_refusals(
-    b: Backend, cfg: LLMTrainConfig, layout: Layout, *, device: bool
-) -> list[Refusal]:
+def _table_refusals(b: Backend, cfg: LLMTrainConfig, *, device: bool) -> Iterator[Refusal]:
     """Every reason `b`'s table gives against `cfg`, in the order of the table's fields, then
-    its combinations."""
-    out = _device_refusals(b, cfg) if device else []
-    out += _degree_refusals(b, cfg)
-    out += _zero_refusals(b, cfg)
-    out += _precision_and_optimizer_refusals(b, cfg)
-    out += _schedule_and_dispatcher_refusals(b, cfg)
-    out += _feature_refusals(b, cfg)
-    out += [found for combo in b.combos if (found := combo(cfg, layout)) is not None]
-    return out
+    its combinations; one at a time, so that `refuses` stops at the first."""
+    yield from _device_refusals(b, cfg) if device else ()
+    yield from _degree_refusals(b, cfg)
+    yield from _zero_refusals(b, cfg)
+    yield from _precision_and_optimizer_refusals(b, cfg)
+    yield from _schedule_and_dispatcher_refusals(b, cfg)
+    yield from _feature_refusals(b, cfg)
+    layout = derive_layout(cfg)
+    for combo in b.combos:
+        found = combo(cfg, layout)
+        if found is not None:
+            yield found
 
 
 def _device_refusals(b: Backend, cfg: LLMTrainConfig) -> list[Refusal]:
@@ -475,12 +476,18 @@ _FEATURE_FIX = {
 def raw_refusals(name: str, cfg: LLMTrainConfig, *, device: bool = True) -> list[Refusal]:
     """Why backend `name` cannot run `cfg` (whatever cfg.backend says), with what works; [] if it
     can. `device=False` leaves out the device kind (for rendering arguments for another machine)."""
-    return _table_refusals(get_backend(name), cfg, derive_layout(cfg), device=device)
+    return list(_table_refusals(get_backend(name), cfg, device=device))
+
+
+def refuses(name: str, cfg: LLMTrainConfig) -> bool:
+    """Whether `raw_refusals(name, cfg)` has any, found at the first (the search asks it of
+    every layout)."""
+    return next(_table_refusals(get_backend(name), cfg, device=True), None) is not None
 
 
 def runnable_by(cfg: LLMTrainConfig, *, exclude: str = "") -> list[str]:
     """The backends that run `cfg` as it is (their whole table agrees), by name."""
-    return [n for n in all_backends() if n != exclude and not raw_refusals(n, cfg)]
+    return [n for n in all_backends() if n != exclude and not refuses(n, cfg)]
 
 
 def refusals(cfg: LLMTrainConfig, *, device: bool = True) -> list[Refusal]:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from launcher.backends import all_backends, raw_refusals
+from launcher.backends import all_backends, raw_refusals, refuses
 from launcher.backends.common import Backend
 from launcher.config.composition.overrides import override_key
 from launcher.config.layout import auto_split, derive_layout, split_keys
@@ -300,14 +300,15 @@ class LayoutSpace:
         )
 
     def backend_rule(self, c: Choice, microbatches: int) -> str | None:
-        """The backend's refusals (``backends.raw_refusals``, what validate reports), memoised on
-        what they can depend on: everything but the micro-batch size and recomputation."""
+        """backend-capabilities when the backend refuses the layout (``backends.refuses``: one
+        of ``raw_refusals``, what validate reports), memoised on what that can depend on:
+        everything but the micro-batch size and recomputation."""
         key: tuple[object, ...] = (c.tp, c.cp, c.pp, c.ep, c.vpp, c.pp_schedule, c.zero_stage)
         key += (c.offload_optimizer, c.sequence_parallel, microbatches)
         refused = self._backend_memo.get(key)
         if refused is None:
             cfg = self.apply(c)
-            refused = bool(raw_refusals(cfg.backend.name, cfg))
+            refused = refuses(cfg.backend.name, cfg)
             # finetune=lora|qlora: the layouts the engines run with adapters (validate's
             # "finetune" rule), on the same keys; reported under the backend's rule.
             refused = refused or bool(engine_refusals(cfg))

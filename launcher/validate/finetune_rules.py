@@ -252,4 +252,6 @@ def engine_refusals(cfg: LLMTrainConfig) -> list[str]:
     """The errors, for the engines to refuse what validate refuses."""
     from launcher.config.layout import derive_layout
 
+    if cfg.finetune.name == "full":  # no adapters, no problem (the search asks every layout)
+        return []
     return [msg for sev, _, msg in finetune_problems(cfg, derive_layout(cfg)) if sev == ERROR]
