@@ -54,6 +54,8 @@ def compose_tree(overrides: tuple[str, ...]) -> Any:
     tree = _TREES.get(key)
     if tree is None:
         if key not in _SEEN:  # a process that composes once (most commands): Hydra, as before
+            if len(_SEEN) >= _KEEP * 32:
+                _SEEN.clear()
             _SEEN.add(key)
             return _hydra(overrides)
         tree = _TREES[key] = _hydra(group_texts)
