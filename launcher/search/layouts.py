@@ -59,6 +59,7 @@ from launcher.errors import UserError
 from launcher.plan.fixes import SAVERS, is_saver, suggest_fixes
 from launcher.plan.memory.estimate import VERDICT_WORDS, HardwareView
 from launcher.plan.planner import hardware_view, make_plan, priced_hardware, pricing_line
+from launcher.plan.preference import is_preference
 from launcher.search.best_first import Search
 from launcher.search.results import (
     MEMORY,
@@ -209,6 +210,17 @@ def _check_request(
                 f"{key}={value} is fixed on the command line but {name}={cap} allows at most "
                 f"{cap}; drop one of them, e.g. {name}={value} or {key}={cap}"
             )
+    if is_preference(cfg):
+        layout = (
+            f"parallel.tp={cfg.parallel.tp} parallel.pp={cfg.parallel.pp} "
+            f"zero.stage={cfg.zero.stage} train.micro_batch_size={cfg.train.micro_batch_size}"
+        )
+        raise UserError(
+            f"finetune.objective={cfg.finetune.objective}: plan --search prices steps of single "
+            "sequences, not preference pairs (two sequences each) with the reference model's "
+            "forward; `llmtrain plan` (without --search) prices those for one layout: the same "
+            f"command with the layout's keys, e.g. {layout}"
+        )
     problems = _config_errors(cfg)
     if problems:
         hint = (

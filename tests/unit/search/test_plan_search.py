@@ -411,3 +411,15 @@ def test_no_layout_fits_names_the_memory_savers_plan_finds() -> None:
     assert "on more nodes, [backend-capabilities] optim.in_backward=true" in notes, notes
     assert "not the memory savers (precision=bf16-pure" in notes, notes
     assert "precision=bf16-pure optim.offload=cpu train.activation_offload=true (20.1 GiB" in notes
+
+
+@pytest.mark.parametrize("extra", [["cluster=tpu-v4"], ["cluster=a100-40gb", "precision=fp16"]])
+def test_preference_objectives_are_refused_by_name_not_with_a_traceback(extra: list[str]) -> None:
+    # The search prices single sequences; make_plan prices dpo's pairs and its reference. These
+    # two requests used to end in `AssertionError: search and make_plan disagree` (exit 1).
+    from tests.cli import invoke
+
+    done = invoke("plan", "--search", "recipe=tiny-dpo-lora", *extra)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert "finetune.objective=dpo" in done.stderr and "parallel.tp=" in done.stderr
