@@ -208,7 +208,7 @@ def _compose(overrides: tuple[str, ...]) -> Composed:
     # defaults list that is not a list (ValueError), `${...}` that cannot resolve (to_container).
     try:
         _register(recipes[-1] if recipes else DEFAULT_RECIPE)
-        cfg = hydra_tree.compose_tree(overrides)
+        cfg = hydra_tree.compose_tree(overrides, [ov.parsed for ov in parsed])
         choices = {
             k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")
         }
@@ -447,6 +447,8 @@ class ParsedOverride:
     value: str | None
     is_group: bool
     is_delete: bool
+    # Hydra's own parse of `text` (an Override), handed on to hydra_tree.compose_tree.
+    parsed: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _bare_word_hint(text: str) -> str:
@@ -496,6 +498,7 @@ def _parse(overrides: tuple[str, ...]) -> list[ParsedOverride]:
                 value=value,
                 is_group=key in known_groups and "." not in key,
                 is_delete=ov.is_delete(),
+                parsed=ov,
             )
         )
     if problems:

@@ -40,12 +40,10 @@ def _files_stamp() -> tuple[tuple[str, int, int], ...]:
     return tuple(stamp)
 
 
-def compose_tree(overrides: tuple[str, ...]) -> Any:
+def compose_tree(overrides: tuple[str, ...], parsed: list[Any]) -> Any:
     """The composed DictConfig (with its ``hydra`` node) for `overrides`, as Hydra's
-    ``compose("config", overrides, return_hydra_config=True)`` returns it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    ``compose("config", overrides, return_hydra_config=True)`` returns it; `parsed`: Hydra's
+    Override for each of them (compose._parse made them)."""
     split = _split(parsed)
     if split is None:
         return _hydra(overrides)
